@@ -1,0 +1,43 @@
+#include "bindings/errors.h"
+
+#include "common/error.h"
+
+namespace py = pybind11;
+
+namespace rdmaxfer {
+
+namespace {
+
+const char* class_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kInvalidArgument: return "InvalidArgumentError";
+    case ErrorKind::kConnection: return "ConnectionFailedError";
+    case ErrorKind::kTimeout: return "TransferTimeoutError";
+    case ErrorKind::kRegistration: return "RegistrationError";
+    case ErrorKind::kProtocol: return "ProtocolError";
+    case ErrorKind::kRemoteAccess: return "RemoteAccessError";
+    case ErrorKind::kUnsupported: return "UnsupportedError";
+    case ErrorKind::kTransport: return "TransportError";
+    case ErrorKind::kClosed: return "EndpointClosedError";
+  }
+  return "RdmaxferError";
+}
+
+}  // namespace
+
+void register_error_translator(py::module_& m) {
+  // Imported once; rdmaxfer/__init__.py imports errors before _core.
+  // Deliberately never freed: it must outlive every translation, even at interpreter exit.
+  static py::object* errors = new py::object(py::module_::import("rdmaxfer.errors"));
+  (void)m;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      py::object cls = errors->attr(class_name(e.kind()));
+      PyErr_SetString(cls.ptr(), e.what());
+    }
+  });
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,337 @@
+// Python bindings: class definitions only. Blocking calls release the GIL; errors become
+// Python exceptions in bindings/errors.cc.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "bindings/errors.h"
+#include "common/error.h"
+#include "engine/engine.h"
+#include "engine/region.h"
+
+namespace py = pybind11;
+using rdmaxfer::Connection;
+using rdmaxfer::Descriptor;
+using rdmaxfer::Engine;
+using rdmaxfer::Error;
+using rdmaxfer::ErrorKind;
+using rdmaxfer::MemoryRegion;
+using rdmaxfer::Request;
+using rdmaxfer::RequestPtr;
+using rdmaxfer::TransferOptions;
+
+namespace {
+
+double checked_timeout(double timeout_s, const char* what) {
+  if (!(timeout_s >= 0) || timeout_s > 1e9) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + ": timeout=" + std::to_string(timeout_s) +
+                    " must be a finite number of seconds >= 0");
+  }
+  return timeout_s;
+}
+
+uint64_t checked_size(long long value, const char* what) {
+  if (value < 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + "=" + std::to_string(value) + " must be >= 0");
+  }
+  return static_cast<uint64_t>(value);
+}
+
+TransferOptions transfer_options(long long chunk_size, int streams) {
+  TransferOptions o;
+  o.chunk_size = checked_size(chunk_size, "chunk_size");
+  if (streams < 0) throw Error(ErrorKind::kInvalidArgument, "streams must be >= 0");
+  o.streams = streams;
+  return o;
+}
+
+// Waits in slices so that Ctrl-C reaches Python; the GIL is released while waiting.
+bool wait_request(const Request& req, double timeout_s) {
+  checked_timeout(timeout_s, "wait");
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  for (;;) {
+    const double left =
+        std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    bool done = false;
+    {
+      py::gil_scoped_release release;
+      done = req.wait_for(std::max(0.0, std::min(left, 0.1)));
+    }
+    if (done) return true;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (left <= 0.1) return req.done();
+  }
+}
+
+Descriptor unpack_descriptor(const py::bytes& data) {
+  std::string_view view = data;
+  return Descriptor::unpack(reinterpret_cast<const uint8_t*>(view.data()), view.size());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "rdmaxfer C++ core (see python/rdmaxfer/_core.pyi)";
+  rdmaxfer::register_error_translator(m);
+
+  m.attr("ACCESS_LOCAL") = static_cast<uint32_t>(rdmaxfer::kAccessLocal);
+  m.attr("ACCESS_REMOTE_READ") = static_cast<uint32_t>(rdmaxfer::kAccessRemoteRead);
+  m.attr("ACCESS_REMOTE_WRITE") = static_cast<uint32_t>(rdmaxfer::kAccessRemoteWrite);
+  m.def("available_transports", &rdmaxfer::available_transports);
+  m.def("memlock_limit", &rdmaxfer::memlock_limit_text);
+
+  py::class_<Descriptor>(m, "Descriptor")
+      .def_readonly_static("SIZE", &Descriptor::kSize)
+      .def_property_readonly("transport",
+                             [](const Descriptor& d) {
+                               return std::string(rdmaxfer::transport_kind_name(d.transport));
+                             })
+      .def_readonly("access", &Descriptor::access)
+      .def_readonly("addr", &Descriptor::addr)
+      .def_readonly("length", &Descriptor::length)
+      .def_readonly("key", &Descriptor::key)
+      .def_readonly("engine_id", &Descriptor::engine_id)
+      .def("pack", [](const Descriptor& d) { return py::bytes(d.pack()); })
+      .def_static("unpack", &unpack_descriptor, py::arg("data"))
+      .def("__eq__", [](const Descriptor& a, const Descriptor& b) { return a.pack() == b.pack(); })
+      .def("__repr__", [](const Descriptor& d) {
+        return "Descriptor(transport=" + std::string(rdmaxfer::transport_kind_name(d.transport)) +
+               ", addr=0x" + py::str(py::int_(d.addr).attr("__format__")("x")).cast<std::string>() +
+               ", length=" + std::to_string(d.length) + ", key=" + std::to_string(d.key) +
+               ", access=" + std::to_string(d.access) + ")";
+      });
+
+  // Regions know their engine only through keep_alive on the Python side.
+  struct RegionHandle {
+    std::shared_ptr<MemoryRegion> region;
+    Engine* engine;
+    bool registered = true;
+  };
+  py::class_<RegionHandle, std::shared_ptr<RegionHandle>>(m, "Region", py::buffer_protocol())
+      .def_buffer([](RegionHandle& h) {
+        return py::buffer_info(h.region->addr(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(h.region->length())}, {1}, false);
+      })
+      .def_property_readonly("addr",
+                             [](const RegionHandle& h) {
+                               return reinterpret_cast<uint64_t>(h.region->addr());
+                             })
+      .def_property_readonly("length", [](const RegionHandle& h) { return h.region->length(); })
+      .def_property_readonly("key", [](const RegionHandle& h) { return h.region->key(); })
+      .def_property_readonly("access", [](const RegionHandle& h) { return h.region->access(); })
+      .def_property_readonly("pinned", [](const RegionHandle& h) { return h.region->pinned(); })
+      .def_property_readonly("registered", [](const RegionHandle& h) { return h.registered; })
+      .def("descriptor", [](const RegionHandle& h) {
+        return h.engine->transport().describe_region(*h.region);
+      });
+
+  py::class_<Request, RequestPtr>(m, "Request")
+      .def_property_readonly("id", &Request::id)
+      .def_property_readonly("op", [](const Request& r) { return rdmaxfer::op_kind_name(r.op()); })
+      .def_property_readonly("bytes", &Request::bytes)
+      .def("done", &Request::done)
+      .def("failed", [](const Request& r) { return r.state() == Request::State::kFailed; })
+      .def("wait", &wait_request, py::arg("timeout"))
+      .def("check", &Request::rethrow)
+      .def("message",
+           [](const Request& r) {
+             auto info = r.message();
+             return py::make_tuple(info.msg_id, info.length, py::bytes(info.meta));
+           })
+      .def("watch", [](Request& r, Engine& e) { r.watch(e.notifier()); }, py::arg("engine"));
+
+  auto region_of = [](const std::shared_ptr<RegionHandle>& h) {
+    if (!h->registered) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "the local region was deregistered; register the buffer again");
+    }
+    return h->region;
+  };
+
+  py::class_<Connection, std::shared_ptr<Connection>>(m, "Endpoint")
+      .def_property_readonly("peer", &Connection::peer)
+      .def_property_readonly("streams", &Connection::streams)
+      .def_property_readonly("closed", &Connection::is_closed)
+      .def_property_readonly("error", &Connection::error)
+      .def(
+          "post_write",
+          [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local,
+                      long long local_offset, const Descriptor& remote, long long remote_offset,
+                      long long length, long long chunk_size, int streams) {
+            auto region = region_of(local);
+            auto opts = transfer_options(chunk_size, streams);
+            py::gil_scoped_release release;
+            return c.post_write(region, checked_size(local_offset, "local_offset"), remote,
+                                checked_size(remote_offset, "remote_offset"),
+                                checked_size(length, "length"), opts);
+          },
+          py::arg("local"), py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"),
+          py::arg("length"), py::arg("chunk_size") = 0, py::arg("streams") = 0)
+      .def(
+          "post_read",
+          [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local,
+                      long long local_offset, const Descriptor& remote, long long remote_offset,
+                      long long length, long long chunk_size, int streams) {
+            auto region = region_of(local);
+            auto opts = transfer_options(chunk_size, streams);
+            py::gil_scoped_release release;
+            return c.post_read(region, checked_size(local_offset, "local_offset"), remote,
+                               checked_size(remote_offset, "remote_offset"),
+                               checked_size(length, "length"), opts);
+          },
+          py::arg("local"), py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"),
+          py::arg("length"), py::arg("chunk_size") = 0, py::arg("streams") = 0)
+      .def(
+          "post_send",
+          [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local, long long offset,
+                      long long length, const py::bytes& meta, long long chunk_size,
+                      int streams) {
+            auto region = region_of(local);
+            auto opts = transfer_options(chunk_size, streams);
+            std::string meta_s = meta;
+            py::gil_scoped_release release;
+            return c.post_send(region, checked_size(offset, "offset"),
+                               checked_size(length, "length"), meta_s, opts);
+          },
+          py::arg("local"), py::arg("offset"), py::arg("length"), py::arg("meta"),
+          py::arg("chunk_size") = 0, py::arg("streams") = 0)
+      .def("post_recv_header", &Connection::post_recv_header)
+      .def(
+          "post_recv",
+          [region_of](Connection& c, uint64_t msg_id, const std::shared_ptr<RegionHandle>& local,
+                      long long offset, long long length) {
+            auto region = region_of(local);
+            py::gil_scoped_release release;
+            return c.post_recv(msg_id, region, checked_size(offset, "offset"),
+                               checked_size(length, "length"));
+          },
+          py::arg("msg_id"), py::arg("local"), py::arg("offset"), py::arg("length"))
+      .def("reject", &Connection::reject, py::arg("msg_id"), py::arg("reason"))
+      .def("cancel_recv_header", &Connection::cancel_recv_header, py::arg("request"))
+      .def("close", &Connection::close, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "abort",
+          [](Connection& c, const std::string& reason, bool timed_out) {
+            c.abort(timed_out ? ErrorKind::kTimeout : ErrorKind::kConnection, reason);
+          },
+          py::arg("reason"), py::arg("timed_out") = false,
+          py::call_guard<py::gil_scoped_release>());
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init([](const std::string& transport, int io_threads, int socket_buffer,
+                       int default_streams) {
+             if (io_threads < 0 || io_threads > 64) {
+               throw Error(ErrorKind::kInvalidArgument,
+                           "io_threads=" + std::to_string(io_threads) + " must be in 0..64");
+             }
+             if (socket_buffer < 0) {
+               throw Error(ErrorKind::kInvalidArgument, "socket_buffer must be >= 0 bytes");
+             }
+             if (default_streams < 0) {
+               throw Error(ErrorKind::kInvalidArgument, "streams must be >= 0");
+             }
+             rdmaxfer::TransportConfig config;
+             config.tcp.io_threads = io_threads;
+             config.tcp.socket_buffer = socket_buffer;
+             config.tcp.default_streams = default_streams;
+             return std::make_unique<Engine>(transport, config);
+           }),
+           py::arg("transport") = "tcp", py::arg("io_threads") = 0, py::arg("socket_buffer") = 0,
+           py::arg("default_streams") = 0)
+      .def_property_readonly("transport", &Engine::transport_name)
+      .def_property_readonly("engine_id", &Engine::engine_id)
+      .def_property_readonly("notify_fd", [](const Engine& e) { return e.notifier()->fd(); })
+      .def("capabilities",
+           [](Engine& e) {
+             auto caps = e.transport().capabilities();
+             py::dict d;
+             d["transport"] = rdmaxfer::transport_kind_name(caps.kind);
+             d["one_sided"] = caps.one_sided;
+             d["write_with_imm"] = caps.write_with_imm;
+             d["gpu_direct"] = caps.gpu_direct;
+             d["max_message"] = caps.max_message;
+             return d;
+           })
+      .def("describe", [](Engine& e) { return e.transport().describe(); })
+      .def(
+          "listen",
+          [](Engine& e, const std::string& host, int port) {
+            if (port < 0 || port > 65535) {
+              throw Error(ErrorKind::kInvalidArgument,
+                          "port=" + std::to_string(port) + " must be in 0..65535");
+            }
+            return e.transport().listen(host, static_cast<uint16_t>(port));
+          },
+          py::arg("host"), py::arg("port"))
+      .def(
+          "accept",
+          [](Engine& e, double timeout) {
+            checked_timeout(timeout, "accept");
+            auto& t = e.transport();
+            py::gil_scoped_release release;
+            return t.accept(timeout);
+          },
+          py::arg("timeout"), py::keep_alive<0, 1>())
+      .def(
+          "connect",
+          [](Engine& e, const std::string& host, int port, int streams, double timeout) {
+            checked_timeout(timeout, "connect");
+            if (port <= 0 || port > 65535) {
+              throw Error(ErrorKind::kInvalidArgument,
+                          "port=" + std::to_string(port) + " must be in 1..65535");
+            }
+            if (streams < 0) throw Error(ErrorKind::kInvalidArgument, "streams must be >= 0");
+            auto& t = e.transport();
+            rdmaxfer::ConnectOptions o;
+            o.streams = streams;
+            o.timeout_s = timeout;
+            py::gil_scoped_release release;
+            return t.connect(host, static_cast<uint16_t>(port), o);
+          },
+          py::arg("host"), py::arg("port"), py::arg("streams"), py::arg("timeout"),
+          py::keep_alive<0, 1>())
+      .def(
+          "register",
+          [](Engine& e, uint64_t addr, long long length, uint32_t access) {
+            auto region = e.transport().register_memory(reinterpret_cast<uint8_t*>(addr),
+                                                        checked_size(length, "length"), access);
+            return std::make_shared<RegionHandle>(RegionHandle{region, &e, true});
+          },
+          py::arg("addr"), py::arg("length"), py::arg("access"), py::keep_alive<0, 1>())
+      .def(
+          "alloc_pinned",
+          [](Engine& e, long long length, uint32_t access) {
+            const uint64_t n = checked_size(length, "length");
+            auto& t = e.transport();
+            std::shared_ptr<MemoryRegion> region;
+            {
+              py::gil_scoped_release release;
+              region = t.alloc_pinned(n, access);
+            }
+            return std::make_shared<RegionHandle>(RegionHandle{region, &e, true});
+          },
+          py::arg("length"), py::arg("access"), py::keep_alive<0, 1>())
+      .def(
+          "deregister",
+          [](Engine& e, RegionHandle& h, double timeout) {
+            checked_timeout(timeout, "deregister");
+            if (!h.registered) {
+              throw Error(ErrorKind::kInvalidArgument,
+                          "the region is already deregistered (deregister it once)");
+            }
+            auto& t = e.transport();
+            h.registered = false;
+            py::gil_scoped_release release;
+            t.deregister(h.region, timeout);
+          },
+          py::arg("region"), py::arg("timeout"))
+      .def("drain_notifications", [](Engine& e) { return e.notifier()->drain(); })
+      .def("registered_count", [](Engine& e) { return e.transport().registered_count(); })
+      .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
+}

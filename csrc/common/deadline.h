@@ -1,0 +1,40 @@
+// A point in time that a bounded wait must not pass. Built from a timeout in seconds.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+namespace rdmaxfer {
+
+class Deadline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // timeout_s < 0 or infinite means "no deadline" (only used internally; the Python API always
+  // passes a finite timeout).
+  explicit Deadline(double timeout_s) {
+    if (timeout_s < 0 || std::isinf(timeout_s)) {
+      at_ = Clock::time_point::max();
+    } else {
+      at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(timeout_s));
+    }
+  }
+
+  Clock::time_point at() const { return at_; }
+  bool expired() const { return Clock::now() >= at_; }
+
+  // Milliseconds left, clamped to [0, cap_ms]; for poll()/epoll_wait().
+  int remaining_ms(int cap_ms = std::numeric_limits<int>::max()) const {
+    if (at_ == Clock::time_point::max()) return cap_ms;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at_ - Clock::now()).count();
+    if (left < 0) return 0;
+    return left > cap_ms ? cap_ms : static_cast<int>(left);
+  }
+
+ private:
+  Clock::time_point at_;
+};
+
+}  // namespace rdmaxfer

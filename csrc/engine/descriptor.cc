@@ -1,0 +1,70 @@
+#include "engine/descriptor.h"
+
+#include "common/bytes.h"
+#include "common/error.h"
+#include "engine/region.h"
+
+namespace rdmaxfer {
+
+namespace {
+constexpr uint8_t kMagic[4] = {'R', 'X', 'M', 'R'};
+}
+
+const char* transport_kind_name(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kTcp: return "tcp";
+    case TransportKind::kRdma: return "rdma";
+  }
+  return "unknown";
+}
+
+std::string Descriptor::pack() const {
+  std::string out(kSize, '\0');
+  auto* p = reinterpret_cast<uint8_t*>(out.data());
+  std::memcpy(p, kMagic, 4);
+  store_le<uint16_t>(p + 4, kVersion);
+  p[6] = static_cast<uint8_t>(transport);
+  p[7] = static_cast<uint8_t>(access);
+  store_le<uint64_t>(p + 8, addr);
+  store_le<uint64_t>(p + 16, length);
+  store_le<uint32_t>(p + 24, key);
+  store_le<uint32_t>(p + 28, 0);
+  store_le<uint64_t>(p + 32, engine_id);
+  return out;
+}
+
+Descriptor Descriptor::unpack(const uint8_t* p, size_t size) {
+  auto bad = [](const std::string& what) {
+    throw Error(ErrorKind::kProtocol, "invalid memory descriptor: " + what +
+                                          "; pass the bytes returned by MemoryRegion.descriptor()");
+  };
+  if (size != kSize) {
+    bad("expected " + std::to_string(kSize) + " bytes, got " + std::to_string(size));
+  }
+  if (std::memcmp(p, kMagic, 4) != 0) bad("bad magic (not an rdmaxfer descriptor)");
+  const uint16_t version = load_le<uint16_t>(p + 4);
+  if (version != kVersion) {
+    bad("unsupported version " + std::to_string(version) + " (this build reads version " +
+        std::to_string(kVersion) + ")");
+  }
+  Descriptor d;
+  if (p[6] != static_cast<uint8_t>(TransportKind::kTcp) &&
+      p[6] != static_cast<uint8_t>(TransportKind::kRdma)) {
+    bad("unknown transport " + std::to_string(p[6]));
+  }
+  d.transport = static_cast<TransportKind>(p[6]);
+  if ((p[7] & ~(kAccessRemoteRead | kAccessRemoteWrite)) != 0) {
+    bad("unknown access bits 0x" + std::to_string(p[7]));
+  }
+  d.access = p[7];
+  d.addr = load_le<uint64_t>(p + 8);
+  d.length = load_le<uint64_t>(p + 16);
+  d.key = load_le<uint32_t>(p + 24);
+  if (load_le<uint32_t>(p + 28) != 0) bad("reserved field is not zero");
+  d.engine_id = load_le<uint64_t>(p + 32);
+  if (d.addr + d.length < d.addr) bad("addr + length overflows 64 bits");
+  if (d.key == 0) bad("key 0 is never assigned");
+  return d;
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,34 @@
+// A descriptor names a registered remote region: what a peer needs to READ or WRITE it.
+//
+// Wire record, 40 bytes, little-endian, version 1:
+//   0  magic   "RXMR"         4  version u16       6  transport u8   7  access u8
+//   8  addr    u64           16  length  u64      24  key u32       28  reserved u32 (0)
+//  32  engine_id u64 (the engine that registered the region)
+// Never pickled: unpack() checks every field and raises a protocol error on anything else.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace rdmaxfer {
+
+enum class TransportKind : uint8_t { kTcp = 1, kRdma = 2 };
+const char* transport_kind_name(TransportKind kind);
+
+struct Descriptor {
+  static constexpr size_t kSize = 40;
+  static constexpr uint16_t kVersion = 1;
+
+  TransportKind transport = TransportKind::kTcp;
+  uint32_t access = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint32_t key = 0;
+  uint64_t engine_id = 0;
+
+  std::string pack() const;
+  // Throws Error(kProtocol) naming the first bad field.
+  static Descriptor unpack(const uint8_t* data, size_t size);
+};
+
+}  // namespace rdmaxfer

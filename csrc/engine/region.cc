@@ -1,0 +1,151 @@
+#include "engine/region.h"
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+std::string memlock_limit_text() {
+  struct rlimit rl {};
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return "unknown";
+  if (rl.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return std::to_string(rl.rlim_cur / 1024) + " KiB";
+}
+
+PinnedAllocation::PinnedAllocation(uint64_t length) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  mapped_ = length == 0 ? page : (length + page - 1) / page * page;
+  void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    throw Error(ErrorKind::kRegistration,
+                errno_text("mmap of " + std::to_string(mapped_) + " bytes for a pinned buffer", e),
+                e);
+  }
+  if (mlock(p, mapped_) != 0) {
+    int e = errno;
+    munmap(p, mapped_);
+    throw Error(ErrorKind::kRegistration,
+                errno_text("mlock of " + std::to_string(mapped_) + " bytes", e) +
+                    "; the locked-memory limit (ulimit -l) is " + memlock_limit_text() +
+                    ": raise it (ulimit -l unlimited, or memlock in /etc/security/limits.conf, "
+                    "or --ulimit memlock=-1 for containers)",
+                e);
+  }
+  data_ = static_cast<uint8_t*>(p);
+}
+
+PinnedAllocation::~PinnedAllocation() {
+  if (data_ != nullptr) {
+    munlock(data_, mapped_);
+    munmap(data_, mapped_);
+  }
+}
+
+MemoryRegion::MemoryRegion(uint8_t* addr, uint64_t length, uint32_t access,
+                           std::unique_ptr<PinnedAllocation> owned)
+    : addr_(addr), length_(length), access_(access), owned_(std::move(owned)) {}
+
+MemoryRegion::~MemoryRegion() = default;
+
+bool MemoryRegion::contains(uint64_t addr, uint64_t len) const {
+  const uint64_t base = reinterpret_cast<uint64_t>(addr_);
+  if (addr < base) return false;
+  const uint64_t off = addr - base;
+  return off <= length_ && len <= length_ - off;
+}
+
+void MemoryRegion::add_use() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++uses_;
+}
+
+void MemoryRegion::drop_use() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--uses_ == 0) cv_.notify_all();
+}
+
+bool MemoryRegion::wait_unused(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                      [this] { return uses_ == 0; });
+}
+
+int MemoryRegion::uses() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return uses_;
+}
+
+RegionUse::RegionUse(std::shared_ptr<MemoryRegion> region) : region_(std::move(region)) {
+  if (region_) region_->add_use();
+}
+
+RegionUse& RegionUse::operator=(RegionUse&& other) noexcept {
+  if (this != &other) {
+    release();
+    region_ = std::move(other.region_);
+  }
+  return *this;
+}
+
+RegionUse::~RegionUse() { release(); }
+
+void RegionUse::release() {
+  if (region_) {
+    region_->drop_use();
+    region_.reset();
+  }
+}
+
+const char* access_status_text(AccessStatus status) {
+  switch (status) {
+    case AccessStatus::kOk: return "ok";
+    case AccessStatus::kUnknownKey:
+      return "no registered region has this key (never registered, or deregistered)";
+    case AccessStatus::kOutOfBounds: return "the range lies outside the registered region";
+    case AccessStatus::kNotPermitted: return "the region does not allow this access";
+  }
+  return "unknown access status";
+}
+
+RegionTable::RegionTable() : rng_(std::random_device{}()) {}
+
+void RegionTable::insert(const std::shared_ptr<MemoryRegion>& region) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t key = region->key();
+  if (key == 0 || regions_.count(key) != 0) {
+    while (key == 0 || regions_.count(key) != 0) key = static_cast<uint32_t>(rng_());
+    region->set_key(key);
+  }
+  regions_.emplace(key, region);
+}
+
+bool RegionTable::erase(uint32_t key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return regions_.erase(key) != 0;
+}
+
+AccessStatus RegionTable::acquire(uint32_t key, uint64_t addr, uint64_t len, uint32_t needed,
+                                  RegionUse* use) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = regions_.find(key);
+  if (it == regions_.end()) return AccessStatus::kUnknownKey;
+  const auto& region = it->second;
+  if ((region->access() & needed) != needed) return AccessStatus::kNotPermitted;
+  if (!region->contains(addr, len)) return AccessStatus::kOutOfBounds;
+  *use = RegionUse(region);
+  return AccessStatus::kOk;
+}
+
+size_t RegionTable::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return regions_.size();
+}
+
+}  // namespace rdmaxfer

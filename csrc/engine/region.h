@@ -1,0 +1,130 @@
+// Memory regions: registered ranges of local memory that operations read from or write into.
+//
+// Lifecycle of a MemoryRegion:
+//   registered (in the RegionTable; its key admits remote accesses allowed by `access`)
+//   -> in use (each in-flight operation that touches the memory holds a RegionUse)
+//   -> deregistered (removed from the table: its key is dead for new remote accesses; the
+//      deregistering call waits, bounded, until the in-flight uses have ended).
+// A region allocated by the engine (pinned host memory) owns its pages and frees them last.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <unordered_map>
+
+namespace rdmaxfer {
+
+// Access rights a peer gets on a region (the ibv_access_flags subset we use).
+enum Access : uint32_t {
+  kAccessLocal = 0,
+  kAccessRemoteRead = 1u << 0,
+  kAccessRemoteWrite = 1u << 1,
+};
+
+// Page-aligned host memory locked into RAM with mlock(2). Freed (munlock + munmap) on destruction.
+class PinnedAllocation {
+ public:
+  explicit PinnedAllocation(uint64_t length);
+  PinnedAllocation(const PinnedAllocation&) = delete;
+  PinnedAllocation& operator=(const PinnedAllocation&) = delete;
+  ~PinnedAllocation();
+  uint8_t* data() const { return data_; }
+  uint64_t mapped_length() const { return mapped_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  uint64_t mapped_ = 0;
+};
+
+// The RLIMIT_MEMLOCK soft limit as `ulimit -l` prints it ("unlimited" or KiB).
+std::string memlock_limit_text();
+
+class MemoryRegion {
+ public:
+  MemoryRegion(uint8_t* addr, uint64_t length, uint32_t access,
+               std::unique_ptr<PinnedAllocation> owned);
+  virtual ~MemoryRegion();
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  uint8_t* addr() const { return addr_; }
+  uint64_t length() const { return length_; }
+  uint32_t access() const { return access_; }
+  bool pinned() const { return owned_ != nullptr; }
+  // The key a peer names this region by (the rkey on verbs); 0 until the table assigns it.
+  uint32_t key() const { return key_; }
+  void set_key(uint32_t key) { key_ = key; }
+  // The key local work requests use (the lkey on verbs; equal to key() on TCP).
+  virtual uint32_t lkey() const { return key_; }
+
+  // True when [addr, addr+len) lies inside the region (overflow-safe).
+  bool contains(uint64_t addr, uint64_t len) const;
+
+  void add_use();
+  void drop_use();
+  // Waits until no operation uses the region; false when `timeout_s` ran out first.
+  bool wait_unused(double timeout_s);
+  int uses() const;
+
+ private:
+  uint8_t* addr_;
+  uint64_t length_;
+  uint32_t access_;
+  uint32_t key_ = 0;
+  std::unique_ptr<PinnedAllocation> owned_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int uses_ = 0;
+};
+
+// Holds a region in use for the duration of one operation (RAII).
+class RegionUse {
+ public:
+  RegionUse() = default;
+  explicit RegionUse(std::shared_ptr<MemoryRegion> region);
+  RegionUse(RegionUse&& other) noexcept = default;
+  RegionUse& operator=(RegionUse&& other) noexcept;
+  RegionUse(const RegionUse&) = delete;
+  RegionUse& operator=(const RegionUse&) = delete;
+  ~RegionUse();
+  MemoryRegion* get() const { return region_.get(); }
+  explicit operator bool() const { return region_ != nullptr; }
+
+ private:
+  void release();
+  std::shared_ptr<MemoryRegion> region_;
+};
+
+// Why a remote access was refused (also carried on the wire as a status code).
+enum class AccessStatus : uint32_t {
+  kOk = 0,
+  kUnknownKey = 1,
+  kOutOfBounds = 2,
+  kNotPermitted = 3,
+};
+const char* access_status_text(AccessStatus status);
+
+// The engine's registered regions, by key. Thread-safe.
+class RegionTable {
+ public:
+  RegionTable();
+  // Assigns a fresh random non-zero key and inserts the region.
+  void insert(const std::shared_ptr<MemoryRegion>& region);  // keeps a key already set (rkey)
+  // Removes the region's key; later remote accesses with it are refused.
+  bool erase(uint32_t key);
+  // Checks a remote access and, when allowed, returns the region held in use.
+  AccessStatus acquire(uint32_t key, uint64_t addr, uint64_t len, uint32_t needed,
+                       RegionUse* use) const;
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<uint32_t, std::shared_ptr<MemoryRegion>> regions_;
+  std::mt19937 rng_;
+};
+
+}  // namespace rdmaxfer

@@ -1,0 +1,90 @@
+#include "engine/request.h"
+
+#include <chrono>
+
+#include "engine/notifier.h"
+
+namespace rdmaxfer {
+
+const char* op_kind_name(OpKind op) {
+  switch (op) {
+    case OpKind::kWrite: return "WRITE";
+    case OpKind::kRead: return "READ";
+    case OpKind::kSend: return "SEND";
+    case OpKind::kRecv: return "RECV";
+    case OpKind::kRecvHeader: return "RECV (message header)";
+  }
+  return "unknown op";
+}
+
+Request::Request(uint64_t id, OpKind op, uint64_t bytes) : id_(id), op_(op), bytes_(bytes) {}
+
+Request::State Request::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+void Request::set_parts(uint64_t parts) { parts_left_.store(parts); }
+
+void Request::part_done() {
+  if (parts_left_.fetch_sub(1) == 1) complete();
+}
+
+void Request::complete() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (state_ == State::kPending) finish_locked(State::kDone, lock);
+}
+
+void Request::complete_with_message(MessageInfo info) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (state_ != State::kPending) return;
+  message_ = std::move(info);
+  finish_locked(State::kDone, lock);
+}
+
+void Request::fail(ErrorKind kind, const std::string& message) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (state_ != State::kPending) return;
+  error_kind_ = kind;
+  error_ = std::string(op_kind_name(op_)) + " failed: " + message;
+  finish_locked(State::kFailed, lock);
+}
+
+void Request::finish_locked(State state, std::unique_lock<std::mutex>& lock) {
+  state_ = state;
+  std::shared_ptr<Notifier> notifier = notifier_;
+  lock.unlock();
+  cv_.notify_all();
+  if (notifier) notifier->push(id_);
+}
+
+bool Request::wait_for(double timeout_s) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                      [this] { return state_ != State::kPending; });
+}
+
+void Request::rethrow() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ == State::kFailed) throw Error(error_kind_, error_);
+}
+
+MessageInfo Request::message() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return message_;
+}
+
+std::string Request::error_message() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void Request::watch(const std::shared_ptr<Notifier>& notifier) {
+  std::unique_lock<std::mutex> lock(mu_);
+  notifier_ = notifier;
+  const bool terminal = state_ != State::kPending;
+  lock.unlock();
+  if (terminal) notifier->push(id_);
+}
+
+}  // namespace rdmaxfer

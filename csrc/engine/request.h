@@ -1,0 +1,79 @@
+// One posted operation (WRITE, READ, SEND, RECV, or the wait for an incoming message header).
+//
+// Lifecycle: pending (posted; `parts` outstanding) -> done | failed. The first terminal state
+// wins and never changes. I/O threads complete or fail a request; any thread may wait on it with
+// a timeout. A request watched by a Notifier reports its id there once it is terminal.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+class Notifier;
+
+enum class OpKind { kWrite, kRead, kSend, kRecv, kRecvHeader };
+const char* op_kind_name(OpKind op);
+
+// What a RECV header wait yields: the sender's message id, size in bytes and metadata.
+struct MessageInfo {
+  uint64_t msg_id = 0;
+  uint64_t length = 0;
+  std::string meta;
+};
+
+class Request {
+ public:
+  enum class State { kPending, kDone, kFailed };
+
+  Request(uint64_t id, OpKind op, uint64_t bytes);
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+
+  uint64_t id() const { return id_; }
+  OpKind op() const { return op_; }
+  uint64_t bytes() const { return bytes_; }
+  State state() const;
+  bool done() const { return state() != State::kPending; }
+
+  // Number of parts (chunks, acknowledgements) that must finish before the request is done.
+  void set_parts(uint64_t parts);
+  void part_done();
+  void complete();
+  void complete_with_message(MessageInfo info);
+  void fail(ErrorKind kind, const std::string& message);
+
+  // Blocks until terminal or the timeout; true when terminal.
+  bool wait_for(double timeout_s) const;
+  // Throws the stored Error when failed; no-op otherwise.
+  void rethrow() const;
+  MessageInfo message() const;
+  std::string error_message() const;
+
+  void watch(const std::shared_ptr<Notifier>& notifier);
+
+ private:
+  void finish_locked(State state, std::unique_lock<std::mutex>& lock);
+
+  const uint64_t id_;
+  const OpKind op_;
+  const uint64_t bytes_;
+  std::atomic<uint64_t> parts_left_{1};
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  State state_ = State::kPending;
+  ErrorKind error_kind_ = ErrorKind::kTransport;
+  std::string error_;
+  MessageInfo message_;
+  std::shared_ptr<Notifier> notifier_;
+};
+
+using RequestPtr = std::shared_ptr<Request>;
+
+}  // namespace rdmaxfer

@@ -1,0 +1,224 @@
+#include "transport/bootstrap.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/bytes.h"
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+namespace {
+constexpr uint8_t kHelloMagic[4] = {'R', 'X', 'H', 'I'};
+constexpr uint8_t kAckMagic[4] = {'R', 'X', 'O', 'K'};
+constexpr double kHandshakeTimeoutS = 5.0;
+
+std::string hello_status_text(HelloStatus status) {
+  switch (status) {
+    case HelloStatus::kOk: return "ok";
+    case HelloStatus::kBadRecord: return "the peer could not parse our handshake record";
+    case HelloStatus::kTransportMismatch:
+      return "the peer runs a different transport (choose the same transport on both sides)";
+    case HelloStatus::kRefused: return "the peer refused the connection";
+  }
+  return "unknown status " + std::to_string(static_cast<int>(status));
+}
+}  // namespace
+
+void Hello::pack(uint8_t* out) const {
+  std::memset(out, 0, kSize);
+  std::memcpy(out, kHelloMagic, 4);
+  store_le<uint16_t>(out + 4, kVersion);
+  out[6] = static_cast<uint8_t>(transport);
+  out[7] = stream_index;
+  out[8] = n_streams;
+  store_le<uint64_t>(out + 16, engine_id);
+  store_le<uint64_t>(out + 24, conn_id);
+}
+
+Hello Hello::unpack(const uint8_t* in) {
+  auto bad = [](const std::string& what) {
+    throw Error(ErrorKind::kProtocol, "invalid handshake record: " + what);
+  };
+  if (std::memcmp(in, kHelloMagic, 4) != 0) bad("bad magic (not an rdmaxfer peer)");
+  const uint16_t version = load_le<uint16_t>(in + 4);
+  if (version != kVersion) {
+    bad("unsupported version " + std::to_string(version) + " (this build speaks version " +
+        std::to_string(kVersion) + "; upgrade both peers to the same rdmaxfer release)");
+  }
+  Hello h;
+  if (in[6] != static_cast<uint8_t>(TransportKind::kTcp) &&
+      in[6] != static_cast<uint8_t>(TransportKind::kRdma)) {
+    bad("unknown transport " + std::to_string(in[6]));
+  }
+  h.transport = static_cast<TransportKind>(in[6]);
+  h.stream_index = in[7];
+  h.n_streams = in[8];
+  if (h.n_streams == 0 || h.n_streams > kMaxStreams) {
+    bad("stream count " + std::to_string(h.n_streams) + " outside 1.." +
+        std::to_string(kMaxStreams));
+  }
+  if (h.stream_index >= h.n_streams) {
+    bad("stream index " + std::to_string(h.stream_index) + " >= stream count " +
+        std::to_string(h.n_streams));
+  }
+  for (int i = 9; i < 16; ++i) {
+    if (in[i] != 0) bad("reserved bytes are not zero");
+  }
+  h.engine_id = load_le<uint64_t>(in + 16);
+  h.conn_id = load_le<uint64_t>(in + 24);
+  return h;
+}
+
+void HelloAck::pack(uint8_t* out) const {
+  std::memset(out, 0, kSize);
+  std::memcpy(out, kAckMagic, 4);
+  store_le<uint16_t>(out + 4, Hello::kVersion);
+  store_le<uint16_t>(out + 6, static_cast<uint16_t>(status));
+  store_le<uint64_t>(out + 8, engine_id);
+}
+
+HelloAck HelloAck::unpack(const uint8_t* in) {
+  if (std::memcmp(in, kAckMagic, 4) != 0) {
+    throw Error(ErrorKind::kProtocol, "invalid handshake reply: bad magic (not an rdmaxfer peer)");
+  }
+  HelloAck ack;
+  ack.status = static_cast<HelloStatus>(load_le<uint16_t>(in + 6));
+  ack.engine_id = load_le<uint64_t>(in + 8);
+  return ack;
+}
+
+std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
+                                        TransportKind transport, int n_streams,
+                                        uint64_t engine_id, uint64_t conn_id,
+                                        const SocketOptions& options, const Deadline& deadline) {
+  if (n_streams < 1 || n_streams > Hello::kMaxStreams) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "streams=" + std::to_string(n_streams) + " is outside 1.." +
+                    std::to_string(Hello::kMaxStreams));
+  }
+  std::vector<UniqueFd> fds;
+  for (int i = 0; i < n_streams; ++i) {
+    UniqueFd fd = connect_tcp(host, port, deadline);
+    tune_socket(fd.get(), options);
+    Hello hello;
+    hello.transport = transport;
+    hello.stream_index = static_cast<uint8_t>(i);
+    hello.n_streams = static_cast<uint8_t>(n_streams);
+    hello.engine_id = engine_id;
+    hello.conn_id = conn_id;
+    uint8_t buf[Hello::kSize];
+    hello.pack(buf);
+    send_exact(fd.get(), buf, sizeof(buf), deadline, "handshake: sending hello");
+    uint8_t ack_buf[HelloAck::kSize];
+    recv_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: waiting for the reply");
+    HelloAck ack = HelloAck::unpack(ack_buf);
+    if (ack.status != HelloStatus::kOk) {
+      throw Error(ErrorKind::kConnection, "handshake with " + host + ":" + std::to_string(port) +
+                                              " failed: " + hello_status_text(ack.status));
+    }
+    fds.push_back(std::move(fd));
+  }
+  return fds;
+}
+
+Acceptor::Acceptor(const std::string& host, uint16_t port, TransportKind transport,
+                   uint64_t engine_id, SocketOptions options)
+    : listen_fd_(listen_tcp(host, port, 128)),
+      port_(local_port(listen_fd_.get())),
+      transport_(transport),
+      engine_id_(engine_id),
+      options_(options) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Acceptor::~Acceptor() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+AcceptedGroup Acceptor::accept(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                    [this] { return !ready_.empty(); })) {
+    throw Error(ErrorKind::kTimeout,
+                "accept: no peer connected within " + std::to_string(timeout_s) +
+                    " s; raise timeout= or check that the peer connects to port " +
+                    std::to_string(port_));
+  }
+  AcceptedGroup group = std::move(ready_.front());
+  ready_.pop_front();
+  return group;
+}
+
+void Acceptor::run() {
+  while (!stop_.load()) {
+    pollfd p{listen_fd_.get(), POLLIN, 0};
+    int rc = poll(&p, 1, 100);
+    expire_partial_groups();
+    if (rc <= 0) continue;
+    for (;;) {
+      int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      try {
+        handshake(UniqueFd(fd));
+      } catch (const Error&) {
+        // A peer that sends garbage or stalls loses its own connection, nothing else.
+      }
+    }
+  }
+}
+
+void Acceptor::handshake(UniqueFd fd) {
+  Deadline deadline(kHandshakeTimeoutS);
+  uint8_t buf[Hello::kSize];
+  recv_exact(fd.get(), buf, sizeof(buf), deadline, "handshake: waiting for hello");
+  HelloAck ack;
+  ack.engine_id = engine_id_;
+  Hello hello;
+  try {
+    hello = Hello::unpack(buf);
+  } catch (const Error&) {
+    ack.status = HelloStatus::kBadRecord;
+  }
+  if (ack.status == HelloStatus::kOk && hello.transport != transport_) {
+    ack.status = HelloStatus::kTransportMismatch;
+  }
+  uint8_t ack_buf[HelloAck::kSize];
+  ack.pack(ack_buf);
+  send_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: replying");
+  if (ack.status != HelloStatus::kOk) return;
+  tune_socket(fd.get(), options_);
+
+  std::string peer = peer_name(fd.get());
+  std::lock_guard<std::mutex> lock(mu_);
+  Partial& partial = partial_[hello.conn_id];
+  if (partial.group.fds.empty()) {
+    partial.group.hello = hello;
+    partial.group.fds.resize(hello.n_streams);
+    partial.group.peer = peer;
+  }
+  if (partial.group.hello.n_streams != hello.n_streams ||
+      partial.group.fds[hello.stream_index].valid()) {
+    partial_.erase(hello.conn_id);  // inconsistent streams: drop the whole connection
+    return;
+  }
+  partial.group.fds[hello.stream_index] = std::move(fd);
+  if (++partial.arrived == hello.n_streams) {
+    ready_.push_back(std::move(partial.group));
+    partial_.erase(hello.conn_id);
+    cv_.notify_all();
+  }
+}
+
+void Acceptor::expire_partial_groups() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = partial_.begin(); it != partial_.end();) {
+    it = it->second.deadline.expired() ? partial_.erase(it) : std::next(it);
+  }
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,106 @@
+// Bootstrap: the TCP handshake every connection starts with, whatever the data transport.
+//
+// A connection is one or more TCP streams. Each stream opens with a Hello record and the
+// acceptor answers each with a HelloAck. The acceptor groups streams by conn_id and hands a
+// connection over once all of its `n_streams` streams have arrived.
+//
+// Hello, 32 bytes, little-endian, version 1:
+//   0 magic "RXHI"  4 version u16  6 transport u8  7 stream_index u8  8 n_streams u8
+//   9 reserved (7 bytes, 0)  16 engine_id u64  24 conn_id u64
+// HelloAck, 16 bytes: 0 magic "RXOK"  4 version u16  6 status u16  8 engine_id u64
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/unique_fd.h"
+#include "engine/descriptor.h"
+#include "transport/socket.h"
+
+namespace rdmaxfer {
+
+struct Hello {
+  static constexpr size_t kSize = 32;
+  static constexpr uint16_t kVersion = 1;
+  static constexpr int kMaxStreams = 64;
+  TransportKind transport = TransportKind::kTcp;
+  uint8_t stream_index = 0;
+  uint8_t n_streams = 1;
+  uint64_t engine_id = 0;
+  uint64_t conn_id = 0;
+
+  void pack(uint8_t* out) const;
+  static Hello unpack(const uint8_t* in);  // throws Error(kProtocol)
+};
+
+enum class HelloStatus : uint16_t {
+  kOk = 0,
+  kBadRecord = 1,
+  kTransportMismatch = 2,
+  kRefused = 3,
+};
+
+struct HelloAck {
+  static constexpr size_t kSize = 16;
+  HelloStatus status = HelloStatus::kOk;
+  uint64_t engine_id = 0;
+  void pack(uint8_t* out) const;
+  static HelloAck unpack(const uint8_t* in);  // throws Error(kProtocol)
+};
+
+// The streams of one accepted connection, in stream_index order.
+struct AcceptedGroup {
+  Hello hello;
+  std::vector<UniqueFd> fds;
+  std::string peer;
+};
+
+// Opens `n_streams` TCP streams to host:port and performs the handshake on each.
+std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
+                                        TransportKind transport, int n_streams,
+                                        uint64_t engine_id, uint64_t conn_id,
+                                        const SocketOptions& options, const Deadline& deadline);
+
+// Listens and runs the handshake on its own thread; accept() hands out complete groups.
+class Acceptor {
+ public:
+  Acceptor(const std::string& host, uint16_t port, TransportKind transport, uint64_t engine_id,
+           SocketOptions options);
+  Acceptor(const Acceptor&) = delete;
+  Acceptor& operator=(const Acceptor&) = delete;
+  ~Acceptor();
+  uint16_t port() const { return port_; }
+  // Throws Error(kTimeout) when no connection completes in time.
+  AcceptedGroup accept(double timeout_s);
+
+ private:
+  void run();
+  void handshake(UniqueFd fd);
+  void expire_partial_groups();
+
+  UniqueFd listen_fd_;
+  uint16_t port_;
+  TransportKind transport_;
+  uint64_t engine_id_;
+  SocketOptions options_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<AcceptedGroup> ready_;
+  struct Partial {
+    AcceptedGroup group;
+    int arrived = 0;
+    Deadline deadline{10.0};
+  };
+  std::map<uint64_t, Partial> partial_;
+  std::thread thread_;
+};
+
+}  // namespace rdmaxfer

@@ -1,0 +1,27 @@
+#include "transport/registry.h"
+
+#include "common/error.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace rdmaxfer {
+
+std::map<std::string, std::string> available_transports() {
+  return {
+      {"tcp", ""},
+      {"rdma", "this build of rdmaxfer has no verbs transport"},
+  };
+}
+
+std::unique_ptr<Transport> make_transport(const std::string& name, uint64_t engine_id,
+                                          const TransportConfig& config) {
+  if (name == "tcp") return std::make_unique<TcpTransport>(engine_id, config.tcp);
+  auto available = available_transports();
+  auto it = available.find(name);
+  if (it == available.end()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "unknown transport '" + name + "'; choose 'tcp', 'rdma' or 'auto'");
+  }
+  throw Error(ErrorKind::kUnsupported, "transport '" + name + "' is unavailable: " + it->second);
+}
+
+}  // namespace rdmaxfer

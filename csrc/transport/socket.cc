@@ -1,0 +1,184 @@
+#include "transport/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+namespace {
+
+struct AddrInfoDeleter {
+  void operator()(addrinfo* ai) const { freeaddrinfo(ai); }
+};
+using AddrInfoPtr = std::unique_ptr<addrinfo, AddrInfoDeleter>;
+
+AddrInfoPtr resolve(const std::string& host, uint16_t port, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* out = nullptr;
+  const std::string service = std::to_string(port);
+  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &out);
+  if (rc != 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "cannot resolve host '" + host + "': " + gai_strerror(rc) +
+                    "; pass an IP address or a resolvable host name");
+  }
+  return AddrInfoPtr(out);
+}
+
+void wait_fd(int fd, short events, const Deadline& deadline, const char* what) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int rc = poll(&p, 1, deadline.remaining_ms());
+    if (rc > 0) return;
+    if (rc == 0) throw Error(ErrorKind::kTimeout, std::string(what) + ": timed out");
+    if (errno != EINTR) throw_errno(ErrorKind::kTransport, std::string(what) + ": poll", errno);
+  }
+}
+
+}  // namespace
+
+UniqueFd listen_tcp(const std::string& host, uint16_t port, int backlog) {
+  AddrInfoPtr ai = resolve(host, port, true);
+  int last_errno = 0;
+  for (addrinfo* a = ai.get(); a != nullptr; a = a->ai_next) {
+    UniqueFd fd(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd.valid()) {
+      last_errno = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || listen(fd.get(), backlog) != 0) {
+      last_errno = errno;
+      continue;
+    }
+    set_nonblocking(fd.get(), true);
+    return fd;
+  }
+  throw_errno(ErrorKind::kConnection,
+              "listen on " + host + ":" + std::to_string(port) +
+                  " (is the port in use? pass port=0 to pick a free one)",
+              last_errno);
+}
+
+uint16_t local_port(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) throw_errno("getsockname");
+  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+}
+
+std::string peer_name(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  char host[NI_MAXHOST];
+  char serv[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), serv, sizeof(serv),
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "?";
+  }
+  return std::string(host) + ":" + serv;
+}
+
+UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline) {
+  AddrInfoPtr ai = resolve(host, port, false);
+  std::string last_error = "no address";
+  for (addrinfo* a = ai.get(); a != nullptr; a = a->ai_next) {
+    UniqueFd fd(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd.valid()) {
+      last_error = errno_text("socket", errno);
+      continue;
+    }
+    set_nonblocking(fd.get(), true);
+    int rc = connect(fd.get(), a->ai_addr, a->ai_addrlen);
+    if (rc != 0 && errno != EINPROGRESS) {
+      last_error = errno_text("connect", errno);
+      continue;
+    }
+    if (rc != 0) {
+      wait_fd(fd.get(), POLLOUT, deadline, "connect");
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        last_error = errno_text("connect", err);
+        continue;
+      }
+    }
+    return fd;
+  }
+  throw Error(ErrorKind::kConnection, "cannot connect to " + host + ":" + std::to_string(port) +
+                                          ": " + last_error +
+                                          " (is the peer listening on that address and port?)");
+}
+
+void tune_socket(int fd, const SocketOptions& options) {
+  int one = 1;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+    throw_errno("setsockopt(TCP_NODELAY)");
+  }
+  if (options.buffer_bytes > 0) {
+    int size = options.buffer_bytes;
+    // The kernel caps these at net.core.wmem_max/rmem_max; a capped value is not an error.
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof(size));
+  }
+}
+
+void set_nonblocking(int fd, bool on) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0) throw_errno("fcntl(F_GETFL)");
+  flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  if (fcntl(fd, F_SETFL, flags) != 0) throw_errno("fcntl(F_SETFL)");
+}
+
+void send_exact(int fd, const void* data, size_t size, const Deadline& deadline,
+                const char* what) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (size > 0) {
+    ssize_t n = send(fd, p, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      size -= static_cast<size_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      wait_fd(fd, POLLOUT, deadline, what);
+    } else if (n < 0 && errno != EINTR) {
+      throw_errno(ErrorKind::kConnection, what, errno);
+    }
+  }
+}
+
+void recv_exact(int fd, void* data, size_t size, const Deadline& deadline, const char* what) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (size > 0) {
+    ssize_t n = recv(fd, p, size, MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      size -= static_cast<size_t>(n);
+    } else if (n == 0) {
+      throw Error(ErrorKind::kConnection, std::string(what) + ": peer closed the connection");
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      wait_fd(fd, POLLIN, deadline, what);
+    } else if (errno != EINTR) {
+      throw_errno(ErrorKind::kConnection, what, errno);
+    }
+  }
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,36 @@
+// TCP socket helpers shared by the TCP transport and the bootstrap of the verbs transport.
+// Every blocking helper takes a Deadline; none waits forever.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/deadline.h"
+#include "common/unique_fd.h"
+
+namespace rdmaxfer {
+
+struct SocketOptions {
+  // SO_SNDBUF/SO_RCVBUF in bytes; 0 keeps the kernel's autotuning (net.ipv4.tcp_rmem/wmem).
+  int buffer_bytes = 0;
+};
+
+// Listening socket bound to host:port (port 0 picks a free one). SO_REUSEADDR, non-blocking.
+UniqueFd listen_tcp(const std::string& host, uint16_t port, int backlog);
+uint16_t local_port(int fd);
+std::string peer_name(int fd);
+
+// Connects with a deadline (non-blocking connect + poll); throws kConnection / kTimeout.
+UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline);
+
+void tune_socket(int fd, const SocketOptions& options);
+void set_nonblocking(int fd, bool on);
+
+// Exact-size blocking I/O on a non-blocking socket, bounded by the deadline. `what` names the
+// step for the error message.
+void send_exact(int fd, const void* data, size_t size, const Deadline& deadline,
+                const char* what);
+void recv_exact(int fd, void* data, size_t size, const Deadline& deadline, const char* what);
+
+}  // namespace rdmaxfer

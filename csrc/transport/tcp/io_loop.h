@@ -1,0 +1,57 @@
+// One I/O thread: an epoll loop over the sockets it was given, plus a task queue woken by an
+// eventfd. It never touches Python. Handlers run on the loop thread only.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/unique_fd.h"
+
+namespace rdmaxfer {
+
+class IoHandler {
+ public:
+  virtual ~IoHandler() = default;
+  virtual int fd() const = 0;
+  virtual void on_readable() = 0;
+  virtual void on_writable() = 0;
+  // EPOLLERR/EPOLLHUP without readable data.
+  virtual void on_error() = 0;
+};
+
+class IoLoop {
+ public:
+  IoLoop();
+  IoLoop(const IoLoop&) = delete;
+  IoLoop& operator=(const IoLoop&) = delete;
+  ~IoLoop();
+
+  // Runs `task` on the loop thread (soon).
+  void post(std::function<void()> task);
+  // Adds a handler (from any thread); the loop keeps it alive until remove().
+  void add(const std::shared_ptr<IoHandler>& handler);
+  // Removes the handler from the loop (call on the loop thread, e.g. inside a handler/task).
+  void remove(int fd);
+  // Turns interest in EPOLLOUT on or off (any thread).
+  void want_write(int fd, bool on);
+  bool in_loop_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  void stop();
+
+ private:
+  void run();
+
+  UniqueFd epoll_fd_;
+  UniqueFd wake_fd_;
+  std::atomic<bool> stop_{false};
+  std::mutex tasks_mu_;
+  std::vector<std::function<void()>> tasks_;
+  std::unordered_map<int, std::shared_ptr<IoHandler>> handlers_;  // loop thread only
+  std::thread thread_;
+};
+
+}  // namespace rdmaxfer

@@ -1,0 +1,118 @@
+// A connection to one peer over one or more TCP streams (see wire.h for the frames).
+//
+// Lifecycle: open (streams in their IoLoops; operations may be posted) -> closed, by close()
+// (GOODBYE sent), by the peer (GOODBYE or EOF) or by abort() after an error or a timeout. On
+// closing every pending request fails with the reason, every stream is killed, and the memory
+// the streams were using is released once their loops have let go of it. A closed connection
+// refuses new operations with an EndpointClosed error; the transport keeps working.
+//
+// One-sided WRITE/READ are served here, on the loop thread, against the transport's
+// RegionTable: an access outside a registered region is refused and changes nothing.
+// Two-sided messages use eager (small: data travels with the header) or rendezvous (RTS ->
+// receiver places a buffer -> CTS -> DATA chunks straight into it).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/tcp/tcp_stream.h"
+#include "transport/transport.h"
+
+namespace rdmaxfer {
+
+struct TcpConfig {
+  int io_threads = 0;             // 0: min(2, cores)
+  int socket_buffer = 0;          // SO_SNDBUF/SO_RCVBUF bytes; 0 keeps kernel autotuning
+  int default_streams = 0;        // streams per connection; 0: 4
+  uint64_t eager_limit = 16384;   // messages up to this size travel with their header
+};
+
+class TcpConnection : public Connection, public std::enable_shared_from_this<TcpConnection> {
+ public:
+  TcpConnection(Transport& transport, const TcpConfig& config, std::string peer);
+  // Creates the streams and adds them to the loops (one fd per stream, in index order).
+  void start(std::vector<UniqueFd> fds, const std::vector<IoLoop*>& loops);
+
+  RequestPtr post_write(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
+                        const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                        const TransferOptions& options) override;
+  RequestPtr post_read(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
+                       const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                       const TransferOptions& options) override;
+  RequestPtr post_send(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                       uint64_t length, const std::string& meta,
+                       const TransferOptions& options) override;
+  RequestPtr post_recv_header() override;
+  RequestPtr post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
+                       uint64_t offset, uint64_t length) override;
+  void reject(uint64_t msg_id, const std::string& reason) override;
+  bool cancel_recv_header(const RequestPtr& request) override;
+  void close() override;
+  void abort(ErrorKind kind, const std::string& reason) override;
+  bool is_closed() const override;
+  std::string error() const override;
+  std::string peer() const override { return peer_; }
+  int streams() const override { return static_cast<int>(streams_.size()); }
+
+  // Called by streams on their loop thread.
+  void choose_sink(TcpStream& stream, const FrameHeader& header, const std::string& meta,
+                   RecvSink* sink);
+  void on_frame(TcpStream& stream, const FrameHeader& header, std::string meta, RecvSink sink);
+
+ private:
+  struct PendingRead {
+    RequestPtr request;
+    std::shared_ptr<MemoryRegion> region;
+    uint8_t* base = nullptr;
+    uint64_t length = 0;
+  };
+  struct PendingSend {
+    RequestPtr request;
+    std::shared_ptr<MemoryRegion> region;
+    const uint8_t* base = nullptr;
+    uint64_t length = 0;
+    TransferOptions options;
+  };
+  struct Announced {
+    uint64_t length = 0;
+    bool eager = false;
+    std::string data;  // eager messages only
+  };
+  struct PendingRecv {
+    RequestPtr request;
+    std::shared_ptr<MemoryRegion> region;
+    uint8_t* base = nullptr;
+    uint64_t length = 0;
+    uint64_t received = 0;
+  };
+
+  void check_open_locked() const;
+  void check_local(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                   uint64_t length, const char* what) const;
+  TcpStream& least_loaded(int among) const;
+  void send_on(TcpStream& stream, OutFrame frame);
+  void send_data_chunks(PendingSend send);
+
+  Transport& transport_;
+  const TcpConfig config_;
+  const std::string peer_;
+  std::vector<std::shared_ptr<TcpStream>> streams_;
+
+  mutable std::mutex mu_;
+  bool closed_ = false;
+  ErrorKind error_kind_ = ErrorKind::kClosed;
+  std::string error_;
+  std::unordered_map<uint64_t, RequestPtr> writes_;
+  std::unordered_map<uint64_t, PendingRead> reads_;
+  std::unordered_map<uint64_t, PendingSend> sends_;
+  std::unordered_map<uint64_t, Announced> announced_;
+  std::deque<MessageInfo> incoming_;
+  std::deque<RequestPtr> header_waiters_;
+  std::unordered_map<uint64_t, PendingRecv> recvs_;
+};
+
+}  // namespace rdmaxfer

@@ -1,0 +1,101 @@
+// One TCP stream of a connection: a send queue of frames and a receive state machine.
+//
+// Lifecycle: created by TcpConnection with a connected socket -> added to an IoLoop -> frames
+// flow both ways -> kill() (on close or error): the socket is shut down, the send queue is
+// dropped, and the loop removes and frees the stream; any memory it was reading into or sending
+// from is released (RegionUse) only then.
+//
+// Sending: any thread may enqueue; when the queue was empty the caller writes inline, and the
+// loop finishes what the socket could not take (EPOLLOUT). Receiving happens on the loop thread
+// only: header -> metadata -> data straight into the destination the connection chose.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/unique_fd.h"
+#include "engine/region.h"
+#include "engine/request.h"
+#include "transport/tcp/io_loop.h"
+#include "transport/tcp/wire.h"
+
+namespace rdmaxfer {
+
+class TcpConnection;
+
+struct OutFrame {
+  uint8_t header[FrameHeader::kSize];
+  std::string meta;
+  const uint8_t* data = nullptr;
+  uint64_t data_len = 0;
+  uint64_t sent = 0;       // bytes of header + meta + data already written
+  RegionUse hold;          // keeps the memory behind `data` in use
+  RequestPtr on_sent;      // part_done() once the whole frame is in the socket
+  uint64_t total() const { return FrameHeader::kSize + meta.size() + data_len; }
+};
+
+OutFrame make_frame(const FrameHeader& header, std::string meta = {});
+
+// Where the data of an incoming frame goes.
+struct RecvSink {
+  uint8_t* dst = nullptr;  // straight into registered memory, or
+  std::string owned;       // into a buffer the connection keeps (small messages), or
+  bool discard = false;    // nowhere (a refused WRITE's bytes)
+  bool into_owned = false;
+  RegionUse hold;
+  uint32_t status = 0;  // AccessStatus decided when the header arrived
+};
+
+class TcpStream : public IoHandler, public std::enable_shared_from_this<TcpStream> {
+ public:
+  TcpStream(UniqueFd fd, int index, IoLoop* loop, std::weak_ptr<TcpConnection> conn);
+  int fd() const override { return fd_.get(); }
+  int index() const { return index_; }
+  IoLoop* loop() const { return loop_; }
+
+  // Any thread. Returns false (and drops the frame) when the stream is dead.
+  bool enqueue(OutFrame frame);
+  uint64_t queued_bytes() const { return queued_.load(std::memory_order_relaxed); }
+
+  // Shuts the socket down and schedules removal from the loop. Idempotent, any thread.
+  void kill();
+
+  void on_readable() override;
+  void on_writable() override;
+  void on_error() override;
+
+ private:
+  void flush_locked(std::vector<RequestPtr>* completed);
+  void start_payload();
+  void finish_frame();
+  void fail(const std::string& why, int err_no);
+
+  UniqueFd fd_;
+  const int index_;
+  IoLoop* const loop_;
+  std::weak_ptr<TcpConnection> conn_;
+  std::atomic<bool> dead_{false};
+
+  std::mutex send_mu_;
+  std::deque<OutFrame> queue_;
+  bool want_write_ = false;
+  std::atomic<uint64_t> queued_{0};
+
+  enum class Phase { kHeader, kMeta, kData };
+  Phase phase_ = Phase::kHeader;
+  uint8_t header_buf_[FrameHeader::kSize];
+  size_t header_got_ = 0;
+  FrameHeader header_;
+  std::string meta_;
+  size_t meta_got_ = 0;
+  RecvSink sink_;
+  uint64_t data_got_ = 0;
+  std::vector<uint8_t> scratch_;
+};
+
+}  // namespace rdmaxfer

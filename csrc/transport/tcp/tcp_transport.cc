@@ -1,0 +1,132 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <random>
+#include <thread>
+
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+TcpTransport::TcpTransport(uint64_t engine_id, const TcpConfig& config)
+    : Transport(engine_id), config_(config) {
+  if (config_.io_threads <= 0) {
+    config_.io_threads = static_cast<int>(std::min(2u, std::max(1u, std::thread::hardware_concurrency())));
+  }
+  if (config_.default_streams <= 0) config_.default_streams = 4;
+  if (config_.default_streams > Hello::kMaxStreams) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "streams=" + std::to_string(config_.default_streams) + " exceeds " +
+                    std::to_string(Hello::kMaxStreams));
+  }
+  if (config_.eager_limit > (1u << 20)) {
+    throw Error(ErrorKind::kInvalidArgument, "eager_limit above 1 MiB is not supported");
+  }
+  for (int i = 0; i < config_.io_threads; ++i) loops_.push_back(std::make_unique<IoLoop>());
+}
+
+TcpTransport::~TcpTransport() { shutdown(); }
+
+Capabilities TcpTransport::capabilities() const {
+  Capabilities caps;
+  caps.kind = TransportKind::kTcp;
+  caps.one_sided = true;
+  caps.write_with_imm = false;
+  caps.gpu_direct = false;
+  caps.max_message = 0;
+  return caps;
+}
+
+std::string TcpTransport::describe() const {
+  return "tcp: " + std::to_string(loops_.size()) + " I/O threads, " +
+         std::to_string(config_.default_streams) + " streams per connection, socket buffers " +
+         (config_.socket_buffer > 0 ? std::to_string(config_.socket_buffer) + " bytes"
+                                    : std::string("autotuned")) +
+         ", eager limit " + std::to_string(config_.eager_limit) + " bytes";
+}
+
+SocketOptions TcpTransport::socket_options() const {
+  SocketOptions o;
+  o.buffer_bytes = config_.socket_buffer;
+  return o;
+}
+
+uint16_t TcpTransport::listen(const std::string& host, uint16_t port) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) throw Error(ErrorKind::kClosed, "listen: the engine is closed");
+  if (acceptor_) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "listen: this engine already listens on port " + std::to_string(acceptor_->port()) +
+                    "; use one engine per listening port");
+  }
+  acceptor_ = std::make_unique<Acceptor>(host, port, TransportKind::kTcp, engine_id(),
+                                         socket_options());
+  return acceptor_->port();
+}
+
+std::shared_ptr<Connection> TcpTransport::accept(double timeout_s) {
+  Acceptor* acceptor = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!acceptor_) {
+      throw Error(ErrorKind::kInvalidArgument, "accept: call listen() first");
+    }
+    acceptor = acceptor_.get();
+  }
+  AcceptedGroup group = acceptor->accept(timeout_s);
+  return adopt(std::move(group.fds), group.peer);
+}
+
+std::shared_ptr<Connection> TcpTransport::connect(const std::string& host, uint16_t port,
+                                                  const ConnectOptions& options) {
+  const int streams = options.streams > 0 ? options.streams : config_.default_streams;
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  Deadline deadline(options.timeout_s);
+  std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kTcp, streams,
+                                                engine_id(), rng(), socket_options(), deadline);
+  return adopt(std::move(fds), host + ":" + std::to_string(port));
+}
+
+std::shared_ptr<Connection> TcpTransport::adopt(std::vector<UniqueFd> fds,
+                                                const std::string& peer) {
+  auto conn = std::make_shared<TcpConnection>(*this, config_, peer);
+  std::vector<IoLoop*> loops;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) throw Error(ErrorKind::kClosed, "the engine is closed");
+  for (size_t i = 0; i < fds.size(); ++i) {
+    loops.push_back(loops_[next_loop_++ % loops_.size()].get());
+  }
+  conn->start(std::move(fds), loops);
+  // Forget connections that are gone, so the list does not grow without bound.
+  std::vector<std::weak_ptr<TcpConnection>> live;
+  for (auto& w : connections_) {
+    if (auto c = w.lock(); c && !c->is_closed()) live.push_back(w);
+  }
+  live.push_back(conn);
+  connections_.swap(live);
+  return conn;
+}
+
+void TcpTransport::shutdown() {
+  std::vector<std::weak_ptr<TcpConnection>> conns;
+  std::unique_ptr<Acceptor> acceptor;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    conns.swap(connections_);
+    acceptor = std::move(acceptor_);
+  }
+  acceptor.reset();
+  for (auto& w : conns) {
+    if (auto c = w.lock()) c->abort(ErrorKind::kClosed, "the engine was closed");
+  }
+  for (auto& loop : loops_) loop->stop();
+}
+
+std::shared_ptr<MemoryRegion> TcpTransport::make_region(uint8_t* addr, uint64_t length,
+                                                        uint32_t access,
+                                                        std::unique_ptr<PinnedAllocation> owned) {
+  return std::make_shared<MemoryRegion>(addr, length, access, std::move(owned));
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,48 @@
+// The TCP transport: the whole API over plain TCP streams, for machines without RDMA.
+//
+// Lifecycle: constructed (I/O threads running) -> listen() (acceptor thread) -> connections
+// created by accept()/connect() -> shutdown(): every connection aborted, threads joined.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "transport/bootstrap.h"
+#include "transport/tcp/io_loop.h"
+#include "transport/tcp/tcp_connection.h"
+#include "transport/transport.h"
+
+namespace rdmaxfer {
+
+class TcpTransport : public Transport {
+ public:
+  TcpTransport(uint64_t engine_id, const TcpConfig& config);
+  ~TcpTransport() override;
+
+  Capabilities capabilities() const override;
+  std::string describe() const override;
+  uint16_t listen(const std::string& host, uint16_t port) override;
+  std::shared_ptr<Connection> accept(double timeout_s) override;
+  std::shared_ptr<Connection> connect(const std::string& host, uint16_t port,
+                                      const ConnectOptions& options) override;
+  void shutdown() override;
+
+ protected:
+  std::shared_ptr<MemoryRegion> make_region(uint8_t* addr, uint64_t length, uint32_t access,
+                                            std::unique_ptr<PinnedAllocation> owned) override;
+
+ private:
+  std::shared_ptr<Connection> adopt(std::vector<UniqueFd> fds, const std::string& peer);
+  SocketOptions socket_options() const;
+
+  TcpConfig config_;
+  std::vector<std::unique_ptr<IoLoop>> loops_;
+  size_t next_loop_ = 0;
+  std::unique_ptr<Acceptor> acceptor_;
+  std::mutex mu_;
+  bool shut_down_ = false;
+  std::vector<std::weak_ptr<TcpConnection>> connections_;
+};
+
+}  // namespace rdmaxfer

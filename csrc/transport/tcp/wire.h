@@ -1,0 +1,58 @@
+// TCP wire framing. Every frame is a 56-byte header, then `meta_len` bytes of metadata, then
+// `payload_len` bytes of data. Little-endian, version 1:
+//   0 magic u16 0x5852 ("RX")  2 version u8  3 type u8  4 status u32  8 req_id u64
+//  16 addr u64  24 size u64  32 aux u64  40 key u32  44 meta_len u32  48 payload_len u64
+//
+// Frame types and their fields:
+//   WRITE      req_id, addr (target address), key, aux (offset in the request); data follows
+//   WRITE_ACK  req_id, aux, size, status (AccessStatus)
+//   READ_REQ   req_id, addr, key, size (bytes wanted), aux
+//   READ_RESP  req_id, aux, status; data follows when status is 0
+//   MSG_RTS    req_id (message id), size (message bytes), meta (sender's metadata)
+//   MSG_EAGER  like MSG_RTS with the data attached (small messages)
+//   MSG_CTS    req_id: the receiver has placed a buffer; send the data
+//   MSG_REJECT req_id, meta (reason): the receiver refused the message
+//   MSG_DATA   req_id, aux (offset in the message); data follows
+//   GOODBYE    the peer closes the connection on purpose
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace rdmaxfer {
+
+enum class FrameType : uint8_t {
+  kWrite = 1,
+  kWriteAck = 2,
+  kReadReq = 3,
+  kReadResp = 4,
+  kMsgRts = 5,
+  kMsgEager = 6,
+  kMsgCts = 7,
+  kMsgReject = 8,
+  kMsgData = 9,
+  kGoodbye = 10,
+};
+const char* frame_type_name(FrameType type);
+
+struct FrameHeader {
+  static constexpr size_t kSize = 56;
+  static constexpr uint8_t kVersion = 1;
+  static constexpr uint32_t kMaxMeta = 64 * 1024;
+
+  FrameType type = FrameType::kGoodbye;
+  uint32_t status = 0;
+  uint64_t req_id = 0;
+  uint64_t addr = 0;
+  uint64_t size = 0;
+  uint64_t aux = 0;
+  uint32_t key = 0;
+  uint32_t meta_len = 0;
+  uint64_t payload_len = 0;
+
+  void encode(uint8_t* out) const;
+  // Throws Error(kProtocol) on a bad magic, version, type or metadata size.
+  static FrameHeader decode(const uint8_t* in);
+};
+
+}  // namespace rdmaxfer

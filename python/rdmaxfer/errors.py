@@ -1,0 +1,69 @@
+"""Exceptions raised by rdmaxfer.
+
+Every error derives from :class:`RdmaxferError`. Errors raised by the C++ core are turned into
+these classes in exactly one place (``csrc/bindings/errors.cc``); each message names the value
+that failed and the fix. Classes also derive from the matching built-in exception so that
+``except TimeoutError`` or ``except ValueError`` keep working.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+__all__ = [
+    "ConnectionFailedError",
+    "EndpointClosedError",
+    "InvalidArgumentError",
+    "ProtocolError",
+    "RdmaxferError",
+    "RegistrationError",
+    "RemoteAccessError",
+    "TransferTimeoutError",
+    "TransportError",
+    "UnsupportedError",
+]
+
+
+class RdmaxferError(Exception):
+    """Base class of every rdmaxfer error."""
+
+
+class InvalidArgumentError(RdmaxferError, ValueError):
+    """A value passed by the caller cannot work (non-contiguous array, dtype/shape mismatch,
+    size out of range...). Nothing was sent or written."""
+
+
+class ConnectionFailedError(RdmaxferError, builtins.ConnectionError):
+    """The peer could not be reached, refused the handshake, or closed/reset the connection.
+    The endpoint is closed; the engine stays usable and can connect or accept again."""
+
+
+class EndpointClosedError(ConnectionFailedError):
+    """The endpoint (or its engine) was closed locally before or during the operation."""
+
+
+class TransferTimeoutError(RdmaxferError, builtins.TimeoutError):
+    """A bounded wait ran out (connect, accept, transfer or receive). A transfer that timed out
+    closes its endpoint, since the stream can no longer be trusted; the engine stays usable."""
+
+
+class RegistrationError(RdmaxferError):
+    """Memory could not be registered or pinned (memlock limit, size, unsupported memory)."""
+
+
+class ProtocolError(RdmaxferError):
+    """A malformed, unsupported or refused record: bad descriptor bytes, a peer of another
+    version, or a message the receiver rejected."""
+
+
+class RemoteAccessError(RdmaxferError):
+    """The peer refused a one-sided READ/WRITE: unknown or dead key, range outside the
+    registered region, or access not allowed (the TCP twin of IBV_WC_REM_ACCESS_ERR)."""
+
+
+class UnsupportedError(RdmaxferError):
+    """The transport or feature is not available on this machine; the message says why."""
+
+
+class TransportError(RdmaxferError):
+    """A system or verbs call failed; the message names the call and its errno text."""
