@@ -49,19 +49,25 @@ TransferOptions transfer_options(long long chunk_size, int streams) {
   return o;
 }
 
+// Short transfers usually finish within this many microseconds; waiting callers spin that long
+// (yielding the CPU) before sleeping on the request's condition variable.
+constexpr int kSpinUs = 50;
+
 // Waits in slices so that Ctrl-C reaches Python; the GIL is released while waiting.
 bool wait_request(const Request& req, double timeout_s) {
   checked_timeout(timeout_s, "wait");
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(timeout_s));
+  bool first = true;
   for (;;) {
     const double left =
         std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
     bool done = false;
     {
       py::gil_scoped_release release;
-      done = req.wait_for(std::max(0.0, std::min(left, 0.1)));
+      done = req.wait_for(std::max(0.0, std::min(left, 0.1)), first ? kSpinUs : 0);
+      first = false;
     }
     if (done) return true;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();

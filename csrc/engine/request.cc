@@ -1,5 +1,7 @@
 #include "engine/request.h"
 
+#include <sched.h>
+
 #include <chrono>
 
 #include "engine/notifier.h"
@@ -52,13 +54,22 @@ void Request::fail(ErrorKind kind, const std::string& message) {
 
 void Request::finish_locked(State state, std::unique_lock<std::mutex>& lock) {
   state_ = state;
+  terminal_.store(true, std::memory_order_release);
   std::shared_ptr<Notifier> notifier = notifier_;
   lock.unlock();
   cv_.notify_all();
   if (notifier) notifier->push(id_);
 }
 
-bool Request::wait_for(double timeout_s) const {
+bool Request::wait_for(double timeout_s, int spin_us) const {
+  if (spin_us > 0) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+    while (!terminal_.load(std::memory_order_acquire)) {
+      if (std::chrono::steady_clock::now() >= until) break;
+      sched_yield();
+    }
+    if (terminal_.load(std::memory_order_acquire)) return true;
+  }
   std::unique_lock<std::mutex> lock(mu_);
   return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
                       [this] { return state_ != State::kPending; });

@@ -49,8 +49,9 @@ class Request {
   void complete_with_message(MessageInfo info);
   void fail(ErrorKind kind, const std::string& message);
 
-  // Blocks until terminal or the timeout; true when terminal.
-  bool wait_for(double timeout_s) const;
+  // Blocks until terminal or the timeout; true when terminal. Spins (yielding the CPU) for up to
+  // `spin_us` microseconds first: a short transfer then completes without a futex wake-up.
+  bool wait_for(double timeout_s, int spin_us = 0) const;
   // Throws the stored Error when failed; no-op otherwise.
   void rethrow() const;
   MessageInfo message() const;
@@ -68,6 +69,7 @@ class Request {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   State state_ = State::kPending;
+  std::atomic<bool> terminal_{false};  // mirrors state_ != kPending, for lock-free spinning
   ErrorKind error_kind_ = ErrorKind::kTransport;
   std::string error_;
   MessageInfo message_;

@@ -4,6 +4,7 @@
 #include <sys/uio.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "common/error.h"
 #include "transport/tcp/tcp_connection.h"
@@ -13,7 +14,8 @@ namespace rdmaxfer {
 namespace {
 constexpr int kMaxIov = 64;
 constexpr uint64_t kReadBudget = 16ull << 20;  // per wake-up, so other streams get a turn
-constexpr size_t kScratch = 256 * 1024;
+constexpr size_t kStage = 64 * 1024;
+constexpr uint64_t kInlineLimit = 64 * 1024;
 }  // namespace
 
 OutFrame make_frame(const FrameHeader& header, std::string meta) {
@@ -34,9 +36,12 @@ bool TcpStream::enqueue(OutFrame frame) {
     std::lock_guard<std::mutex> lock(send_mu_);
     if (dead_.load()) return false;
     queued_.fetch_add(frame.total(), std::memory_order_relaxed);
+    const bool small = frame.total() <= kInlineLimit;
     queue_.push_back(std::move(frame));
     if (!want_write_) {
-      flush_locked(&completed);
+      // Small frames go out at once from the caller's thread (latency); large ones are written
+      // by the loop thread, so the caller's thread does not copy megabytes into the socket.
+      if (small || loop_->in_loop_thread()) flush_locked(&completed);
       if (!queue_.empty() && !dead_.load()) {
         want_write_ = true;
         loop_->want_write(fd_.get(), true);
@@ -137,80 +142,98 @@ void TcpStream::kill() {
 }
 
 void TcpStream::on_readable() {
-  uint64_t budget = kReadBudget;
   auto conn = conn_.lock();
   if (!conn) {
     kill();
     return;
   }
-  while (!dead_.load() && budget > 0) {
-    uint8_t* dst = nullptr;
-    size_t want = 0;
-    switch (phase_) {
-      case Phase::kHeader:
-        dst = header_buf_ + header_got_;
-        want = FrameHeader::kSize - header_got_;
-        break;
-      case Phase::kMeta:
-        dst = reinterpret_cast<uint8_t*>(meta_.data()) + meta_got_;
-        want = meta_.size() - meta_got_;
-        break;
-      case Phase::kData: {
-        const uint64_t left = header_.payload_len - data_got_;
-        if (sink_.discard) {
-          if (scratch_.empty()) scratch_.resize(kScratch);
-          dst = scratch_.data();
-          want = static_cast<size_t>(std::min<uint64_t>(left, scratch_.size()));
+  uint64_t budget = kReadBudget;
+  try {
+    while (!dead_.load() && budget > 0) {
+      if (stage_pos_ < stage_len_) {
+        stage_pos_ += consume(stage_.data() + stage_pos_, stage_len_ - stage_pos_);
+        continue;
+      }
+      // Large data goes straight from the socket into its destination; everything else (headers,
+      // metadata, small payloads, several small frames at once) through the staging buffer.
+      const bool direct = phase_ == Phase::kData && !sink_.discard &&
+                          header_.payload_len - data_got_ >= kStage;
+      uint8_t* dst = nullptr;
+      size_t want = 0;
+      if (direct) {
+        dst = (sink_.into_owned ? reinterpret_cast<uint8_t*>(sink_.owned.data()) : sink_.dst) +
+              data_got_;
+        want = static_cast<size_t>(std::min(header_.payload_len - data_got_, budget));
+      } else {
+        if (stage_.empty()) stage_.resize(kStage);
+        dst = stage_.data();
+        want = stage_.size();
+      }
+      ssize_t n = recv(fd_.get(), dst, want, MSG_DONTWAIT);
+      if (n == 0) {
+        fail("peer closed the connection (EOF)", 0);
+        return;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        fail("recv", errno);
+        return;
+      }
+      budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
+      if (direct) {
+        data_got_ += static_cast<uint64_t>(n);
+        if (data_got_ == header_.payload_len) finish_frame();
+      } else {
+        stage_pos_ = 0;
+        stage_len_ = static_cast<size_t>(n);
+      }
+    }
+  } catch (const Error& e) {
+    conn->abort(e.kind(), "connection to " + conn->peer() + " failed: " + e.what());
+  }
+}
+
+size_t TcpStream::consume(const uint8_t* p, size_t n) {
+  switch (phase_) {
+    case Phase::kHeader: {
+      const size_t take = std::min(n, FrameHeader::kSize - header_got_);
+      std::memcpy(header_buf_ + header_got_, p, take);
+      header_got_ += take;
+      if (header_got_ == FrameHeader::kSize) {
+        header_ = FrameHeader::decode(header_buf_);
+        header_got_ = 0;
+        meta_.assign(header_.meta_len, '\0');
+        meta_got_ = 0;
+        if (header_.meta_len > 0) {
+          phase_ = Phase::kMeta;
         } else {
-          dst = (sink_.into_owned ? reinterpret_cast<uint8_t*>(sink_.owned.data()) : sink_.dst) +
-                data_got_;
-          want = static_cast<size_t>(std::min<uint64_t>(left, budget));
+          start_payload();
         }
-        break;
       }
+      return take;
     }
-    ssize_t n = recv(fd_.get(), dst, want, MSG_DONTWAIT);
-    if (n == 0) {
-      fail("peer closed the connection (EOF)", 0);
-      return;
+    case Phase::kMeta: {
+      const size_t take = std::min(n, meta_.size() - meta_got_);
+      std::memcpy(meta_.data() + meta_got_, p, take);
+      meta_got_ += take;
+      if (meta_got_ == meta_.size()) start_payload();
+      return take;
     }
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      fail("recv", errno);
-      return;
-    }
-    budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
-    try {
-      switch (phase_) {
-        case Phase::kHeader:
-          header_got_ += static_cast<size_t>(n);
-          if (header_got_ == FrameHeader::kSize) {
-            header_ = FrameHeader::decode(header_buf_);
-            header_got_ = 0;
-            meta_.assign(header_.meta_len, '\0');
-            meta_got_ = 0;
-            if (header_.meta_len > 0) {
-              phase_ = Phase::kMeta;
-            } else {
-              start_payload();
-            }
-          }
-          break;
-        case Phase::kMeta:
-          meta_got_ += static_cast<size_t>(n);
-          if (meta_got_ == meta_.size()) start_payload();
-          break;
-        case Phase::kData:
-          data_got_ += static_cast<uint64_t>(n);
-          if (data_got_ == header_.payload_len) finish_frame();
-          break;
+    case Phase::kData: {
+      const size_t take =
+          static_cast<size_t>(std::min<uint64_t>(n, header_.payload_len - data_got_));
+      if (!sink_.discard) {
+        uint8_t* base =
+            sink_.into_owned ? reinterpret_cast<uint8_t*>(sink_.owned.data()) : sink_.dst;
+        std::memcpy(base + data_got_, p, take);
       }
-    } catch (const Error& e) {
-      conn->abort(e.kind(), "connection to " + conn->peer() + " failed: " + e.what());
-      return;
+      data_got_ += take;
+      if (data_got_ == header_.payload_len) finish_frame();
+      return take;
     }
   }
+  return n;
 }
 
 void TcpStream::start_payload() {

@@ -71,6 +71,8 @@ class TcpStream : public IoHandler, public std::enable_shared_from_this<TcpStrea
 
  private:
   void flush_locked(std::vector<RequestPtr>* completed);
+  // Feeds bytes from the staging buffer into the receive state machine; returns bytes used.
+  size_t consume(const uint8_t* p, size_t n);
   void start_payload();
   void finish_frame();
   void fail(const std::string& why, int err_no);
@@ -95,7 +97,9 @@ class TcpStream : public IoHandler, public std::enable_shared_from_this<TcpStrea
   size_t meta_got_ = 0;
   RecvSink sink_;
   uint64_t data_got_ = 0;
-  std::vector<uint8_t> scratch_;
+  std::vector<uint8_t> stage_;  // bytes read ahead from the socket
+  size_t stage_pos_ = 0;
+  size_t stage_len_ = 0;
 };
 
 }  // namespace rdmaxfer
