@@ -231,7 +231,8 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Engine>(m, "Engine")
       .def(py::init([](const std::string& transport, int io_threads, int socket_buffer,
-                       int default_streams) {
+                       int default_streams, const std::string& rdma_device, int gid_index,
+                       const std::string& poll_mode) {
              if (io_threads < 0 || io_threads > 64) {
                throw Error(ErrorKind::kInvalidArgument,
                            "io_threads=" + std::to_string(io_threads) + " must be in 0..64");
@@ -246,10 +247,21 @@ PYBIND11_MODULE(_core, m) {
              config.tcp.io_threads = io_threads;
              config.tcp.socket_buffer = socket_buffer;
              config.tcp.default_streams = default_streams;
+             if (gid_index < -1 || gid_index > 65535) {
+               throw Error(ErrorKind::kInvalidArgument,
+                           "gid_index=" + std::to_string(gid_index) +
+                               " must be -1 (auto) or a GID table index");
+             }
+             config.rdma.device = rdma_device;
+             config.rdma.gid_index = gid_index;
+             config.rdma.poll_mode = poll_mode;
+             config.rdma.default_qps = default_streams;
+             py::gil_scoped_release release;
              return std::make_unique<Engine>(transport, config);
            }),
            py::arg("transport") = "tcp", py::arg("io_threads") = 0, py::arg("socket_buffer") = 0,
-           py::arg("default_streams") = 0)
+           py::arg("default_streams") = 0, py::arg("rdma_device") = "",
+           py::arg("gid_index") = -1, py::arg("poll_mode") = "")
       .def_property_readonly("transport", &Engine::transport_name)
       .def_property_readonly("engine_id", &Engine::engine_id)
       .def_property_readonly("notify_fd", [](const Engine& e) { return e.notifier()->fd(); })

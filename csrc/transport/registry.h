@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "transport/rdma/rdma_config.h"
 #include "transport/tcp/tcp_connection.h"
 #include "transport/transport.h"
 
@@ -12,6 +13,7 @@ namespace rdmaxfer {
 
 struct TransportConfig {
   TcpConfig tcp;
+  RdmaConfig rdma;
 };
 
 // Transport name -> "" when usable on this machine, else why not.

@@ -45,16 +45,16 @@ void IoLoop::post(std::function<void()> task) {
 }
 
 void IoLoop::add(const std::shared_ptr<IoHandler>& handler) {
-  post([this, handler] {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = handler->fd();
-    if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, handler->fd(), &ev) != 0) {
-      handler->on_error();
-      return;
-    }
-    handlers_[handler->fd()] = handler;
-  });
+  // Into epoll at once, so that want_write() from the caller's thread finds the fd; into the
+  // handler map on the loop thread. An event that comes first is reported again (level-
+  // triggered) after the task below has run.
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = handler->fd();
+  if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, handler->fd(), &ev) != 0) {
+    throw_errno("epoll_ctl(ADD socket)");
+  }
+  post([this, handler] { handlers_[handler->fd()] = handler; });
 }
 
 void IoLoop::remove(int fd) {

@@ -33,7 +33,8 @@ class IoLoop {
 
   // Runs `task` on the loop thread (soon).
   void post(std::function<void()> task);
-  // Adds a handler (from any thread); the loop keeps it alive until remove().
+  // Adds a handler (from any thread); the loop keeps it alive until remove(). Throws when the
+  // fd cannot be watched.
   void add(const std::shared_ptr<IoHandler>& handler);
   // Removes the handler from the loop (call on the loop thread, e.g. inside a handler/task).
   void remove(int fd);

@@ -171,7 +171,14 @@ void TcpStream::on_readable() {
       }
       ssize_t n = recv(fd_.get(), dst, want, MSG_DONTWAIT);
       if (n == 0) {
-        fail("peer closed the connection (EOF)", 0);
+        // A closing peer shuts all its streams down after its last frames; those frames may
+        // still be unread on stream 0 (a CTS, a GOODBYE). So only EOF on stream 0 ends the
+        // connection; an earlier EOF on another stream just retires that stream.
+        if (index_ == 0) {
+          fail("peer closed the connection (EOF)", 0);
+        } else {
+          kill();
+        }
         return;
       }
       if (n < 0) {

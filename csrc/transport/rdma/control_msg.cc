@@ -1,0 +1,61 @@
+#include "transport/rdma/control_msg.h"
+
+#include <cstring>
+
+#include "common/bytes.h"
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+namespace {
+constexpr uint16_t kMagic = 0x4352;
+}
+
+const char* ctrl_type_name(CtrlType type) {
+  switch (type) {
+    case CtrlType::kRts: return "RTS";
+    case CtrlType::kEager: return "EAGER";
+    case CtrlType::kCts: return "CTS";
+    case CtrlType::kReject: return "REJECT";
+  }
+  return "unknown";
+}
+
+void CtrlHeader::encode(uint8_t* out) const {
+  std::memset(out, 0, kSize);
+  store_le<uint16_t>(out, kMagic);
+  out[2] = kVersion;
+  out[3] = static_cast<uint8_t>(type);
+  store_le<uint32_t>(out + 4, meta_len);
+  store_le<uint64_t>(out + 8, msg_id);
+  store_le<uint64_t>(out + 16, size);
+  store_le<uint64_t>(out + 24, addr);
+  store_le<uint32_t>(out + 32, rkey);
+  store_le<uint32_t>(out + 36, payload_len);
+}
+
+CtrlHeader CtrlHeader::decode(const uint8_t* in, size_t available) {
+  auto bad = [](const std::string& what) {
+    throw Error(ErrorKind::kProtocol, "invalid control message from the peer: " + what);
+  };
+  if (available < kSize) bad("only " + std::to_string(available) + " bytes");
+  if (load_le<uint16_t>(in) != kMagic) bad("bad magic");
+  if (in[2] != kVersion) bad("unsupported version " + std::to_string(in[2]));
+  CtrlHeader h;
+  if (in[3] < 1 || in[3] > 4) bad("unknown type " + std::to_string(in[3]));
+  h.type = static_cast<CtrlType>(in[3]);
+  h.meta_len = load_le<uint32_t>(in + 4);
+  h.msg_id = load_le<uint64_t>(in + 8);
+  h.size = load_le<uint64_t>(in + 16);
+  h.addr = load_le<uint64_t>(in + 24);
+  h.rkey = load_le<uint32_t>(in + 32);
+  h.payload_len = load_le<uint32_t>(in + 36);
+  if (static_cast<uint64_t>(h.meta_len) + h.payload_len > available - kSize) {
+    bad("metadata and data run past the received " + std::to_string(available) + " bytes");
+  }
+  if (h.type == CtrlType::kEager && h.payload_len != h.size) bad("EAGER data length != size");
+  if (h.type != CtrlType::kEager && h.payload_len != 0) bad("unexpected data");
+  return h;
+}
+
+}  // namespace rdmaxfer

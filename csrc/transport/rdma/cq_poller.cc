@@ -1,0 +1,137 @@
+#include "transport/rdma/cq_poller.h"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+
+#include <cerrno>
+
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+namespace {
+constexpr uint64_t kChannelKey = 1ull << 62;
+constexpr uint64_t kAsyncKey = 2ull << 62;
+constexpr uint64_t kWakeKey = 3ull << 62;
+constexpr uint64_t kKindMask = 3ull << 62;
+constexpr int kBatch = 32;
+constexpr int kBusyPollsPerCheck = 256;
+
+void epoll_add(int ep, int fd, uint32_t events, uint64_t key) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = key;
+  if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) throw_errno("epoll_ctl(ADD)");
+}
+}  // namespace
+
+CqPoller::CqPoller(std::shared_ptr<DeviceContext> context,
+                   std::shared_ptr<CompletionChannel> channel,
+                   std::shared_ptr<CompletionQueue> cq, bool busy, Handlers handlers)
+    : context_(std::move(context)),
+      channel_(std::move(channel)),
+      cq_(std::move(cq)),
+      busy_(busy),
+      handlers_(std::move(handlers)),
+      epoll_(epoll_create1(EPOLL_CLOEXEC)),
+      wake_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+  if (!epoll_.valid()) throw_errno("epoll_create1");
+  if (!wake_.valid()) throw_errno("eventfd");
+  const int async_fd = context_->get()->async_fd;
+  const int flags = fcntl(async_fd, F_GETFL);
+  if (flags < 0 || fcntl(async_fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    throw_errno("fcntl(O_NONBLOCK) on the async event fd");
+  }
+  epoll_add(epoll_.get(), channel_->fd(), EPOLLIN, kChannelKey);
+  epoll_add(epoll_.get(), async_fd, EPOLLIN, kAsyncKey);
+  epoll_add(epoll_.get(), wake_.get(), EPOLLIN, kWakeKey);
+}
+
+CqPoller::~CqPoller() { stop(); }
+
+void CqPoller::start() {
+  if (!busy_) cq_->arm();
+  thread_ = std::thread([this] { run(); });
+}
+
+void CqPoller::stop() {
+  stop_.store(true);
+  const uint64_t one = 1;
+  if (write(wake_.get(), &one, sizeof(one)) < 0) {
+    // The eventfd cannot overflow here; the thread also polls stop_ every 100 ms.
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void CqPoller::watch_socket(int fd, uint64_t tag) {
+  epoll_add(epoll_.get(), fd, EPOLLIN | EPOLLRDHUP, tag & ~kKindMask);
+}
+
+void CqPoller::unwatch_socket(int fd) noexcept {
+  epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+}
+
+void CqPoller::drain_cq() {
+  ibv_wc wcs[kBatch];
+  for (;;) {
+    const int n = cq_->poll(kBatch, wcs);
+    if (n <= 0) return;
+    handlers_.completions(wcs, n);
+    if (n < kBatch) return;
+  }
+}
+
+void CqPoller::drain_async() {
+  for (;;) {
+    ibv_async_event event{};
+    if (verbs().get_async_event(context_->get(), &event) != 0) return;  // EAGAIN: none left
+    handlers_.async_event(event);
+    verbs().ack_async_event(&event);
+  }
+}
+
+void CqPoller::run() {
+  try {
+    epoll_event events[16];
+    int idle_polls = 0;
+    while (!stop_.load(std::memory_order_relaxed)) {
+      int timeout_ms = 100;
+      if (busy_) {
+        drain_cq();
+        if (++idle_polls < kBusyPollsPerCheck) continue;
+        idle_polls = 0;
+        timeout_ms = 0;
+      }
+      const int n = epoll_wait(epoll_.get(), events, 16, timeout_ms);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw_errno("epoll_wait");
+      }
+      for (int i = 0; i < n; ++i) {
+        const uint64_t key = events[i].data.u64;
+        switch (key & kKindMask) {
+          case kChannelKey:
+            while (cq_->take_event()) {
+            }
+            if (!busy_) cq_->arm();
+            drain_cq();
+            break;
+          case kAsyncKey: drain_async(); break;
+          case kWakeKey: {
+            uint64_t v;
+            if (read(wake_.get(), &v, sizeof(v)) < 0) {
+              // EAGAIN: already drained
+            }
+            break;
+          }
+          default: handlers_.socket_ready(key); break;
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    if (handlers_.fatal) handlers_.fatal(std::string("completion thread stopped: ") + e.what());
+  }
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,24 @@
+// Settings of the verbs transport (Engine(transport="rdma", ...)). No verbs types here, so the
+// registry can name it in builds without the verbs headers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace rdmaxfer {
+
+struct RdmaConfig {
+  std::string device;       // "" -> env RDMAXFER_RDMA_DEVICE -> first device with an active port
+  int port = 0;             // 0 -> the device's first active port
+  int gid_index = -1;       // -1 -> env RDMAXFER_GID_INDEX -> auto (see verbs_context.h)
+  std::string poll_mode;    // "event" (default; env RDMAXFER_POLL_MODE) or "busy"
+  int default_qps = 0;      // QPs per connection; 0 -> 1
+  uint64_t eager_limit = 0; // bytes sent inside the SEND with the header; 0 -> 8 KiB
+  int sq_depth = 0;         // send-queue WRs per QP; 0 -> min(device max_qp_wr, 256)
+};
+
+// "" when the verbs transport can run here (libibverbs loads and a device has an active port),
+// else why not. Cheap enough to call from available_transports().
+std::string rdma_unavailable_reason();
+
+}  // namespace rdmaxfer

@@ -1,0 +1,422 @@
+// RdmaConnection: set-up, one-sided operations, completions and teardown. The two-sided
+// protocol is in rdma_messages.cc.
+#include "transport/rdma/rdma_connection.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+#include "engine/chunking.h"
+
+namespace rdmaxfer {
+
+namespace {
+constexpr uint8_t kGoodbyeByte = 'G';
+
+std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
+
+ErrorKind kind_of(ibv_wc_status status) {
+  switch (status) {
+    case IBV_WC_REM_ACCESS_ERR: return ErrorKind::kRemoteAccess;
+    case IBV_WC_RETRY_EXC_ERR:
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+    case IBV_WC_REM_ABORT_ERR:
+    case IBV_WC_WR_FLUSH_ERR: return ErrorKind::kConnection;
+    default: return ErrorKind::kTransport;
+  }
+}
+}  // namespace
+
+RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& settings,
+                               RdmaShared shared, uint32_t tag, int n_qps)
+    : transport_(transport), settings_(settings), shared_(std::move(shared)), tag_(tag) {
+  lanes_.resize(static_cast<size_t>(n_qps));
+  for (int i = 0; i < n_qps; ++i) {
+    Lane& lane = lanes_[static_cast<size_t>(i)];
+    lane.recv_slab =
+        std::make_unique<BufferSlab>(shared_.pd, settings_.ctrl_size, settings_.ctrl_depth);
+    lane.send_slab =
+        std::make_unique<BufferSlab>(shared_.pd, settings_.ctrl_size, settings_.ctrl_slots);
+    lane.qp = std::make_unique<QueuePair>(shared_.pd, shared_.cq, settings_.limits, tag_);
+    lane.sq = std::make_unique<SendQueue>(*lane.qp, wr_prefix(tag_, i, false), *lane.send_slab,
+                                          std::max<uint32_t>(1, settings_.limits.sq_depth / 4));
+    lane.qp->to_init();
+    for (uint32_t s = 0; s < settings_.ctrl_depth; ++s) post_recv_slot(i, s);
+  }
+}
+
+RdmaConnection::~RdmaConnection() { abort(ErrorKind::kClosed, "the endpoint was destroyed"); }
+
+EndpointRecord RdmaConnection::local_record() const {
+  const DeviceContext& dc = shared_.pd->context();
+  EndpointRecord r;
+  r.link_layer = dc.ethernet() ? EndpointRecord::kLinkEthernet : EndpointRecord::kLinkInfiniBand;
+  r.lid = dc.port_attr().lid;
+  r.active_mtu = static_cast<uint8_t>(dc.port_attr().active_mtu);
+  r.port = dc.port();
+  r.gid_index = static_cast<uint8_t>(dc.gid_index());
+  std::memcpy(r.gid, dc.gid().raw, 16);
+  r.max_message = static_cast<uint32_t>(std::min<uint64_t>(settings_.max_message, 0xffffffffu));
+  r.ctrl_size = settings_.ctrl_size;
+  r.ctrl_depth = settings_.ctrl_depth;
+  r.rd_atomic = settings_.limits.rd_atomic;
+  r.engine_id = transport_.engine_id();
+  for (const Lane& lane : lanes_) r.qps.push_back({lane.qp->qp_num(), lane.qp->psn()});
+  return r;
+}
+
+void RdmaConnection::connect_qps(const EndpointRecord& peer) {
+  const DeviceContext& dc = shared_.pd->context();
+  const uint8_t own_link =
+      dc.ethernet() ? EndpointRecord::kLinkEthernet : EndpointRecord::kLinkInfiniBand;
+  auto link_name = [](uint8_t l) {
+    return l == EndpointRecord::kLinkEthernet ? "Ethernet (RoCE)" : "InfiniBand";
+  };
+  if (peer.link_layer != own_link) {
+    throw Error(ErrorKind::kConnection,
+                std::string("the peer's RDMA port has link layer ") + link_name(peer.link_layer) +
+                    " but " + dc.name() + " has " + link_name(own_link) +
+                    "; both ends must be on the same fabric");
+  }
+  if (peer.qps.size() != lanes_.size()) {
+    throw Error(ErrorKind::kProtocol, "the peer offers " + std::to_string(peer.qps.size()) +
+                                          " QPs for a connection of " +
+                                          std::to_string(lanes_.size()));
+  }
+  if (peer.ctrl_size < CtrlHeader::kSize) {
+    throw Error(ErrorKind::kProtocol, "the peer's control buffers (" +
+                                          std::to_string(peer.ctrl_size) + " bytes) are too small");
+  }
+  const auto mtu = static_cast<ibv_mtu>(
+      std::min<int>(peer.active_mtu, static_cast<int>(dc.port_attr().active_mtu)));
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    QpAddress addr;
+    addr.qpn = peer.qps[i].qpn;
+    addr.psn = peer.qps[i].psn;
+    addr.lid = peer.lid;
+    std::memcpy(addr.gid.raw, peer.gid, 16);
+    lanes_[i].qp->to_rtr(addr, mtu);
+    lanes_[i].qp->to_rts();
+  }
+  uint64_t peer_max = peer.max_message == 0 ? settings_.max_message : peer.max_message;
+  max_chunk_ = std::min<uint64_t>({settings_.max_message, peer_max, 1ull << 30});
+  peer_ctrl_size_ = peer.ctrl_size;
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = State::kConnected;
+}
+
+void RdmaConnection::start(UniqueFd socket, std::string peer) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer_ = std::move(peer);
+  }
+  socket_ = std::move(socket);
+  shared_.poller->watch_socket(socket_.get(), tag_);
+}
+
+RdmaConnection::State RdmaConnection::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+std::string RdmaConnection::peer() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peer_;
+}
+
+void RdmaConnection::check_open_locked() const {
+  if (state_ == State::kClosed) {
+    throw Error(error_kind_ == ErrorKind::kClosed ? ErrorKind::kClosed : ErrorKind::kConnection,
+                "endpoint to " + peer_ + " is closed: " + error_ +
+                    "; connect again to open a new endpoint");
+  }
+  if (state_ != State::kConnected) {
+    throw Error(ErrorKind::kInvalidArgument, "the endpoint is not connected yet");
+  }
+}
+
+void RdmaConnection::check_local(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                                 uint64_t length, const char* what) const {
+  if (!local) throw Error(ErrorKind::kInvalidArgument, std::string(what) + ": no local region");
+  if (offset > local->length() || length > local->length() - offset) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + ": local range offset " + std::to_string(offset) + " + " +
+                    bytes_text(length) + " exceeds the local region of " +
+                    bytes_text(local->length()));
+  }
+}
+
+void RdmaConnection::check_remote(const Descriptor& remote, uint64_t remote_offset,
+                                  const char* what) const {
+  if (remote.transport != TransportKind::kRdma) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + ": the descriptor comes from a " +
+                    transport_kind_name(remote.transport) +
+                    " engine; one-sided RDMA needs a descriptor from an rdma engine");
+  }
+  if (remote.addr + remote_offset < remote.addr) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + ": remote_offset overflows the remote address");
+  }
+}
+
+int RdmaConnection::least_loaded(int among) const {
+  int best = 0;
+  uint64_t best_bytes = lanes_[0].sq->queued_bytes();
+  for (int i = 1; i < among; ++i) {
+    const uint64_t b = lanes_[static_cast<size_t>(i)].sq->queued_bytes();
+    if (b < best_bytes) {
+      best = i;
+      best_bytes = b;
+    }
+  }
+  return best;
+}
+
+uint64_t RdmaConnection::max_chunk() const { return max_chunk_; }
+
+void RdmaConnection::submit(int lane, std::vector<SendWork> works) {
+  try {
+    lanes_[static_cast<size_t>(lane)].sq->submit(std::move(works));
+  } catch (const Error& e) {
+    abort(ErrorKind::kTransport, std::string("connection to ") + peer() + " aborted: " + e.what());
+  }
+}
+
+RequestPtr RdmaConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
+                                      uint64_t local_offset, const Descriptor& remote,
+                                      uint64_t remote_offset, uint64_t length,
+                                      const TransferOptions& options) {
+  return post_one_sided(OpKind::kWrite, local, local_offset, remote, remote_offset, length, false,
+                        0, options);
+}
+
+RequestPtr RdmaConnection::post_write_imm(const std::shared_ptr<MemoryRegion>& local,
+                                          uint64_t local_offset, const Descriptor& remote,
+                                          uint64_t remote_offset, uint64_t length, uint32_t imm,
+                                          const TransferOptions& options) {
+  return post_one_sided(OpKind::kWrite, local, local_offset, remote, remote_offset, length, true,
+                        imm, options);
+}
+
+RequestPtr RdmaConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
+                                     uint64_t local_offset, const Descriptor& remote,
+                                     uint64_t remote_offset, uint64_t length,
+                                     const TransferOptions& options) {
+  return post_one_sided(OpKind::kRead, local, local_offset, remote, remote_offset, length, false,
+                        0, options);
+}
+
+RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
+                                          uint64_t local_offset, const Descriptor& remote,
+                                          uint64_t remote_offset, uint64_t length,
+                                          bool with_imm, uint32_t imm,
+                                          const TransferOptions& options) {
+  const char* what = op == OpKind::kWrite ? "WRITE" : "READ";
+  check_local(local, local_offset, length, what);
+  check_remote(remote, remote_offset, what);
+  auto req = std::make_shared<Request>(transport_.next_request_id(), op, length);
+  // With an immediate, every chunk goes on one QP so the WRITE_WITH_IMM lands last.
+  const int available = with_imm ? 1 : streams();
+  const ChunkPlan plan = plan_chunks(length, available, options, max_chunk());
+  req->set_parts(plan.count);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_open_locked();
+    active_[req->id()] = req;
+  }
+  const int first = with_imm ? least_loaded(streams()) : least_loaded(plan.streams);
+  std::vector<std::vector<SendWork>> per_lane(lanes_.size());
+  for (uint64_t i = 0; i < plan.count; ++i) {
+    const uint64_t off = i * plan.chunk;
+    const uint64_t n = std::min(plan.chunk, length - std::min(length, off));
+    const int lane =
+        with_imm ? first : (first + static_cast<int>(i % static_cast<uint64_t>(plan.streams))) %
+                               plan.streams;
+    SendWork w;
+    w.opcode = op == OpKind::kRead ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+    if (with_imm && i + 1 == plan.count) {
+      w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      w.imm = imm;
+    }
+    w.local_addr = reinterpret_cast<uint64_t>(local->addr() + local_offset + off);
+    w.length = static_cast<uint32_t>(n);
+    w.lkey = local->lkey();
+    w.remote_addr = remote.addr + remote_offset + off;
+    w.rkey = remote.key;
+    w.request = req;
+    w.hold = RegionUse(local);
+    per_lane[static_cast<size_t>(lane)].push_back(std::move(w));
+  }
+  for (size_t l = 0; l < per_lane.size(); ++l) {
+    if (per_lane[l].empty()) continue;
+    per_lane[l].back().last = true;
+    submit(static_cast<int>(l), std::move(per_lane[l]));
+  }
+  return req;
+}
+
+void RdmaConnection::post_recv_slot(int lane, uint32_t slot) {
+  Lane& l = lanes_[static_cast<size_t>(lane)];
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<uint64_t>(l.recv_slab->slot(slot));
+  sge.length = l.recv_slab->slot_size();
+  sge.lkey = l.recv_slab->lkey();
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_prefix(tag_, lane, true) | slot;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  const int rc = ibv_post_recv(l.qp->get(), &wr, &bad);
+  if (rc != 0) throw_verbs("ibv_post_recv", rc);
+}
+
+void RdmaConnection::finish_parts(const std::vector<RequestPtr>& parts) {
+  std::vector<uint64_t> finished;
+  for (const RequestPtr& r : parts) {
+    r->part_done();
+    if (r->done()) finished.push_back(r->id());
+  }
+  if (finished.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint64_t id : finished) active_.erase(id);
+}
+
+void RdmaConnection::fail_from_completion(const ibv_wc& wc, const RequestPtr& request,
+                                          const std::string& op) {
+  char vendor[32];
+  snprintf(vendor, sizeof(vendor), "0x%x", wc.vendor_err);
+  const std::string text = op + " failed: " + wc_status_text(wc.status) + " (peer " + peer() +
+                           ", QP " + std::to_string(wc.qp_num) + ", vendor error " + vendor + ")";
+  const ErrorKind kind = kind_of(wc.status);
+  if (request) {
+    request->fail(kind, kind == ErrorKind::kRemoteAccess
+                            ? text + "; check the descriptor, remote_offset and length"
+                            : text);
+  }
+  abort(kind == ErrorKind::kRemoteAccess ? ErrorKind::kConnection : kind,
+        "connection to " + peer() + " torn down after a failed completion: " + text);
+}
+
+void RdmaConnection::on_completion(const ibv_wc& wc) {
+  const int lane = static_cast<int>((wc.wr_id >> 33) & 0x7f);
+  const bool is_recv = ((wc.wr_id >> 32) & 1) != 0;
+  if (lane >= streams()) return;
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (state() == State::kClosed) return;  // flushed after teardown began
+    if (is_recv) {
+      fail_from_completion(wc, nullptr, "receive");
+      return;
+    }
+    Retired r = lanes_[static_cast<size_t>(lane)].sq->retire(wc);
+    fail_from_completion(wc, r.failed, r.failed_op);
+    return;
+  }
+  if (is_recv) {
+    try {
+      on_recv(lane, wc);
+    } catch (const Error& e) {
+      abort(e.kind() == ErrorKind::kProtocol ? ErrorKind::kProtocol : ErrorKind::kTransport,
+            std::string("connection to ") + peer() + " aborted: " + e.what());
+    }
+    return;
+  }
+  Retired r;
+  try {
+    r = lanes_[static_cast<size_t>(lane)].sq->retire(wc);
+  } catch (const Error& e) {
+    abort(ErrorKind::kTransport, std::string("connection to ") + peer() + " aborted: " + e.what());
+    return;
+  }
+  finish_parts(r.parts_done);
+}
+
+void RdmaConnection::on_socket_ready() {
+  uint8_t buf[64];
+  const ssize_t n = recv(socket_.get(), buf, sizeof(buf), MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (n > 0 && std::memchr(buf, kGoodbyeByte, static_cast<size_t>(n)) != nullptr) {
+    abort(ErrorKind::kConnection, "peer " + peer() + " closed the endpoint");
+  } else if (n == 0) {
+    abort(ErrorKind::kConnection,
+          "peer " + peer() + " went away (its bootstrap connection closed: the process exited "
+                             "or closed the endpoint)");
+  } else if (n < 0) {
+    abort(ErrorKind::kConnection, errno_text("bootstrap connection to " + peer(), errno));
+  }
+  // Other bytes are not part of the protocol; ignore them.
+}
+
+void RdmaConnection::on_qp_event(const std::string& what) {
+  abort(ErrorKind::kConnection, "connection to " + peer() + " aborted: " + what);
+}
+
+void RdmaConnection::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kClosed) return;
+  }
+  if (socket_.valid()) {
+    const uint8_t bye = kGoodbyeByte;
+    if (send(socket_.get(), &bye, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+      // Best effort: the peer notices the EOF instead.
+    }
+  }
+  abort(ErrorKind::kClosed, "closed locally");
+}
+
+void RdmaConnection::abort(ErrorKind kind, const std::string& reason) {
+  std::vector<RequestPtr> failed;
+  std::vector<std::unique_ptr<VerbsMr>> temp_mrs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kClosed) return;
+    state_ = State::kClosed;
+    error_kind_ = kind;
+    error_ = reason;
+    for (auto& [id, r] : active_) failed.push_back(r);
+    for (auto& [id, s] : sends_) failed.push_back(s.request);
+    for (auto& [id, r] : recvs_) {
+      failed.push_back(r.request);
+      if (r.temp_mr) temp_mrs.push_back(std::move(r.temp_mr));
+    }
+    for (auto& r : header_waiters_) failed.push_back(r);
+    active_.clear();
+    sends_.clear();
+    recvs_.clear();
+    recv_by_imm_.clear();
+    header_waiters_.clear();
+    announced_.clear();
+    incoming_.clear();
+  }
+  // Phase 1: no more DMA. The QPs flush their WRs; the poller ignores the flushes.
+  for (Lane& lane : lanes_) {
+    if (lane.qp) lane.qp->to_error();
+  }
+  for (Lane& lane : lanes_) {
+    if (lane.sq) {
+      for (auto& r : lane.sq->take_all()) failed.push_back(r);
+    }
+  }
+  if (socket_.valid()) {
+    shared_.poller->unwatch_socket(socket_.get());
+    ::shutdown(socket_.get(), SHUT_RDWR);
+  }
+  temp_mrs.clear();  // the QPs are in ERR: the peer can no longer write through these
+  for (auto& r : failed) r->fail(kind, reason);
+  // Phase 2 (ibv_destroy_qp, buffers) happens when the last owner drops the connection.
+}
+
+bool RdmaConnection::is_closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == State::kClosed;
+}
+
+std::string RdmaConnection::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,187 @@
+// A connection to one peer over one or more RC QPs (the verbs Connection).
+//
+// Lifecycle (explicit state, see State):
+//   kPrepared   constructed by the transport: QPs created and in INIT, control receive buffers
+//               posted; local_record() describes them for the peer.
+//   kConnected  connect_qps(peer record): every QP through RTR to RTS (path MTU = min of both
+//               ports' active MTU); then start(socket): the bootstrap TCP stream is watched for
+//               GOODBYE / EOF and operations may be posted.
+//   kClosed     close() (GOODBYE sent), the peer (GOODBYE or EOF on the bootstrap stream), a
+//               completion with an error status, an async QP error, or abort() after a timeout.
+//               Teardown is two-phase: QPs to ERR (outstanding WRs flush, no more DMA), every
+//               pending request fails with the reason; the QPs, their buffers and temporary MRs
+//               are destroyed with the object. A closed connection refuses new operations with
+//               an EndpointClosed/ConnectionFailed error; the engine keeps working.
+//
+// Operations (same semantics as TcpConnection):
+//   WRITE / READ    one-sided, chunked (chunking.h, capped at the smaller max message of the two
+//                   ports) and spread over the QPs; done when every chunk's WR completed.
+//   SEND / RECV     two-sided, see control_msg.h: EAGER (data inside the SEND, done at CTS) or
+//                   RTS -> header to the receiver -> post_recv places a buffer (a temporary MR
+//                   with REMOTE_WRITE over it if its region lacks that access) -> CTS with its
+//                   address and rkey -> the sender RDMA-WRITEs the chunks on one QP, the last as
+//                   WRITE_WITH_IMM (imm = low 32 bits of the message id), whose receive
+//                   completion completes the RECV. REJECT fails the sender with kProtocol.
+// Control messages have no credits: each QP keeps `ctrl_depth` receive buffers posted and the
+// QP retries forever on receiver-not-ready (rnr_retry 7) while the peer reposts them.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/unique_fd.h"
+#include "transport/rdma/buffer_slab.h"
+#include "transport/rdma/control_msg.h"
+#include "transport/rdma/cq_poller.h"
+#include "transport/rdma/endpoint_record.h"
+#include "transport/rdma/send_queue.h"
+#include "transport/rdma/verbs_mr.h"
+#include "transport/rdma/verbs_qp.h"
+#include "transport/transport.h"
+
+namespace rdmaxfer {
+
+struct RdmaConnSettings {
+  uint64_t eager_limit = 8192;
+  uint32_t ctrl_size = 16384;   // bytes per control buffer (largest control SEND)
+  uint32_t ctrl_depth = 32;     // receive buffers per QP
+  uint32_t ctrl_slots = 16;     // control send slots per QP
+  QpLimits limits;
+  uint64_t max_message = 1ull << 30;  // local port's max_msg_sz
+};
+
+// What every connection of one transport shares; held by shared_ptr so it outlives them all.
+struct RdmaShared {
+  std::shared_ptr<ProtectionDomain> pd;
+  std::shared_ptr<CompletionQueue> cq;
+  std::shared_ptr<CqPoller> poller;
+};
+
+// wr_id layout: tag (24 bits) << 40 | qp index (7 bits) << 33 | is_recv << 32 | seq or slot.
+inline uint64_t wr_prefix(uint32_t tag, int qp_index, bool recv) {
+  return static_cast<uint64_t>(tag & 0xffffff) << 40 | static_cast<uint64_t>(qp_index) << 33 |
+         static_cast<uint64_t>(recv ? 1 : 0) << 32;
+}
+inline uint32_t wr_tag(uint64_t wr_id) { return static_cast<uint32_t>(wr_id >> 40); }
+
+class RdmaConnection : public Connection, public std::enable_shared_from_this<RdmaConnection> {
+ public:
+  enum class State { kPrepared, kConnected, kClosed };
+
+  RdmaConnection(Transport& transport, const RdmaConnSettings& settings, RdmaShared shared,
+                 uint32_t tag, int n_qps);
+  ~RdmaConnection() override;
+
+  // Set-up, on the thread that connects or accepts.
+  EndpointRecord local_record() const;
+  void connect_qps(const EndpointRecord& peer);
+  void start(UniqueFd socket, std::string peer);
+  uint32_t tag() const { return tag_; }
+
+  RequestPtr post_write(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
+                        const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                        const TransferOptions& options) override;
+  // WRITE whose last WR carries `imm` (WRITE_WITH_IMM): the peer's QP consumes a receive.
+  RequestPtr post_write_imm(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
+                            const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                            uint32_t imm, const TransferOptions& options);
+  RequestPtr post_read(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
+                       const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                       const TransferOptions& options) override;
+  RequestPtr post_send(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                       uint64_t length, const std::string& meta,
+                       const TransferOptions& options) override;
+  RequestPtr post_recv_header() override;
+  RequestPtr post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
+                       uint64_t offset, uint64_t length) override;
+  void reject(uint64_t msg_id, const std::string& reason) override;
+  bool cancel_recv_header(const RequestPtr& request) override;
+  void close() override;
+  void abort(ErrorKind kind, const std::string& reason) override;
+  bool is_closed() const override;
+  std::string error() const override;
+  std::string peer() const override;
+  int streams() const override { return static_cast<int>(lanes_.size()); }
+  State state() const;
+
+  // Completion thread.
+  void on_completion(const ibv_wc& wc);
+  void on_socket_ready();
+  void on_qp_event(const std::string& what);
+
+ private:
+  // One QP with its buffers; members in destruction-safe order (the QP dies before its buffers).
+  struct Lane {
+    std::unique_ptr<BufferSlab> recv_slab;
+    std::unique_ptr<BufferSlab> send_slab;
+    std::unique_ptr<QueuePair> qp;
+    std::unique_ptr<SendQueue> sq;
+  };
+  struct PendingSend {
+    RequestPtr request;
+    std::shared_ptr<MemoryRegion> region;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    TransferOptions options;
+    bool eager = false;
+  };
+  struct Announced {
+    uint64_t length = 0;
+    bool eager = false;
+    std::string data;
+  };
+  struct PendingRecv {
+    RequestPtr request;
+    RegionUse hold;
+    std::unique_ptr<VerbsMr> temp_mr;  // REMOTE_WRITE over the destination, when needed
+  };
+
+  void check_open_locked() const;
+  void check_local(const std::shared_ptr<MemoryRegion>& local, uint64_t offset, uint64_t length,
+                   const char* what) const;
+  void check_remote(const Descriptor& remote, uint64_t remote_offset, const char* what) const;
+  RequestPtr post_one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
+                            uint64_t local_offset, const Descriptor& remote,
+                            uint64_t remote_offset, uint64_t length, bool with_imm,
+                            uint32_t imm, const TransferOptions& options);
+  int least_loaded(int among) const;
+  uint64_t max_chunk() const;
+  // Posts on a lane; a failed ibv_post_send aborts the connection.
+  void submit(int lane, std::vector<SendWork> works);
+  void send_ctrl(const CtrlHeader& header, const std::string& meta, const uint8_t* data,
+                 size_t data_len);
+  void post_recv_slot(int lane, uint32_t slot);
+  void on_recv(int lane, const ibv_wc& wc);
+  void on_ctrl(const CtrlHeader& h, std::string meta, std::string data);
+  void start_rendezvous(PendingSend send, uint64_t addr, uint32_t rkey);
+  void finish_parts(const std::vector<RequestPtr>& parts);
+  void fail_from_completion(const ibv_wc& wc, const RequestPtr& request, const std::string& op);
+
+  Transport& transport_;
+  const RdmaConnSettings settings_;
+  RdmaShared shared_;
+  const uint32_t tag_;
+  std::vector<Lane> lanes_;
+  UniqueFd socket_;
+  uint64_t max_chunk_ = 0;
+  uint32_t peer_ctrl_size_ = 0;
+
+  mutable std::mutex mu_;
+  State state_ = State::kPrepared;
+  std::string peer_;
+  ErrorKind error_kind_ = ErrorKind::kClosed;
+  std::string error_;
+  std::unordered_map<uint64_t, RequestPtr> active_;  // one-sided ops and rendezvous data
+  std::unordered_map<uint64_t, PendingSend> sends_;  // waiting for CTS / REJECT
+  std::unordered_map<uint64_t, Announced> announced_;
+  std::deque<MessageInfo> incoming_;
+  std::deque<RequestPtr> header_waiters_;
+  std::unordered_map<uint64_t, PendingRecv> recvs_;     // by msg id
+  std::unordered_map<uint32_t, uint64_t> recv_by_imm_;  // low 32 bits -> msg id
+};
+
+}  // namespace rdmaxfer

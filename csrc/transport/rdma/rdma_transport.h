@@ -1,0 +1,77 @@
+// The verbs transport: the whole API over RC queue pairs (libibverbs, loaded at run time).
+//
+// Lifecycle: constructed (device opened, PD, one completion channel + CQ, completion thread
+// running) -> listen() (bootstrap acceptor thread) -> connections by accept()/connect(): the
+// TCP bootstrap (one stream, TransportKind::kRdma) carries the endpoint records
+// (endpoint_record.h), then stays open as the connection's liveness/close channel -> shutdown():
+// every connection aborted, the completion thread stopped. Verbs objects are freed when their
+// last holder goes (regions and connections keep the PD, CQ and context alive).
+//
+// Every connection's QPs complete on the one CQ; a completion finds its connection through the
+// tag in its wr_id. The CQ has a fixed size, so connections reserve their share of it and a
+// connection that would not fit is refused (ConnectionFailed) rather than risking an overrun.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "transport/bootstrap.h"
+#include "transport/rdma/rdma_config.h"
+#include "transport/rdma/rdma_connection.h"
+#include "transport/transport.h"
+
+namespace rdmaxfer {
+
+class RdmaTransport : public Transport {
+ public:
+  RdmaTransport(uint64_t engine_id, const RdmaConfig& config);
+  ~RdmaTransport() override;
+
+  Capabilities capabilities() const override;
+  std::string describe() const override;
+  uint16_t listen(const std::string& host, uint16_t port) override;
+  std::shared_ptr<Connection> accept(double timeout_s) override;
+  std::shared_ptr<Connection> connect(const std::string& host, uint16_t port,
+                                      const ConnectOptions& options) override;
+  void shutdown() override;
+
+ protected:
+  std::shared_ptr<MemoryRegion> make_region(uint8_t* addr, uint64_t length, uint32_t access,
+                                            std::unique_ptr<PinnedAllocation> owned) override;
+
+ private:
+  std::shared_ptr<RdmaConnection> prepare(int n_qps);
+  static EndpointRecord read_record(int fd, const Deadline& deadline);
+  // Sends our record, reads the peer's (unless the acceptor already has it), brings the QPs to
+  // RTS, then the READY exchange.
+  void handshake(RdmaConnection& conn, int fd, const EndpointRecord* peer_record,
+                 const Deadline& deadline);
+  std::shared_ptr<RdmaConnection> find(uint32_t tag);
+  void on_completions(const ibv_wc* wcs, int n);
+  void on_async_event(const ibv_async_event& event);
+  void on_socket(uint64_t tag);
+  void abort_all(ErrorKind kind, const std::string& reason);
+
+  RdmaConfig config_;
+  bool busy_poll_ = false;
+  RdmaConnSettings settings_;
+  std::shared_ptr<DeviceContext> context_;
+  std::shared_ptr<ProtectionDomain> pd_;
+  std::shared_ptr<CompletionChannel> channel_;
+  std::shared_ptr<CompletionQueue> cq_;
+  std::shared_ptr<CqPoller> poller_;
+  int cq_reserved_ = 0;
+
+  std::unique_ptr<Acceptor> acceptor_;
+  std::mutex mu_;
+  bool shut_down_ = false;
+  uint32_t next_tag_ = 1;
+  std::unordered_map<uint32_t, std::weak_ptr<RdmaConnection>> connections_;
+  std::unordered_map<uint32_t, int> reservations_;  // CQ entries per connection tag
+};
+
+}  // namespace rdmaxfer

@@ -1,0 +1,162 @@
+#include "transport/rdma/send_queue.h"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_set>
+
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+namespace {
+constexpr int kMaxChain = 32;  // WRs handed to one ibv_post_send call
+}
+
+const char* send_opcode_name(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE: return "RDMA WRITE";
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return "RDMA WRITE_WITH_IMM";
+    case IBV_WR_RDMA_READ: return "RDMA READ";
+    case IBV_WR_SEND: return "SEND";
+    default: return "send-queue operation";
+  }
+}
+
+SendQueue::SendQueue(QueuePair& qp, uint64_t wr_prefix, BufferSlab& ctrl_slots,
+                     uint32_t signal_every)
+    : qp_(qp),
+      wr_prefix_(wr_prefix),
+      ctrl_(ctrl_slots),
+      depth_(qp.limits().sq_depth),
+      signal_every_(std::max<uint32_t>(1, signal_every)) {
+  for (uint32_t i = ctrl_.count(); i > 0; --i) free_slots_.push_back(static_cast<int>(i - 1));
+}
+
+void SendQueue::submit(SendWork work) {
+  std::vector<SendWork> works;
+  works.push_back(std::move(work));
+  submit(std::move(works));
+}
+
+void SendQueue::submit(std::vector<SendWork> works) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (dead_) return;  // the connection is being torn down; its abort fails the requests
+  for (auto& w : works) {
+    queued_bytes_ += w.length;
+    backlog_.push_back(std::move(w));
+  }
+  pump_locked();
+}
+
+void SendQueue::pump_locked() {
+  while (!backlog_.empty() && in_flight_.size() < depth_) {
+    ibv_send_wr wrs[kMaxChain];
+    ibv_sge sges[kMaxChain];
+    int n = 0;
+    while (n < kMaxChain && !backlog_.empty() && in_flight_.size() < depth_) {
+      SendWork& w = backlog_.front();
+      const bool is_ctrl = w.opcode == IBV_WR_SEND;
+      int slot = -1;
+      if (is_ctrl) {
+        if (free_slots_.empty()) break;  // wait for a control SEND to complete
+        slot = free_slots_.back();
+        free_slots_.pop_back();
+        std::memcpy(ctrl_.slot(static_cast<uint32_t>(slot)), w.ctrl.data(), w.ctrl.size());
+        w.local_addr = reinterpret_cast<uint64_t>(ctrl_.slot(static_cast<uint32_t>(slot)));
+        w.length = static_cast<uint32_t>(w.ctrl.size());
+        w.lkey = ctrl_.lkey();
+      }
+      const uint32_t seq = next_seq_++;
+      ibv_send_wr& wr = wrs[n];
+      std::memset(&wr, 0, sizeof(wr));
+      wr.wr_id = wr_prefix_ | seq;
+      wr.opcode = w.opcode;
+      if (w.length > 0) {
+        sges[n].addr = w.local_addr;
+        sges[n].length = w.length;
+        sges[n].lkey = w.lkey;
+        wr.sg_list = &sges[n];
+        wr.num_sge = 1;
+      }
+      if (w.opcode != IBV_WR_SEND) {
+        wr.wr.rdma.remote_addr = w.remote_addr;
+        wr.wr.rdma.rkey = w.rkey;
+      }
+      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) wr.imm_data = htonl(w.imm);
+      const bool signal = w.last || is_ctrl || ++unsignaled_ >= signal_every_ ||
+                          in_flight_.size() + 1 == depth_;
+      if (signal) {
+        wr.send_flags = IBV_SEND_SIGNALED;
+        unsignaled_ = 0;
+      }
+      if (n > 0) wrs[n - 1].next = &wr;
+      const bool counts_part = w.request != nullptr;
+      in_flight_.push_back(InFlight{seq, w.opcode, std::move(w.request), counts_part, slot,
+                                    w.length, std::move(w.hold)});
+      backlog_.pop_front();
+      ++n;
+    }
+    if (n == 0) return;
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(qp_.get(), &wrs[0], &bad);
+    if (rc != 0) {
+      dead_ = true;
+      throw_errno(ErrorKind::kTransport,
+                  std::string("ibv_post_send(") + send_opcode_name(wrs[0].opcode) + ")", rc);
+    }
+  }
+}
+
+Retired SendQueue::retire(const ibv_wc& wc) {
+  Retired out;
+  const uint32_t seq = static_cast<uint32_t>(wc.wr_id & 0xffffffffu);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (wc.status != IBV_WC_SUCCESS) {
+    dead_ = true;
+    for (auto& f : in_flight_) {
+      if (f.seq == seq) {
+        out.failed = f.request;
+        out.failed_op = send_opcode_name(f.opcode);
+        break;
+      }
+    }
+    if (out.failed_op.empty()) out.failed_op = "send-queue operation";
+    return out;
+  }
+  // Everything up to `seq` has completed (in order on an RC send queue).
+  while (!in_flight_.empty() && static_cast<int32_t>(seq - in_flight_.front().seq) >= 0) {
+    InFlight& f = in_flight_.front();
+    if (f.slot >= 0) free_slots_.push_back(f.slot);
+    queued_bytes_ -= std::min<uint64_t>(queued_bytes_, f.length);
+    if (f.counts_part) out.parts_done.push_back(std::move(f.request));
+    in_flight_.pop_front();
+  }
+  if (!dead_) pump_locked();
+  return out;
+}
+
+std::vector<RequestPtr> SendQueue::take_all() {
+  std::vector<RequestPtr> out;
+  std::unordered_set<Request*> seen;
+  std::lock_guard<std::mutex> lock(mu_);
+  dead_ = true;
+  for (auto& f : in_flight_) {
+    if (f.request && seen.insert(f.request.get()).second) out.push_back(f.request);
+  }
+  for (auto& w : backlog_) {
+    if (w.request && seen.insert(w.request.get()).second) out.push_back(w.request);
+  }
+  in_flight_.clear();
+  backlog_.clear();
+  queued_bytes_ = 0;
+  return out;
+}
+
+uint64_t SendQueue::queued_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_bytes_;
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,97 @@
+// The software side of one QP's send queue: queueing, selective signaling, retirement.
+//
+// Lifecycle: attached to a QP in RTS -> submit() appends work and posts what fits: never more
+// than `depth` WRs outstanding, never more control SENDs than free control slots; the rest
+// waits here (in software, not in the provider) -> retire() on each completion frees every WR
+// up to the completed one (RC completes a QP's send queue in order, so one signaled WR stands
+// for the unsignaled ones before it) and posts more -> take_all() on teardown hands back every
+// request still queued or in flight.
+//
+// Signaling: the last WR of a request and every control SEND are signaled; so is every
+// `signal_every`-th WR, so a long transfer frees slots while it runs.
+//
+// wr_id = tag << 40 | qp_index << 32 | sequence (32 bits, wraps). Thread-safe (one mutex).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+#include "transport/rdma/buffer_slab.h"
+#include "transport/rdma/verbs_qp.h"
+
+namespace rdmaxfer {
+
+// One WR the connection wants posted.
+struct SendWork {
+  ibv_wr_opcode opcode = IBV_WR_RDMA_WRITE;
+  uint64_t local_addr = 0;
+  uint32_t length = 0;
+  uint32_t lkey = 0;
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint32_t imm = 0;             // WRITE_WITH_IMM only (host order; sent big-endian)
+  RequestPtr request;           // request whose part this WR is (null: control message)
+  bool last = false;            // last WR of its request: always signaled
+  RegionUse hold;               // keeps the local region registered while in flight
+  std::string ctrl;             // control SEND: the message, copied into a slot when posted
+};
+
+// What retire() learned from one completion.
+struct Retired {
+  std::vector<RequestPtr> parts_done;  // one entry per finished part
+  RequestPtr failed;                   // the request of the failed WR, if any
+  std::string failed_op;               // "RDMA WRITE", "RDMA READ", "SEND", ...
+};
+
+class SendQueue {
+ public:
+  SendQueue(QueuePair& qp, uint64_t wr_prefix, BufferSlab& ctrl_slots, uint32_t signal_every);
+  SendQueue(const SendQueue&) = delete;
+  SendQueue& operator=(const SendQueue&) = delete;
+
+  // Queues the works and posts what fits. Throws Error(kTransport) when ibv_post_send fails
+  // (the connection then aborts).
+  void submit(std::vector<SendWork> works);
+  void submit(SendWork work);
+  // A completion of this queue (`wc.status` may be an error). Posts queued work after freeing.
+  Retired retire(const ibv_wc& wc);
+  // Teardown: every request that is queued or in flight (duplicates removed), queue emptied.
+  std::vector<RequestPtr> take_all();
+  uint64_t queued_bytes() const;
+
+ private:
+  struct InFlight {
+    uint32_t seq;
+    ibv_wr_opcode opcode;
+    RequestPtr request;
+    bool counts_part;
+    int slot;  // control slot, or -1
+    uint32_t length;
+    RegionUse hold;
+  };
+  void pump_locked();
+
+  QueuePair& qp_;
+  const uint64_t wr_prefix_;
+  BufferSlab& ctrl_;
+  const uint32_t depth_;
+  const uint32_t signal_every_;
+
+  mutable std::mutex mu_;
+  std::deque<SendWork> backlog_;
+  std::deque<InFlight> in_flight_;
+  std::vector<int> free_slots_;
+  uint32_t next_seq_ = 0;
+  uint32_t unsignaled_ = 0;
+  uint64_t queued_bytes_ = 0;
+  bool dead_ = false;
+};
+
+const char* send_opcode_name(ibv_wr_opcode op);
+
+}  // namespace rdmaxfer

@@ -1,0 +1,114 @@
+#include "transport/rdma/verbs_qp.h"
+
+#include <cerrno>
+#include <random>
+
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+namespace {
+// Local ACK timeout 4.096 us * 2^kTimeout (~268 ms) and 7 retries: a dead peer is noticed by
+// the QP within ~2 s; the bootstrap socket usually reports it sooner.
+constexpr uint8_t kTimeout = 16;
+constexpr uint8_t kRetryCount = 7;
+// 7 = retry forever on receiver-not-ready: control messages have no credits (see
+// rdma_connection.h), a burst waits for the peer to repost its receive buffers.
+constexpr uint8_t kRnrRetry = 7;
+constexpr uint8_t kMinRnrTimer = 12;  // 0.64 ms
+}  // namespace
+
+QueuePair::QueuePair(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<CompletionQueue> cq,
+                     const QpLimits& limits, uintptr_t tag)
+    : pd_(std::move(pd)), cq_(std::move(cq)), limits_(limits) {
+  ibv_qp_init_attr init{};
+  init.qp_context = reinterpret_cast<void*>(tag);
+  init.send_cq = cq_->get();
+  init.recv_cq = cq_->get();
+  init.cap.max_send_wr = limits_.sq_depth;
+  init.cap.max_recv_wr = limits_.rq_depth;
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  init.qp_type = IBV_QPT_RC;
+  init.sq_sig_all = 0;  // selective signaling
+  qp_ = verbs().create_qp(pd_->get(), &init);
+  if (qp_ == nullptr) {
+    throw_verbs("ibv_create_qp(RC, " + std::to_string(limits_.sq_depth) + " send / " +
+                    std::to_string(limits_.rq_depth) + " receive WRs)",
+                errno);
+  }
+  std::random_device rd;
+  psn_ = rd() & 0xffffff;
+}
+
+QueuePair::~QueuePair() {
+  if (qp_ != nullptr) verbs().destroy_qp(qp_);
+}
+
+void QueuePair::to_init() {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_INIT;
+  attr.pkey_index = 0;
+  attr.port_num = pd_->context().port();
+  attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  const int rc = verbs().modify_qp(
+      qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  if (rc != 0) throw_verbs("ibv_modify_qp(RESET -> INIT)", rc);
+}
+
+void QueuePair::to_rtr(const QpAddress& peer, ibv_mtu path_mtu) {
+  const DeviceContext& dc = pd_->context();
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RTR;
+  attr.path_mtu = path_mtu;
+  attr.dest_qp_num = peer.qpn;
+  attr.rq_psn = peer.psn;
+  attr.max_dest_rd_atomic = limits_.rd_atomic;
+  attr.min_rnr_timer = kMinRnrTimer;
+  attr.ah_attr.is_global = 0;
+  attr.ah_attr.dlid = peer.lid;
+  attr.ah_attr.sl = 0;
+  attr.ah_attr.src_path_bits = 0;
+  attr.ah_attr.port_num = dc.port();
+  if (dc.ethernet()) {
+    attr.ah_attr.is_global = 1;
+    attr.ah_attr.grh.dgid = peer.gid;
+    attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(dc.gid_index());
+    attr.ah_attr.grh.hop_limit = 64;
+    attr.ah_attr.grh.traffic_class = 0;
+    attr.ah_attr.grh.flow_label = 0;
+  }
+  const int rc = verbs().modify_qp(qp_, &attr,
+                                   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                                       IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  if (rc != 0) {
+    throw_verbs("ibv_modify_qp(INIT -> RTR, peer QPN " + std::to_string(peer.qpn) +
+                    (dc.ethernet() ? ", GID index " + std::to_string(dc.gid_index()) : "") +
+                    "; is the peer's address routable from " + dc.name() + "?)",
+                rc);
+  }
+}
+
+void QueuePair::to_rts() {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RTS;
+  attr.timeout = kTimeout;
+  attr.retry_cnt = kRetryCount;
+  attr.rnr_retry = kRnrRetry;
+  attr.sq_psn = psn_;
+  attr.max_rd_atomic = limits_.rd_atomic;
+  const int rc = verbs().modify_qp(qp_, &attr,
+                                   IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                       IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                       IBV_QP_MAX_QP_RD_ATOMIC);
+  if (rc != 0) throw_verbs("ibv_modify_qp(RTR -> RTS)", rc);
+}
+
+void QueuePair::to_error() noexcept {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  verbs().modify_qp(qp_, &attr, IBV_QP_STATE);
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,64 @@
+// A reliable-connected queue pair, brought up in rc_pingpong's order.
+//
+// Lifecycle (the state is in the method names):
+//   created (RESET, on the engine's PD, sends and receives completing on one CQ)
+//   -> to_init()            port, pkey 0, remote READ/WRITE allowed (the MRs decide)
+//   -> receives posted      (allowed from INIT on, so nothing the peer sends is lost)
+//   -> to_rtr(peer)         path MTU, peer QPN/PSN, address (GRH with the peer's GID on RoCE,
+//                           the peer's LID on InfiniBand), responder resources
+//   -> to_rts()             timeouts, retry counts, our PSN, initiator depth: can post sends
+//   -> to_error()           on teardown: every outstanding WR is flushed
+//   -> ibv_destroy_qp       on destruction, before the CQ and the buffers its WRs used.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "transport/rdma/verbs_cq.h"
+#include "transport/rdma/verbs_pd.h"
+
+namespace rdmaxfer {
+
+// What one side of a connection tells the other about one of its QPs (see endpoint_record.h).
+struct QpAddress {
+  uint32_t qpn = 0;
+  uint32_t psn = 0;
+  uint16_t lid = 0;
+  ibv_gid gid{};
+};
+
+struct QpLimits {
+  uint32_t sq_depth = 128;
+  uint32_t rq_depth = 32;
+  uint8_t rd_atomic = 16;  // outstanding RDMA READs, each direction
+};
+
+class QueuePair {
+ public:
+  // `tag` lands in qp_context, so async events name the connection without a pointer.
+  QueuePair(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<CompletionQueue> cq,
+            const QpLimits& limits, uintptr_t tag);
+  ~QueuePair();
+  QueuePair(const QueuePair&) = delete;
+  QueuePair& operator=(const QueuePair&) = delete;
+
+  ibv_qp* get() const { return qp_; }
+  uint32_t qp_num() const { return qp_->qp_num; }
+  uint32_t psn() const { return psn_; }
+  const QpLimits& limits() const { return limits_; }
+
+  void to_init();
+  void to_rtr(const QpAddress& peer, ibv_mtu path_mtu);
+  void to_rts();
+  // Best effort (teardown path): never throws.
+  void to_error() noexcept;
+
+ private:
+  std::shared_ptr<ProtectionDomain> pd_;
+  std::shared_ptr<CompletionQueue> cq_;
+  QpLimits limits_;
+  ibv_qp* qp_ = nullptr;
+  uint32_t psn_ = 0;
+};
+
+}  // namespace rdmaxfer
