@@ -15,7 +15,7 @@ namespace {
 constexpr int kMaxIov = 64;
 constexpr uint64_t kReadBudget = 16ull << 20;  // per wake-up, so other streams get a turn
 constexpr size_t kStage = 64 * 1024;
-constexpr uint64_t kInlineLimit = 64 * 1024;
+constexpr uint64_t kInlineLimit = 1024 * 1024;
 }  // namespace
 
 OutFrame make_frame(const FrameHeader& header, std::string meta) {
