@@ -24,7 +24,9 @@ void RdmaConnection::send_ctrl(const CtrlHeader& header, const std::string& meta
   header.encode(p);
   std::memcpy(p + CtrlHeader::kSize, meta.data(), meta.size());
   if (data_len > 0) std::memcpy(p + CtrlHeader::kSize + meta.size(), data, data_len);
-  submit(0, {std::move(w)});
+  std::vector<SendWork> works;
+  works.push_back(std::move(w));
+  submit(0, std::move(works));
 }
 
 RequestPtr RdmaConnection::post_send(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,

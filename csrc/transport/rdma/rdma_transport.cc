@@ -116,6 +116,7 @@ uint16_t RdmaTransport::listen(const std::string& host, uint16_t port) {
   }
   acceptor_ = std::make_unique<Acceptor>(host, port, TransportKind::kRdma, engine_id(),
                                          SocketOptions{});
+  listener_ = std::thread([this] { listener_loop(); });
   return acceptor_->port();
 }
 
@@ -190,21 +191,49 @@ void RdmaTransport::handshake(RdmaConnection& conn, int fd, const EndpointRecord
   }
 }
 
-std::shared_ptr<Connection> RdmaTransport::accept(double timeout_s) {
-  Acceptor* acceptor = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!acceptor_) throw Error(ErrorKind::kInvalidArgument, "accept: call listen() first");
-    acceptor = acceptor_.get();
-  }
-  AcceptedGroup group = acceptor->accept(timeout_s);
+std::shared_ptr<RdmaConnection> RdmaTransport::accept_one(AcceptedGroup group) {
   UniqueFd fd = std::move(group.fds[0]);
-  Deadline deadline(std::max(timeout_s, kAcceptHandshakeS));
+  Deadline deadline(kAcceptHandshakeS);
   // The connector states the QP count in its record: read it before creating ours.
   const EndpointRecord peer = read_record(fd.get(), deadline);
   auto conn = prepare(static_cast<int>(peer.qps.size()));
   handshake(*conn, fd.get(), &peer, deadline);
   conn->start(std::move(fd), group.peer);
+  return conn;
+}
+
+void RdmaTransport::listener_loop() {
+  while (!stop_listener_.load()) {
+    AcceptedGroup group;
+    try {
+      group = acceptor_->accept(0.1);
+    } catch (const Error&) {
+      continue;  // timeout: look at stop_listener_ again
+    }
+    try {
+      auto conn = accept_one(std::move(group));
+      std::lock_guard<std::mutex> lock(mu_);
+      accepted_.push_back(std::move(conn));
+      accepted_cv_.notify_all();
+    } catch (const Error&) {
+      // A peer whose handshake fails loses its own connection (its connect() reports why).
+    }
+  }
+}
+
+std::shared_ptr<Connection> RdmaTransport::accept(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!acceptor_) throw Error(ErrorKind::kInvalidArgument, "accept: call listen() first");
+  if (!accepted_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                             [this] { return !accepted_.empty() || shut_down_; })) {
+    throw Error(ErrorKind::kTimeout,
+                "accept: no peer connected within " + std::to_string(timeout_s) +
+                    " s; raise timeout= or check that the peer connects to port " +
+                    std::to_string(acceptor_->port()));
+  }
+  if (shut_down_) throw Error(ErrorKind::kClosed, "accept: the engine is closed");
+  auto conn = std::move(accepted_.front());
+  accepted_.pop_front();
   return conn;
 }
 
@@ -283,7 +312,14 @@ void RdmaTransport::shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return;
     shut_down_ = true;
+    accepted_cv_.notify_all();
+  }
+  stop_listener_.store(true);
+  if (listener_.joinable()) listener_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     acceptor = std::move(acceptor_);
+    accepted_.clear();
   }
   acceptor.reset();
   abort_all(ErrorKind::kClosed, "the engine was closed");

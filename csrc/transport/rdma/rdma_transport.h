@@ -1,7 +1,9 @@
 // The verbs transport: the whole API over RC queue pairs (libibverbs, loaded at run time).
 //
 // Lifecycle: constructed (device opened, PD, one completion channel + CQ, completion thread
-// running) -> listen() (bootstrap acceptor thread) -> connections by accept()/connect(): the
+// running) -> listen() (bootstrap acceptor thread, plus a listener thread that runs the verbs
+// handshake of each accepted peer, so a connect() completes before accept() is called, as on
+// TCP) -> connections by accept()/connect(): the
 // TCP bootstrap (one stream, TransportKind::kRdma) carries the endpoint records
 // (endpoint_record.h), then stays open as the connection's liveness/close channel -> shutdown():
 // every connection aborted, the completion thread stopped. Verbs objects are freed when their
@@ -13,7 +15,10 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <map>
+#include <thread>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,6 +60,8 @@ class RdmaTransport : public Transport {
   void on_async_event(const ibv_async_event& event);
   void on_socket(uint64_t tag);
   void abort_all(ErrorKind kind, const std::string& reason);
+  void listener_loop();
+  std::shared_ptr<RdmaConnection> accept_one(AcceptedGroup group);
 
   RdmaConfig config_;
   bool busy_poll_ = false;
@@ -67,6 +74,10 @@ class RdmaTransport : public Transport {
   int cq_reserved_ = 0;
 
   std::unique_ptr<Acceptor> acceptor_;
+  std::thread listener_;
+  std::atomic<bool> stop_listener_{false};
+  std::condition_variable accepted_cv_;
+  std::deque<std::shared_ptr<RdmaConnection>> accepted_;  // handshake done, not yet accept()ed
   std::mutex mu_;
   bool shut_down_ = false;
   uint32_t next_tag_ = 1;
