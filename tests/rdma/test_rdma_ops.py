@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import RW, RdmaPair, connect_pair, random_bytes, region_array, wait_ok
+from rdma_helpers import RW, RdmaPair, connect_pair, random_bytes, region_array, wait_ok
 
 from rdmaxfer.errors import ConnectionFailedError, ProtocolError
+
+pytestmark = pytest.mark.rdma
 
 SIZES = [1, 4095, (1 << 20) + 3]
 

@@ -1,0 +1,179 @@
+"""Failures on the verbs transport: bad keys and bounds, a killed peer, a low memlock limit.
+After each, the engine still works."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from rdma_helpers import (
+    RW,
+    WAIT_S,
+    RdmaPair,
+    addrs,
+    devices,
+    random_bytes,
+    region_array,
+    wait_ok,
+)
+
+from rdmaxfer import _core
+from rdmaxfer.errors import ConnectionFailedError, RemoteAccessError
+
+pytestmark = pytest.mark.rdma
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def forged(desc: _core.Descriptor, key_xor: int) -> _core.Descriptor:
+    packed = bytearray(desc.pack())
+    key = int.from_bytes(packed[24:28], "little") ^ key_xor
+    packed[24:28] = key.to_bytes(4, "little")
+    return _core.Descriptor.unpack(bytes(packed))
+
+
+def assert_pair_works(pair: RdmaPair, rng: np.random.Generator) -> None:
+    a, b = pair.reconnect()
+    size = 4096 * 3 + 1
+    src = pair.client.alloc_pinned(size, 0)
+    dst = pair.server.alloc_pinned(size, RW)
+    data = random_bytes(rng, size)
+    region_array(src)[:] = data
+    wait_ok(a.post_write(src, 0, dst.descriptor(), 0, size))
+    np.testing.assert_array_equal(region_array(dst), data)
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("fault", ["bad rkey", "out of bounds"])
+def test_remote_access_error_then_engine_usable(
+    rdma_pair: RdmaPair, rng: np.random.Generator, fault: str
+) -> None:
+    src = rdma_pair.client.alloc_pinned(8192, 0)
+    dst = rdma_pair.server.alloc_pinned(4096, RW)
+    if fault == "bad rkey":
+        req = rdma_pair.a.post_write(src, 0, forged(dst.descriptor(), 0x5A5A00), 0, 4096)
+    else:
+        req = rdma_pair.a.post_write(src, 0, dst.descriptor(), 4000, 8192)
+    assert req.wait(WAIT_S)
+    with pytest.raises(RemoteAccessError, match=r"RDMA WRITE failed: .*IBV_WC_REM_ACCESS_ERR"):
+        req.check()
+    # The QP went to the error state: the connection is torn down on both sides.
+    assert rdma_pair.a.closed
+    with pytest.raises(ConnectionFailedError):
+        rdma_pair.a.post_write(src, 0, dst.descriptor(), 0, 10)
+    deadline = time.monotonic() + 30
+    while not rdma_pair.b.closed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rdma_pair.b.closed, "the responder side did not notice the broken connection"
+    assert_pair_works(rdma_pair, rng)
+
+
+def test_read_with_bad_rkey(rdma_pair: RdmaPair, rng: np.random.Generator) -> None:
+    dst = rdma_pair.client.alloc_pinned(4096, 0)
+    remote = rdma_pair.server.alloc_pinned(4096, _core.ACCESS_REMOTE_WRITE)  # no REMOTE_READ
+    req = rdma_pair.a.post_read(dst, 0, remote.descriptor(), 0, 4096)
+    assert req.wait(WAIT_S)
+    with pytest.raises(RemoteAccessError, match="RDMA READ failed"):
+        req.check()
+    assert_pair_works(rdma_pair, rng)
+
+
+PEER_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from rdmaxfer import _core
+    engine = _core.Engine("rdma", rdma_device=sys.argv[1])
+    port = engine.listen(sys.argv[2], 0)
+    print(port, flush=True)
+    ep = engine.accept(60)
+    region = engine.alloc_pinned(65536, _core.ACCESS_REMOTE_READ | _core.ACCESS_REMOTE_WRITE)
+    print(region.descriptor().pack().hex(), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_peer_killed_fails_pending_requests(rng: np.random.Generator) -> None:
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    child = subprocess.Popen(
+        [sys.executable, "-c", PEER_SCRIPT, devices()[1], addrs()[1]],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    client = _core.Engine("rdma", rdma_device=devices()[0])
+    try:
+        port = int(child.stdout.readline())  # type: ignore[union-attr]
+        ep = client.connect(addrs()[1], port, 0, WAIT_S)
+        desc = _core.Descriptor.unpack(bytes.fromhex(child.stdout.readline().strip()))  # type: ignore[union-attr]
+        src = client.alloc_pinned(65536, 0)
+        region_array(src)[:] = random_bytes(rng, 65536)
+        wait_ok(ep.post_write(src, 0, desc, 0, 65536))  # the peer is alive and serving
+        header = ep.post_recv_header()
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        start = time.monotonic()
+        assert header.wait(30), "a pending request outlived the peer by 30 s"
+        elapsed = time.monotonic() - start
+        with pytest.raises(ConnectionFailedError, match=r"went away|closed"):
+            header.check()
+        assert elapsed < 30
+        with pytest.raises(ConnectionFailedError):
+            ep.post_write(src, 0, desc, 0, 100)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        client.close()
+
+
+MEMLOCK_SCRIPT = textwrap.dedent(
+    """
+    import json, resource
+    import numpy as np
+    from rdmaxfer import _core
+    from rdmaxfer.errors import RegistrationError
+    status = open("/proc/self/status").read().split("CapEff:")[1]
+    cap_eff = int(status.split()[0], 16)
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 * 1024, 64 * 1024))
+    engine = _core.Engine("rdma", rdma_device="%s")
+    arr = np.ones(16 << 20, dtype=np.uint8)
+    out = {"ipc_lock": bool(cap_eff & (1 << 14)), "limit": _core.memlock_limit()}
+    try:
+        engine.register(arr.ctypes.data, arr.nbytes, 0)
+        out["error"] = None
+    except RegistrationError as exc:
+        out["error"] = str(exc)
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.parametrize("drop_ipc_lock", [True, False])
+def test_memlock_too_low(drop_ipc_lock: bool) -> None:
+    """Root bypasses RLIMIT_MEMLOCK through CAP_IPC_LOCK, so the child runs without it
+    (setpriv drops it from the inheritable and bounding sets)."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    cmd = [sys.executable, "-c", MEMLOCK_SCRIPT % devices()[0]]
+    if drop_ipc_lock:
+        cmd = ["setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock", *cmd]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["limit"] == "64 KiB"
+    if not drop_ipc_lock:
+        if out["ipc_lock"]:  # root with CAP_IPC_LOCK: the limit does not apply
+            assert out["error"] is None
+        return
+    assert out["ipc_lock"] is False
+    assert out["error"] is not None, "registration above RLIMIT_MEMLOCK succeeded"
+    assert "ulimit -l" in out["error"] and "64 KiB" in out["error"], out["error"]
+    assert "ibv_reg_mr" in out["error"]
