@@ -124,7 +124,18 @@ class Engine:
         io_threads: int = 0,
         socket_buffer: int = 0,
         default_streams: int = 0,
-    ) -> None: ...
+        rdma_device: str = "",
+        gid_index: int = -1,
+        poll_mode: str = "",
+    ) -> None:
+        """``transport``: "tcp" or "rdma". ``default_streams``: TCP streams or RC QPs per
+        connection (0: 4 on TCP, 1 on rdma).
+
+        rdma only: ``rdma_device`` ("" -> env RDMAXFER_RDMA_DEVICE -> the first device with an
+        active port); ``gid_index`` (-1 -> env RDMAXFER_GID_INDEX -> auto: the first RoCE v2 GID
+        holding an IPv4-mapped address); ``poll_mode`` ("event", the default, sleeps on the
+        completion channel; "busy" spins on the CQ; "" -> env RDMAXFER_POLL_MODE -> "event").
+        """
     @property
     def transport(self) -> str: ...
     @property
