@@ -30,8 +30,9 @@ def test_info_names_transports_and_reasons() -> None:
 
 
 def test_bench_json_schema() -> None:
-    out = run("bench", "--transport", "tcp", "--op", "write", "--size", "1K,64K", "--iters", "5",
-              "--json")
+    out = run(
+        "bench", "--transport", "tcp", "--op", "write", "--size", "1K,64K", "--iters", "5", "--json"
+    )
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     assert [r["bytes"] for r in rows] == [1024, 65536]
@@ -63,16 +64,44 @@ def test_parse_sizes() -> None:
 def test_pull_out_and_verify(tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
     src = tmp_path / "src.safetensors"
-    save_file({"a": rng.standard_normal((64, 3)).astype(np.float32),
-               "b": rng.integers(0, 9, 11, dtype=np.int32)}, str(src))
+    save_file(
+        {
+            "a": rng.standard_normal((64, 3)).astype(np.float32),
+            "b": rng.integers(0, 9, 11, dtype=np.int32),
+        },
+        str(src),
+    )
     server = subprocess.Popen(
-        [sys.executable, "-m", "rdmaxfer", "serve", str(src), "--port", "0", "--transport", "tcp",
-         "--max-clients", "1"], stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "rdmaxfer",
+            "serve",
+            str(src),
+            "--port",
+            "0",
+            "--transport",
+            "tcp",
+            "--max-clients",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert server.stdout is not None
         address = server.stdout.readline().rsplit(" ", 1)[-1].strip()
-        out = run("pull", address, "--out", str(tmp_path / "o"), "--verify", str(src),
-                  "--transport", "tcp", "--quiet")
+        out = run(
+            "pull",
+            address,
+            "--out",
+            str(tmp_path / "o"),
+            "--verify",
+            str(src),
+            "--transport",
+            "tcp",
+            "--quiet",
+        )
         assert out.returncode == 0, out.stderr
         assert "pulled 2 tensors, 812 bytes" in out.stdout
         assert "every tensor identical" in out.stdout

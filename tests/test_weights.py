@@ -40,8 +40,19 @@ def random_tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
 def test_real_model_pulled_between_processes_is_bit_exact(tmp_path: Path) -> None:
     path = model_file()
     server = subprocess.Popen(
-        [sys.executable, "-m", "rdmaxfer", "serve", str(path), "--port", "0",
-         "--transport", "tcp", "--max-clients", "1"],
+        [
+            sys.executable,
+            "-m",
+            "rdmaxfer",
+            "serve",
+            str(path),
+            "--port",
+            "0",
+            "--transport",
+            "tcp",
+            "--max-clients",
+            "1",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -103,7 +114,7 @@ def test_serve_rejects_bad_input(tmp_path: Path) -> None:
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
     with pytest.raises(InvalidArgumentError, match="not a readable safetensors file"):
         WeightServer(bad, transport="tcp")
-    with pytest.raises(InvalidArgumentError, match="not contiguous|strides"):
+    with pytest.raises(InvalidArgumentError, match=r"not contiguous|strides"):
         WeightServer({"t": np.arange(20.0)[::2]}, transport="tcp")
     with pytest.raises(InvalidArgumentError, match="no safetensors name"):
         WeightServer({"c": np.zeros(3, dtype=np.complex64) + 1j}, transport="tcp")

@@ -4,6 +4,7 @@ Lengths and offsets are in bytes; timeouts in seconds (finite). Every blocking c
 GIL. Errors are raised as the classes of :mod:`rdmaxfer.errors`.
 """
 
+import builtins
 
 ACCESS_LOCAL: int
 ACCESS_REMOTE_READ: int
@@ -67,7 +68,7 @@ class Request:
         """Block until terminal (True) or the timeout (False). Ctrl-C interrupts it."""
     def check(self) -> None:
         """Raise the request's error if it failed."""
-    def message(self) -> tuple[int, int, bytes]:
+    def message(self) -> tuple[int, int, builtins.bytes]:
         """For a header request: (msg_id, length in bytes, meta)."""
     def watch(self, engine: Engine) -> None:
         """Report this request's id on engine.notify_fd once it is terminal."""

@@ -28,9 +28,8 @@ void TcpConnection::start(std::vector<UniqueFd> fds, const std::vector<IoLoop*>&
 
 void TcpConnection::check_open_locked() const {
   if (closed_) {
-    throw Error(error_kind_ == ErrorKind::kClosed ? ErrorKind::kClosed : ErrorKind::kConnection,
-                "endpoint to " + peer_ + " is closed: " + error_ +
-                    "; connect again to open a new endpoint");
+    throw Error(ErrorKind::kClosed, "endpoint to " + peer_ + " is closed (" + error_ +
+                                        "); connect again to open a new endpoint");
   }
 }
 
@@ -88,6 +87,7 @@ RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
     h.aux = off;
     h.size = n;
     h.payload_len = n;
+    h.total = length;
     OutFrame f = make_frame(h);
     f.data = local->addr() + local_offset + off;
     f.data_len = n;
@@ -126,6 +126,7 @@ RequestPtr TcpConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
     h.key = remote.key;
     h.aux = off;
     h.size = n;
+    h.total = length;
     send_on(*streams_[static_cast<size_t>((first + static_cast<int>(i % plan.streams)) %
                                           plan.streams)],
             make_frame(h));
@@ -259,6 +260,17 @@ void TcpConnection::send_data_chunks(PendingSend send) {
   }
 }
 
+AccessStatus TcpConnection::acquire_request_range(const FrameHeader& h, uint32_t access,
+                                                  RegionUse* use) const {
+  // The chunk [addr, addr + len) must lie inside the request [addr - aux, addr - aux + total),
+  // and the whole request inside one region: then no chunk of a bad request lands.
+  const uint64_t len = h.type == FrameType::kWrite ? h.payload_len : h.size;
+  if (h.aux > h.addr || h.aux > h.total || len > h.total - h.aux) {
+    return AccessStatus::kOutOfBounds;
+  }
+  return transport_.regions().acquire(h.key, h.addr - h.aux, h.total, access, use);
+}
+
 void TcpConnection::choose_sink(TcpStream& /*stream*/, const FrameHeader& h,
                                 const std::string& /*meta*/, RecvSink* sink) {
   auto protocol = [&](const std::string& what) {
@@ -268,8 +280,7 @@ void TcpConnection::choose_sink(TcpStream& /*stream*/, const FrameHeader& h,
   switch (h.type) {
     case FrameType::kWrite: {
       RegionUse use;
-      AccessStatus st =
-          transport_.regions().acquire(h.key, h.addr, h.payload_len, kAccessRemoteWrite, &use);
+      AccessStatus st = acquire_request_range(h, kAccessRemoteWrite, &use);
       sink->status = static_cast<uint32_t>(st);
       if (st == AccessStatus::kOk) {
         sink->dst = reinterpret_cast<uint8_t*>(h.addr);
@@ -371,8 +382,7 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
     }
     case FrameType::kReadReq: {
       RegionUse use;
-      AccessStatus st =
-          transport_.regions().acquire(h.key, h.addr, h.size, kAccessRemoteRead, &use);
+      AccessStatus st = acquire_request_range(h, kAccessRemoteRead, &use);
       FrameHeader resp;
       resp.type = FrameType::kReadResp;
       resp.req_id = h.req_id;
@@ -458,23 +468,21 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
 }
 
 void TcpConnection::close() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return;
-  }
-  FrameHeader h;
-  h.type = FrameType::kGoodbye;
-  send_on(*streams_[0], make_frame(h));
-  abort(ErrorKind::kClosed, "closed locally");
+  // GOODBYE goes out after the connection is marked closed, so that the peer's reaction to it
+  // (its EOF) cannot overtake our own, local reason for failing what is pending.
+  shut(ErrorKind::kClosed, "closed locally", true);
 }
 
 void TcpConnection::abort(ErrorKind kind, const std::string& reason) {
+  shut(kind, reason, false);
+}
+
+void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye) {
   std::vector<RequestPtr> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
     closed_ = true;
-    error_kind_ = kind;
     error_ = reason;
     for (auto& [id, r] : writes_) failed.push_back(r);
     for (auto& [id, r] : reads_) failed.push_back(r.request);
@@ -488,6 +496,11 @@ void TcpConnection::abort(ErrorKind kind, const std::string& reason) {
     header_waiters_.clear();
     announced_.clear();
     incoming_.clear();
+  }
+  if (goodbye) {
+    FrameHeader h;
+    h.type = FrameType::kGoodbye;
+    send_on(*streams_[0], make_frame(h));
   }
   for (auto& s : streams_) s->kill();
   for (auto& r : failed) r->fail(kind, reason);

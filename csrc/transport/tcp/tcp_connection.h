@@ -90,6 +90,11 @@ class TcpConnection : public Connection, public std::enable_shared_from_this<Tcp
     uint64_t received = 0;
   };
 
+  AccessStatus acquire_request_range(const FrameHeader& h, uint32_t access,
+                                     RegionUse* use) const;
+  // Closes the connection once: fails every pending request with (kind, reason), optionally
+  // sends GOODBYE, and kills the streams.
+  void shut(ErrorKind kind, const std::string& reason, bool goodbye);
   void check_open_locked() const;
   void check_local(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
                    uint64_t length, const char* what) const;
@@ -104,7 +109,6 @@ class TcpConnection : public Connection, public std::enable_shared_from_this<Tcp
 
   mutable std::mutex mu_;
   bool closed_ = false;
-  ErrorKind error_kind_ = ErrorKind::kClosed;
   std::string error_;
   std::unordered_map<uint64_t, RequestPtr> writes_;
   std::unordered_map<uint64_t, PendingRead> reads_;

@@ -37,6 +37,7 @@ void FrameHeader::encode(uint8_t* out) const {
   store_le<uint32_t>(out + 40, key);
   store_le<uint32_t>(out + 44, meta_len);
   store_le<uint64_t>(out + 48, payload_len);
+  store_le<uint64_t>(out + 56, total);
 }
 
 FrameHeader FrameHeader::decode(const uint8_t* in) {
@@ -60,6 +61,7 @@ FrameHeader FrameHeader::decode(const uint8_t* in) {
   h.key = load_le<uint32_t>(in + 40);
   h.meta_len = load_le<uint32_t>(in + 44);
   h.payload_len = load_le<uint64_t>(in + 48);
+  h.total = load_le<uint64_t>(in + 56);
   if (h.meta_len > kMaxMeta) {
     throw Error(ErrorKind::kProtocol, "frame metadata of " + std::to_string(h.meta_len) +
                                           " bytes exceeds the limit of " +

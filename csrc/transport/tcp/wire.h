@@ -1,12 +1,16 @@
-// TCP wire framing. Every frame is a 56-byte header, then `meta_len` bytes of metadata, then
+// TCP wire framing. Every frame is a 64-byte header, then `meta_len` bytes of metadata, then
 // `payload_len` bytes of data. Little-endian, version 1:
 //   0 magic u16 0x5852 ("RX")  2 version u8  3 type u8  4 status u32  8 req_id u64
 //  16 addr u64  24 size u64  32 aux u64  40 key u32  44 meta_len u32  48 payload_len u64
+//  56 total u64
 //
 // Frame types and their fields:
-//   WRITE      req_id, addr (target address), key, aux (offset in the request); data follows
+//   WRITE      req_id, addr (target address of this chunk), key, aux (offset of the chunk in
+//              the request), total (request bytes); data follows. The target checks the whole
+//              request range [addr - aux, addr - aux + total) for every chunk, so a request
+//              that reaches outside the region is refused whole and changes nothing.
 //   WRITE_ACK  req_id, aux, size, status (AccessStatus)
-//   READ_REQ   req_id, addr, key, size (bytes wanted), aux
+//   READ_REQ   req_id, addr, key, size (bytes wanted), aux, total (checked like WRITE)
 //   READ_RESP  req_id, aux, status; data follows when status is 0
 //   MSG_RTS    req_id (message id), size (message bytes), meta (sender's metadata)
 //   MSG_EAGER  like MSG_RTS with the data attached (small messages)
@@ -36,7 +40,7 @@ enum class FrameType : uint8_t {
 const char* frame_type_name(FrameType type);
 
 struct FrameHeader {
-  static constexpr size_t kSize = 56;
+  static constexpr size_t kSize = 64;
   static constexpr uint8_t kVersion = 1;
   static constexpr uint32_t kMaxMeta = 64 * 1024;
 
@@ -49,6 +53,7 @@ struct FrameHeader {
   uint32_t key = 0;
   uint32_t meta_len = 0;
   uint64_t payload_len = 0;
+  uint64_t total = 0;
 
   void encode(uint8_t* out) const;
   // Throws Error(kProtocol) on a bad magic, version, type or metadata size.

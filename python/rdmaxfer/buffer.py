@@ -1,0 +1,494 @@
+"""Host memory that transfers read from and write into.
+
+* :func:`as_array` turns anything that exposes its memory (an ndarray, the buffer protocol,
+  ``__array_interface__`` or ``__dlpack__``) into a zero-copy :class:`numpy.ndarray`, refusing
+  what a transfer cannot use (non-contiguous, object dtype, read-only destinations).
+* :class:`MemoryRegion` is memory registered with an :class:`~rdmaxfer.engine.Engine`: it keeps
+  the object that owns the memory alive while the region's key is live, and names the region to
+  a peer through :meth:`MemoryRegion.descriptor`.
+* :class:`Buffer` is one C-contiguous array in host memory (allocated pinned by an engine, or
+  wrapped), optionally registered.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _core
+from ._config import resolve_timeout
+from .errors import InvalidArgumentError, TransferTimeoutError
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from .engine import Engine
+
+__all__ = ["ACCESS", "Buffer", "MemoryRegion", "access_bits", "access_name", "as_array"]
+
+#: Access names accepted by ``Engine.register`` -> the access bits a peer gets.
+ACCESS: dict[str, int] = {
+    "none": _core.ACCESS_LOCAL,
+    "r": _core.ACCESS_REMOTE_READ,
+    "w": _core.ACCESS_REMOTE_WRITE,
+    "rw": _core.ACCESS_REMOTE_READ | _core.ACCESS_REMOTE_WRITE,
+}
+
+
+def access_bits(access: str) -> int:
+    """The access bits for ``"rw"``, ``"r"``, ``"w"`` or ``"none"`` (what a peer may do).
+
+    Raises:
+        InvalidArgumentError: any other value.
+    """
+    try:
+        return ACCESS[access]
+    except (KeyError, TypeError):
+        raise InvalidArgumentError(
+            f"access={access!r} is not one of 'rw', 'r', 'w', 'none' (what a peer may do with "
+            "the region: read it, write it, both, or nothing)"
+        ) from None
+
+
+def access_name(bits: int) -> str:
+    """The inverse of :func:`access_bits`."""
+    for name, value in ACCESS.items():
+        if value == bits:
+            return name
+    return f"0x{bits:x}"
+
+
+def _exposes_buffer(obj: object) -> bool:
+    try:
+        with memoryview(obj):  # type: ignore[arg-type]
+            return True
+    except TypeError:
+        return False
+
+
+def as_array(obj: object, writable: bool, *, what: str = "buffer") -> npt.NDArray[Any]:
+    """View ``obj``'s memory as a C-contiguous ndarray, without copying.
+
+    Args:
+        obj: an ndarray, a :class:`Buffer` or :class:`MemoryRegion` (viewed as its array / its
+            bytes), or any object exposing the buffer protocol, ``__array_interface__`` or
+            ``__dlpack__`` (host memory only).
+        writable: the memory will be written (a receive or read destination).
+        what: how error messages name the object ("destination", "source"...).
+
+    Returns:
+        An ndarray of ``obj``'s dtype and shape sharing its memory.
+
+    Raises:
+        InvalidArgumentError: ``obj`` exposes no memory, is not C-contiguous, has an object
+            dtype, or is read-only while ``writable`` is True.
+    """
+    arr: npt.NDArray[Any]
+    if isinstance(obj, np.ndarray):
+        arr = obj
+    elif isinstance(obj, (Buffer, MemoryRegion)):
+        arr = obj.numpy()
+    elif hasattr(obj, "__array_interface__"):
+        arr = np.asarray(obj)
+    elif _exposes_buffer(obj):
+        # Through a memoryview: np.asarray(b"...") would make a 0-d string array (a copy).
+        arr = np.asarray(memoryview(obj))  # type: ignore[arg-type]
+    elif hasattr(obj, "__dlpack__"):
+        try:
+            arr = np.from_dlpack(obj)
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+            raise InvalidArgumentError(
+                f"cannot view the {what} ({type(obj).__name__}) through DLPack: {exc}; only "
+                "host (CPU) memory in a dtype DLPack knows can be used here"
+            ) from exc
+    else:
+        raise InvalidArgumentError(
+            f"the {what} ({type(obj).__name__}) exposes neither the buffer protocol, "
+            "__array_interface__ nor __dlpack__; pass a numpy array, a Buffer or a bytearray"
+        )
+    if arr.dtype.hasobject:
+        raise InvalidArgumentError(
+            f"the {what} has dtype {arr.dtype}, which holds Python object pointers; "
+            "convert it to a numeric dtype first"
+        )
+    if not arr.flags.c_contiguous:
+        raise InvalidArgumentError(
+            f"the {what} (shape {arr.shape}, dtype {arr.dtype}) is not C-contiguous: its strides "
+            f"are {arr.strides} bytes (itemsize {arr.itemsize}); a transfer needs one contiguous "
+            "range of memory: pass np.ascontiguousarray(arr) (a contiguous copy)"
+        )
+    if writable and not arr.flags.writeable:
+        raise InvalidArgumentError(
+            f"the {what} (shape {arr.shape}, dtype {arr.dtype}) is read-only and cannot receive "
+            "data; pass a writable array (e.g. np.empty_like(arr), or arr.copy())"
+        )
+    return arr
+
+
+def byte_view(arr: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
+    """The bytes of a C-contiguous array as a 1-D uint8 view (no copy)."""
+    return arr.reshape(-1).view(np.uint8)
+
+
+# (region, owner) pairs whose deregistration timed out: operations may still touch the memory,
+# so it must never be freed.
+_stranded: list[tuple[_core.Region, object]] = []
+
+
+class MemoryRegion:
+    """Memory registered with an engine: a key that names it to peers, and its owner kept alive.
+
+    Lifecycle: registered (by ``Engine.register`` or ``Engine.alloc_pinned``; the engine holds
+    it, so it cannot be freed while a peer may access it) -> deregistered (``deregister()``,
+    ``close()``, leaving a ``with`` block, or the engine's ``close()``; idempotent). After
+    deregistration peers that use the old descriptor get a RemoteAccessError; the memory itself
+    stays valid as long as this object (or an array viewing it) lives.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        region: _core.Region,
+        owner: object,
+        data: npt.NDArray[np.uint8],
+        *,
+        temporary: bool = False,
+    ) -> None:
+        self._engine = engine
+        self._region = region
+        self._owner = owner
+        self._data = data
+        self._temporary = temporary
+        self._lock = threading.Lock()
+        self._registered = True
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        """The engine this region is registered with."""
+        return self._engine
+
+    @property
+    def core(self) -> _core.Region:
+        """The underlying ``_core.Region`` (buffer protocol: the raw bytes, 1-D, writable)."""
+        return self._region
+
+    @property
+    def owner(self) -> object:
+        """The object that owns the memory (the registered array, or the pinned region)."""
+        return self._owner
+
+    @property
+    def addr(self) -> int:
+        """Virtual address of the first byte."""
+        return self._region.addr
+
+    @property
+    def nbytes(self) -> int:
+        """Length in bytes."""
+        return self._region.length
+
+    @property
+    def key(self) -> int:
+        """The key peers name the region by (an rkey on RDMA)."""
+        return self._region.key
+
+    @property
+    def access(self) -> str:
+        """What a peer may do: ``"rw"``, ``"r"``, ``"w"`` or ``"none"``."""
+        return access_name(self._region.access)
+
+    @property
+    def pinned(self) -> bool:
+        """True when the engine allocated (and mlock-ed) the memory."""
+        return self._region.pinned
+
+    @property
+    def registered(self) -> bool:
+        """False once deregistered."""
+        return self._registered
+
+    @property
+    def readonly(self) -> bool:
+        """True when the owner's memory is read-only for this process."""
+        return not self._data.flags.writeable
+
+    def numpy(self) -> npt.NDArray[np.uint8]:
+        """The region's bytes as a 1-D uint8 ndarray of ``nbytes`` elements (no copy)."""
+        return self._data
+
+    def contains(self, addr: int, nbytes: int) -> bool:
+        """True when ``[addr, addr + nbytes)`` lies inside the region."""
+        base = self.addr
+        return base <= addr and addr + nbytes <= base + self.nbytes
+
+    def descriptor(self) -> _core.Descriptor:
+        """The descriptor a peer passes to ``Endpoint.write``/``read`` to access this region.
+
+        Send ``descriptor().pack()`` (40 bytes) to the peer; ``Descriptor.unpack`` reads it.
+
+        Raises:
+            InvalidArgumentError: the region was deregistered.
+        """
+        if not self._registered:
+            raise InvalidArgumentError(
+                f"region (key {self.key}, {self.nbytes} bytes) was deregistered; register the "
+                "memory again to get a descriptor"
+            )
+        return self._region.descriptor()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def deregister(self, timeout: float | None = None) -> None:
+        """Kill the region's key, then wait until no in-flight operation uses the memory.
+
+        Idempotent: a second call does nothing.
+
+        Args:
+            timeout: seconds to wait for in-flight operations (default: RDMAXFER_TIMEOUT or 60).
+
+        Raises:
+            TransferTimeoutError: operations still used the memory when the timeout ran out (the
+                key is dead regardless; the memory is then kept alive for good).
+        """
+        timeout_s = resolve_timeout(timeout)
+        with self._lock:
+            if not self._registered:
+                return
+            self._registered = False
+        try:
+            self._engine._deregister_region(self, timeout_s)
+        except TransferTimeoutError:
+            _stranded.append((self._region, self._owner))
+            raise
+
+    def close(self) -> None:
+        """Deregister with the default timeout (see :meth:`deregister`); idempotent."""
+        self.deregister()
+
+    def __enter__(self) -> MemoryRegion:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "registered" if self._registered else "deregistered"
+        kind = "pinned" if self.pinned else "host"
+        return (
+            f"<MemoryRegion {state} {kind} addr=0x{self.addr:x} nbytes={self.nbytes} "
+            f"key={self.key} access={self.access!r}>"
+        )
+
+
+def _normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    for dim in dims:
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 0:
+            raise InvalidArgumentError(
+                f"shape {shape!r}: every dimension must be an integer >= 0, got {dim!r}"
+            )
+    return tuple(int(dim) for dim in dims)
+
+
+class Buffer:
+    """One C-contiguous array in host memory, optionally registered with an engine.
+
+    Lifecycle: created by :meth:`empty` (allocated; pinned memory comes registered) or
+    :meth:`wrap` (existing memory, not registered) -> optionally :meth:`register`-ed -> closed
+    (``close()`` deregisters; the array stays usable). NumPy sees a Buffer as its array:
+    ``np.asarray(buf)`` and ``np.from_dlpack(buf)`` are zero-copy views.
+    """
+
+    def __init__(self, array: npt.NDArray[Any], region: MemoryRegion | None = None) -> None:
+        self._array = as_array(array, writable=False)
+        self._region = region
+
+    @classmethod
+    def empty(
+        cls,
+        shape: int | Sequence[int],
+        dtype: npt.DTypeLike = np.uint8,
+        *,
+        pinned: bool = True,
+        engine: Engine | None = None,
+        access: str = "rw",
+    ) -> Buffer:
+        """Allocate an uninitialised buffer.
+
+        Args:
+            shape: dimensions (elements).
+            dtype: any numpy dtype, including ml_dtypes ones (``ml_dtypes.bfloat16``).
+            pinned: allocate page-aligned memory locked in RAM by ``engine.alloc_pinned`` and
+                registered with ``access``; False allocates with numpy (registered with
+                ``access`` only when ``engine`` is given).
+            engine: the engine to allocate/register with (default: the default engine of
+                :mod:`rdmaxfer.api` when ``pinned``).
+            access: what a peer may do with the memory: ``"rw"``, ``"r"``, ``"w"``, ``"none"``.
+
+        Raises:
+            InvalidArgumentError: a negative dimension, or an unknown access.
+            RegistrationError: pinning failed (e.g. the memlock limit; the message says how to
+                raise it).
+        """
+        dims = _normalize_shape(shape)
+        dt = np.dtype(dtype)
+        if dt.hasobject:
+            raise InvalidArgumentError(f"dtype {dt} holds Python objects; use a numeric dtype")
+        access_bits(access)
+        if not pinned:
+            array: npt.NDArray[Any] = np.empty(dims, dtype=dt)
+            region = engine.register(array, access) if engine is not None else None
+            return cls(array, region)
+        if engine is None:
+            from .api import default_engine
+
+            engine = default_engine()
+        nbytes = math.prod(dims) * dt.itemsize
+        region = engine.alloc_pinned(nbytes, access)
+        array = region.numpy().view(dt).reshape(dims)
+        return cls(array, region)
+
+    @classmethod
+    def wrap(cls, obj: object) -> Buffer:
+        """Wrap existing memory without copying (kept alive by the Buffer).
+
+        Args:
+            obj: an ndarray, or any object exposing the buffer protocol, ``__array_interface__``
+                or ``__dlpack__`` (host memory); a MemoryRegion is wrapped with its bytes.
+
+        Raises:
+            InvalidArgumentError: not C-contiguous (the message gives the strides and the fix),
+                object dtype, or no way to reach the memory.
+        """
+        if isinstance(obj, Buffer):
+            return obj
+        if isinstance(obj, MemoryRegion):
+            return cls(obj.numpy(), obj)
+        return cls(as_array(obj, writable=False, what="wrapped object"))
+
+    # -- views -----------------------------------------------------------------------------
+    def numpy(self) -> npt.NDArray[Any]:
+        """The buffer as an ndarray of its dtype and shape (a view: no copy)."""
+        return self._array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Dimensions, in elements."""
+        return tuple(self._array.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Element type."""
+        return self._array.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+        return int(self._array.nbytes)
+
+    @property
+    def addr(self) -> int:
+        """Address of the first byte."""
+        return int(self._array.ctypes.data)
+
+    @property
+    def readonly(self) -> bool:
+        """True when the memory cannot be written (it then cannot receive data)."""
+        return not self._array.flags.writeable
+
+    @property
+    def region(self) -> MemoryRegion | None:
+        """The registration, if any (None when wrapped and never registered)."""
+        return self._region
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """NumPy's array interface of the view (so ``np.asarray(buf)`` shares the memory).
+
+        Absent (AttributeError) for extension dtypes such as bfloat16, which the interface
+        cannot name: NumPy then uses ``__array__``, which keeps the dtype.
+        """
+        if self._array.dtype.isbuiltin == 2:
+            raise AttributeError(
+                f"__array_interface__ cannot describe dtype {self._array.dtype}; use __array__"
+            )
+        return self._array.__array_interface__
+
+    def __array__(
+        self, dtype: npt.DTypeLike | None = None, copy: bool | None = None
+    ) -> npt.NDArray[Any]:
+        """The view (no copy unless ``copy=True`` or another ``dtype`` is asked for)."""
+        if dtype is not None and np.dtype(dtype) != self._array.dtype:
+            if copy is False:
+                raise ValueError(f"cannot view dtype {self._array.dtype} as {dtype} without a copy")
+            return self._array.astype(dtype)
+        return self._array.copy() if copy else self._array
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        """DLPack capsule of the view (``np.from_dlpack(buf)``); ml_dtypes dtypes such as
+        bfloat16 are not representable in DLPack and raise BufferError."""
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(kDLCPU, 0)``: host memory."""
+        device = self._array.__dlpack_device__()
+        return int(device[0]), int(device[1])
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    # -- registration ----------------------------------------------------------------------
+    def register(self, engine: Engine, access: str = "rw") -> MemoryRegion:
+        """Register the buffer with ``engine`` (cached: registering again returns the same
+        region) and remember the registration.
+
+        Raises:
+            InvalidArgumentError: unknown access, or ``"w"``/``"rw"`` on read-only memory.
+            RegistrationError: the transport could not register the memory.
+        """
+        region = engine.register(self._array, access)
+        self._region = region
+        return region
+
+    def descriptor(self) -> _core.Descriptor:
+        """The registration's descriptor (see :meth:`MemoryRegion.descriptor`).
+
+        Raises:
+            InvalidArgumentError: the buffer is not registered.
+        """
+        if self._region is None:
+            raise InvalidArgumentError(
+                "the buffer is not registered: call buf.register(engine, access) first"
+            )
+        return self._region.descriptor()
+
+    def close(self) -> None:
+        """Deregister the buffer's region, if any (idempotent); the array stays usable."""
+        region = self._region
+        if region is not None:
+            region.close()
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        reg = "unregistered" if self._region is None else repr(self._region)
+        return f"<Buffer shape={self.shape} dtype={self.dtype} nbytes={self.nbytes} {reg}>"

@@ -1,0 +1,439 @@
+"""Handles on posted operations, and the bridge from the engine's notifications to asyncio.
+
+A :class:`Transfer` is what ``Endpoint.post_send/post_recv/post_write/post_read`` return. It
+keeps every Python object the operation reads or writes alive until the operation is terminal,
+and releases the temporary registrations it made then. Wait for it with :meth:`Transfer.wait`
+(blocking), :meth:`Transfer.wait_async` / ``await transfer`` (asyncio) or poll
+:meth:`Transfer.done`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import sys
+import threading
+import traceback
+import weakref
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from . import _core
+from ._config import Deadline, resolve_timeout
+from .errors import EndpointClosedError, RdmaxferError, TransferTimeoutError
+
+if TYPE_CHECKING:
+    from .buffer import MemoryRegion
+    from .endpoint import Endpoint
+
+__all__ = ["Notifications", "Transfer"]
+
+T = TypeVar("T")
+
+#: Bound on the waits made while cleaning up (abort, deregistration of temporary regions).
+_CLEANUP_TIMEOUT_S = 5.0
+
+_DIRECTION = {"send": "to", "recv": "from", "write": "to", "read": "from"}
+
+# Called with the finished header request of a recv; posts and returns the data request.
+HeaderStep = Callable[["Transfer[Any]", _core.Request], _core.Request]
+
+
+class Transfer(Generic[T]):
+    """One posted operation on an :class:`~rdmaxfer.endpoint.Endpoint`.
+
+    Lifecycle: posted (in its endpoint's in-flight table; a recv first waits for the message
+    header, then places the bytes) -> done or failed (terminal: resources released; ``wait()``
+    returns the result or raises the error, every time it is called).
+
+    The result is None for send, write and read; for recv it is the array received into.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        op: str,
+        nbytes: int,
+        request: _core.Request,
+        *,
+        keep: list[object],
+        temps: list[MemoryRegion],
+        result: T,
+        on_header: HeaderStep | None = None,
+    ) -> None:
+        self._endpoint = endpoint
+        self._op = op
+        self._nbytes = nbytes
+        self._req = request
+        self._keep = keep
+        self._temps = temps
+        self._result = result
+        self._on_header = on_header
+        self._lock = threading.RLock()
+        self._finished = False
+        self._error: BaseException | None = None
+        self.id = -1  # set by the endpoint's in-flight table
+
+    # -- public ----------------------------------------------------------------------------
+    @property
+    def op(self) -> str:
+        """``"send"``, ``"recv"``, ``"write"`` or ``"read"``."""
+        return self._op
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes moved by the operation (for a recv, known once the header arrived; else -1)."""
+        return self._nbytes
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The endpoint the operation was posted on."""
+        return self._endpoint
+
+    def done(self) -> bool:
+        """True once terminal (done or failed). Never blocks; for a recv whose header has
+        arrived it posts the data placement."""
+        return self._advance()
+
+    def failed(self) -> bool:
+        """True once terminal with an error."""
+        return self._advance() and self._error is not None
+
+    def wait(self, timeout: float | None = None) -> T:
+        """Block until the operation is terminal.
+
+        Args:
+            timeout: seconds (default: ``RDMAXFER_TIMEOUT`` or 60). When it runs out while
+                bytes are moving, the endpoint is aborted (its stream can no longer be
+                trusted); while a recv still waits for a message, the wait is withdrawn and the
+                endpoint stays usable.
+
+        Returns:
+            The received array for a recv, else None.
+
+        Raises:
+            TransferTimeoutError: the timeout ran out.
+            ConnectionFailedError: the peer closed or reset the connection.
+            ProtocolError: e.g. the receiver rejected the message (dtype/shape mismatch).
+            RemoteAccessError: the peer refused a one-sided access.
+            InvalidArgumentError: a recv(out=...) whose out does not match the message.
+        """
+        deadline = Deadline(resolve_timeout(timeout))
+        while not self._advance():
+            request = self._req
+            try:
+                finished = request.wait(deadline.remaining())
+            except BaseException as exc:  # Ctrl-C: the operation cannot be left half-done
+                self._interrupt(request, f"interrupted by {type(exc).__name__}")
+                raise
+            if not finished and not request.done():
+                self._time_out(request, deadline.timeout_s)
+        return self._outcome()
+
+    async def wait_async(self, timeout: float | None = None) -> T:
+        """Asyncio twin of :meth:`wait` (same arguments, result and errors).
+
+        Cancelling the awaiting task withdraws a recv that still waits for its message; an
+        operation already moving bytes goes on in the background (its memory stays alive).
+        """
+        deadline = Deadline(resolve_timeout(timeout))
+        loop = asyncio.get_running_loop()
+        hub = self._endpoint.engine._notifications
+        while not self._advance():
+            request = self._req
+            future = hub.watch(request, loop)
+            try:
+                await asyncio.wait_for(future, deadline.remaining())
+            except asyncio.TimeoutError:
+                if not request.done():
+                    self._time_out(request, deadline.timeout_s)
+            except asyncio.CancelledError:
+                self._cancel(request)
+                raise
+            finally:
+                hub.unwatch(request.id, future)
+        return self._outcome()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self.wait_async().__await__()
+
+    def __repr__(self) -> str:
+        state = "pending"
+        if self._finished:
+            state = "failed" if self._error is not None else "done"
+        return f"<Transfer {self._op} {self._nbytes} bytes {state}>"
+
+    # -- internals -------------------------------------------------------------------------
+    def _add_resources(self, keep: list[object], temps: list[MemoryRegion]) -> None:
+        self._keep.extend(keep)
+        self._temps.extend(temps)
+
+    def _set_result(self, result: T, nbytes: int) -> None:
+        self._result = result
+        self._nbytes = nbytes
+
+    def _outcome(self) -> T:
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _advance(self) -> bool:
+        """Move the state machine as far as it goes without blocking; True when terminal."""
+        with self._lock:
+            while not self._finished:
+                request = self._req
+                if not request.done():
+                    return False
+                try:
+                    request.check()
+                except BaseException as exc:
+                    self._finish(exc)
+                    break
+                step, self._on_header = self._on_header, None
+                if step is None:
+                    self._finish(None)
+                    break
+                try:
+                    self._req = step(self, request)
+                except BaseException as exc:
+                    self._finish(exc)
+            return True
+
+    def _peer_text(self) -> str:
+        try:
+            return f"{_DIRECTION.get(self._op, 'with')} {self._endpoint.peer}"
+        except RdmaxferError:
+            return "(peer unknown)"
+
+    def _time_out(self, request: _core.Request, timeout_s: float) -> None:
+        """The wait ran out with ``request`` still pending: withdraw or abort, then finish."""
+        with self._lock:
+            if self._finished:
+                return
+            if self._on_header is not None:  # still waiting for the message header
+                self._withdraw_header(request, "the receiver timed out")
+                error = TransferTimeoutError(
+                    f"recv: no message arrived {self._peer_text()} within {timeout_s:g} s "
+                    "(the endpoint stays usable); is the peer sending?"
+                )
+            else:
+                self._endpoint._abort_core(
+                    f"{self._op} of {self._nbytes} bytes timed out after {timeout_s:g} s",
+                    timed_out=True,
+                )
+                request.wait(_CLEANUP_TIMEOUT_S)
+                error = TransferTimeoutError(
+                    f"{self._op} of {self._nbytes} bytes {self._peer_text()} did not complete "
+                    f"within {timeout_s:g} s; the endpoint was aborted (connect again to go on, "
+                    "or raise the timeout for large transfers on slow links)"
+                )
+            self._finish(error)
+
+    def _withdraw_header(self, request: _core.Request, reason: str) -> None:
+        """Withdraw a pending header wait; a header that matched meanwhile is rejected so the
+        sender does not wait for bytes nobody will place."""
+        core = self._endpoint.core
+        with contextlib.suppress(RdmaxferError):
+            if core.cancel_recv_header(request):
+                return
+        request.wait(_CLEANUP_TIMEOUT_S)
+        if request.done() and not request.failed():
+            msg_id = request.message()[0]
+            with contextlib.suppress(RdmaxferError):
+                core.reject(msg_id, reason)
+
+    def _interrupt(self, request: _core.Request, reason: str) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            if self._on_header is not None:  # still waiting for the message header
+                self._withdraw_header(request, f"the receiver was {reason}")
+                self._finish(RdmaxferError(f"{self._op} was {reason} (endpoint still open)"))
+            else:
+                self._endpoint._abort_core(f"{self._op} {reason}", timed_out=False)
+                request.wait(_CLEANUP_TIMEOUT_S)
+                self._finish(EndpointClosedError(f"{self._op} was {reason}; endpoint aborted"))
+
+    def _cancel(self, request: _core.Request) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            if self._on_header is not None:  # still waiting for the message header
+                self._withdraw_header(request, "the receiving task was cancelled")
+                self._finish(RdmaxferError("recv was cancelled before a message arrived"))
+            else:  # bytes are moving: let it finish in the background, then release its memory
+                with contextlib.suppress(RdmaxferError):
+                    self._endpoint.engine._notifications.call_when_done(request, self.done)
+
+    def _settle(self, error: BaseException) -> None:
+        """After the endpoint closed: finish with the request's own error or ``error``."""
+        if self._advance():
+            return
+        with self._lock:
+            if not self._req.wait(_CLEANUP_TIMEOUT_S) or not self._advance():
+                self._finish(error)
+
+    def _finish(self, error: BaseException | None) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            self._error = error
+            temps, self._temps = self._temps, []
+            self._on_header = None
+        for region in temps:
+            with contextlib.suppress(RdmaxferError):
+                region.deregister(_CLEANUP_TIMEOUT_S)
+        self._keep = []
+        self._endpoint._untrack(self)
+
+
+class Notifications:
+    """Acts on the engine's completion notifications (``notify_fd``).
+
+    Two kinds of watchers: asyncio futures (resolved on their own loop) and callbacks (run in
+    the thread that reads the notifications). Per (engine, event loop) ``notify_fd`` is added
+    as a reader once; a progress thread, started on the first callback, reads it too, so that
+    a posted recv places its bytes as soon as its message is announced even when no one
+    waits on it (the sender waits for that). Whoever reads a notification dispatches it.
+
+    Lifecycle: open -> closed (engine close: every watcher resolved, readers removed, thread
+    stopped).
+    """
+
+    def __init__(self, core: _core.Engine) -> None:
+        self._core = core
+        self._fd = core.notify_fd
+        self._lock = threading.Lock()
+        self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
+        self._callbacks: dict[int, list[Callable[[], object]]] = {}
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def watch(
+        self, request: _core.Request, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future[None]:
+        """A future of ``loop`` resolved (with None) once ``request`` is terminal."""
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._closed:
+                raise EndpointClosedError("the engine is closed")
+            if loop not in self._loops:
+                loop.add_reader(self._fd, self._drain)
+                self._loops[loop] = self._fd
+            self._waiters.setdefault(request.id, []).append((loop, future))
+        request.watch(self._core)
+        if request.done() and not future.done():
+            future.set_result(None)
+        return future
+
+    def unwatch(self, request_id: int, future: asyncio.Future[None]) -> None:
+        """Forget a waiter (after it resolved, timed out or was cancelled)."""
+        with self._lock:
+            waiters = self._waiters.get(request_id)
+            if waiters is None:
+                return
+            waiters[:] = [(lp, fut) for lp, fut in waiters if fut is not future]
+            if not waiters:
+                del self._waiters[request_id]
+
+    def call_when_done(self, request: _core.Request, callback: Callable[[], object]) -> None:
+        """Run ``callback()`` once ``request`` is terminal, in whichever thread reads the
+        notification (it must not block)."""
+        with self._lock:
+            if self._closed:
+                raise EndpointClosedError("the engine is closed")
+            self._callbacks.setdefault(request.id, []).append(callback)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="rdmaxfer-progress", daemon=True
+                )
+                self._thread.start()
+        request.watch(self._core)
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        while not self._closed:
+            try:
+                ready = poller.poll(1000)
+            except OSError:
+                return
+            if ready:
+                self._drain()
+
+    def _drain(self) -> None:
+        try:
+            ids = self._core.drain_notifications()
+        except RdmaxferError:
+            ids = []
+        ready: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        callbacks: list[Callable[[], object]] = []
+        with self._lock:
+            for request_id in ids:
+                ready.extend(self._waiters.pop(request_id, []))
+                callbacks.extend(self._callbacks.pop(request_id, []))
+        _run_callbacks(callbacks)
+        _resolve_all(ready)
+
+    def close(self) -> None:
+        """Dispatch what is pending (the endpoints are closed, so every watched request is
+        terminal), resolve the remaining waiters and stop reading."""
+        self._drain()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            ready = [w for waiters in self._waiters.values() for w in waiters]
+            callbacks = [c for cbs in self._callbacks.values() for c in cbs]
+            self._waiters.clear()
+            self._callbacks.clear()
+            loops = list(self._loops.items())
+            self._loops = weakref.WeakKeyDictionary()
+        _run_callbacks(callbacks)
+        _resolve_all(ready)
+        with contextlib.suppress(OSError):
+            os.write(self._fd, (1).to_bytes(8, sys.byteorder))  # wake the progress thread
+        for loop, fd in loops:
+            if loop.is_closed():
+                continue
+            if _running_loop() is loop:
+                loop.remove_reader(fd)
+            else:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(loop.remove_reader, fd)
+
+
+def _run_callbacks(callbacks: list[Callable[[], object]]) -> None:
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:  # a callback records its own errors; never kill the reader
+            traceback.print_exc()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _set_none(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _resolve_all(ready: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
+    current = _running_loop()
+    for loop, future in ready:
+        if loop is current:
+            _set_none(future)
+        elif not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_set_none, future)

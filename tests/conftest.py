@@ -1,0 +1,80 @@
+"""Shared fixtures: engines, a connected endpoint pair over loopback, seeded random data and
+peers in other processes (see _peers.py)."""
+
+from __future__ import annotations
+
+import socket
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rdmaxfer
+from _common import Pair
+from _peers import Peer
+from rdmaxfer import Engine
+
+
+@pytest.fixture
+def server() -> Iterator[Engine]:
+    with Engine("tcp") as engine:
+        yield engine
+
+
+@pytest.fixture
+def client() -> Iterator[Engine]:
+    with Engine("tcp") as engine:
+        yield engine
+
+
+@pytest.fixture
+def pair(server: Engine, client: Engine) -> Pair:
+    port = server.listen("127.0.0.1", 0)
+    a = client.connect("127.0.0.1", port, timeout=10)
+    b = server.accept(timeout=10)
+    return Pair(server, client, a, b, port)
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    """A generator seeded from the test's id: random, yet reproducible per test."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def seed(rng: np.random.Generator) -> int:
+    return int(rng.integers(1, 2**31))
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., Peer]]:
+    """spawn(target, *args) starts ``target(conn, *args)`` in a new process; every peer is
+    killed at the end of the test."""
+    peers: list[Peer] = []
+
+    def start(target: Any, *args: Any) -> Peer:
+        peer = Peer(target, *args)
+        peers.append(peer)
+        return peer
+
+    yield start
+    for peer in peers:
+        peer.close()
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_api() -> Iterator[None]:
+    """Each test starts and ends without module-level engines or cached endpoints."""
+    rdmaxfer.shutdown()
+    yield
+    rdmaxfer.shutdown()
