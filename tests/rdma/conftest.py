@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from rdma_helpers import SKIP_REASON, RdmaPair, connect_pair, rdma_reason
+
+from .rdma_helpers import SKIP_REASON, RdmaPair, connect_pair, rdma_reason
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -13,7 +13,11 @@ import time
 
 import numpy as np
 import pytest
-from rdma_helpers import (
+
+from rdmaxfer import _core
+from rdmaxfer.errors import ConnectionFailedError, RemoteAccessError
+
+from .rdma_helpers import (
     RW,
     WAIT_S,
     RdmaPair,
@@ -23,9 +27,6 @@ from rdma_helpers import (
     region_array,
     wait_ok,
 )
-
-from rdmaxfer import _core
-from rdmaxfer.errors import ConnectionFailedError, RemoteAccessError
 
 pytestmark = pytest.mark.rdma
 

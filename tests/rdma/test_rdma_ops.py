@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rdma_helpers import RW, RdmaPair, connect_pair, random_bytes, region_array, wait_ok
 
 from rdmaxfer.errors import ConnectionFailedError, ProtocolError
+
+from .rdma_helpers import RW, RdmaPair, connect_pair, random_bytes, region_array, wait_ok
 
 pytestmark = pytest.mark.rdma
 

@@ -12,9 +12,10 @@ import threading
 
 import numpy as np
 import pytest
-from rdma_helpers import RW, WAIT_S, addrs, make_engine, random_bytes, region_array, wait_ok
 
 from rdmaxfer import _core
+
+from .rdma_helpers import RW, WAIT_S, addrs, make_engine, random_bytes, region_array, wait_ok
 
 pytestmark = pytest.mark.rdma
 

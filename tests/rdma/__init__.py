@@ -1,0 +1,1 @@
+"""Verbs-transport tests (marker ``rdma``), run in the rxe VM: tests/rxe/run-in-vm.sh."""
