@@ -92,12 +92,19 @@ def iperf3(sizes: list[int], iters: int) -> list[float | None]:
         runs = []
         for _ in range(iters):
             port = 5201 + (size.bit_length() % 50)
-            server = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            server = subprocess.Popen(
+                ["iperf3", "-s", "-1", "-p", str(port)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(0.3)
             try:
-                out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-n",
-                                      str(size), "-J"], capture_output=True, text=True, timeout=120)
+                out = subprocess.run(
+                    ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-n", str(size), "-J"],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
                 result = json.loads(out.stdout)
                 runs.append(result["end"]["sum_received"]["bits_per_second"] / 8e9)
             finally:
@@ -116,26 +123,34 @@ def main() -> None:
     sizes = bench.parse_sizes(args.sizes)
 
     ours = bench.run_bench(transport="tcp", op="write", sizes=sizes, iters=args.iters, warmup=1)
-    ours_rtt = bench.run_bench(transport="tcp", op="write", sizes=[8], iters=args.rtt_iters,
-                               warmup=100)[0]
+    ours_rtt = bench.run_bench(
+        transport="tcp", op="write", sizes=[8], iters=args.rtt_iters, warmup=100
+    )[0]
     py_rates, py_rtt = python_sockets(sizes, args.iters, args.rtt_iters)
     ip_rates = iperf3(sizes, args.iters)
 
     rows = []
-    print(f"{'bytes':>12} {'rdmaxfer':>10} {'iperf3':>10} {'python':>10} "
-          f"{'vs iperf3':>10} {'vs python':>10}   (GB/s, median of {args.iters})")
-    for size, r, ip, py in zip(sizes, ours, ip_rates, py_rates):
+    print(
+        f"{'bytes':>12} {'rdmaxfer':>10} {'iperf3':>10} {'python':>10} "
+        f"{'vs iperf3':>10} {'vs python':>10}   (GB/s, median of {args.iters})"
+    )
+    for size, r, ip, py in zip(sizes, ours, ip_rates, py_rates, strict=True):
         mine = size / (r.lat_us_p50 * 1e-6) / 1e9
         rows.append({"bytes": size, "rdmaxfer_gbps": mine, "iperf3_gbps": ip, "python_gbps": py})
         ip_text = f"{ip:10.3f}" if ip is not None else f"{'n/a':>10}"
         ratio_ip = f"{mine / ip:9.2f}x" if ip else f"{'n/a':>10}"
         print(f"{size:>12} {mine:10.3f} {ip_text} {py:10.3f} {ratio_ip} {mine / py:9.2f}x")
-    print(f"8-byte round trip: rdmaxfer WRITE {ours_rtt.lat_us_p50:.1f} us, "
-          f"python ping-pong {py_rtt:.1f} us (ratio {ours_rtt.lat_us_p50 / py_rtt:.2f}x)")
+    print(
+        f"8-byte round trip: rdmaxfer WRITE {ours_rtt.lat_us_p50:.1f} us, "
+        f"python ping-pong {py_rtt:.1f} us (ratio {ours_rtt.lat_us_p50 / py_rtt:.2f}x)"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"sizes": rows, "rtt_us": {"rdmaxfer": ours_rtt.lat_us_p50,
-                                                 "python": py_rtt}}, f, indent=2)
+            json.dump(
+                {"sizes": rows, "rtt_us": {"rdmaxfer": ours_rtt.lat_us_p50, "python": py_rtt}},
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

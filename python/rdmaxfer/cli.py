@@ -49,7 +49,7 @@ def default_model_file() -> Path:
 
 
 def _progress_bar(total: int, desc: str) -> Any:
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc)
 
@@ -97,7 +97,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         return 0
     print("rdmaxfer transports on this machine:")
     for name, reason in available.items():
-        print(f"  {name:5} {'available: ' + details[name] if not reason else 'unavailable: ' + reason}")
+        state = f"available: {details[name]}" if not reason else f"unavailable: {reason}"
+        print(f"  {name:5} {state}")
     print(f"auto selects: {info['auto_selects']}  (override: RDMAXFER_TRANSPORT or --transport)")
     print(f"locked-memory limit (ulimit -l): {info['memlock_limit']}")
     return 0
@@ -192,8 +193,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     path = Path(args.file) if args.file else default_model_file()
     server = subprocess.Popen(
-        [sys.executable, "-m", "rdmaxfer", "serve", str(path), "--port", "0",
-         "--transport", args.transport, "--max-clients", "1"],
+        [
+            sys.executable,
+            "-m",
+            "rdmaxfer",
+            "serve",
+            str(path),
+            "--port",
+            "0",
+            "--transport",
+            args.transport,
+            "--max-clients",
+            "1",
+        ],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

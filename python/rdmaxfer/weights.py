@@ -137,9 +137,10 @@ def _decode(arr: npt.NDArray[Any], what: str) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"malformed {what} message: {exc}") from exc
     if not isinstance(obj, dict) or obj.get("v") != PROTOCOL_VERSION:
+        version = obj.get("v") if isinstance(obj, dict) else None
         raise ProtocolError(
-            f"{what} message of an unsupported version {obj.get('v') if isinstance(obj, dict) else None!r}"
-            f" (this build speaks version {PROTOCOL_VERSION}); use the same rdmaxfer on both sides"
+            f"{what} message of an unsupported version {version!r} (this build speaks version "
+            f"{PROTOCOL_VERSION}); use the same rdmaxfer on both sides"
         )
     return obj
 
