@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/region.h"
+#include "engine/timed_loop.h"
 
 namespace py = pybind11;
 using rdmaxfer::Connection;
@@ -227,12 +228,45 @@ PYBIND11_MODULE(_core, m) {
             c.abort(timed_out ? ErrorKind::kTimeout : ErrorKind::kConnection, reason);
           },
           py::arg("reason"), py::arg("timed_out") = false,
-          py::call_guard<py::gil_scoped_release>());
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "timed_loop",
+          [region_of](Connection& c, const std::string& op,
+                      const std::shared_ptr<RegionHandle>& local, long long local_offset,
+                      const Descriptor& remote, long long remote_offset, long long length,
+                      long long iters, long long warmup, int inflight, double timeout) {
+            rdmaxfer::TimedLoopSpec s;
+            if (op == "write") {
+              s.op = rdmaxfer::OpKind::kWrite;
+            } else if (op == "read") {
+              s.op = rdmaxfer::OpKind::kRead;
+            } else {
+              throw Error(ErrorKind::kInvalidArgument,
+                          "timed_loop: op='" + op + "' must be 'write' or 'read'");
+            }
+            if (inflight < 1) {
+              throw Error(ErrorKind::kInvalidArgument, "timed_loop: inflight must be >= 1");
+            }
+            s.local = region_of(local);
+            s.local_offset = checked_size(local_offset, "local_offset");
+            s.remote = remote;
+            s.remote_offset = checked_size(remote_offset, "remote_offset");
+            s.length = checked_size(length, "length");
+            s.iters = checked_size(iters, "iters");
+            s.warmup = checked_size(warmup, "warmup");
+            s.inflight = static_cast<uint32_t>(inflight);
+            s.timeout_s = checked_timeout(timeout, "timed_loop");
+            py::gil_scoped_release release;
+            return rdmaxfer::timed_loop(c, s);
+          },
+          py::arg("op"), py::arg("local"), py::arg("local_offset"), py::arg("remote"),
+          py::arg("remote_offset"), py::arg("length"), py::arg("iters"), py::arg("warmup"),
+          py::arg("inflight"), py::arg("timeout") = 60.0);
 
   py::class_<Engine>(m, "Engine")
       .def(py::init([](const std::string& transport, int io_threads, int socket_buffer,
                        int default_streams, const std::string& rdma_device, int gid_index,
-                       const std::string& poll_mode) {
+                       const std::string& poll_mode, const std::string& secret) {
              if (io_threads < 0 || io_threads > 64) {
                throw Error(ErrorKind::kInvalidArgument,
                            "io_threads=" + std::to_string(io_threads) + " must be in 0..64");
@@ -255,13 +289,15 @@ PYBIND11_MODULE(_core, m) {
              config.rdma.device = rdma_device;
              config.rdma.gid_index = gid_index;
              config.rdma.poll_mode = poll_mode;
+             config.tcp.secret = secret;
+             config.rdma.secret = secret;
              config.rdma.default_qps = default_streams;
              py::gil_scoped_release release;
              return std::make_unique<Engine>(transport, config);
            }),
            py::arg("transport") = "tcp", py::arg("io_threads") = 0, py::arg("socket_buffer") = 0,
            py::arg("default_streams") = 0, py::arg("rdma_device") = "",
-           py::arg("gid_index") = -1, py::arg("poll_mode") = "")
+           py::arg("gid_index") = -1, py::arg("poll_mode") = "", py::arg("secret") = "")
       .def_property_readonly("transport", &Engine::transport_name)
       .def_property_readonly("engine_id", &Engine::engine_id)
       .def_property_readonly("notify_fd", [](const Engine& e) { return e.notifier()->fd(); })

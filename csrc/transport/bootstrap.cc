@@ -8,6 +8,7 @@
 
 #include "common/bytes.h"
 #include "common/error.h"
+#include "transport/auth.h"
 
 namespace rdmaxfer {
 
@@ -23,6 +24,10 @@ std::string hello_status_text(HelloStatus status) {
     case HelloStatus::kTransportMismatch:
       return "the peer runs a different transport (choose the same transport on both sides)";
     case HelloStatus::kRefused: return "the peer refused the connection";
+    case HelloStatus::kAuthChallenge: return "the peer asks for authentication";
+    case HelloStatus::kAuthFailed:
+      return "authentication failed: the peer holds a different secret (set the same "
+             "RDMAXFER_SECRET / secret= on both sides)";
   }
   return "unknown status " + std::to_string(static_cast<int>(status));
 }
@@ -35,6 +40,7 @@ void Hello::pack(uint8_t* out) const {
   out[6] = static_cast<uint8_t>(transport);
   out[7] = stream_index;
   out[8] = n_streams;
+  out[9] = flags;
   store_le<uint64_t>(out + 16, engine_id);
   store_le<uint64_t>(out + 24, conn_id);
 }
@@ -65,7 +71,9 @@ Hello Hello::unpack(const uint8_t* in) {
     bad("stream index " + std::to_string(h.stream_index) + " >= stream count " +
         std::to_string(h.n_streams));
   }
-  for (int i = 9; i < 16; ++i) {
+  h.flags = in[9];
+  if ((h.flags & ~Hello::kFlagHasSecret) != 0) bad("unknown flags");
+  for (int i = 10; i < 16; ++i) {
     if (in[i] != 0) bad("reserved bytes are not zero");
   }
   h.engine_id = load_le<uint64_t>(in + 16);
@@ -91,6 +99,43 @@ HelloAck HelloAck::unpack(const uint8_t* in) {
   return ack;
 }
 
+namespace {
+
+void check_secret_usable(const SocketOptions& options) {
+  if (options.secret.empty()) return;
+  const std::string why = auth_unavailable_reason();
+  if (!why.empty()) throw Error(ErrorKind::kUnsupported, "cannot use a shared secret: " + why);
+}
+
+// Client half of the challenge-response (transport/auth.h); throws on any mismatch.
+void answer_challenge(int fd, const std::string& secret, const uint8_t* hello,
+                      const Deadline& deadline, const std::string& where) {
+  Nonce server_nonce{};
+  recv_exact(fd, server_nonce.data(), server_nonce.size(), deadline, "handshake: challenge");
+  const Digest proof = client_proof(secret, server_nonce, hello, Hello::kSize);
+  const Nonce client_nonce = make_nonce();
+  uint8_t reply[64];
+  std::memcpy(reply, proof.data(), 32);
+  std::memcpy(reply + 32, client_nonce.data(), 32);
+  send_exact(fd, reply, sizeof(reply), deadline, "handshake: sending the proof");
+  uint8_t ack_buf[HelloAck::kSize];
+  recv_exact(fd, ack_buf, sizeof(ack_buf), deadline, "handshake: waiting for the verdict");
+  HelloAck verdict = HelloAck::unpack(ack_buf);
+  if (verdict.status != HelloStatus::kOk) {
+    throw Error(ErrorKind::kConnection,
+                "handshake with " + where + " failed: " + hello_status_text(verdict.status));
+  }
+  Digest theirs{};
+  recv_exact(fd, theirs.data(), theirs.size(), deadline, "handshake: the peer's proof");
+  if (!digests_equal(theirs, server_proof(secret, client_nonce, server_nonce))) {
+    throw Error(ErrorKind::kConnection,
+                "handshake with " + where +
+                    " refused: the peer could not prove it holds the shared secret");
+  }
+}
+
+}  // namespace
+
 std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
                                         TransportKind transport, int n_streams,
                                         uint64_t engine_id, uint64_t conn_id,
@@ -100,6 +145,7 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
                 "streams=" + std::to_string(n_streams) + " is outside 1.." +
                     std::to_string(Hello::kMaxStreams));
   }
+  check_secret_usable(options);
   std::vector<UniqueFd> fds;
   for (int i = 0; i < n_streams; ++i) {
     UniqueFd fd = connect_tcp(host, port, deadline);
@@ -108,6 +154,7 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
     hello.transport = transport;
     hello.stream_index = static_cast<uint8_t>(i);
     hello.n_streams = static_cast<uint8_t>(n_streams);
+    hello.flags = options.secret.empty() ? 0 : Hello::kFlagHasSecret;
     hello.engine_id = engine_id;
     hello.conn_id = conn_id;
     uint8_t buf[Hello::kSize];
@@ -116,9 +163,23 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
     uint8_t ack_buf[HelloAck::kSize];
     recv_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: waiting for the reply");
     HelloAck ack = HelloAck::unpack(ack_buf);
-    if (ack.status != HelloStatus::kOk) {
-      throw Error(ErrorKind::kConnection, "handshake with " + host + ":" + std::to_string(port) +
-                                              " failed: " + hello_status_text(ack.status));
+    const std::string where = host + ":" + std::to_string(port);
+    if (ack.status == HelloStatus::kAuthChallenge) {
+      if (options.secret.empty()) {
+        throw Error(ErrorKind::kConnection,
+                    "handshake with " + where +
+                        " failed: the peer requires authentication; set the same shared secret "
+                        "on this side (RDMAXFER_SECRET or secret=)");
+      }
+      answer_challenge(fd.get(), options.secret, buf, deadline, where);
+    } else if (ack.status != HelloStatus::kOk) {
+      throw Error(ErrorKind::kConnection,
+                  "handshake with " + where + " failed: " + hello_status_text(ack.status));
+    } else if (!options.secret.empty()) {
+      throw Error(ErrorKind::kConnection,
+                  "handshake with " + where +
+                      " refused: a secret is configured here but the peer did not authenticate "
+                      "(it has no secret); configure the same secret on both sides");
     }
     fds.push_back(std::move(fd));
   }
@@ -131,7 +192,8 @@ Acceptor::Acceptor(const std::string& host, uint16_t port, TransportKind transpo
       port_(local_port(listen_fd_.get())),
       transport_(transport),
       engine_id_(engine_id),
-      options_(options) {
+      options_(std::move(options)) {
+  check_secret_usable(options_);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -188,9 +250,33 @@ void Acceptor::handshake(UniqueFd fd) {
     ack.status = HelloStatus::kTransportMismatch;
   }
   uint8_t ack_buf[HelloAck::kSize];
-  ack.pack(ack_buf);
-  send_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: replying");
-  if (ack.status != HelloStatus::kOk) return;
+  if (ack.status == HelloStatus::kOk && !options_.secret.empty()) {
+    // Challenge before anything else is revealed (transport/auth.h).
+    ack.status = HelloStatus::kAuthChallenge;
+    ack.pack(ack_buf);
+    const Nonce server_nonce = make_nonce();
+    send_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: challenge");
+    send_exact(fd.get(), server_nonce.data(), server_nonce.size(), deadline,
+               "handshake: challenge");
+    uint8_t reply[64];
+    recv_exact(fd.get(), reply, sizeof(reply), deadline, "handshake: waiting for the proof");
+    Digest proof{};
+    Nonce client_nonce{};
+    std::memcpy(proof.data(), reply, 32);
+    std::memcpy(client_nonce.data(), reply + 32, 32);
+    const bool ok = digests_equal(proof, client_proof(options_.secret, server_nonce, buf,
+                                                      Hello::kSize));
+    ack.status = ok ? HelloStatus::kOk : HelloStatus::kAuthFailed;
+    ack.pack(ack_buf);
+    send_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: verdict");
+    if (!ok) return;
+    const Digest mine = server_proof(options_.secret, client_nonce, server_nonce);
+    send_exact(fd.get(), mine.data(), mine.size(), deadline, "handshake: our proof");
+  } else {
+    ack.pack(ack_buf);
+    send_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: replying");
+    if (ack.status != HelloStatus::kOk) return;
+  }
   tune_socket(fd.get(), options_);
 
   std::string peer = peer_name(fd.get());

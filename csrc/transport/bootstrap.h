@@ -6,8 +6,12 @@
 //
 // Hello, 32 bytes, little-endian, version 1:
 //   0 magic "RXHI"  4 version u16  6 transport u8  7 stream_index u8  8 n_streams u8
-//   9 reserved (7 bytes, 0)  16 engine_id u64  24 conn_id u64
+//   9 flags u8 (bit 0: the client holds a secret)  10 reserved (6 bytes, 0)
+//  16 engine_id u64  24 conn_id u64
 // HelloAck, 16 bytes: 0 magic "RXOK"  4 version u16  6 status u16  8 engine_id u64
+// When the acceptor has a secret, the Hello is answered by the challenge-response of
+// transport/auth.h before the stream is accepted; a client with a secret refuses an acceptor
+// that does not challenge it.
 #pragma once
 
 #include <atomic>
@@ -30,9 +34,11 @@ struct Hello {
   static constexpr size_t kSize = 32;
   static constexpr uint16_t kVersion = 1;
   static constexpr int kMaxStreams = 64;
+  static constexpr uint8_t kFlagHasSecret = 1;
   TransportKind transport = TransportKind::kTcp;
   uint8_t stream_index = 0;
   uint8_t n_streams = 1;
+  uint8_t flags = 0;
   uint64_t engine_id = 0;
   uint64_t conn_id = 0;
 
@@ -45,6 +51,8 @@ enum class HelloStatus : uint16_t {
   kBadRecord = 1,
   kTransportMismatch = 2,
   kRefused = 3,
+  kAuthChallenge = 4,  // a 32-byte nonce follows; answer with the proof (transport/auth.h)
+  kAuthFailed = 5,
 };
 
 struct HelloAck {

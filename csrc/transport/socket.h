@@ -11,9 +11,12 @@
 
 namespace rdmaxfer {
 
+// Options of the sockets a transport opens (bootstrap and data streams).
 struct SocketOptions {
   // SO_SNDBUF/SO_RCVBUF in bytes; 0 keeps the kernel's autotuning (net.ipv4.tcp_rmem/wmem).
   int buffer_bytes = 0;
+  // Shared secret for the bootstrap's challenge-response (transport/auth.h); "" = none.
+  std::string secret;
 };
 
 // Listening socket bound to host:port (port 0 picks a free one). SO_REUSEADDR, non-blocking.

@@ -16,6 +16,7 @@ from .errors import InvalidArgumentError
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "ENV_SECRET",
     "ENV_TIMEOUT",
     "ENV_TRANSPORT",
     "Deadline",
@@ -26,6 +27,7 @@ __all__ = [
 
 ENV_TIMEOUT = "RDMAXFER_TIMEOUT"
 ENV_TRANSPORT = "RDMAXFER_TRANSPORT"
+ENV_SECRET = "RDMAXFER_SECRET"
 DEFAULT_TIMEOUT_S = 60.0
 
 

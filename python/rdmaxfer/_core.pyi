@@ -117,6 +117,28 @@ class Endpoint:
     def cancel_recv_header(self, request: Request) -> bool: ...
     def close(self) -> None: ...
     def abort(self, reason: str, timed_out: bool = False) -> None: ...
+    def timed_loop(
+        self,
+        op: str,
+        local: Region,
+        local_offset: int,
+        remote: Descriptor,
+        remote_offset: int,
+        length: int,
+        iters: int,
+        warmup: int,
+        inflight: int,
+        timeout: float = 60.0,
+    ) -> list[float]:
+        """Benchmark loop in C++ (GIL released): ``warmup`` untimed then ``iters`` timed
+        ``op`` ("write" or "read") operations; returns ``iters`` durations in seconds.
+
+        ``inflight=1``: each entry is post -> completion of one operation (latency).
+        ``inflight>1``: that many stay posted; entry i is the time between completions i-1 and i
+        (their sum runs from the first timed post to the last completion: bandwidth). Each wait
+        drives the transport itself (verbs: polls the CQ) for up to 1 ms before it sleeps;
+        ``timeout`` bounds each operation.
+        """
 
 class Engine:
     def __init__(
@@ -128,8 +150,10 @@ class Engine:
         rdma_device: str = "",
         gid_index: int = -1,
         poll_mode: str = "",
+        secret: str = "",
     ) -> None:
-        """``transport``: "tcp" or "rdma". ``default_streams``: TCP streams or RC QPs per
+        """``transport``: "tcp" or "rdma". ``secret``: shared secret for the bootstrap's
+        HMAC-SHA256 challenge-response ("" = none; see csrc/transport/auth.h). ``default_streams``: TCP streams or RC QPs per
         connection (0: 4 on TCP, 1 on rdma).
 
         rdma only: ``rdma_device`` ("" -> env RDMAXFER_RDMA_DEVICE -> the first device with an

@@ -11,15 +11,17 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from . import _core
-from ._config import ENV_TRANSPORT, parse_address, resolve_timeout
+from ._config import ENV_SECRET, ENV_TRANSPORT, parse_address, resolve_timeout
 from .buffer import ACCESS, Buffer, MemoryRegion, access_bits, as_array, byte_view
 from .endpoint import Endpoint
 from .errors import EndpointClosedError, InvalidArgumentError, RdmaxferError
@@ -77,6 +79,10 @@ class Engine:
             the first RoCE v2 GID holding an IPv4-mapped address).
         poll_mode: rdma only: ``"event"`` (default; the completion thread sleeps on the
             completion channel) or ``"busy"`` (it spins on the CQ: lower latency, one core).
+        secret: a shared secret (default: env ``RDMAXFER_SECRET``). With one, every connection
+            starts with a mutual HMAC-SHA256 challenge-response and a peer without the same
+            secret is refused before any address, key or QP number is revealed; both sides
+            need it. Without one, :meth:`listen` warns when bound beyond loopback.
 
     Raises:
         InvalidArgumentError: an unknown transport or a bad value.
@@ -93,7 +99,13 @@ class Engine:
         rdma_device: str | None = None,
         gid_index: int | None = None,
         poll_mode: str | None = None,
+        secret: str | bytes | None = None,
     ) -> None:
+        if secret is None:
+            secret = os.environ.get(ENV_SECRET, "")
+        if isinstance(secret, bytes):
+            secret = secret.decode("latin-1")
+        self._authenticated = bool(secret)
         self._core = _core.Engine(
             resolve_transport(transport),
             io_threads,
@@ -102,6 +114,7 @@ class Engine:
             rdma_device=rdma_device or "",
             gid_index=-1 if gid_index is None else gid_index,
             poll_mode=poll_mode or "",
+            secret=secret,
         )
         self._lock = threading.RLock()
         self._closed = False
@@ -162,6 +175,10 @@ class Engine:
     def listen(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Start accepting connections on ``host:port`` (port 0: any free port).
 
+        The default host is 127.0.0.1. Binding another address without a shared secret (see
+        the class docstring) warns (``UserWarning``): any host that can reach the port may then
+        connect and access the memory this engine exposes.
+
         Returns:
             The port actually bound.
 
@@ -171,6 +188,14 @@ class Engine:
         """
         self._check_open()
         host, port = parse_address(host, port, default_host="127.0.0.1")
+        if not self._authenticated and not _is_loopback(host):
+            warnings.warn(
+                f"rdmaxfer engine listening on {host}:{port} without a shared secret: any host "
+                f"that reaches it can connect; set {ENV_SECRET} (or Engine(secret=...)) on both "
+                "sides, or listen on 127.0.0.1",
+                UserWarning,
+                stacklevel=2,
+            )
         bound = self._core.listen(host, port)
         self._port = bound
         return bound
@@ -385,3 +410,12 @@ class Engine:
 
 def _addr(arr: npt.NDArray[Any]) -> int:
     return int(arr.__array_interface__["data"][0])
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

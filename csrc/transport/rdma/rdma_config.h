@@ -15,6 +15,7 @@ struct RdmaConfig {
   int default_qps = 0;      // QPs per connection; 0 -> 1
   uint64_t eager_limit = 0; // bytes sent inside the SEND with the header; 0 -> 8 KiB
   int sq_depth = 0;         // send-queue WRs per QP; 0 -> min(device max_qp_wr, 256)
+  std::string secret;       // shared secret for the bootstrap (transport/auth.h); "" = none
 };
 
 // "" when the verbs transport can run here (libibverbs loads and a device has an active port),

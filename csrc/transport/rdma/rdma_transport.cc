@@ -115,7 +115,7 @@ uint16_t RdmaTransport::listen(const std::string& host, uint16_t port) {
                     "; use one engine per listening port");
   }
   acceptor_ = std::make_unique<Acceptor>(host, port, TransportKind::kRdma, engine_id(),
-                                         SocketOptions{});
+                                         bootstrap_options());
   listener_ = std::thread([this] { listener_loop(); });
   return acceptor_->port();
 }
@@ -248,7 +248,7 @@ std::shared_ptr<Connection> RdmaTransport::connect(const std::string& host, uint
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   Deadline deadline(options.timeout_s);
   std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kRdma, 1, engine_id(),
-                                                rng(), SocketOptions{}, deadline);
+                                                rng(), bootstrap_options(), deadline);
   auto conn = prepare(n);
   handshake(*conn, fds[0].get(), nullptr, deadline);
   conn->start(std::move(fds[0]), host + ":" + std::to_string(port));

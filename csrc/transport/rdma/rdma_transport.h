@@ -63,6 +63,7 @@ class RdmaTransport : public Transport {
   void listener_loop();
   std::shared_ptr<RdmaConnection> accept_one(AcceptedGroup group);
 
+  SocketOptions bootstrap_options() const { return SocketOptions{0, config_.secret}; }
   RdmaConfig config_;
   bool busy_poll_ = false;
   RdmaConnSettings settings_;

@@ -29,6 +29,7 @@ struct TcpConfig {
   int socket_buffer = 0;          // SO_SNDBUF/SO_RCVBUF bytes; 0 keeps kernel autotuning
   int default_streams = 0;        // streams per connection; 0: 4
   uint64_t eager_limit = 16384;   // messages up to this size travel with their header
+  std::string secret;             // shared secret for the bootstrap (transport/auth.h)
 };
 
 class TcpConnection : public Connection, public std::enable_shared_from_this<TcpConnection> {

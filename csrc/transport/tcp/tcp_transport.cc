@@ -41,12 +41,14 @@ std::string TcpTransport::describe() const {
          std::to_string(config_.default_streams) + " streams per connection, socket buffers " +
          (config_.socket_buffer > 0 ? std::to_string(config_.socket_buffer) + " bytes"
                                     : std::string("autotuned")) +
-         ", eager limit " + std::to_string(config_.eager_limit) + " bytes";
+         ", eager limit " + std::to_string(config_.eager_limit) + " bytes" +
+         (config_.secret.empty() ? ", no shared secret" : ", authenticated (shared secret)");
 }
 
 SocketOptions TcpTransport::socket_options() const {
   SocketOptions o;
   o.buffer_bytes = config_.socket_buffer;
+  o.secret = config_.secret;
   return o;
 }
 

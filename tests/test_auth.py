@@ -1,0 +1,88 @@
+"""Authenticated connections: a shared secret gates the bootstrap (HMAC-SHA256 challenge)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import warnings
+
+import numpy as np
+import pytest
+
+from rdmaxfer import ConnectionFailedError, Engine
+
+
+def roundtrip(server: Engine, client: Engine, rng: np.random.Generator) -> None:
+    port = server.listen("127.0.0.1", 0)
+    ep = client.connect("127.0.0.1", port, timeout=10)
+    peer = server.accept(timeout=10)
+    data = rng.integers(0, 256, 100_003, dtype=np.uint8)
+    sending = ep.post_send(data)  # rendezvous: completes once the receiver has placed it
+    got = peer.recv(timeout=30)
+    sending.wait(30)
+    assert got.tobytes() == data.tobytes()
+
+
+def test_same_secret_connects(rng: np.random.Generator) -> None:
+    with Engine("tcp", secret="s3cret") as server, Engine("tcp", secret=b"s3cret") as client:
+        roundtrip(server, client, rng)
+        assert "authenticated" in server.describe()
+
+
+def test_wrong_secret_is_refused_and_server_stays_usable(rng: np.random.Generator) -> None:
+    with Engine("tcp", secret="right") as server:
+        port = server.listen("127.0.0.1", 0)
+        with Engine("tcp", secret="wrong") as bad:
+            with pytest.raises(ConnectionFailedError, match="holds a different secret"):
+                bad.connect("127.0.0.1", port, timeout=10)
+        with Engine("tcp") as none:
+            with pytest.raises(ConnectionFailedError, match="requires authentication"):
+                none.connect("127.0.0.1", port, timeout=10)
+        with Engine("tcp", secret="right") as good:
+            ep = good.connect("127.0.0.1", port, timeout=10)
+            peer = server.accept(timeout=10)
+            data = rng.standard_normal(1000)
+            sending = ep.post_send(data)
+            np.testing.assert_array_equal(peer.recv(timeout=10), data)
+            sending.wait(10)
+
+
+def test_client_with_secret_refuses_unauthenticated_server() -> None:
+    with Engine("tcp") as server, Engine("tcp", secret="x") as client:
+        port = server.listen("127.0.0.1", 0)
+        with pytest.raises(ConnectionFailedError, match="peer did not authenticate"):
+            client.connect("127.0.0.1", port, timeout=10)
+
+
+def test_secret_from_environment(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
+    monkeypatch.setenv("RDMAXFER_SECRET", "from-env")
+    with Engine("tcp") as server, Engine("tcp", secret="from-env") as client:
+        roundtrip(server, client, rng)
+
+
+def test_forged_proof_reveals_nothing() -> None:
+    """A raw client that answers the challenge with garbage gets only a refusal: no
+    endpoint appears on the server and the socket is closed."""
+    with Engine("tcp", secret="k") as server:
+        port = server.listen("127.0.0.1", 0)
+        hello = b"RXHI" + struct.pack("<HBBBB6xQQ", 1, 1, 0, 1, 1, 7, 9)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(hello)
+            ack = s.recv(16, socket.MSG_WAITALL)
+            assert ack[:4] == b"RXOK" and struct.unpack("<H", ack[6:8])[0] == 4  # challenge
+            assert len(s.recv(32, socket.MSG_WAITALL)) == 32  # the nonce, nothing else
+            s.sendall(bytes(64))
+            verdict = s.recv(16, socket.MSG_WAITALL)
+            assert struct.unpack("<H", verdict[6:8])[0] == 5  # auth failed
+            assert s.recv(100) == b""  # closed
+        with pytest.raises(Exception, match="no peer connected"):
+            server.accept(timeout=0.5)
+
+
+def test_listen_beyond_loopback_without_secret_warns() -> None:
+    with Engine("tcp") as engine:
+        with pytest.warns(UserWarning, match="without a shared secret"):
+            engine.listen("0.0.0.0", 0)
+    with Engine("tcp", secret="k") as engine, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine.listen("0.0.0.0", 0)
