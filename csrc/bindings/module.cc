@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/region.h"
+#include "transport/records.h"
 #include "engine/timed_loop.h"
 
 namespace py = pybind11;
@@ -92,6 +93,15 @@ PYBIND11_MODULE(_core, m) {
   m.attr("ACCESS_REMOTE_WRITE") = static_cast<uint32_t>(rdmaxfer::kAccessRemoteWrite);
   m.def("available_transports", &rdmaxfer::available_transports);
   m.def("memlock_limit", &rdmaxfer::memlock_limit_text);
+  m.def("record_kinds", &rdmaxfer::record_kinds);
+  m.def(
+      "parse_record",
+      [](const std::string& kind, const py::bytes& data) {
+        std::string_view view = data;
+        return rdmaxfer::parse_record(kind, reinterpret_cast<const uint8_t*>(view.data()),
+                                      view.size());
+      },
+      py::arg("kind"), py::arg("data"));
 
   py::class_<Descriptor>(m, "Descriptor")
       .def_readonly_static("SIZE", &Descriptor::kSize)

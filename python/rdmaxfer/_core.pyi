@@ -13,6 +13,13 @@ ACCESS_REMOTE_WRITE: int
 def available_transports() -> dict[str, str]:
     """Transport name -> "" when usable here, else the reason it is not."""
 
+def record_kinds() -> list[str]:
+    """Wire records parse_record() knows ("descriptor", "hello", "frame", ...)."""
+
+def parse_record(kind: str, data: bytes) -> str:
+    """Parse ``data`` as the wire record ``kind`` (for fuzzing and tests); a summary of what
+    was accepted, or ProtocolError."""
+
 def memlock_limit() -> str:
     """The RLIMIT_MEMLOCK soft limit as ``ulimit -l`` prints it ("unlimited" or "N KiB")."""
 

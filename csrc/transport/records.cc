@@ -1,0 +1,65 @@
+#include "transport/records.h"
+
+#include "common/error.h"
+#include "engine/descriptor.h"
+#include "transport/bootstrap.h"
+#include "transport/tcp/wire.h"
+#ifdef RDMAXFER_HAVE_VERBS
+#include "transport/rdma/control_msg.h"
+#include "transport/rdma/endpoint_record.h"
+#endif
+
+namespace rdmaxfer {
+
+namespace {
+void need(size_t size, size_t want, const char* what) {
+  if (size != want) {
+    throw Error(ErrorKind::kProtocol, std::string(what) + ": expected " + std::to_string(want) +
+                                          " bytes, got " + std::to_string(size));
+  }
+}
+}  // namespace
+
+std::vector<std::string> record_kinds() {
+  std::vector<std::string> kinds = {"descriptor", "hello", "hello_ack", "frame"};
+#ifdef RDMAXFER_HAVE_VERBS
+  kinds.emplace_back("endpoint_record");
+  kinds.emplace_back("control");
+#endif
+  return kinds;
+}
+
+std::string parse_record(const std::string& kind, const uint8_t* data, size_t size) {
+  if (kind == "descriptor") {
+    Descriptor d = Descriptor::unpack(data, size);
+    return "descriptor length=" + std::to_string(d.length) + " key=" + std::to_string(d.key);
+  }
+  if (kind == "hello") {
+    need(size, Hello::kSize, "hello");
+    Hello h = Hello::unpack(data);
+    return "hello stream " + std::to_string(h.stream_index) + "/" + std::to_string(h.n_streams);
+  }
+  if (kind == "hello_ack") {
+    need(size, HelloAck::kSize, "hello_ack");
+    HelloAck a = HelloAck::unpack(data);
+    return "hello_ack status " + std::to_string(static_cast<int>(a.status));
+  }
+  if (kind == "frame") {
+    need(size, FrameHeader::kSize, "frame");
+    FrameHeader f = FrameHeader::decode(data);
+    return std::string("frame ") + frame_type_name(f.type);
+  }
+#ifdef RDMAXFER_HAVE_VERBS
+  if (kind == "endpoint_record") {
+    EndpointRecord r = EndpointRecord::unpack(data, size);
+    return "endpoint_record qps=" + std::to_string(r.qps.size());
+  }
+  if (kind == "control") {
+    CtrlHeader c = CtrlHeader::decode(data, size);
+    return std::string("control ") + ctrl_type_name(c.type);
+  }
+#endif
+  throw Error(ErrorKind::kInvalidArgument, "unknown record kind '" + kind + "'");
+}
+
+}  // namespace rdmaxfer
