@@ -138,6 +138,10 @@ void TcpStream::kill() {
   loop_->post([self = shared_from_this()] {
     self->sink_ = RecvSink();
     self->loop_->remove(self->fd_.get());
+    // Out of the loop for good: give the descriptor back now, not when the last handle to
+    // the connection goes away.
+    std::lock_guard<std::mutex> lock(self->send_mu_);
+    self->fd_.reset();
   });
 }
 
