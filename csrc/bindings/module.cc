@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <chrono>
 
+#include "bindings/cuda_bindings.h"
 #include "bindings/errors.h"
 #include "common/error.h"
+#include "cuda/gpudirect.h"
 #include "engine/engine.h"
 #include "engine/region.h"
 #include "transport/records.h"
@@ -395,7 +397,24 @@ PYBIND11_MODULE(_core, m) {
             t.deregister(h.region, timeout);
           },
           py::arg("region"), py::arg("timeout"))
+      .def(
+          "register_device",
+          [](Engine& e, uint64_t addr, long long length, uint32_t access,
+             const std::string& method, int device) {
+            const uint64_t n = checked_size(length, "length");
+            auto& t = e.transport();
+            std::shared_ptr<MemoryRegion> region;
+            {
+              py::gil_scoped_release release;
+              region = rdmaxfer::register_gpu_memory(t, addr, n, access, method, device);
+            }
+            return std::make_shared<RegionHandle>(RegionHandle{region, &e, true});
+          },
+          py::arg("addr"), py::arg("length"), py::arg("access"), py::arg("method"),
+          py::arg("device"), py::keep_alive<0, 1>())
       .def("drain_notifications", [](Engine& e) { return e.notifier()->drain(); })
       .def("registered_count", [](Engine& e) { return e.transport().registered_count(); })
       .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
+
+  rdmaxfer::bind_cuda(m);
 }

@@ -25,6 +25,26 @@ std::shared_ptr<MemoryRegion> Transport::alloc_pinned(uint64_t length, uint32_t 
   return region;
 }
 
+std::shared_ptr<MemoryRegion> Transport::register_device_memory(uint8_t* addr, uint64_t length,
+                                                                 uint32_t access, int dmabuf_fd,
+                                                                 uint64_t dmabuf_offset) {
+  if (addr == nullptr) throw Error(ErrorKind::kInvalidArgument, "cannot register a null address");
+  if ((access & ~(kAccessRemoteRead | kAccessRemoteWrite)) != 0) {
+    throw Error(ErrorKind::kInvalidArgument, "unknown access bits " + std::to_string(access));
+  }
+  auto region = make_device_region(addr, length, access, dmabuf_fd, dmabuf_offset);
+  regions_.insert(region);
+  return region;
+}
+
+std::shared_ptr<MemoryRegion> Transport::make_device_region(uint8_t*, uint64_t, uint32_t, int,
+                                                            uint64_t) {
+  throw Error(ErrorKind::kUnsupported,
+              std::string("the ") + transport_kind_name(capabilities().kind) +
+                  " transport moves bytes with the CPU and cannot register GPU memory; device "
+                  "memory goes through staging (host bounce buffers)");
+}
+
 void Transport::deregister(const std::shared_ptr<MemoryRegion>& region, double timeout_s) {
   if (!regions_.erase(region->key())) {
     throw Error(ErrorKind::kInvalidArgument,

@@ -89,6 +89,13 @@ class Transport {
   std::shared_ptr<MemoryRegion> register_memory(uint8_t* addr, uint64_t length, uint32_t access);
   // Allocates page-aligned host memory, locks it (mlock) and registers it.
   std::shared_ptr<MemoryRegion> alloc_pinned(uint64_t length, uint32_t access);
+  // Registers GPU memory for GPUDirect RDMA (cuda/gpudirect.h): through a dmabuf fd when
+  // dmabuf_fd >= 0 (the range starts dmabuf_offset bytes into the exported pages), else by
+  // address (nvidia-peermem). Transports whose CPU moves the bytes (TCP) throw
+  // Error(kUnsupported): device memory goes through staging there (cuda/staging.h).
+  std::shared_ptr<MemoryRegion> register_device_memory(uint8_t* addr, uint64_t length,
+                                                       uint32_t access, int dmabuf_fd,
+                                                       uint64_t dmabuf_offset);
   // Kills the region's key for new remote accesses, then waits (bounded) for in-flight uses.
   void deregister(const std::shared_ptr<MemoryRegion>& region, double timeout_s);
   Descriptor describe_region(const MemoryRegion& region) const;
@@ -110,6 +117,10 @@ class Transport {
   virtual std::shared_ptr<MemoryRegion> make_region(uint8_t* addr, uint64_t length,
                                                     uint32_t access,
                                                     std::unique_ptr<PinnedAllocation> owned) = 0;
+  // The device-memory twin of make_region; the default refuses (kUnsupported).
+  virtual std::shared_ptr<MemoryRegion> make_device_region(uint8_t* addr, uint64_t length,
+                                                           uint32_t access, int dmabuf_fd,
+                                                           uint64_t dmabuf_offset);
   RegionTable regions_;
 
  private:

@@ -106,6 +106,12 @@ std::shared_ptr<MemoryRegion> RdmaTransport::make_region(uint8_t* addr, uint64_t
   return std::make_shared<RdmaRegion>(pd_, addr, length, access, std::move(owned));
 }
 
+std::shared_ptr<MemoryRegion> RdmaTransport::make_device_region(uint8_t* addr, uint64_t length,
+                                                                uint32_t access, int dmabuf_fd,
+                                                                uint64_t dmabuf_offset) {
+  return std::make_shared<RdmaRegion>(pd_, addr, length, access, dmabuf_fd, dmabuf_offset);
+}
+
 uint16_t RdmaTransport::listen(const std::string& host, uint16_t port) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) throw Error(ErrorKind::kClosed, "listen: the engine is closed");

@@ -47,6 +47,9 @@ class RdmaTransport : public Transport {
  protected:
   std::shared_ptr<MemoryRegion> make_region(uint8_t* addr, uint64_t length, uint32_t access,
                                             std::unique_ptr<PinnedAllocation> owned) override;
+  std::shared_ptr<MemoryRegion> make_device_region(uint8_t* addr, uint64_t length,
+                                                   uint32_t access, int dmabuf_fd,
+                                                   uint64_t dmabuf_offset) override;
 
  private:
   std::shared_ptr<RdmaConnection> prepare(int n_qps);

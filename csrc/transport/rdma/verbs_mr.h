@@ -21,6 +21,12 @@ class VerbsMr {
   // Throws Error(kRegistration) naming ibv_reg_mr, errno and, for ENOMEM/EPERM/EAGAIN, the
   // locked-memory limit (ulimit -l).
   VerbsMr(std::shared_ptr<ProtectionDomain> pd, void* addr, uint64_t length, unsigned access);
+  // GPU memory (GPUDirect RDMA, cuda/gpudirect.h): ibv_reg_dmabuf_mr over the dmabuf fd when
+  // dmabuf_fd >= 0, else ibv_reg_mr on the device address (nvidia-peermem). Throws
+  // Error(kRegistration) naming the cause and the fix, Error(kUnsupported) when this
+  // libibverbs lacks ibv_reg_dmabuf_mr.
+  VerbsMr(std::shared_ptr<ProtectionDomain> pd, void* device_addr, uint64_t length,
+          unsigned access, int dmabuf_fd, uint64_t dmabuf_offset);
   ~VerbsMr();
   VerbsMr(const VerbsMr&) = delete;
   VerbsMr& operator=(const VerbsMr&) = delete;
@@ -42,6 +48,9 @@ class RdmaRegion : public MemoryRegion {
  public:
   RdmaRegion(std::shared_ptr<ProtectionDomain> pd, uint8_t* addr, uint64_t length,
              uint32_t access, std::unique_ptr<PinnedAllocation> owned);
+  // GPU memory registered for GPUDirect RDMA (see VerbsMr's device constructor).
+  RdmaRegion(std::shared_ptr<ProtectionDomain> pd, uint8_t* device_addr, uint64_t length,
+             uint32_t access, int dmabuf_fd, uint64_t dmabuf_offset);
   uint32_t lkey() const override { return mr_->lkey(); }
 
  private:

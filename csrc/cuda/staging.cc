@@ -1,0 +1,488 @@
+#include "cuda/staging.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "common/deadline.h"
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+namespace {
+
+constexpr uint64_t kPoolLimit = 512ull << 20;  // free bounce bytes kept for reuse
+constexpr double kCleanupWaitS = 5.0;          // bound on waits after a failure
+constexpr double kMixedSliceS = 100e-6;        // poll slice while copies and wire ops overlap
+constexpr double kSliceS = 20e-3;              // wait slice while only one kind is in flight
+
+std::string mib(uint64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+}  // namespace
+
+struct Stager::Bounce {
+  std::unique_ptr<HostBuffer> memory;
+  std::shared_ptr<MemoryRegion> region;
+  uint8_t* data() const { return memory->data(); }
+  uint64_t length() const { return memory->length(); }
+};
+
+struct Stager::Op {
+  enum class Kind { kWrite, kRead, kSend, kRecv };
+  Kind kind = Kind::kWrite;
+  std::shared_ptr<Connection> conn;
+  uint64_t device = 0;
+  uint64_t length = 0;
+  Descriptor remote;
+  uint64_t remote_offset = 0;
+  std::string meta;
+  uint64_t msg_id = 0;
+  StagingOptions options;
+  RequestPtr request;
+};
+
+// Runs one operation on its worker thread. Owns the lane and the bounce buffer until the end;
+// on failure it makes sure no copy and no wire operation still uses the bounce buffer before
+// giving it back (else it is stranded).
+class Stager::Pipeline {
+ public:
+  Pipeline(Stager& stager, Op& op)
+      : stager_(stager), op_(op), deadline_(op.options.timeout_s) {}
+  ~Pipeline() { finish(); }
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  void execute() {
+    try {
+      switch (op_.kind) {
+        case Op::Kind::kWrite: ring(true); break;
+        case Op::Kind::kRead: ring(false); break;
+        case Op::Kind::kSend: message_send(); break;
+        case Op::Kind::kRecv: message_recv(); break;
+      }
+    } catch (const Error& e) {
+      cleanup_after_failure(e);
+      throw;
+    }
+  }
+
+ private:
+  enum class State { kFree, kCopying, kWire };
+  struct Slot {
+    State state = State::kFree;
+    uint64_t chunk = 0;
+    RequestPtr req;
+  };
+
+  uint64_t chunk_bytes() const {
+    const uint64_t c = op_.options.chunk != 0 ? op_.options.chunk : StagingOptions::kDefaultChunk;
+    return std::max<uint64_t>(1, std::min(c, op_.length));
+  }
+
+  [[noreturn]] void timed_out(const std::string& what) const {
+    throw Error(ErrorKind::kTimeout, what + " did not complete within " +
+                                         std::to_string(op_.options.timeout_s) + " s");
+  }
+
+  void check_deadline(const std::string& what) const {
+    if (deadline_.expired()) timed_out(what);
+  }
+
+  double slice(double cap) const {
+    return std::min(cap, std::max(0.0, deadline_.remaining_ms() / 1000.0));
+  }
+
+  // One pipeline over `slots` bounce buffers: write = D2H then WRITE, read = READ then H2D.
+  void ring(bool write) {
+    const uint64_t c = chunk_bytes();
+    const uint64_t n = op_.length == 0 ? 0 : (op_.length + c - 1) / c;
+    if (n == 0) return;
+    const int s = static_cast<int>(std::min<uint64_t>(
+        static_cast<uint64_t>(op_.options.slots), n));
+    bounce_ = stager_.acquire(c * static_cast<uint64_t>(s));
+    lane_ = stager_.copier_->open_lane(s);
+    slots_.assign(static_cast<size_t>(s), Slot{});
+    auto len = [&](uint64_t chunk) { return std::min(c, op_.length - chunk * c); };
+    const std::string what = std::string(write ? "staged write" : "staged read") + " of " +
+                             std::to_string(op_.length) + " bytes";
+    uint64_t next = 0;
+    uint64_t finished = 0;
+    while (finished < n) {
+      bool progress = false;
+      for (int k = 0; k < s; ++k) {
+        Slot& x = slots_[static_cast<size_t>(k)];
+        const uint64_t off = static_cast<uint64_t>(k) * c;
+        if (write) {
+          if (x.state == State::kWire && x.req->done()) {
+            x.req->rethrow();
+            x.req.reset();
+            x.state = State::kFree;
+            ++finished;
+            progress = true;
+          }
+          if (x.state == State::kCopying && lane_->ready(k)) {
+            x.req = op_.conn->post_write(bounce_->region, off, op_.remote,
+                                         op_.remote_offset + x.chunk * c, len(x.chunk),
+                                         op_.options.wire);
+            x.state = State::kWire;
+            progress = true;
+          }
+          if (x.state == State::kFree && next < n) {
+            lane_->to_host(k, bounce_->data() + off, op_.device + next * c, len(next));
+            x.state = State::kCopying;
+            x.chunk = next++;
+            progress = true;
+          }
+        } else {
+          if (x.state == State::kWire && x.req->done()) {
+            x.req->rethrow();
+            x.req.reset();
+            lane_->to_device(k, op_.device + x.chunk * c, bounce_->data() + off, len(x.chunk));
+            x.state = State::kCopying;
+            progress = true;
+          }
+          if (x.state == State::kCopying && lane_->ready(k)) {
+            x.state = State::kFree;
+            ++finished;
+            progress = true;
+          }
+          if (x.state == State::kFree && next < n) {
+            x.req = op_.conn->post_read(bounce_->region, off, op_.remote,
+                                        op_.remote_offset + next * c, len(next),
+                                        op_.options.wire);
+            x.state = State::kWire;
+            x.chunk = next++;
+            progress = true;
+          }
+        }
+      }
+      if (progress) continue;
+      check_deadline(what);
+      wait_any(/*prefer_copy=*/write);
+    }
+  }
+
+  // Blocks (one short slice) on the oldest copy or wire operation in flight.
+  void wait_any(bool prefer_copy) {
+    int copy = -1;
+    int wire = -1;
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      const Slot& x = slots_[k];
+      if (x.state == State::kCopying &&
+          (copy < 0 || x.chunk < slots_[static_cast<size_t>(copy)].chunk)) {
+        copy = static_cast<int>(k);
+      }
+      if (x.state == State::kWire &&
+          (wire < 0 || x.chunk < slots_[static_cast<size_t>(wire)].chunk)) {
+        wire = static_cast<int>(k);
+      }
+    }
+    const bool mixed = copy >= 0 && wire >= 0;
+    const double t = slice(mixed ? kMixedSliceS : kSliceS);
+    if (copy >= 0 && (prefer_copy || wire < 0)) {
+      lane_->wait(copy, t);
+    } else if (wire >= 0) {
+      slots_[static_cast<size_t>(wire)].req->wait_for(t);
+    }
+  }
+
+  void wait_request(const RequestPtr& req, const std::string& what) {
+    while (!req->wait_for(slice(kSliceS))) check_deadline(what);
+    req->rethrow();
+  }
+
+  void wait_copy(int slot, const std::string& what) {
+    while (!lane_->wait(slot, slice(kSliceS))) check_deadline(what);
+  }
+
+  void message_send() {
+    const std::string what = "staged send of " + std::to_string(op_.length) + " bytes";
+    bounce_ = stager_.acquire(op_.length);
+    lane_ = stager_.copier_->open_lane(1);
+    lane_->to_host(0, bounce_->data(), op_.device, op_.length);
+    wait_copy(0, what + " (device to host copy)");
+    slots_.assign(1, Slot{});
+    slots_[0].state = State::kWire;
+    slots_[0].req = op_.conn->post_send(bounce_->region, 0, op_.length, op_.meta, op_.options.wire);
+    wait_request(slots_[0].req, what);
+    slots_[0] = Slot{};
+  }
+
+  void message_recv() {
+    const std::string what = "staged recv of " + std::to_string(op_.length) + " bytes";
+    bounce_ = stager_.acquire(op_.length);
+    lane_ = stager_.copier_->open_lane(1);
+    slots_.assign(1, Slot{});
+    slots_[0].state = State::kWire;
+    slots_[0].req = op_.conn->post_recv(op_.msg_id, bounce_->region, 0, op_.length);
+    wait_request(slots_[0].req, what);
+    slots_[0] = Slot{};
+    lane_->to_device(0, op_.device, bounce_->data(), op_.length);
+    wait_copy(0, what + " (host to device copy)");
+  }
+
+  // After a failure: let wire operations in flight end (abort the connection if they do not,
+  // or at once after a timeout), so that nothing touches the bounce buffer afterwards.
+  void cleanup_after_failure(const Error& e) {
+    std::vector<RequestPtr> pending;
+    for (const Slot& x : slots_) {
+      if (x.state == State::kWire && x.req && !x.req->done()) pending.push_back(x.req);
+    }
+    if (pending.empty()) return;
+    bool all_done = true;
+    if (e.kind() != ErrorKind::kTimeout) {
+      for (const RequestPtr& r : pending) all_done = r->wait_for(kCleanupWaitS) && all_done;
+    } else {
+      all_done = false;
+    }
+    if (!all_done) {
+      op_.conn->abort(e.kind(), std::string("staging failed: ") + e.what());
+      for (const RequestPtr& r : pending) r->wait_for(kCleanupWaitS);
+    }
+  }
+
+  void finish() {
+    lane_.reset();  // waits for copies still writing the bounce buffer (or abandons a hung one)
+    if (!bounce_) return;
+    bool unused = bounce_->region->wait_unused(kCleanupWaitS);
+    stager_.release(std::move(bounce_), !unused);
+  }
+
+  Stager& stager_;
+  Op& op_;
+  Deadline deadline_;
+  std::unique_ptr<Bounce> bounce_;
+  std::unique_ptr<CopyLane> lane_;
+  std::vector<Slot> slots_;
+};
+
+Stager::Stager(Transport& transport, std::shared_ptr<DeviceCopier> copier)
+    : transport_(transport), copier_(std::move(copier)) {
+  if (!copier_) throw Error(ErrorKind::kInvalidArgument, "Stager needs a device copier");
+}
+
+Stager::~Stager() {
+  close(kCleanupWaitS);
+  // A stranded bounce buffer may still be the target of a late transfer: never free it.
+  for (auto& b : stranded_) static_cast<void>(b.release());
+}
+
+RequestPtr Stager::post_write(const std::shared_ptr<Connection>& conn, uint64_t device,
+                              uint64_t length, const Descriptor& remote, uint64_t remote_offset,
+                              const StagingOptions& options) {
+  auto op = std::make_unique<Op>();
+  op->kind = Op::Kind::kWrite;
+  op->conn = conn;
+  op->device = device;
+  op->length = length;
+  op->remote = remote;
+  op->remote_offset = remote_offset;
+  op->options = options;
+  return start(std::move(op));
+}
+
+RequestPtr Stager::post_read(const std::shared_ptr<Connection>& conn, uint64_t device,
+                             uint64_t length, const Descriptor& remote, uint64_t remote_offset,
+                             const StagingOptions& options) {
+  auto op = std::make_unique<Op>();
+  op->kind = Op::Kind::kRead;
+  op->conn = conn;
+  op->device = device;
+  op->length = length;
+  op->remote = remote;
+  op->remote_offset = remote_offset;
+  op->options = options;
+  return start(std::move(op));
+}
+
+RequestPtr Stager::post_send(const std::shared_ptr<Connection>& conn, uint64_t device,
+                             uint64_t length, const std::string& meta,
+                             const StagingOptions& options) {
+  auto op = std::make_unique<Op>();
+  op->kind = Op::Kind::kSend;
+  op->conn = conn;
+  op->device = device;
+  op->length = length;
+  op->meta = meta;
+  op->options = options;
+  return start(std::move(op));
+}
+
+RequestPtr Stager::post_recv(const std::shared_ptr<Connection>& conn, uint64_t msg_id,
+                             uint64_t device, uint64_t length, const StagingOptions& options) {
+  auto op = std::make_unique<Op>();
+  op->kind = Op::Kind::kRecv;
+  op->conn = conn;
+  op->msg_id = msg_id;
+  op->device = device;
+  op->length = length;
+  op->options = options;
+  return start(std::move(op));
+}
+
+RequestPtr Stager::start(std::unique_ptr<Op> op) {
+  if (!op->conn) throw Error(ErrorKind::kInvalidArgument, "staging: no endpoint");
+  if (op->conn->is_closed()) {
+    throw Error(ErrorKind::kClosed, "staging: the endpoint is closed: " + op->conn->error());
+  }
+  StagingOptions& o = op->options;
+  if (o.slots == 0) o.slots = StagingOptions::kDefaultSlots;
+  if (o.slots < 1 || o.slots > StagingOptions::kMaxSlots) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "staging: slots=" + std::to_string(o.slots) + " must be in 1.." +
+                    std::to_string(StagingOptions::kMaxSlots) + " bounce buffers");
+  }
+  if (!(o.timeout_s >= 0)) {
+    throw Error(ErrorKind::kInvalidArgument, "staging: timeout must be >= 0 seconds");
+  }
+  static const OpKind kKinds[] = {OpKind::kWrite, OpKind::kRead, OpKind::kSend, OpKind::kRecv};
+  op->request = std::make_shared<Request>(transport_.next_request_id(),
+                                          kKinds[static_cast<int>(op->kind)], op->length);
+  RequestPtr request = op->request;
+  std::shared_ptr<Op> shared(std::move(op));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw Error(ErrorKind::kClosed, "staging: the engine is closed");
+  reap_locked();
+  workers_.emplace_back();
+  Worker* worker = &workers_.back();
+  worker->thread = std::thread([this, shared, worker] {
+    run(*shared);
+    std::lock_guard<std::mutex> done_lock(mu_);
+    worker->finished = true;
+  });
+  return request;
+}
+
+void Stager::run(Op& op) {
+  try {
+    copier_->bind_thread();
+    Pipeline pipeline(*this, op);
+    pipeline.execute();
+  } catch (const Error& e) {
+    op.request->fail(e.kind(), std::string("staging: ") + e.what());
+    return;
+  } catch (const std::exception& e) {
+    op.request->fail(ErrorKind::kTransport, std::string("staging: ") + e.what());
+    return;
+  }
+  op.request->complete();
+}
+
+std::unique_ptr<Stager::Bounce> Stager::acquire(uint64_t length) {
+  const uint64_t need = std::max<uint64_t>(length, 4096);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto best = pool_.end();
+    for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+      if ((*it)->length() >= need && (best == pool_.end() || (*it)->length() < (*best)->length())) {
+        best = it;
+      }
+    }
+    if (best != pool_.end()) {
+      auto bounce = std::move(*best);
+      pool_.erase(best);
+      return bounce;
+    }
+  }
+  auto bounce = std::make_unique<Bounce>();
+  bounce->memory = copier_->alloc_host(need);
+  try {
+    bounce->region = transport_.register_memory(bounce->data(), need, kAccessLocal);
+  } catch (const Error& e) {
+    throw Error(e.kind(), "registering a " + mib(need) + " staging bounce buffer: " + e.what(),
+                e.err_no());
+  }
+  return bounce;
+}
+
+void Stager::release(std::unique_ptr<Bounce> bounce, bool in_use) {
+  std::vector<std::unique_ptr<Bounce>> evict;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_use) {
+      stranded_.push_back(std::move(bounce));
+      return;
+    }
+    pool_.push_back(std::move(bounce));
+    uint64_t total = 0;
+    for (const auto& b : pool_) total += b->length();
+    std::sort(pool_.begin(), pool_.end(),
+              [](const auto& a, const auto& b) { return a->length() < b->length(); });
+    while (total > kPoolLimit || closed_) {
+      if (pool_.empty()) break;
+      total -= pool_.back()->length();
+      evict.push_back(std::move(pool_.back()));
+      pool_.pop_back();
+    }
+  }
+  for (auto& b : evict) {
+    try {
+      transport_.deregister(b->region, kCleanupWaitS);
+    } catch (const Error&) {
+      std::lock_guard<std::mutex> lock(mu_);
+      stranded_.push_back(std::move(b));
+    }
+  }
+}
+
+void Stager::reap_locked() {
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (it->finished) {
+      it->thread.join();
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Stager::close(double timeout_s) {
+  std::list<Worker> workers;
+  std::vector<std::unique_ptr<Bounce>> pool;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    workers.splice(workers.end(), workers_);
+  }
+  // Every operation ends by its own deadline (and at once when its endpoint is closed).
+  for (Worker& w : workers) {
+    if (w.thread.joinable()) w.thread.join();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pool.swap(pool_);
+  }
+  for (auto& b : pool) {
+    try {
+      transport_.deregister(b->region, timeout_s);
+    } catch (const Error&) {
+      std::lock_guard<std::mutex> lock(mu_);
+      stranded_.push_back(std::move(b));
+    }
+  }
+}
+
+size_t Stager::pooled_buffers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pool_.size();
+}
+
+uint64_t Stager::pooled_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total = 0;
+  for (const auto& b : pool_) total += b->length();
+  return total;
+}
+
+int Stager::active() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const Worker& w : workers_) n += w.finished ? 0 : 1;
+  return n;
+}
+
+}  // namespace rdmaxfer
