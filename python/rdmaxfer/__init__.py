@@ -21,6 +21,8 @@ from .engine import Engine, resolve_transport
 from .errors import (
     ConnectionFailedError,
     EndpointClosedError,
+    FetchError,
+    FetchIntegrityError,
     InvalidArgumentError,
     ProtocolError,
     RdmaxferError,
@@ -30,6 +32,7 @@ from .errors import (
     TransportError,
     UnsupportedError,
 )
+from .fetch import FetchResult, fetch, fetch_weights
 from .transfer import Transfer
 from .weights import WeightServer, pull_weights, serve_weights
 
@@ -44,6 +47,9 @@ __all__ = [
     "Endpoint",
     "EndpointClosedError",
     "Engine",
+    "FetchError",
+    "FetchIntegrityError",
+    "FetchResult",
     "InvalidArgumentError",
     "MemoryRegion",
     "ProtocolError",
@@ -60,6 +66,8 @@ __all__ = [
     "as_array",
     "connect",
     "default_engine",
+    "fetch",
+    "fetch_weights",
     "listen",
     "pull_weights",
     "recv",

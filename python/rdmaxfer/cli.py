@@ -190,6 +190,63 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from .fetch import fetch, fetch_weights
+
+    kwargs: dict[str, Any] = {
+        "connections": args.connections,
+        "chunk_size": bench.parse_size(args.chunk_size) if args.chunk_size else None,
+        "rate": args.rate,
+        "retries": args.retries,
+        "timeout": args.timeout if args.timeout is not None else 30.0,
+        "progress": not args.quiet and not args.json,
+    }
+    weights_url = args.out is None and args.url.split("?", 1)[0].endswith(".safetensors")
+    if weights_url and args.sha256 is None:
+        start = time.perf_counter()
+        arrays = fetch_weights(args.url, **kwargs)
+        seconds = time.perf_counter() - start
+        nbytes = sum(int(a.nbytes) for a in arrays.values())
+        if args.json:
+            print(json.dumps({"url": args.url, "tensors": len(arrays), "bytes": nbytes,
+                              "seconds": seconds}))  # fmt: skip
+        else:
+            print(
+                f"fetched {len(arrays)} tensors, {nbytes} bytes into arrays in {seconds:.3f} s: "
+                f"{nbytes / seconds / 1e9:.3f} GB/s"
+            )
+        return 0
+    result = fetch(args.url, args.out, sha256=args.sha256, resume=not args.no_resume, **kwargs)
+    if args.json:
+        record = {
+            "url": result.url,
+            "size": result.size,
+            "path": str(result.path) if result.path else None,
+            "bytes_fetched": result.bytes_fetched,
+            "seconds": result.seconds,
+            "gbps": result.gbps,
+            "ranged": result.ranged,
+            "connections": result.connections,
+            "chunks": result.chunks,
+            "resumed_chunks": result.resumed_chunks,
+            "retries": result.retries,
+            "sha256": result.sha256,
+        }
+        print(json.dumps(record))
+        return 0
+    where = str(result.path) if result.path else "memory"
+    resumed = f", {result.resumed_chunks} chunks already done" if result.resumed_chunks else ""
+    print(
+        f"fetched {result.size} bytes into {where}: {result.bytes_fetched} bytes in "
+        f"{result.seconds:.3f} s ({result.gbps:.3f} GB/s), {result.chunks} chunks over "
+        f"{result.connections} connections{resumed}"
+        + ("" if result.ranged else " (one stream: the server ignores Range)")
+    )
+    if result.sha256:
+        print(f"sha256 {result.sha256} verified")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     path = Path(args.file) if args.file else default_model_file()
     server = subprocess.Popen(
@@ -275,6 +332,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per size")
     common(p)
     p.set_defaults(func=cmd_bench, transport="tcp")
+
+    p = sub.add_parser("fetch", help="download a URL with parallel HTTP Range requests")
+    p.add_argument("url")
+    p.add_argument("--out", help="write to FILE (resumable); default: into memory")
+    p.add_argument("--rate", help="cap in bytes/s for all connections: 1G, 500M, ...")
+    p.add_argument("--connections", type=int, default=None, help="parallel connections (8)")
+    p.add_argument("--chunk-size", default="", help="bytes per range (default: from the size)")
+    p.add_argument("--sha256", help="expected SHA-256 of the file (64 hex digits)")
+    p.add_argument("--retries", type=int, default=5, help="retries per failed range (5)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per HTTP wait (30)")
+    p.add_argument("--no-resume", action="store_true", help="ignore an interrupted download")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_fetch)
 
     p = sub.add_parser("demo", help="serve + pull the bundled MiniLM weights and verify them")
     p.add_argument("--file", help="a .safetensors file (default: all-MiniLM-L6-v2)")

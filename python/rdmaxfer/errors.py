@@ -13,6 +13,8 @@ import builtins
 __all__ = [
     "ConnectionFailedError",
     "EndpointClosedError",
+    "FetchError",
+    "FetchIntegrityError",
     "InvalidArgumentError",
     "ProtocolError",
     "RdmaxferError",
@@ -67,3 +69,12 @@ class UnsupportedError(RdmaxferError):
 
 class TransportError(RdmaxferError):
     """A system or verbs call failed; the message names the call and its errno text."""
+
+
+class FetchError(RdmaxferError):
+    """An HTTP download (``rdmaxfer.fetch``) failed: an HTTP error status, a range that kept
+    failing after its retries, a file that changed on the server, or not a safetensors file."""
+
+
+class FetchIntegrityError(FetchError):
+    """Downloaded bytes do not match the expected size or SHA-256."""

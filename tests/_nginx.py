@@ -1,0 +1,128 @@
+"""A throwaway nginx on a loopback port serving one directory (honours HTTP Range requests).
+
+Used by tests/test_fetch.py (fixture) and bench/fetch_bench.py. nginx runs in the foreground
+(``daemon off``) as the current user with every path (config, pid, logs, temp dirs) inside a
+work directory, and is stopped with SIGTERM (SIGKILL after 10 s) by :meth:`Nginx.stop`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+#: Seconds to wait for nginx to accept connections.
+START_TIMEOUT_S = 15.0
+
+
+def nginx_binary() -> str | None:
+    """Path of the nginx executable (PATH, then /usr/sbin), or None."""
+    return shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/usr/local/sbin")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Nginx:
+    """nginx serving ``root`` on 127.0.0.1; ``extra`` is added inside the ``server`` block."""
+
+    def __init__(self, root: Path, work: Path, extra: str = "") -> None:
+        binary = nginx_binary()
+        if binary is None:
+            raise FileNotFoundError("nginx is not installed: apt-get install -y nginx")
+        self.root = root
+        self.work = work
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        for _ in range(3):  # the port picked may be taken between picking and binding
+            self.port = _free_port()
+            conf = self._write_config(extra)
+            log = (work / "nginx.out").open("wb")
+            self.proc = subprocess.Popen(
+                [binary, "-p", str(work), "-e", str(work / "error.log"), "-c", str(conf)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            log.close()
+            if self._wait_ready():
+                return
+            self.stop()
+        raise RuntimeError(f"nginx did not start; see {work}/error.log and {work}/nginx.out")
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` (no trailing slash)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def _write_config(self, extra: str) -> Path:
+        w = self.work
+        for sub in ("client", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (w / sub).mkdir(parents=True, exist_ok=True)
+        user = "user root;\n" if os.geteuid() == 0 else ""
+        conf = w / "nginx.conf"
+        conf.write_text(
+            f"""daemon off;
+master_process on;
+worker_processes 2;
+{user}pid {w}/nginx.pid;
+error_log {w}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {w}/client;
+    proxy_temp_path {w}/proxy;
+    fastcgi_temp_path {w}/fastcgi;
+    uwsgi_temp_path {w}/uwsgi;
+    scgi_temp_path {w}/scgi;
+    default_type application/octet-stream;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000;
+    server {{
+        listen 127.0.0.1:{self.port};
+        root {self.root};
+        location / {{ }}
+{extra}
+    }}
+}}
+"""
+        )
+        return conf
+
+    def _wait_ready(self) -> bool:
+        assert self.proc is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return True
+            except OSError:
+                time.sleep(0.05)
+        return False
+
+    def stop(self) -> None:
+        """Stop nginx (SIGTERM, then SIGKILL after 10 s); idempotent."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+    def __enter__(self) -> Nginx:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
