@@ -81,7 +81,7 @@ def _record(token: bytes, dims: tuple[int, ...], version: int = 1, flags: int = 
         (b"", 0, "shorter than the 8-byte header"),
         (b"PICK" + bytes(4), 0, "bad magic"),
         (_record(b"<f4", (2,), version=2), 8, "version 2 is not supported"),
-        (_record(b"<f4", (2,), flags=1), 8, "unknown flags"),
+        (_record(b"<f4", (2,), flags=2), 8, "unknown flags"),
         (_record(b"<f4", (2,))[:-1], 8, "expected 19"),
         (_record(b"<f4", (2,)) + b"x", 8, "expected 19"),
         (_record(b"|O", (2,)), 16, "unsupported dtype '|O'"),

@@ -4,18 +4,53 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <vector>
 
 #include "common/error.h"
 
 namespace rdmaxfer {
+
+namespace {
+std::string to_hex(uint64_t v) {
+  char buf[17];
+  snprintf(buf, sizeof(buf), "%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+}  // namespace
 
 std::string memlock_limit_text() {
   struct rlimit rl {};
   if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return "unknown";
   if (rl.rlim_cur == RLIM_INFINITY) return "unlimited";
   return std::to_string(rl.rlim_cur / 1024) + " KiB";
+}
+
+void check_mapped(const uint8_t* addr, uint64_t length) {
+  if (length == 0) return;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t begin = reinterpret_cast<uint64_t>(addr) / page * page;
+  const uint64_t end = reinterpret_cast<uint64_t>(addr) + length;
+  constexpr uint64_t kWindowPages = 1 << 16;
+  std::vector<unsigned char> residency(kWindowPages);
+  for (uint64_t at = begin; at < end; at += kWindowPages * page) {
+    const uint64_t span = std::min(end - at, kWindowPages * page);
+    if (mincore(reinterpret_cast<void*>(at), span, residency.data()) != 0) {
+      const int e = errno;
+      if (e == ENOMEM) {
+        throw Error(ErrorKind::kRegistration,
+                    "memory at 0x" + to_hex(reinterpret_cast<uint64_t>(addr)) + " (" +
+                        std::to_string(length) +
+                        " bytes) is not mapped: it was freed or never allocated; register "
+                        "memory that stays alive (the Python layer keeps its owner alive)",
+                    e);
+      }
+      throw Error(ErrorKind::kRegistration, errno_text("mincore", e), e);
+    }
+  }
 }
 
 PinnedAllocation::PinnedAllocation(uint64_t length) {

@@ -43,6 +43,10 @@ class PinnedAllocation {
 // The RLIMIT_MEMLOCK soft limit as `ulimit -l` prints it ("unlimited" or KiB).
 std::string memlock_limit_text();
 
+// Throws Error(kRegistration) unless every page of [addr, addr+length) is mapped (mincore(2)):
+// registering freed memory must fail here, not crash when a peer writes into it.
+void check_mapped(const uint8_t* addr, uint64_t length);
+
 class MemoryRegion {
  public:
   MemoryRegion(uint8_t* addr, uint64_t length, uint32_t access,

@@ -19,6 +19,7 @@ from .buffer import Buffer, MemoryRegion, as_array
 from .endpoint import Endpoint
 from .engine import Engine, resolve_transport
 from .errors import (
+    ChecksumError,
     ConnectionFailedError,
     EndpointClosedError,
     FetchError,
@@ -43,6 +44,7 @@ except _metadata.PackageNotFoundError:  # running from a source tree without ins
 
 __all__ = [
     "Buffer",
+    "ChecksumError",
     "ConnectionFailedError",
     "Endpoint",
     "EndpointClosedError",

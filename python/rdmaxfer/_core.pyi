@@ -159,9 +159,9 @@ class Engine:
         poll_mode: str = "",
         secret: str = "",
     ) -> None:
-        """``transport``: "tcp" or "rdma". ``secret``: shared secret for the bootstrap's
-        HMAC-SHA256 challenge-response ("" = none; see csrc/transport/auth.h). ``default_streams``: TCP streams or RC QPs per
-        connection (0: 4 on TCP, 1 on rdma).
+        """``transport``: "tcp" or "rdma". ``default_streams``: TCP streams or RC QPs per
+        connection (0: 4 on TCP, 1 on rdma). ``secret``: shared secret for the bootstrap's
+        HMAC-SHA256 challenge-response ("" = none; see csrc/transport/auth.h).
 
         rdma only: ``rdma_device`` ("" -> env RDMAXFER_RDMA_DEVICE -> the first device with an
         active port); ``gid_index`` (-1 -> env RDMAXFER_GID_INDEX -> auto: the first RoCE v2 GID

@@ -6,8 +6,9 @@ Record, little-endian, version 1 (never pickled; every field is checked on decod
     4  version   u8 (1)
     5  dtype_len u8 (1..32)     the dtype token, ASCII: numpy's dtype.str ("<f4", "|u1", "|b1",
     6  ndim      u8 (0..64)       "<M8[ns]", "|S3"...) or an ml_dtypes name ("bfloat16",
-    7  flags     u8 (0)           "float8_e4m3fn"...)
-    8  dtype token (dtype_len bytes), then ndim dimensions, each u64
+    7  flags     u8               "float8_e4m3fn"...); bit 0: a checksum follows
+    8  dtype token (dtype_len bytes), then ndim dimensions, each u64, then (flag bit 0) the
+       XXH3-64 of the message's bytes, u64 (``send(..., checksum=True)``)
 
 The byte count of the message must equal prod(shape) * itemsize.
 """
@@ -16,13 +17,15 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import Any
 
 import ml_dtypes
 import numpy as np
+import xxhash
 
 from .errors import InvalidArgumentError, ProtocolError
 
-__all__ = ["MAGIC", "VERSION", "decode", "dtype_token", "encode"]
+__all__ = ["MAGIC", "VERSION", "checksum", "decode", "dtype_token", "encode", "payload_checksum"]
 
 MAGIC = b"RXMD"
 VERSION = 1
@@ -30,6 +33,7 @@ MAX_DTYPE_LEN = 32
 MAX_NDIM = 64
 _HEAD = struct.Struct("<4sBBBB")
 _DIM = struct.Struct("<Q")
+FLAG_CHECKSUM = 1
 
 # dtype kinds whose bytes mean the same thing on both sides (no pointers, no fields).
 _PLAIN_KINDS = frozenset("biufcmMSUV")
@@ -103,8 +107,15 @@ def _dtype_from_token(token: str) -> np.dtype[np.generic]:
     return dtype
 
 
-def encode(dtype: np.dtype[np.generic], shape: tuple[int, ...]) -> bytes:
-    """Pack the record for an array of ``dtype`` and ``shape``.
+def payload_checksum(array: np.ndarray[Any, Any]) -> int:
+    """XXH3-64 of a C-contiguous array's bytes (the ``xxhash`` library)."""
+    return int(xxhash.xxh3_64_intdigest(array.reshape(-1).view(np.uint8).data))
+
+
+def encode(
+    dtype: np.dtype[np.generic], shape: tuple[int, ...], checksum: int | None = None
+) -> bytes:
+    """Pack the record for an array of ``dtype`` and ``shape`` (and its XXH3-64 checksum).
 
     Raises:
         InvalidArgumentError: unsupported dtype, or more than 64 dimensions.
@@ -112,9 +123,20 @@ def encode(dtype: np.dtype[np.generic], shape: tuple[int, ...]) -> bytes:
     token = dtype_token(dtype).encode("ascii")
     if len(shape) > MAX_NDIM:
         raise InvalidArgumentError(f"an array of {len(shape)} dimensions cannot be sent (max 64)")
-    parts = [_HEAD.pack(MAGIC, VERSION, len(token), len(shape), 0), token]
+    flags = 0 if checksum is None else FLAG_CHECKSUM
+    parts = [_HEAD.pack(MAGIC, VERSION, len(token), len(shape), flags), token]
     parts.extend(_DIM.pack(int(dim)) for dim in shape)
+    if checksum is not None:
+        parts.append(_DIM.pack(checksum))
     return b"".join(parts)
+
+
+def checksum(meta: bytes) -> int | None:
+    """The checksum carried by a record that :func:`decode` accepted, or None."""
+    if meta[7] & FLAG_CHECKSUM:
+        value: int = _DIM.unpack_from(meta, len(meta) - _DIM.size)[0]
+        return value
+    return None
 
 
 def decode(meta: bytes, nbytes: int) -> tuple[np.dtype[np.generic], tuple[int, ...]]:
@@ -139,14 +161,14 @@ def decode(meta: bytes, nbytes: int) -> tuple[np.dtype[np.generic], tuple[int, .
             f"message metadata version {version} is not supported (this build reads version "
             f"{VERSION}); use the same rdmaxfer version on both sides"
         )
-    if flags != 0:
+    if flags & ~FLAG_CHECKSUM:
         raise ProtocolError(f"message metadata has unknown flags 0x{flags:02x}")
     if not 1 <= dtype_len <= MAX_DTYPE_LEN or ndim > MAX_NDIM:
         raise ProtocolError(
             f"message metadata has a dtype of {dtype_len} bytes and {ndim} dimensions "
             f"(limits: 1..{MAX_DTYPE_LEN}, 0..{MAX_NDIM})"
         )
-    expected = _HEAD.size + dtype_len + ndim * _DIM.size
+    expected = _HEAD.size + dtype_len + ndim * _DIM.size + (_DIM.size if flags else 0)
     if len(meta) != expected:
         raise ProtocolError(f"message metadata is {len(meta)} bytes, expected {expected}")
     try:

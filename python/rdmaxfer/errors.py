@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 
 __all__ = [
+    "ChecksumError",
     "ConnectionFailedError",
     "EndpointClosedError",
     "FetchError",
@@ -56,6 +57,11 @@ class RegistrationError(RdmaxferError):
 class ProtocolError(RdmaxferError):
     """A malformed, unsupported or refused record: bad descriptor bytes, a peer of another
     version, or a message the receiver rejected."""
+
+
+class ChecksumError(ProtocolError):
+    """The bytes of a message do not match the XXH3-64 checksum its sender computed
+    (``send(..., checksum=True)``): they were corrupted on the way."""
 
 
 class RemoteAccessError(RdmaxferError):

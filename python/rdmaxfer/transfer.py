@@ -71,6 +71,8 @@ class Transfer(Generic[T]):
         self._temps = temps
         self._result = result
         self._on_header = on_header
+        # Run once the last request is done; raising fails the transfer (checksums).
+        self._on_done: Callable[[], None] | None = None
         self._lock = threading.RLock()
         self._finished = False
         self._error: BaseException | None = None
@@ -193,6 +195,13 @@ class Transfer(Generic[T]):
                     break
                 step, self._on_header = self._on_header, None
                 if step is None:
+                    verify, self._on_done = self._on_done, None
+                    try:
+                        if verify is not None:
+                            verify()
+                    except BaseException as exc:
+                        self._finish(exc)
+                        break
                     self._finish(None)
                     break
                 try:

@@ -128,6 +128,7 @@ void TcpTransport::shutdown() {
 std::shared_ptr<MemoryRegion> TcpTransport::make_region(uint8_t* addr, uint64_t length,
                                                         uint32_t access,
                                                         std::unique_ptr<PinnedAllocation> owned) {
+  if (!owned) check_mapped(addr, length);
   return std::make_shared<MemoryRegion>(addr, length, access, std::move(owned));
 }
 
