@@ -247,6 +247,23 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from . import doctor
+
+    findings = doctor.run_checks(
+        sysfs=args.sysfs, procfs=args.procfs, need=bench.parse_size(args.need)
+    )
+    if args.json:
+        print(json.dumps(doctor.to_json(findings), indent=2))
+    else:
+        from rich.console import Console
+
+        console = Console(width=None if sys.stdout.isatty() else 160)
+        console.print(doctor.build_table(findings))
+        console.print(doctor.summary(findings))
+    return 1 if doctor.worst(findings) == "error" else 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     path = Path(args.file) if args.file else default_model_file()
     server = subprocess.Popen(
@@ -346,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_fetch)
+
+    p = sub.add_parser("doctor", help="check this machine for what slows RDMA/GPU transfers")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("--need", default="1G", help="bytes registration must lock (memlock check)")
+    p.add_argument("--sysfs", default="/sys", help="sysfs root (default /sys)")
+    p.add_argument("--procfs", default="/proc", help="procfs root (default /proc)")
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("demo", help="serve + pull the bundled MiniLM weights and verify them")
     p.add_argument("--file", help="a .safetensors file (default: all-MiniLM-L6-v2)")
