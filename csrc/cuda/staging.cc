@@ -88,7 +88,17 @@ class Stager::Pipeline {
                                          std::to_string(op_.options.timeout_s) + " s");
   }
 
-  void check_deadline(const std::string& what) const {
+  // Stops on the deadline, on Stager::close(), and (when `endpoint_matters`: bytes still
+  // have to cross the wire) when the endpoint was closed or aborted.
+  void check_deadline(const std::string& what, bool endpoint_matters = true) const {
+    if (stager_.closing_.load()) {
+      throw Error(ErrorKind::kClosed, what + ": the engine was closed");
+    }
+    if (endpoint_matters && op_.conn->is_closed()) {
+      const std::string why = op_.conn->error();
+      throw Error(ErrorKind::kClosed,
+                  what + ": the endpoint was closed" + (why.empty() ? "" : ": " + why));
+    }
     if (deadline_.expired()) timed_out(what);
   }
 
@@ -161,7 +171,9 @@ class Stager::Pipeline {
         }
       }
       if (progress) continue;
-      check_deadline(what);
+      bool wire_pending = false;
+      for (const Slot& x : slots_) wire_pending = wire_pending || x.state == State::kWire;
+      check_deadline(what, write || wire_pending || next < n);
       wait_any(/*prefer_copy=*/write);
     }
   }
@@ -195,8 +207,8 @@ class Stager::Pipeline {
     req->rethrow();
   }
 
-  void wait_copy(int slot, const std::string& what) {
-    while (!lane_->wait(slot, slice(kSliceS))) check_deadline(what);
+  void wait_copy(int slot, const std::string& what, bool endpoint_matters) {
+    while (!lane_->wait(slot, slice(kSliceS))) check_deadline(what, endpoint_matters);
   }
 
   void message_send() {
@@ -204,7 +216,7 @@ class Stager::Pipeline {
     bounce_ = stager_.acquire(op_.length);
     lane_ = stager_.copier_->open_lane(1);
     lane_->to_host(0, bounce_->data(), op_.device, op_.length);
-    wait_copy(0, what + " (device to host copy)");
+    wait_copy(0, what + " (device to host copy)", true);
     slots_.assign(1, Slot{});
     slots_[0].state = State::kWire;
     slots_[0].req = op_.conn->post_send(bounce_->region, 0, op_.length, op_.meta, op_.options.wire);
@@ -222,7 +234,7 @@ class Stager::Pipeline {
     wait_request(slots_[0].req, what);
     slots_[0] = Slot{};
     lane_->to_device(0, op_.device, bounce_->data(), op_.length);
-    wait_copy(0, what + " (host to device copy)");
+    wait_copy(0, what + " (host to device copy)", false);
   }
 
   // After a failure: let wire operations in flight end (abort the connection if they do not,
@@ -446,6 +458,7 @@ void Stager::close(double timeout_s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
+    closing_.store(true);
     workers.splice(workers.end(), workers_);
   }
   // Every operation ends by its own deadline (and at once when its endpoint is closed).

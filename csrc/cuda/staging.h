@@ -15,12 +15,13 @@
 // Lifecycle of a Stager: constructed on a transport (one per engine and device) -> post_*()
 // each start one operation on a worker thread and return its Request at once (terminal when
 // the bytes are in place, failed with the first error: a copy failure, a wire failure, or the
-// operation's timeout) -> close(): waits (bounded by the operations' own timeouts) for the
-// workers, then deregisters and frees the pooled bounce buffers. Bounce buffers are pooled and
+// operation's timeout) -> close(): operations in flight stop within one wait slice (failing
+// with a closed error), the workers are joined, then it deregisters and frees the pooled bounce buffers. Bounce buffers are pooled and
 // registered once with the transport. If a wire operation cannot be stopped after a failure,
 // its bounce buffer is never freed (stranded), so no late write can land in freed memory.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -89,6 +90,7 @@ class Stager {
   std::shared_ptr<DeviceCopier> copier_;
   mutable std::mutex mu_;
   bool closed_ = false;
+  std::atomic<bool> closing_{false};  // operations in flight stop at their next wait slice
   std::vector<std::unique_ptr<Bounce>> pool_;
   std::vector<std::unique_ptr<Bounce>> stranded_;
   struct Worker {

@@ -5,6 +5,7 @@ GIL. Errors are raised as the classes of :mod:`rdmaxfer.errors`.
 """
 
 import builtins
+from typing import Any
 
 ACCESS_LOCAL: int
 ACCESS_REMOTE_READ: int
@@ -181,7 +182,120 @@ class Engine:
     def connect(self, host: str, port: int, streams: int, timeout: float) -> Endpoint: ...
     def register(self, addr: int, length: int, access: int) -> Region: ...
     def alloc_pinned(self, length: int, access: int) -> Region: ...
+    def register_device(
+        self, addr: int, length: int, access: int, method: str, device: int
+    ) -> Region:
+        """Register GPU memory for GPUDirect RDMA: ``method`` "dmabuf"
+        (cuMemGetHandleForAddressRange + ibv_reg_dmabuf_mr) or "peermem" (ibv_reg_mr on the
+        device pointer). UnsupportedError on TCP; RegistrationError names cause and fix."""
     def deregister(self, region: Region, timeout: float) -> None: ...
     def drain_notifications(self) -> list[int]: ...
     def registered_count(self) -> int: ...
     def close(self) -> None: ...
+
+# -- GPU memory (csrc/cuda) -------------------------------------------------------------------
+
+def cuda_status() -> dict[str, Any]:
+    """{"unavailable": reason or "", "driver_version": int, "get_handle_for_address_range":
+    bool, "gpus": [{"index", "name", "pci_bus_id", "total_memory", "compute_capability",
+    "gpu_direct_rdma", "dma_buf"}]}; never raises."""
+
+def verbs_dmabuf_unavailable() -> str:
+    """ "" when libibverbs has ibv_reg_dmabuf_mr, else why not."""
+
+def pointer_kind(addr: int) -> tuple[str, int]:
+    """("host" | "pinned" | "device" | "managed", device ordinal or -1)."""
+
+def cuda_synchronize_stream(device: int, stream: int) -> None:
+    """cuStreamSynchronize on a foreign stream handle (1: legacy default, 2: per-thread)."""
+
+def cuda_copy_to_host(device: int, dst: int, src: int, length: int) -> None: ...
+def cuda_copy_to_device(device: int, dst: int, src: int, length: int) -> None: ...
+def dlpack_capsule(
+    owner: object,
+    ptr: int,
+    device_type: int,
+    device_id: int,
+    shape: list[int],
+    code: int,
+    bits: int,
+) -> Any:
+    """A "dltensor" capsule (compact row-major) that keeps ``owner`` alive until consumed."""
+
+class DeviceMemory:
+    """cuMemAlloc'd device memory, freed with the object."""
+
+    def __init__(self, device: int, length: int) -> None: ...
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+
+class DeviceCopier:
+    def describe(self) -> str: ...
+
+class HostCopier(DeviceCopier):
+    """Host memory standing in for the device (memcpy on a worker thread), with faults for
+    tests: a delay per copy (microseconds), the copy numbered ``fail_at`` fails, the copy
+    numbered ``hang_at`` never completes."""
+
+    def __init__(self, delay_us: int = 0, fail_at: int = -1, hang_at: int = -1) -> None: ...
+    @property
+    def copies_started(self) -> int: ...
+
+class CudaCopier(DeviceCopier):
+    def __init__(self, device: int) -> None: ...
+
+class Stager:
+    """The staging pipeline (csrc/cuda/staging.h): device memory through pinned bounce
+    buffers, copies overlapped with the wire. Each post_* returns at once; its Request
+    completes when the bytes are in place. ``chunk_size`` in bytes (0: 8 MiB), ``slots``
+    bounce buffers (0: 3, at most 8), ``timeout`` in seconds for the whole operation."""
+
+    def __init__(self, engine: Engine, copier: DeviceCopier) -> None: ...
+    def post_write(
+        self,
+        endpoint: Endpoint,
+        device: int,
+        length: int,
+        remote: Descriptor,
+        remote_offset: int = 0,
+        chunk_size: int = 0,
+        slots: int = 0,
+        timeout: float = 60.0,
+        streams: int = 0,
+    ) -> Request: ...
+    def post_read(
+        self,
+        endpoint: Endpoint,
+        device: int,
+        length: int,
+        remote: Descriptor,
+        remote_offset: int = 0,
+        chunk_size: int = 0,
+        slots: int = 0,
+        timeout: float = 60.0,
+        streams: int = 0,
+    ) -> Request: ...
+    def post_send(
+        self,
+        endpoint: Endpoint,
+        device: int,
+        length: int,
+        meta: builtins.bytes,
+        timeout: float = 60.0,
+        streams: int = 0,
+    ) -> Request: ...
+    def post_recv(
+        self, endpoint: Endpoint, msg_id: int, device: int, length: int, timeout: float = 60.0
+    ) -> Request: ...
+    @property
+    def pooled_buffers(self) -> int: ...
+    @property
+    def pooled_bytes(self) -> int: ...
+    @property
+    def active(self) -> int: ...
+    def describe(self) -> str: ...
+    def close(self, timeout: float = 5.0) -> None: ...

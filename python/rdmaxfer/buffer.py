@@ -7,7 +7,9 @@
   the object that owns the memory alive while the region's key is live, and names the region to
   a peer through :meth:`MemoryRegion.descriptor`.
 * :class:`Buffer` is one C-contiguous array in host memory (allocated pinned by an engine, or
-  wrapped), optionally registered.
+  wrapped), optionally registered; or in GPU memory (``Buffer.empty(..., device="cuda:0")``,
+  or a wrapped CuPy/PyTorch/``__cuda_array_interface__``/CUDA ``__dlpack__`` array), which
+  CuPy and PyTorch see through ``__cuda_array_interface__`` and ``__dlpack__`` (no copy).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import numpy.typing as npt
 from . import _core
 from ._config import resolve_timeout
 from .errors import InvalidArgumentError, TransferTimeoutError
+
+if TYPE_CHECKING:
+    from .cuda import CudaArray
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -158,8 +163,10 @@ class MemoryRegion:
         data: npt.NDArray[np.uint8],
         *,
         temporary: bool = False,
+        device: int | None = None,
     ) -> None:
         self._engine = engine
+        self._device = device
         self._region = region
         self._owner = owner
         self._data = data
@@ -214,12 +221,25 @@ class MemoryRegion:
         return self._registered
 
     @property
+    def device(self) -> int | None:
+        """The GPU ordinal for GPU memory registered for GPUDirect RDMA, else None."""
+        return self._device
+
+    @property
     def readonly(self) -> bool:
         """True when the owner's memory is read-only for this process."""
         return not self._data.flags.writeable
 
     def numpy(self) -> npt.NDArray[np.uint8]:
-        """The region's bytes as a 1-D uint8 ndarray of ``nbytes`` elements (no copy)."""
+        """The region's bytes as a 1-D uint8 ndarray of ``nbytes`` elements (no copy).
+
+        Raises:
+            InvalidArgumentError: GPU memory (it has no host view).
+        """
+        if self._device is not None:
+            raise InvalidArgumentError(
+                f"region (key {self.key}) is GPU memory on cuda:{self._device}: no host view"
+            )
         return self._data
 
     def contains(self, addr: int, nbytes: int) -> bool:
@@ -312,6 +332,25 @@ class Buffer:
     def __init__(self, array: npt.NDArray[Any], region: MemoryRegion | None = None) -> None:
         self._array = as_array(array, writable=False)
         self._region = region
+        self._cuda: CudaArray | None = None
+
+    @classmethod
+    def _from_device(cls, view: CudaArray) -> Buffer:
+        buf = cls(np.empty(0, dtype=view.dtype))
+        buf._cuda = view
+        return buf
+
+    def _device_view(self) -> CudaArray:
+        if self._cuda is None:
+            raise InvalidArgumentError("this Buffer is host memory, not a device array")
+        return self._cuda
+
+    def _host_only(self, what: str) -> None:
+        if self._cuda is not None:
+            raise InvalidArgumentError(
+                f"{what}: this Buffer is GPU memory (cuda:{self._cuda.device}); view it with "
+                "cupy.asarray(buf) or torch.from_dlpack(buf), or copy it with buf.copy_to_host()"
+            )
 
     @classmethod
     def empty(
@@ -322,6 +361,7 @@ class Buffer:
         pinned: bool = True,
         engine: Engine | None = None,
         access: str = "rw",
+        device: str | int | None = None,
     ) -> Buffer:
         """Allocate an uninitialised buffer.
 
@@ -334,16 +374,22 @@ class Buffer:
             engine: the engine to allocate/register with (default: the default engine of
                 :mod:`rdmaxfer.api` when ``pinned``).
             access: what a peer may do with the memory: ``"rw"``, ``"r"``, ``"w"``, ``"none"``.
+            device: ``None``/``"cpu"`` for host memory, or ``"cuda:N"`` (``"cuda"``, N) for GPU
+                memory (cuMemAlloc; ``pinned``/``engine``/``access`` do not apply: register it
+                with ``engine.register`` for GPUDirect RDMA).
 
         Raises:
-            InvalidArgumentError: a negative dimension, or an unknown access.
+            InvalidArgumentError: a negative dimension, an unknown access or device.
             RegistrationError: pinning failed (e.g. the memlock limit; the message says how to
-                raise it).
+                raise it), or the GPU is out of memory.
+            UnsupportedError: a GPU device without CUDA here (the message says why).
         """
         dims = _normalize_shape(shape)
         dt = np.dtype(dtype)
         if dt.hasobject:
             raise InvalidArgumentError(f"dtype {dt} holds Python objects; use a numeric dtype")
+        if device is not None and device != "cpu":
+            return cls._from_device(_alloc_device(dims, dt, device))
         access_bits(access)
         if not pinned:
             array: npt.NDArray[Any] = np.empty(dims, dtype=dt)
@@ -374,17 +420,32 @@ class Buffer:
             return obj
         if isinstance(obj, MemoryRegion):
             return cls(obj.numpy(), obj)
+        from .cuda import device_view
+
+        view = device_view(obj, writable=False, what="wrapped object")
+        if view is not None:
+            return cls._from_device(view)
         return cls(as_array(obj, writable=False, what="wrapped object"))
 
     # -- views -----------------------------------------------------------------------------
     def numpy(self) -> npt.NDArray[Any]:
-        """The buffer as an ndarray of its dtype and shape (a view: no copy)."""
+        """The buffer as an ndarray of its dtype and shape (a view: no copy).
+
+        Raises:
+            InvalidArgumentError: a GPU buffer (use :meth:`copy_to_host`, or CuPy/DLPack).
+        """
+        self._host_only("numpy()")
         return self._array
+
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
+        return "cpu" if self._cuda is None else f"cuda:{self._cuda.device}"
 
     @property
     def shape(self) -> tuple[int, ...]:
         """Dimensions, in elements."""
-        return tuple(self._array.shape)
+        return self._cuda.shape if self._cuda is not None else tuple(self._array.shape)
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -394,17 +455,47 @@ class Buffer:
     @property
     def nbytes(self) -> int:
         """Size in bytes."""
-        return int(self._array.nbytes)
+        return self._cuda.nbytes if self._cuda is not None else int(self._array.nbytes)
 
     @property
     def addr(self) -> int:
-        """Address of the first byte."""
-        return int(self._array.ctypes.data)
+        """Address of the first byte (a device address for GPU buffers)."""
+        return self._cuda.ptr if self._cuda is not None else int(self._array.ctypes.data)
 
     @property
     def readonly(self) -> bool:
         """True when the memory cannot be written (it then cannot receive data)."""
+        if self._cuda is not None:
+            return self._cuda.readonly
         return not self._array.flags.writeable
+
+    def copy_to_host(self) -> npt.NDArray[Any]:
+        """A new host ndarray with the buffer's contents (a copy; blocking for GPU buffers)."""
+        if self._cuda is None:
+            return self._array.copy()
+        from .cuda import copy_to_host
+
+        return copy_to_host(self._cuda)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA Array Interface v3 of a GPU buffer (``cupy.asarray(buf)``, Numba, PyTorch);
+        ``stream`` is None: the data is ready when a transfer into it has completed.
+        Absent (AttributeError) on host buffers and for dtypes the interface cannot name."""
+        view = self._cuda
+        if view is None:
+            raise AttributeError("__cuda_array_interface__: this Buffer is host memory")
+        if view.dtype.isbuiltin == 2:
+            raise AttributeError(f"__cuda_array_interface__ cannot describe dtype {view.dtype}")
+        return {
+            "version": 3,
+            "shape": view.shape,
+            "typestr": view.dtype.str,
+            "data": (view.ptr, view.readonly),
+            "strides": None,
+            "descr": [("", view.dtype.str)],
+            "stream": None,
+        }
 
     @property
     def region(self) -> MemoryRegion | None:
@@ -418,6 +509,8 @@ class Buffer:
         Absent (AttributeError) for extension dtypes such as bfloat16, which the interface
         cannot name: NumPy then uses ``__array__``, which keeps the dtype.
         """
+        if self._cuda is not None:
+            raise AttributeError("__array_interface__: this Buffer is GPU memory")
         if self._array.dtype.isbuiltin == 2:
             raise AttributeError(
                 f"__array_interface__ cannot describe dtype {self._array.dtype}; use __array__"
@@ -427,7 +520,14 @@ class Buffer:
     def __array__(
         self, dtype: npt.DTypeLike | None = None, copy: bool | None = None
     ) -> npt.NDArray[Any]:
-        """The view (no copy unless ``copy=True`` or another ``dtype`` is asked for)."""
+        """The view (no copy unless ``copy=True`` or another ``dtype`` is asked for).
+
+        Raises TypeError for GPU buffers (an implicit device-to-host copy would hide a cost)."""
+        if self._cuda is not None:
+            raise TypeError(
+                "a GPU Buffer cannot be converted to a NumPy array implicitly; use "
+                "buf.copy_to_host()"
+            )
         if dtype is not None and np.dtype(dtype) != self._array.dtype:
             if copy is False:
                 raise ValueError(f"cannot view dtype {self._array.dtype} as {dtype} without a copy")
@@ -436,15 +536,37 @@ class Buffer:
 
     def __dlpack__(self, **kwargs: Any) -> Any:
         """DLPack capsule of the view (``np.from_dlpack(buf)``); ml_dtypes dtypes such as
-        bfloat16 are not representable in DLPack and raise BufferError."""
+        bfloat16 are not representable in DLPack and raise BufferError.
+
+        GPU buffers export a ``kDLCUDA`` tensor (``torch.from_dlpack(buf)``); the data is
+        ready (transfers into it completed), so ``stream`` needs no synchronization."""
+        if self._cuda is not None:
+            from .cuda import KDL_CUDA, dlpack_dtype_code
+
+            code, bits = dlpack_dtype_code(self._cuda.dtype)
+            return _core.dlpack_capsule(
+                self,
+                self._cuda.ptr,
+                KDL_CUDA,
+                self._cuda.device,
+                list(self._cuda.shape),
+                code,
+                bits,
+            )
         return self._array.__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        """``(kDLCPU, 0)``: host memory."""
+        """``(kDLCPU, 0)`` for host memory, ``(kDLCUDA, N)`` for GPU memory on cuda:N."""
+        if self._cuda is not None:
+            return 2, self._cuda.device
         device = self._array.__dlpack_device__()
         return int(device[0]), int(device[1])
 
     def __len__(self) -> int:
+        if self._cuda is not None:
+            if not self._cuda.shape:
+                raise TypeError("len() of a 0-d GPU buffer")
+            return self._cuda.shape[0]
         return len(self._array)
 
     # -- registration ----------------------------------------------------------------------
@@ -456,7 +578,7 @@ class Buffer:
             InvalidArgumentError: unknown access, or ``"w"``/``"rw"`` on read-only memory.
             RegistrationError: the transport could not register the memory.
         """
-        region = engine.register(self._array, access)
+        region = engine.register(self if self._cuda is not None else self._array, access)
         self._region = region
         return region
 
@@ -491,4 +613,17 @@ class Buffer:
 
     def __repr__(self) -> str:
         reg = "unregistered" if self._region is None else repr(self._region)
-        return f"<Buffer shape={self.shape} dtype={self.dtype} nbytes={self.nbytes} {reg}>"
+        where = "" if self._cuda is None else f" device={self.device}"
+        return f"<Buffer shape={self.shape} dtype={self.dtype} nbytes={self.nbytes}{where} {reg}>"
+
+
+def _alloc_device(shape: tuple[int, ...], dtype: np.dtype[Any], device: str | int) -> CudaArray:
+    from . import cuda
+
+    ordinal = cuda.parse_device(device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if cuda._standin:  # test hook: host memory stands in for the GPU
+        host = np.empty(max(nbytes, 1), dtype=np.uint8)
+        return cuda.CudaArray(int(host.ctypes.data), shape, dtype, ordinal, False, host)
+    memory = _core.DeviceMemory(ordinal, nbytes)
+    return cuda.CudaArray(memory.ptr, shape, dtype, ordinal, False, memory)

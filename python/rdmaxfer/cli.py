@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _core, bench, weights
+from . import _core, bench, cuda, weights
 from .engine import Engine, resolve_transport
 from .errors import RdmaxferError
 
@@ -92,6 +92,9 @@ def cmd_info(args: argparse.Namespace) -> int:
             with Engine(name) as engine:
                 details[name] = engine.describe()
     info["details"] = details
+    words = details.get("rdma", "").split()  # "rdma: device mlx5_0 port 1, ..."
+    rdma_device = words[words.index("device") + 1] if "device" in words[:-1] else None
+    info["gpu"] = cuda.gpu_report(available, rdma_device=rdma_device)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -101,7 +104,30 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  {name:5} {state}")
     print(f"auto selects: {info['auto_selects']}  (override: RDMAXFER_TRANSPORT or --transport)")
     print(f"locked-memory limit (ulimit -l): {info['memlock_limit']}")
+    _print_gpu(info["gpu"])
     return 0
+
+
+def _print_gpu(gpu: dict[str, Any]) -> None:
+    if gpu["cuda"] != "available":
+        print(f"GPUs: none usable: {gpu['cuda']}")
+    else:
+        print(f"CUDA driver {gpu['driver_version']}, {len(gpu['gpus'])} GPU(s):")
+    for g in gpu["gpus"]:
+        print(
+            f"  cuda:{g['index']} {g['name']} PCIe {g['pci_bus_id']} "
+            f"{g['total_memory'] / 2**30:.0f} GiB, dmabuf {'yes' if g['dma_buf'] else 'no'}"
+        )
+        if not g["nics"]:
+            print("    nearest RDMA NIC: none found in /sys/class/infiniband")
+        for nic in g["nics"][:3]:
+            where = f"PCIe {nic['pci_bus_id']}" if nic["pci_bus_id"] else "software device"
+            print(f"    RDMA NIC {nic['name']} ({where}): {nic['link'] or 'n/a'}")
+    for transport, check in gpu["gpudirect"].items():
+        print(f"GPU memory on {transport}: {check['method']}")
+        for method in ("dmabuf", "peermem"):
+            why = check["reasons"].get(method, "")
+            print(f"  {method}: {'available' if not why else 'unavailable: ' + why}")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -138,11 +164,24 @@ def _pull(address: str, args: argparse.Namespace) -> tuple[dict[str, np.ndarray]
             timeout=args.timeout,
             progress=progress,
             with_header=True,
+            device=getattr(args, "device", None),
         )
     finally:
         if bar is not None:
             bar.close()
-    return arrays, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if getattr(args, "device", None) not in (None, "cpu"):  # GPU arrays: host copies to check
+        arrays = {k: _to_host(a) for k, a in arrays.items()}
+    return arrays, seconds
+
+
+def _to_host(array: Any) -> np.ndarray:
+    """A host copy of a pulled GPU array (CuPy array or device Buffer); host arrays as is."""
+    if isinstance(array, np.ndarray):
+        return array
+    if hasattr(array, "copy_to_host"):
+        return np.asarray(array.copy_to_host())
+    return np.asarray(array.get())  # CuPy
 
 
 def _report(arrays: dict[str, np.ndarray], seconds: float) -> int:
@@ -173,20 +212,54 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    transport = resolve_transport(args.transport)
+    sizes = bench.parse_sizes(args.size)
+    rdma = (
+        bench.RdmaSetup.resolve(args.device, args.peer_device, args.bind)
+        if transport == "rdma"
+        else None
+    )
     results = bench.run_bench(
-        transport=args.transport,
+        transport=transport,
         op=args.op,
-        sizes=bench.parse_sizes(args.size),
+        sizes=sizes,
         iters=args.iters,
         warmup=args.warmup,
         streams=args.streams,
         chunk_size=bench.parse_size(args.chunk_size) if args.chunk_size else 0,
+        loop=getattr(args, "loop", "python"),
+        qd=args.qd,
+        duration=args.duration,
+        rdma=rdma,
     )
+    if args.reference:
+        from . import bench_reference
+
+        iters = max(r.iters for r in results)
+        if transport == "tcp":
+            ref = bench_reference.iperf3_reference(sizes, iters)
+        else:
+            ref = bench_reference.perftest_reference(sizes, iters)
+        for r in results:
+            r.attach_reference(ref[r.bytes])
+    where = "loopback"
+    if rdma is not None:
+        where = f"{rdma.device or 'default device'} -> {rdma.peer_device or 'same'} at {rdma.bind}"
+    title = f"rdmaxfer {args.op} over {transport} ({where}), qd {args.qd}"
+    if args.plot:
+        from .bench_plot import plot_results
+
+        plot_results([r.as_dict() for r in results], args.plot, title=title)
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=2))
-    else:
-        print(f"# rdmaxfer {args.op} over {results[0].transport}, loopback, GB/s = 1e9 B/s")
-        print(bench.format_table(results))
+        return 0
+    print(f"# {title}, GB/s = 1e9 B/s")
+    print(bench.format_table(results))
+    if args.reference:
+        print()
+        print(bench.format_reference_table(results))
+    if args.plot:
+        print(f"wrote {args.plot}")
     return 0
 
 
@@ -336,16 +409,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("address", help="HOST:PORT of `rdmaxfer serve`")
     p.add_argument("--out", help="write DIR/model.safetensors (bit-exact copy of the served file)")
     p.add_argument("--verify", help="compare with this .safetensors file")
+    p.add_argument("--device", default=None, help="cpu (default) or cuda:N: pull into GPU memory")
     pull_options(p)
     p.set_defaults(func=cmd_pull)
 
-    p = sub.add_parser("bench", help="loopback bandwidth/latency sweep (perftest-style table)")
+    p = sub.add_parser("bench", help="bandwidth/latency sweep (perftest-style table)")
     p.add_argument("--op", choices=bench.OPS, default="write")
     p.add_argument("--size", default="64K,1M,16M", help="sizes: 64K,1M or a sweep 2:1G")
-    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--iters", type=int, default=10, help="timed operations per size")
+    p.add_argument("--duration", type=float, default=None, help="seconds per size, not --iters")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--streams", type=int, default=0)
+    p.add_argument("--qd", type=int, default=1, help="queue depth: operations in flight")
+    p.add_argument("--streams", type=int, default=0, help="TCP streams / RDMA QPs (0: default)")
     p.add_argument("--chunk-size", default="", help="bytes per chunk (default: from size)")
+    p.add_argument("--device", help="rdma: this side's device (default: env / first active)")
+    p.add_argument("--peer-device", help="rdma: the peer's device (default: env / --device)")
+    p.add_argument("--bind", help="rdma: address the peer listens on (default: env / 127.0.0.1)")
+    p.add_argument(
+        "--reference", action="store_true", help="also run iperf3 (tcp) or ib_write_bw/lat (rdma)"
+    )
+    p.add_argument("--plot", metavar="PNG", help="draw bandwidth and latency vs size")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per size")
     common(p)
     p.set_defaults(func=cmd_bench, transport="tcp")

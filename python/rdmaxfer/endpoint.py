@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from . import _core, _meta
+from . import _core, _meta, cuda, staging
 from .buffer import Buffer, MemoryRegion, as_array
 from .errors import ChecksumError, EndpointClosedError, InvalidArgumentError, RdmaxferError
 from .transfer import HeaderStep, Transfer
@@ -146,6 +146,9 @@ class Endpoint:
                 fix), object or structured dtype.
             EndpointClosedError: the endpoint is closed.
         """
+        view = cuda.device_view(array, writable=False, what="array to send")
+        if view is not None:  # GPU memory: staged through pinned host buffers
+            return staging.post_send(self, view, chunk_size, streams)
         arr = as_array(array, writable=False, what="array to send")
         digest = _meta.payload_checksum(arr) if checksum else None
         meta = _meta.encode(arr.dtype, tuple(arr.shape), digest)
@@ -160,17 +163,23 @@ class Endpoint:
             Transfer(self, "send", nbytes, request, keep=[arr, region], temps=temps, result=None)
         )
 
-    def post_recv(self, out: object = None) -> Transfer[npt.NDArray[Any]]:
+    def post_recv(
+        self, out: object = None, *, device: str | int | None = None
+    ) -> Transfer[npt.NDArray[Any]]:
         """Post the receive of one message.
 
         Args:
             out: where to place the bytes: a writable C-contiguous array (or Buffer...) of the
                 message's exact dtype and shape. None allocates a new array of the sender's
-                dtype and shape (bfloat16 as ``ml_dtypes.bfloat16``).
+                dtype and shape (bfloat16 as ``ml_dtypes.bfloat16``). A GPU array (CuPy,
+                PyTorch, ``__cuda_array_interface__``, CUDA ``__dlpack__``, a device Buffer)
+                is filled through the staging pipeline.
+            device: with ``out=None``, ``"cuda:N"`` allocates the new array on that GPU
+                (returned as a CuPy array when CuPy is importable, else a device Buffer).
 
         Returns:
             A Transfer whose ``wait()`` returns the array (``out`` viewed as an ndarray, or
-            the new array).
+            the new array; a GPU ``out`` is returned as given).
 
         Raises (here, or from ``wait()`` once the header arrived):
             InvalidArgumentError: ``out`` is read-only or not contiguous; or the message's
@@ -178,6 +187,13 @@ class Endpoint:
                 byte is written (``out`` is untouched) and the sender gets a ProtocolError.
             ProtocolError: malformed message metadata (the message is rejected).
         """
+        view = (
+            None if out is None else cuda.device_view(out, writable=True, what="recv destination")
+        )
+        if view is not None or (device is not None and device != "cpu"):
+            # GPU memory (``out`` on a GPU, or device="cuda:N"): see rdmaxfer.staging.post_recv.
+            ordinal = view.device if view is not None else cuda.parse_device(device)
+            return staging.post_recv(self, view, out, ordinal)
         dest = None if out is None else as_array(out, writable=True, what="recv destination")
         request = self._core.post_recv_header()
         transfer: Transfer[npt.NDArray[Any]] = Transfer(
@@ -267,7 +283,13 @@ class Endpoint:
             timeout
         )
 
-    def recv(self, out: object = None, *, timeout: float | None = None) -> npt.NDArray[Any]:
+    def recv(
+        self,
+        out: object = None,
+        *,
+        timeout: float | None = None,
+        device: str | int | None = None,
+    ) -> npt.NDArray[Any]:
         """Receive one message.
 
         Args:
@@ -286,7 +308,7 @@ class Endpoint:
             ConnectionFailedError: the peer closed or reset the connection.
             ProtocolError: malformed message metadata.
         """
-        return self.post_recv(out).wait(timeout)
+        return self.post_recv(out, device=device).wait(timeout)
 
     async def asend(
         self,
@@ -302,9 +324,15 @@ class Endpoint:
             array, chunk_size=chunk_size, streams=streams, checksum=checksum
         ).wait_async(timeout)
 
-    async def arecv(self, out: object = None, *, timeout: float | None = None) -> npt.NDArray[Any]:
+    async def arecv(
+        self,
+        out: object = None,
+        *,
+        timeout: float | None = None,
+        device: str | int | None = None,
+    ) -> npt.NDArray[Any]:
         """Asyncio twin of :meth:`recv`."""
-        return await self.post_recv(out).wait_async(timeout)
+        return await self.post_recv(out, device=device).wait_async(timeout)
 
     def reject(self, msg_id: int, reason: str) -> None:
         """Refuse an incoming message by id (low level: ``recv`` does this on a mismatch)."""
@@ -324,6 +352,19 @@ class Endpoint:
     ) -> Transfer[None]:
         writable = op == "read"
         what = "destination of the read" if writable else "source of the write"
+        view = cuda.device_view(local, writable=writable, what=what)
+        if view is not None:  # GPU memory: GPUDirect if registered for it, else staged
+            return staging.post_one_sided(
+                self,
+                op,
+                view,
+                _descriptor(remote),
+                offset,
+                remote_offset,
+                nbytes,
+                chunk_size,
+                streams,
+            )
         arr = as_array(local, writable=writable, what=what)
         descriptor = _descriptor(remote)
         length = _byte_range(arr, offset, nbytes, what)

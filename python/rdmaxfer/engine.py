@@ -20,11 +20,17 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from . import _core
+from . import _core, cuda, staging, topology
 from ._config import ENV_SECRET, ENV_TRANSPORT, parse_address, resolve_timeout
 from .buffer import ACCESS, Buffer, MemoryRegion, access_bits, as_array, byte_view
 from .endpoint import Endpoint
-from .errors import EndpointClosedError, InvalidArgumentError, RdmaxferError
+from .errors import (
+    EndpointClosedError,
+    InvalidArgumentError,
+    RdmaxferError,
+    RegistrationError,
+    UnsupportedError,
+)
 from .transfer import Notifications, Transfer
 
 if TYPE_CHECKING:
@@ -126,6 +132,9 @@ class Engine:
         # user registrations by exact range, so registering the same memory again is free.
         self._regions: dict[int, MemoryRegion] = {}
         self._by_range: dict[tuple[int, int, int], MemoryRegion] = {}
+        # GPU memory: one staging pipeline per GPU (rdmaxfer.staging), the GPUDirect preflight.
+        self._stagers: dict[int, _core.Stager] = {}
+        self._preflights: dict[int, topology.GpuDirectPreflight] = {}
         self._notifications = Notifications(self._core)
 
     # -- properties ------------------------------------------------------------------------
@@ -271,13 +280,18 @@ class Engine:
         Args:
             obj: a C-contiguous array, Buffer, or object exposing the buffer protocol,
                 ``__array_interface__`` or ``__dlpack__`` (host memory). It is kept alive
-                until the region is deregistered.
+                until the region is deregistered. GPU memory (CuPy, PyTorch, a device
+                Buffer...) is registered for GPUDirect RDMA, by dmabuf or nvidia-peermem as
+                :meth:`gpu_preflight` decides.
             access: what a peer may do: ``"rw"``, ``"r"`` (read only), ``"w"`` or ``"none"``.
 
         Raises:
             InvalidArgumentError: unknown access, non-contiguous memory, or read-only memory
                 with ``"w"``/``"rw"``.
-            RegistrationError: the transport could not register it.
+            RegistrationError: the transport could not register it (for GPU memory the message
+                names the cause and the fix: nvidia-peermem, open kernel modules, memlock).
+            UnsupportedError: GPU memory on a transport or machine without GPUDirect RDMA
+                (the message says why; transfers of GPU memory are staged there instead).
             EndpointClosedError: the engine is closed.
         """
         self._check_open()
@@ -285,6 +299,9 @@ class Engine:
         if isinstance(obj, MemoryRegion) and obj.engine is self and obj.registered:
             if obj.core.access == bits:
                 return obj
+        view = cuda.device_view(obj, writable=False, what="memory to register")
+        if view is not None:
+            return self._register_device(obj, view, bits, access)
         arr = as_array(obj, writable=False, what="memory to register")
         if bits & ACCESS["w"] and not arr.flags.writeable:
             raise InvalidArgumentError(
@@ -304,6 +321,69 @@ class Engine:
             self._regions[region.key] = region
             self._by_range[(addr, nbytes, bits)] = region
         return region
+
+    def gpu_preflight(self, device: str | int = 0) -> topology.GpuDirectPreflight:
+        """How this engine registers memory of GPU ``device`` for RDMA, and why not otherwise:
+        ``method`` is ``"dmabuf"``, ``"peermem"`` or ``"staging"`` (see
+        :func:`rdmaxfer.topology.preflight`)."""
+        ordinal = device if isinstance(device, int) else cuda.parse_device(device)
+        with self._lock:
+            cached = self._preflights.get(ordinal)
+        if cached is not None:
+            return cached
+        rdma_device = None
+        if self.transport == "rdma":
+            words = self.describe().split()  # "rdma: device mlx5_0 port 1, ..."
+            rdma_device = words[words.index("device") + 1] if "device" in words[:-1] else None
+        result = topology.preflight(
+            self.transport,
+            rdma_device=rdma_device,
+            cuda_status=cuda.status(),
+            gpu=ordinal,
+            verbs_dmabuf=_core.verbs_dmabuf_unavailable(),
+        )
+        with self._lock:
+            self._preflights[ordinal] = result
+        return result
+
+    def _register_device(
+        self, obj: object, view: cuda.CudaArray, bits: int, access: str
+    ) -> MemoryRegion:
+        if bits & ACCESS["w"] and view.readonly:
+            raise InvalidArgumentError(
+                f"read-only GPU memory cannot be registered with access={access!r}"
+            )
+        check = self.gpu_preflight(view.device)
+        if check.method == "staging":
+            raise UnsupportedError(
+                f"GPU memory cannot be registered for RDMA on this engine: dmabuf: "
+                f"{check.reasons['dmabuf']}; nvidia-peermem: {check.reasons['peermem']}. "
+                "Transfers of GPU memory work without registering (they are staged through "
+                "pinned host buffers)"
+            )
+        with self._lock:
+            cached = self._by_range.get((view.ptr, view.nbytes, bits))
+            if cached is not None and cached.registered:
+                return cached
+        errors = []
+        for method in ("dmabuf", "peermem"):
+            if check.reasons.get(method):
+                continue
+            try:
+                core = self._core.register_device(view.ptr, view.nbytes, bits, method, view.device)
+            except (RegistrationError, UnsupportedError) as exc:
+                errors.append(f"{method}: {exc}")
+                continue
+            region = MemoryRegion(self, core, view, np.empty(0, np.uint8), device=view.device)
+            with self._lock:
+                self._regions[region.key] = region
+                self._by_range[(view.ptr, view.nbytes, bits)] = region
+            return region
+        raise RegistrationError("GPU memory registration failed: " + "; ".join(errors))
+
+    def _device_regions(self) -> list[MemoryRegion]:
+        with self._lock:
+            return [r for r in self._regions.values() if r.registered and r.device is not None]
 
     def alloc_pinned(self, nbytes: int, access: str = "rw") -> MemoryRegion:
         """Allocate ``nbytes`` of page-aligned host memory locked in RAM, registered.
@@ -371,6 +451,7 @@ class Engine:
             endpoints = list(self._endpoints.values())
         for endpoint in endpoints:
             endpoint.close()
+        staging.close_engine(self, _CLOSE_TIMEOUT_S)
         self._notifications.close()
         with self._lock:
             regions = list(self._regions.values())

@@ -17,6 +17,12 @@ Protocol (two-sided messages on one endpoint, each a 1-D ``uint8`` array holding
    the file's raw safetensors header (so a client can write a bit-exact copy).
 3. client READs the bytes, then sends ``{"v": 1, "op": "done"}`` and closes.
 
+GPU memory: :class:`WeightServer` publishes GPU-resident tensors (a dict of CuPy/PyTorch
+arrays, for trainer -> inference weight sync) registered for GPUDirect RDMA where the engine
+can, else through a pinned host mirror that :meth:`WeightServer.refresh` updates;
+``pull_weights(..., device="cuda:0")`` fills GPU arrays (GPUDirect READs into registered GPU
+memory, else the staging pipeline).
+
 dtypes: BF16 and the F8 types arrive as ``ml_dtypes`` arrays (``ml_dtypes.bfloat16`` ...),
 which NumPy, safetensors and JAX accept; nothing is converted.
 
@@ -41,12 +47,19 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from . import _core
+from . import _core, cuda
 from ._config import resolve_timeout
-from .buffer import MemoryRegion, as_array
+from .buffer import Buffer, MemoryRegion, as_array
 from .endpoint import Endpoint
 from .engine import Engine
-from .errors import InvalidArgumentError, ProtocolError, RdmaxferError, TransferTimeoutError
+from .errors import (
+    InvalidArgumentError,
+    ProtocolError,
+    RdmaxferError,
+    RegistrationError,
+    TransferTimeoutError,
+    UnsupportedError,
+)
 
 __all__ = [
     "DTYPES",
@@ -181,6 +194,8 @@ class WeightServer:
         self._mmap: mmap.mmap | None = None
         self._header: bytes | None = None
         self._tensors: dict[str, TensorInfo] = {}
+        # GPU tensors published through a host mirror: (device view, host copy).
+        self._mirrors: list[tuple[cuda.CudaArray, npt.NDArray[Any]]] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._clients_served = 0
@@ -236,6 +251,10 @@ class WeightServer:
 
     def _publish_arrays(self, arrays: Mapping[str, Any]) -> None:
         for index, (name, obj) in enumerate(arrays.items()):
+            view = cuda.device_view(obj, writable=False, what=f"tensor {name!r}")
+            if view is not None:
+                self._publish_device(index, name, obj, view)
+                continue
             arr = as_array(obj, writable=False, what=f"tensor {name!r}")
             dtype = _NAMES.get(arr.dtype)
             if dtype is None:
@@ -245,6 +264,36 @@ class WeightServer:
                 )
             self._regions.append(self._engine.register(arr, access="r"))
             self._tensors[name] = TensorInfo(name, dtype, tuple(arr.shape), index, 0)
+
+    def _publish_device(self, index: int, name: str, obj: object, view: cuda.CudaArray) -> None:
+        dtype = _NAMES.get(view.dtype)
+        if dtype is None:
+            raise InvalidArgumentError(
+                f"tensor {name!r} has dtype {view.dtype}, which has no safetensors name"
+            )
+        try:  # GPUDirect RDMA: peers READ the GPU memory itself
+            region = self._engine.register(obj, access="r")
+        except (UnsupportedError, RegistrationError) as exc:
+            log.info("tensor %r: GPU memory published through a host mirror (%s)", name, exc)
+            host = cuda.copy_to_host(view)
+            self._mirrors.append((view, host))
+            region = self._engine.register(host, access="r")
+        self._regions.append(region)
+        self._tensors[name] = TensorInfo(name, dtype, tuple(view.shape), index, 0)
+
+    def refresh(self) -> int:
+        """Copy the current contents of GPU tensors published through a host mirror into their
+        mirrors (after the trainer updated them in place); GPUDirect-registered tensors need
+        nothing. Clients pulling meanwhile may see a mix of old and new values.
+
+        Returns:
+            Bytes copied from the GPUs.
+        """
+        total = 0
+        for view, host in self._mirrors:
+            cuda.copy_to_host(view, host)
+            total += view.nbytes
+        return total
 
     @property
     def port(self) -> int:
@@ -366,7 +415,8 @@ def pull_weights(
     timeout: float | None = None,
     progress: Callable[[int, int], None] | None = None,
     with_header: bool = False,
-) -> dict[str, npt.NDArray[Any]]:
+    device: str | int | None = None,
+) -> dict[str, Any]:
     """Fetch published tensors into new host arrays with one-sided READs.
 
     Tensors that sit next to each other on the server are fetched by one READ into one
@@ -383,14 +433,21 @@ def pull_weights(
         progress: called as ``progress(bytes_done, bytes_total)`` as pieces arrive.
         with_header: also return the server file's raw safetensors header under the key
             ``"__header__"`` (a ``uint8`` array), for :func:`save_safetensors_copy`.
+        device: None/``"cpu"`` for host arrays, or ``"cuda:N"``: each contiguous run of
+            tensors is allocated on that GPU and filled by READs, straight into GPU memory
+            when the engine can register it for GPUDirect RDMA, else through the staging
+            pipeline; tensors come back as CuPy arrays (when CuPy is importable) or device
+            Buffers, zero-copy views of the run.
 
     Returns:
         ``{name: ndarray}`` with the published dtype (BF16 as ``ml_dtypes.bfloat16``) and shape.
 
     Raises:
-        InvalidArgumentError: a name in ``names`` is not published.
+        InvalidArgumentError: a name in ``names`` is not published, or a bad ``device``.
+        UnsupportedError: ``device`` is a GPU but CUDA is not usable here (with the reason).
         ConnectionFailedError, TransferTimeoutError, ProtocolError, RemoteAccessError.
     """
+    ordinal = None if device is None or device == "cpu" else cuda.parse_device(device)
     own = engine is None
     eng = engine if engine is not None else Engine(transport)
     timeout_s = resolve_timeout(timeout)
@@ -419,7 +476,10 @@ def pull_weights(
                         f"it has {len(tensors)} tensors (see its catalog)"
                     )
                 tensors = [t for t in tensors if t.name in wanted]
-            result = _fetch(ep, regions, tensors, timeout_s, progress)
+            if ordinal is None:
+                result: dict[str, Any] = dict(_fetch(ep, regions, tensors, timeout_s, progress))
+            else:
+                result = _fetch_device(ep, regions, tensors, timeout_s, progress, ordinal)
             if with_header and header_hex is not None:
                 result["__header__"] = np.frombuffer(bytes.fromhex(header_hex), dtype=np.uint8)
             ep.send(_encode({"v": PROTOCOL_VERSION, "op": "done"}), timeout=timeout_s)
@@ -471,6 +531,65 @@ def _fetch(
         done += transfer.nbytes
         if progress is not None:
             progress(done, total)
+    return result
+
+
+def _runs(tensors: list[TensorInfo]) -> list[list[TensorInfo]]:
+    runs: list[list[TensorInfo]] = []
+    for t in sorted(tensors, key=lambda t: (t.region, t.offset)):
+        last = runs[-1][-1] if runs else None
+        if last is not None and last.region == t.region and last.offset + last.nbytes == t.offset:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    return runs
+
+
+def _fetch_device(
+    ep: Endpoint,
+    regions: list[_core.Descriptor],
+    tensors: list[TensorInfo],
+    timeout_s: float,
+    progress: Callable[[int, int], None] | None,
+    device: int,
+) -> dict[str, Any]:
+    # One GPU allocation and one READ per run; the staging pipeline (or the NIC, with
+    # GPUDirect) cuts it into chunks, so no Python runs per chunk.
+    direct = ep.engine.gpu_preflight(device).method != "staging"
+    registrations: list[MemoryRegion] = []
+    total = sum(t.nbytes for t in tensors)
+    result: dict[str, Any] = {}
+    transfers = []
+    for run in _runs(tensors):
+        start = run[0].offset
+        length = run[-1].offset + run[-1].nbytes - start
+        buf = Buffer.empty(length, np.uint8, device=device)
+        base = buf._device_view()
+        if direct:
+            try:
+                registrations.append(ep.engine.register(buf, access="none"))
+            except (RegistrationError, UnsupportedError) as exc:
+                log.info("pull into cuda:%d: staging instead of GPUDirect (%s)", device, exc)
+                direct = False
+        for t in run:
+            view = cuda.CudaArray(
+                base.ptr + t.offset - start, t.shape, DTYPES[t.dtype], device, False, buf
+            )
+            result[t.name] = cuda.to_user_array(Buffer._from_device(view))
+        transfers.append(
+            ep.post_read(buf, regions[run[0].region], remote_offset=start, nbytes=length)
+        )
+    done = 0
+    deadline = _Deadline(timeout_s)
+    try:
+        for transfer in transfers:
+            transfer.wait(deadline.remaining())
+            done += transfer.nbytes
+            if progress is not None:
+                progress(done, total)
+    finally:
+        for region in registrations:
+            region.close()
     return result
 
 

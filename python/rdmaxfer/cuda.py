@@ -1,0 +1,465 @@
+"""GPU memory as rdmaxfer sees it: the CUDA driver's status, device selection, and views of
+device arrays from CuPy, PyTorch, ``__cuda_array_interface__`` (v3) and CUDA ``__dlpack__``.
+
+libcuda.so.1 is loaded by the C++ core at run time (csrc/cuda/cuda_api.h); without it
+:func:`unavailable_reason` says why ("no CUDA: libcuda.so.1 not found (...)") and GPU features
+raise :class:`~rdmaxfer.errors.UnsupportedError` with that reason; importing never fails.
+
+A :class:`CudaArray` is a zero-copy view of device memory: address, shape, dtype, device
+ordinal, read-only flag, and the object that owns the memory (kept alive by the view).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from . import _core
+from .errors import InvalidArgumentError, UnsupportedError
+
+__all__ = [
+    "CudaArray",
+    "available",
+    "device_view",
+    "parse_cuda_array_interface",
+    "parse_device",
+    "parse_dlpack",
+    "status",
+    "to_user_array",
+    "unavailable_reason",
+]
+
+KDL_CPU = 1
+KDL_CUDA = 2
+KDL_CUDA_HOST = 3
+KDL_CUDA_MANAGED = 13
+
+_status: dict[str, Any] | None = None
+
+#: Test hook (see rdmaxfer.staging.host_standin): host memory stands in for the device.
+_standin = False
+
+
+def status() -> dict[str, Any]:
+    """``_core.cuda_status()``, cached: ``{"unavailable": reason or "", "driver_version": int
+    (12040 = 12.4), "get_handle_for_address_range": bool, "gpus": [{"index", "name",
+    "pci_bus_id", "total_memory" (bytes), "compute_capability", "gpu_direct_rdma",
+    "dma_buf"}]}``."""
+    global _status
+    if _status is None:
+        _status = _core.cuda_status()
+    return _status
+
+
+def available() -> bool:
+    """True when the CUDA driver loaded and sees at least one GPU."""
+    return _standin or (not status()["unavailable"] and bool(status()["gpus"]))
+
+
+def unavailable_reason() -> str:
+    """Why GPU memory cannot be used here ("" when it can)."""
+    if available():
+        return ""
+    s = status()
+    return str(s["unavailable"]) or "no CUDA: the driver loaded but sees no GPU"
+
+
+def driver_version_text(version: int) -> str:
+    """12040 -> "12.4"."""
+    return f"{version // 1000}.{(version % 1000) // 10}"
+
+
+def parse_device(device: object) -> int:
+    """The GPU ordinal named by ``device``: ``"cuda"`` (0), ``"cuda:N"``, or an int N.
+
+    Raises:
+        InvalidArgumentError: anything else, or a GPU that does not exist.
+        UnsupportedError: CUDA is not usable here (the message gives the reason).
+    """
+    ordinal: int | None = None
+    if isinstance(device, bool):
+        ordinal = None
+    elif isinstance(device, int):
+        ordinal = device
+    elif isinstance(device, str):
+        text = device.strip().lower()
+        if text == "cuda":
+            ordinal = 0
+        elif text.startswith("cuda:") and text[5:].isdigit():
+            ordinal = int(text[5:])
+    if ordinal is None or ordinal < 0:
+        raise InvalidArgumentError(
+            f"device={device!r} must be 'cuda', 'cuda:N' or a GPU ordinal N >= 0"
+        )
+    if not available():
+        raise UnsupportedError(f"device={device!r}: {unavailable_reason()}")
+    if not _standin:
+        count = len(status()["gpus"])
+        if ordinal >= count:
+            raise InvalidArgumentError(
+                f"device={device!r}: this machine has {count} GPU(s) (cuda:0..cuda:{count - 1})"
+            )
+    return ordinal
+
+
+@dataclass(frozen=True)
+class CudaArray:
+    """A zero-copy view of C-contiguous device memory.
+
+    ``ptr``: device address of the first byte; ``shape`` in elements; ``dtype``; ``device``:
+    the GPU ordinal; ``readonly``; ``owner``: what keeps the memory alive.
+    """
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    device: int
+    readonly: bool
+    owner: object
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    strides = []
+    step = itemsize
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(strides))
+
+
+def _check_contiguous(
+    shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int, what: str
+) -> None:
+    if strides is None:
+        return
+    expected = _c_strides(shape, itemsize)
+    if len(strides) != len(shape) or any(
+        dim > 1 and got != want for dim, got, want in zip(shape, strides, expected, strict=False)
+    ):
+        raise InvalidArgumentError(
+            f"the {what} (shape {shape}) is not C-contiguous: its strides are {strides} bytes, "
+            f"C order would be {expected}; a transfer needs one contiguous range: pass a "
+            "contiguous copy (cupy.ascontiguousarray(x) / x.contiguous())"
+        )
+
+
+def parse_cuda_array_interface(
+    cai: Mapping[str, Any], *, what: str = "array"
+) -> tuple[int, tuple[int, ...], np.dtype[Any], bool, int | None]:
+    """Read a ``__cuda_array_interface__`` dict (versions 0-3).
+
+    Returns:
+        ``(ptr, shape, dtype, readonly, stream)``; ``stream`` is None when the producer needs
+        no synchronization, else the stream handle to synchronize on before reading the data
+        (1: the legacy default stream, 2: the per-thread default stream).
+
+    Raises:
+        InvalidArgumentError: a missing or malformed field, a mask, ``stream`` 0 (which v3
+            forbids), or non-C-contiguous strides.
+    """
+    if not isinstance(cai, Mapping):
+        raise InvalidArgumentError(f"the {what}'s __cuda_array_interface__ is not a dict")
+    try:
+        shape = tuple(int(d) for d in cai["shape"])
+        typestr = cai["typestr"]
+        ptr, readonly = cai["data"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"the {what}'s __cuda_array_interface__ lacks shape/typestr/data: {exc!r}"
+        ) from exc
+    version = cai.get("version", 0)
+    if not isinstance(version, int) or version < 0:
+        raise InvalidArgumentError(f"__cuda_array_interface__ version {version!r} is not an int")
+    if any(d < 0 for d in shape):
+        raise InvalidArgumentError(f"the {what} has a negative dimension in shape {shape}")
+    try:
+        dtype = np.dtype(typestr)
+    except TypeError as exc:
+        raise InvalidArgumentError(f"the {what} has an unknown typestr {typestr!r}") from exc
+    if dtype.hasobject:
+        raise InvalidArgumentError(f"the {what} has an object dtype")
+    if cai.get("mask") is not None:
+        raise InvalidArgumentError(f"the {what} has a mask; masked arrays cannot be transferred")
+    raw_strides = cai.get("strides")
+    strides = None if raw_strides is None else tuple(int(s) for s in raw_strides)
+    _check_contiguous(shape, strides, dtype.itemsize, what)
+    stream = cai.get("stream") if version >= 3 else None
+    if stream is not None:
+        if isinstance(stream, bool) or not isinstance(stream, int):
+            raise InvalidArgumentError(f"__cuda_array_interface__ stream {stream!r} is not an int")
+        if stream == 0:
+            raise InvalidArgumentError(
+                "__cuda_array_interface__ stream 0 is disallowed by the v3 protocol (ambiguous "
+                "between the legacy and per-thread default streams)"
+            )
+    ptr = int(ptr or 0)
+    if ptr == 0 and math.prod(shape) > 0:
+        raise InvalidArgumentError(f"the {what} has a null data pointer")
+    return ptr, shape, dtype, bool(readonly), stream
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+_DL_DTYPES: dict[tuple[int, int], np.dtype[Any]] = {
+    (0, 8): np.dtype(np.int8),
+    (0, 16): np.dtype(np.int16),
+    (0, 32): np.dtype(np.int32),
+    (0, 64): np.dtype(np.int64),
+    (1, 8): np.dtype(np.uint8),
+    (1, 16): np.dtype(np.uint16),
+    (1, 32): np.dtype(np.uint32),
+    (1, 64): np.dtype(np.uint64),
+    (2, 16): np.dtype(np.float16),
+    (2, 32): np.dtype(np.float32),
+    (2, 64): np.dtype(np.float64),
+    (4, 16): np.dtype(ml_dtypes.bfloat16),
+    (6, 8): np.dtype(np.bool_),
+}
+_DL_CODES = {dtype: key for key, dtype in _DL_DTYPES.items()}
+
+
+def dlpack_dtype_code(dtype: np.dtype[Any]) -> tuple[int, int]:
+    """``(DLDataTypeCode, bits)`` of ``dtype``.
+
+    Raises:
+        InvalidArgumentError: DLPack has no code for it (the float8 types).
+    """
+    try:
+        return _DL_CODES[np.dtype(dtype)]
+    except KeyError:
+        raise InvalidArgumentError(f"dtype {dtype} has no DLPack type code") from None
+
+
+def parse_dlpack(
+    capsule: object, *, what: str = "array"
+) -> tuple[int, tuple[int, ...], np.dtype[Any], int, int]:
+    """Read a (legacy, unversioned) DLPack ``"dltensor"`` capsule without consuming it.
+
+    Returns:
+        ``(ptr, shape, dtype, device_type, device_id)``; ``ptr`` includes ``byte_offset``.
+
+    Raises:
+        InvalidArgumentError: not a DLPack capsule, vector lanes, an unknown dtype, or
+            non-contiguous strides.
+    """
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    valid = ctypes.pythonapi.PyCapsule_IsValid
+    valid.restype = ctypes.c_int
+    valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    if not valid(capsule, b"dltensor"):
+        raise InvalidArgumentError(
+            f"the {what}'s __dlpack__ did not return an unused 'dltensor' capsule"
+        )
+    t = _DLTensor.from_address(get(capsule, b"dltensor"))
+    if t.dtype.lanes != 1:
+        raise InvalidArgumentError(f"the {what} has vector dtype lanes={t.dtype.lanes}")
+    dtype = _DL_DTYPES.get((t.dtype.code, t.dtype.bits))
+    if dtype is None:
+        raise InvalidArgumentError(
+            f"the {what} has DLPack dtype code {t.dtype.code} bits {t.dtype.bits}, which "
+            "rdmaxfer does not map"
+        )
+    shape = tuple(int(t.shape[i]) for i in range(t.ndim))
+    strides = None
+    if t.strides:
+        strides = tuple(int(t.strides[i]) * dtype.itemsize for i in range(t.ndim))
+    _check_contiguous(shape, strides, dtype.itemsize, what)
+    ptr = int(t.data or 0) + int(t.byte_offset)
+    return ptr, shape, dtype, int(t.device.device_type), int(t.device.device_id)
+
+
+def _device_of(ptr: int, what: str) -> int:
+    if _standin:
+        return 0
+    kind, device = _core.pointer_kind(ptr)
+    if kind not in ("device", "managed"):
+        raise InvalidArgumentError(
+            f"the {what} claims CUDA memory but its pointer is {kind} memory to the CUDA driver"
+        )
+    return int(device)
+
+
+def synchronize(device: int, stream: int) -> None:
+    """Block until work queued on a producer's ``stream`` handle finished (what
+    ``__cuda_array_interface__`` v3 asks of a consumer that reads the data)."""
+    if not _standin:
+        _core.cuda_synchronize_stream(device, stream)
+
+
+def device_view(obj: object, *, writable: bool, what: str = "array") -> CudaArray | None:
+    """A view of ``obj`` when it is device memory, else None (host memory: the caller's path).
+
+    Recognises rdmaxfer device Buffers, ``__cuda_array_interface__`` (CuPy, PyTorch, Numba...;
+    its ``stream`` is synchronized on before returning), and ``__dlpack__`` with a CUDA
+    ``__dlpack_device__`` (asked for the legacy default stream, then synchronized).
+
+    Raises:
+        InvalidArgumentError: non-contiguous, read-only while ``writable``, or malformed.
+        UnsupportedError: device memory but CUDA unusable here.
+    """
+    from .buffer import Buffer
+
+    if isinstance(obj, Buffer):
+        view = obj._cuda
+        if view is None:
+            return None
+    elif hasattr(obj, "__cuda_array_interface__"):
+        if not available():
+            raise UnsupportedError(f"the {what} is CUDA memory: {unavailable_reason()}")
+        ptr, shape, dtype, readonly, stream = parse_cuda_array_interface(
+            obj.__cuda_array_interface__, what=what
+        )
+        device = _device_of(ptr, what) if ptr else 0
+        if stream is not None:
+            synchronize(device, stream)
+        view = CudaArray(ptr, shape, dtype, device, readonly, obj)
+    elif hasattr(obj, "__dlpack_device__") and hasattr(obj, "__dlpack__"):
+        try:
+            dev_type, _dev_id = obj.__dlpack_device__()
+        except Exception:
+            return None
+        if int(dev_type) not in (KDL_CUDA, KDL_CUDA_MANAGED):
+            return None
+        if not available():
+            raise UnsupportedError(f"the {what} is CUDA memory: {unavailable_reason()}")
+        capsule = obj.__dlpack__(stream=1)  # the producer orders its work before stream 1
+        ptr, shape, dtype, _t, device = parse_dlpack(capsule, what=what)
+        synchronize(device, 1)
+        view = CudaArray(ptr, shape, dtype, device, False, (obj, capsule))
+    else:
+        return None
+    if writable and view.readonly:
+        raise InvalidArgumentError(
+            f"the {what} (device array, shape {view.shape}, dtype {view.dtype}) is read-only "
+            "and cannot receive data"
+        )
+    return view
+
+
+def to_user_array(buffer: Any) -> Any:
+    """A received device Buffer as a CuPy array (zero-copy) when CuPy is importable, else the
+    Buffer itself (``torch.from_dlpack(buf)`` / ``cupy.asarray(buf)`` also work on it)."""
+    if _standin:
+        return buffer
+    try:
+        cupy = importlib.import_module("cupy")
+    except ImportError:
+        return buffer
+    return cupy.asarray(buffer)
+
+
+def copy_to_host(view: CudaArray, out: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
+    """``view``'s bytes in host memory (a blocking device-to-host copy): into ``out`` (a
+    C-contiguous array of ``view.nbytes`` bytes) or a new array of the view's dtype and shape.
+
+    Raises:
+        InvalidArgumentError: ``out`` has another size or is not C-contiguous.
+    """
+    if out is None:
+        out = np.empty(view.shape, dtype=view.dtype)
+    elif out.nbytes != view.nbytes or not out.flags.c_contiguous:
+        raise InvalidArgumentError(
+            f"copy_to_host: out of {out.nbytes} bytes for a device array of {view.nbytes} bytes"
+        )
+    if view.nbytes:
+        if _standin:
+            ctypes.memmove(out.ctypes.data, view.ptr, view.nbytes)
+        else:
+            _core.cuda_copy_to_host(view.device, int(out.ctypes.data), view.ptr, view.nbytes)
+    return out
+
+
+def copy_from_host(view: CudaArray, host: np.ndarray[Any, Any]) -> None:
+    """Copy a C-contiguous host array of ``view.nbytes`` bytes into ``view`` (blocking).
+
+    Raises:
+        InvalidArgumentError: the sizes differ or ``host`` is not C-contiguous.
+    """
+    if host.nbytes != view.nbytes or not host.flags.c_contiguous:
+        raise InvalidArgumentError(
+            f"copy_from_host: host array of {host.nbytes} bytes (contiguous: "
+            f"{host.flags.c_contiguous}) into a device array of {view.nbytes} bytes"
+        )
+    if view.nbytes:
+        if _standin:
+            ctypes.memmove(view.ptr, host.ctypes.data, view.nbytes)
+        else:
+            _core.cuda_copy_to_device(view.device, view.ptr, int(host.ctypes.data), view.nbytes)
+
+
+def gpu_report(
+    transports: Mapping[str, str], sysfs_root: str = "/sys", rdma_device: str | None = None
+) -> dict[str, Any]:
+    """What ``rdmaxfer info`` prints about GPUs: the driver, each GPU with its PCIe address and
+    nearest RDMA NICs (``nvidia-smi topo -m`` classes), and per usable transport the GPUDirect
+    preflight (which registration is used, and why not the others).
+
+    Args:
+        transports: ``_core.available_transports()`` (name -> "" when usable).
+        sysfs_root: sysfs (tests pass a fake tree).
+        rdma_device: the RDMA device the rdma transport uses, when known.
+    """
+    from . import topology
+
+    s = status()
+    gpus = []
+    for g in s["gpus"]:
+        nics = topology.nearest_nics(g["pci_bus_id"], sysfs_root) if g["pci_bus_id"] else []
+        gpus.append(
+            {
+                **g,
+                "nics": [
+                    {"name": n.name, "pci_bus_id": n.pci_bus_id, "link": n.link} for n in nics
+                ],
+            }
+        )
+    checks = {}
+    for name, reason in transports.items():
+        if reason:
+            continue
+        check = topology.preflight(
+            name,
+            rdma_device=rdma_device if name == "rdma" else None,
+            cuda_status=s,
+            sysfs_root=sysfs_root,
+            verbs_dmabuf=_core.verbs_dmabuf_unavailable(),
+        )
+        checks[name] = check.as_dict()
+    return {
+        "cuda": s["unavailable"] or "available",
+        "driver_version": driver_version_text(s["driver_version"]) if s["driver_version"] else None,
+        "gpus": gpus,
+        "gpudirect": checks,
+    }

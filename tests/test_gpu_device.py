@@ -1,0 +1,124 @@
+"""Real GPU memory (cuMemAlloc'd buffers, CuPy arrays when installed) over TCP and, where a NIC
+is present, verbs. Marked ``gpu``: skipped with the loader's reason on machines without CUDA
+(run them with ``pytest -m gpu``, e.g. from bench/gpu_check.sh)."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rdmaxfer
+from _common import Pair
+from rdmaxfer import Buffer, _core, cuda
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda.available(), reason=cuda.unavailable_reason() or "no GPU"),
+]
+
+
+def _crc(x: Any) -> int:
+    return zlib.crc32(np.ascontiguousarray(x).view(np.uint8))
+
+
+def _device_random(rng: np.random.Generator, shape: Any, dtype: Any) -> tuple[Buffer, np.ndarray]:
+    host = rng.integers(0, 256, int(np.prod(shape)) * np.dtype(dtype).itemsize, dtype=np.uint8)
+    host = host.view(dtype).reshape(shape)
+    buf = Buffer.empty(shape, dtype, device="cuda:0")
+    cuda.copy_from_host(buf._device_view(), host)
+    return buf, host
+
+
+def test_status_and_pointer_kinds() -> None:
+    s = cuda.status()
+    assert s["driver_version"] >= 11000 and s["gpus"]
+    g = s["gpus"][0]
+    assert g["pci_bus_id"].count(":") == 2 and g["total_memory"] > 1 << 30
+    mem = _core.DeviceMemory(0, 1 << 20)
+    assert _core.pointer_kind(mem.ptr) == ("device", 0)
+    assert _core.pointer_kind(int(np.zeros(4).ctypes.data))[0] == "host"
+
+
+def test_device_round_trip_copy(rng: np.random.Generator) -> None:
+    buf, host = _device_random(rng, (1000, 1001), np.float32)
+    np.testing.assert_array_equal(buf.copy_to_host(), host)
+
+
+@pytest.mark.parametrize("size", [1, 1_000_003, 64 << 20])
+def test_staged_send_recv_write_read(pair: Pair, rng: np.random.Generator, size: int) -> None:
+    src, host = _device_random(rng, size, np.uint8)
+    sent = pair.a.post_send(src)
+    got = pair.b.recv(device="cuda:0", timeout=60)
+    sent.wait(60)
+    got_host = got.get() if hasattr(got, "get") else got.copy_to_host()
+    assert _crc(got_host) == _crc(host)
+
+    remote = np.zeros(size, np.uint8)
+    region = pair.server.register(remote, "rw")
+    pair.a.write(src, region.descriptor(), timeout=60)
+    assert _crc(remote) == _crc(host)
+    back = Buffer.empty(size, np.uint8, device="cuda:0")
+    pair.a.read(back, region.descriptor(), timeout=60)
+    assert _crc(back.copy_to_host()) == _crc(host)
+
+
+def test_cupy_arrays(pair: Pair, rng: np.random.Generator) -> None:
+    cupy = pytest.importorskip("cupy")
+    host = rng.standard_normal((512, 513)).astype(np.float32)
+    x = cupy.asarray(host)
+    sent = pair.a.post_send(x)
+    y = pair.b.recv(device="cuda:0", timeout=60)
+    sent.wait(60)
+    assert isinstance(y, cupy.ndarray)
+    np.testing.assert_array_equal(cupy.asnumpy(y), host)
+    out = cupy.zeros_like(x)
+    sent = pair.b.post_send(host)
+    assert pair.a.recv(out=out, timeout=60) is out
+    sent.wait(60)
+    np.testing.assert_array_equal(cupy.asnumpy(out), host)
+    # Zero-copy views both ways: CuPy on our Buffer, our Buffer on CuPy.
+    buf = Buffer.wrap(x)
+    assert buf.addr == x.data.ptr
+    assert cupy.asarray(buf).data.ptr == x.data.ptr
+
+
+def test_torch_dlpack(rng: np.random.Generator) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    buf, host = _device_random(rng, (33, 17), np.float32)
+    t = torch.from_dlpack(buf)
+    assert t.is_cuda and t.data_ptr() == buf.addr
+    np.testing.assert_array_equal(t.cpu().numpy(), host)
+    wrapped = Buffer.wrap(t)
+    assert wrapped.addr == t.data_ptr()
+
+
+def test_pull_weights_into_gpu(rng: np.random.Generator) -> None:
+    tensors = {f"t{i}": rng.standard_normal((128, 65)).astype(np.float32) for i in range(4)}
+    with rdmaxfer.WeightServer(tensors, transport="tcp") as server:
+        server.start()
+        got = rdmaxfer.pull_weights(f"127.0.0.1:{server.port}", transport="tcp", device="cuda:0")
+    for name, ref in tensors.items():
+        arr = got[name]
+        host = arr.get() if hasattr(arr, "get") else arr.copy_to_host()
+        np.testing.assert_array_equal(host, ref)
+
+
+def test_gpu_direct_registration_or_clear_reason() -> None:
+    transports = _core.available_transports()
+    if transports.get("rdma"):
+        pytest.skip(f"no RDMA device: {transports['rdma']}")
+    with rdmaxfer.Engine("rdma") as engine:
+        check = engine.gpu_preflight(0)
+        buf = Buffer.empty(1 << 20, np.uint8, device="cuda:0")
+        if check.method == "staging":
+            with pytest.raises(rdmaxfer.UnsupportedError, match="staged"):
+                engine.register(buf)
+        else:
+            region = engine.register(buf, access="rw")
+            assert region.device == 0 and region.key != 0
+            region.close()
