@@ -6,14 +6,20 @@ Run inside the rxe VM (two soft-RoCE devices, rxe0 <-> rxe1)::
     tests/rxe/run-in-vm.sh -- env PYTHONPATH=python .venv/bin/python bench/rdma_vs_perftest.py
 
 It runs ``tests/rxe/perftest-ref.sh`` (ib_write_bw / ib_write_lat, server on rxe1, client on
-rxe0, GID index RDMAXFER_GID_INDEX) and then the same transfers through rdmaxfer:
+rxe0, GID index RDMAXFER_GID_INDEX) and then the same transfers through rdmaxfer, each two ways:
 
-* bandwidth: ``--iters`` RDMA WRITEs of each size from an engine on rxe0 into a region of an
-  engine on rxe1, at most ``--depth`` in flight (perftest's ib_write_bw default tx depth is 128);
-  Gb/s = bits / (first post -> last completion).
-* latency: 8-byte WRITEs one at a time; each is timed from post to its completion, which is one
-  round trip (the WRITE and the responder's ACK). perftest's ib_write_lat reports half of a
-  ping-pong round trip (t_typical), so the table compares against 2 x t_typical.
+* ``C++ loop``: ``Endpoint.timed_loop`` (csrc/engine/timed_loop.cc), a tight loop in C++ over the
+  same post/wait path the Python API uses, like perftest's own loop. Each wait drives the CQ
+  itself (caller-driven progress) for up to 1 ms before it sleeps.
+* ``Python``: the same operations posted and waited for from Python (``post_write`` +
+  ``Request.wait``), i.e. what one API call costs; the wait spins at most 50 us before it sleeps.
+
+Bandwidth: ``--iters`` RDMA WRITEs of each size from an engine on rxe0 into a region of an engine
+on rxe1, at most ``--depth`` in flight (default 128, perftest's ib_write_bw default tx depth);
+Gb/s = bits / (first post -> last completion). Latency: 8-byte WRITEs one at a time; each is
+timed from post to its completion, which is one round trip (the WRITE and the responder's ACK).
+perftest's ib_write_lat reports half of a ping-pong round trip (t_typical), so the table
+compares against 2 x t_typical.
 
 Under TCG emulation absolute numbers mean little; the ratios are what to read. Target: >= 0.9x
 perftest's bandwidth, <= 1.1x its round trip.
@@ -67,13 +73,17 @@ class Pair:
         self.server.close()
 
 
-def rdmaxfer_bw(pair: Pair, size: int, iters: int, depth: int) -> float:
+def regions(pair: Pair, size: int) -> tuple[_core.Region, _core.Region, _core.Descriptor]:
     src = pair.client.alloc_pinned(size, 0)
     dst = pair.server.alloc_pinned(size, RW)
     np.frombuffer(src, dtype=np.uint8)[:] = np.random.default_rng(1).integers(  # type: ignore[call-overload]
         1, 256, size, dtype=np.uint8
     )
-    desc = dst.descriptor()
+    return src, dst, dst.descriptor()
+
+
+def py_bw(pair: Pair, size: int, iters: int, depth: int) -> float:
+    src, _dst, desc = regions(pair, size)
     # Warm-up (first-touch, connection caches).
     for _ in range(min(iters, 8)):
         r = pair.ep.post_write(src, 0, desc, 0, size, size, 1)
@@ -94,10 +104,23 @@ def rdmaxfer_bw(pair: Pair, size: int, iters: int, depth: int) -> float:
     return size * iters * 8 / elapsed / 1e9
 
 
-def rdmaxfer_lat(pair: Pair, size: int, iters: int) -> dict[str, float]:
-    src = pair.client.alloc_pinned(size, 0)
-    dst = pair.server.alloc_pinned(size, RW)
-    desc = dst.descriptor()
+def cpp_bw(pair: Pair, size: int, iters: int, depth: int) -> float:
+    src, _dst, desc = regions(pair, size)
+    times = pair.ep.timed_loop("write", src, 0, desc, 0, size, iters, min(iters, 8), depth, 120)
+    return size * iters * 8 / sum(times) / 1e9
+
+
+def summary(samples_us: list[float]) -> dict[str, float]:
+    ordered = sorted(samples_us)
+    return {
+        "median": statistics.median(ordered),
+        "min": ordered[0],
+        "p99": ordered[max(0, int(len(ordered) * 0.99) - 1)],
+    }
+
+
+def py_lat(pair: Pair, size: int, iters: int) -> dict[str, float]:
+    src, _dst, desc = regions(pair, size)
     samples = []
     for i in range(iters + 20):
         t0 = time.perf_counter()
@@ -107,11 +130,21 @@ def rdmaxfer_lat(pair: Pair, size: int, iters: int) -> dict[str, float]:
         r.check()
         if i >= 20:
             samples.append((t1 - t0) * 1e6)
-    return {
-        "median": statistics.median(samples),
-        "min": min(samples),
-        "p99": sorted(samples)[int(len(samples) * 0.99) - 1],
-    }
+    return summary(samples)
+
+
+def cpp_lat(pair: Pair, size: int, iters: int) -> dict[str, float]:
+    src, _dst, desc = regions(pair, size)
+    times = pair.ep.timed_loop("write", src, 0, desc, 0, size, iters, 20, 1, 60)
+    return summary([t * 1e6 for t in times])
+
+
+def clocksource() -> str:
+    try:
+        with open("/sys/devices/system/clocksource/clocksource0/current_clocksource") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
 
 
 def main() -> int:
@@ -119,59 +152,84 @@ def main() -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[65536, 1 << 20])
     ap.add_argument("--iters", type=int, default=200, help="WRITEs per bandwidth size")
     ap.add_argument("--lat-iters", type=int, default=500)
-    ap.add_argument("--depth", type=int, default=32, help="rdmaxfer WRITEs in flight")
+    ap.add_argument(
+        "--depth", type=int, default=128, help="rdmaxfer WRITEs in flight (ib_write_bw: 128)"
+    )
+    ap.add_argument("--modes", nargs="+", default=["event", "busy"], choices=["event", "busy"])
     ap.add_argument("--lat-size", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3, help="perftest/rdmaxfer rounds, interleaved")
     ap.add_argument("--json", help="append the results as JSON lines to this file")
     args = ap.parse_args()
     if _core.available_transports()["rdma"]:
         print("no RDMA device:", _core.available_transports()["rdma"], file=sys.stderr)
         return 2
 
-    ref_bw = perftest("bw", args.sizes, args.iters)
-    ref_lat = perftest("lat", [args.lat_size], args.lat_iters)
+    # Rounds interleave perftest and rdmaxfer, so that load drifting on the host (the guest's
+    # vCPUs are host threads) hits both alike; each figure is the median over the rounds and the
+    # ratio range is that of the per-round ratios.
+    ref: dict[tuple[str, int], list[float]] = {}
+    ours: dict[tuple[str, int, str, str], list[float]] = {}
+    for _ in range(args.rounds):
+        ref_bw = perftest("bw", args.sizes, args.iters)
+        ref_lat = perftest("lat", [args.lat_size], args.lat_iters)
+        for size in args.sizes:
+            ref.setdefault(("bw Gb/s", size), []).append(
+                float(ref_bw.get(size, {}).get("bw_gbps", "nan"))
+            )
+        half = float(ref_lat.get(args.lat_size, {}).get("lat_us_typical", "nan"))
+        ref.setdefault(("RTT us", args.lat_size), []).append(2 * half)
+        for mode in args.modes:
+            pair = Pair(mode)
+            try:
+                for size in args.sizes:
+                    for loop, fn in (("C++ loop", cpp_bw), ("Python", py_bw)):
+                        value = fn(pair, size, args.iters, args.depth)
+                        ours.setdefault(("bw Gb/s", size, mode, loop), []).append(value)
+                for loop, lat_fn in (("C++ loop", cpp_lat), ("Python", py_lat)):
+                    lat = lat_fn(pair, args.lat_size, args.lat_iters)
+                    key = ("RTT us", args.lat_size, mode, loop)
+                    ours.setdefault(key, []).append(lat["median"])
+            finally:
+                pair.close()
 
     rows = []
-    for mode in ("event", "busy"):
-        pair = Pair(mode)
-        try:
-            for size in args.sizes:
-                ours = rdmaxfer_bw(pair, size, args.iters, args.depth)
-                ref = float(ref_bw.get(size, {}).get("bw_gbps", "nan"))
-                rows.append(("bw Gb/s", size, mode, ours, ref, ours / ref if ref else float("nan")))
-            lat = rdmaxfer_lat(pair, args.lat_size, args.lat_iters)
-            ref_half = float(ref_lat.get(args.lat_size, {}).get("lat_us_typical", "nan"))
-            ref_rtt = 2 * ref_half
-            rows.append(
-                ("RTT us", args.lat_size, mode, lat["median"], ref_rtt, lat["median"] / ref_rtt)
-            )
-        finally:
-            pair.close()
+    for (metric, size, mode, loop), values in ours.items():
+        refs = ref[(metric, size)]
+        ratios = [o / r if r > 0 else float("nan") for o, r in zip(values, refs, strict=True)]
+        mine, theirs = statistics.median(values), statistics.median(refs)
+        ratio = mine / theirs if theirs > 0 else float("nan")
+        rows.append((metric, size, mode, loop, mine, theirs, ratio, min(ratios), max(ratios)))
 
+    print(f"\nclocksource {clocksource()}, {os.cpu_count()} CPUs, {args.rounds} round(s)")
     print(
-        f"\n{'metric':10} {'bytes':>8} {'poll':>6} {'rdmaxfer':>10} {'perftest':>10} {'ratio':>7}"
+        f"{'metric':10} {'bytes':>8} {'poll':>6} {'loop':>9} {'rdmaxfer':>10} {'perftest':>10} "
+        f"{'ratio':>7} {'per-round':>12}"
     )
-    for metric, size, mode, ours, ref, ratio in rows:
-        print(f"{metric:10} {size:>8} {mode:>6} {ours:>10.3f} {ref:>10.3f} {ratio:>7.2f}")
+    for metric, size, mode, loop, mine, theirs, ratio, lo, hi in rows:
+        print(
+            f"{metric:10} {size:>8} {mode:>6} {loop:>9} {mine:>10.3f} {theirs:>10.3f} "
+            f"{ratio:>7.2f} {lo:>5.2f}-{hi:<5.2f}"
+        )
     print(
         "\nbw: higher is better (target ratio >= 0.9); RTT: rdmaxfer post->completion of one "
-        "WRITE vs 2 x ib_write_lat t_typical (target ratio <= 1.1)."
+        "WRITE vs 2 x ib_write_lat t_typical (target ratio <= 1.1). Medians over rounds."
     )
     if args.json:
         with open(args.json, "a") as f:
-            for metric, size, mode, ours, ref, ratio in rows:
-                f.write(
-                    json.dumps(
-                        {
-                            "metric": metric,
-                            "bytes": size,
-                            "poll": mode,
-                            "rdmaxfer": ours,
-                            "perftest": ref,
-                            "ratio": ratio,
-                        }
-                    )
-                    + "\n"
-                )
+            for metric, size, mode, loop, mine, theirs, ratio, lo, hi in rows:
+                rec = {
+                    "metric": metric,
+                    "bytes": size,
+                    "poll": mode,
+                    "loop": loop,
+                    "rdmaxfer": mine,
+                    "perftest": theirs,
+                    "ratio": ratio,
+                    "ratio_min": lo,
+                    "ratio_max": hi,
+                    "rounds": args.rounds,
+                }
+                f.write(json.dumps(rec) + "\n")
     return 0
 
 

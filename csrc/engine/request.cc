@@ -61,12 +61,40 @@ void Request::finish_locked(State state, std::unique_lock<std::mutex>& lock) {
   if (notifier) notifier->push(id_);
 }
 
+namespace {
+// Polls of a Progress between two looks at the clock: in a VM the clock may be an emulated
+// device (HPET) whose every read costs microseconds. The spin bound starts at the first look.
+constexpr unsigned kPollsPerClockRead = 32;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+}  // namespace
+
 bool Request::wait_for(double timeout_s, int spin_us) const {
-  if (spin_us > 0) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+  if (spin_us > 0 && !terminal_.load(std::memory_order_acquire)) {
+    const std::shared_ptr<Progress> progress = progress_.lock();
+    std::chrono::steady_clock::time_point until{};
+    bool started = false;
+    unsigned turns = 0;
     while (!terminal_.load(std::memory_order_acquire)) {
-      if (std::chrono::steady_clock::now() >= until) break;
-      sched_yield();
+      if (progress) {
+        if (!progress->progress()) cpu_relax();
+        if (++turns % kPollsPerClockRead != 0) continue;
+      } else {
+        sched_yield();
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (!started) {
+        until = now + std::chrono::microseconds(spin_us);
+        started = true;
+      } else if (now >= until) {
+        break;
+      }
     }
     if (terminal_.load(std::memory_order_acquire)) return true;
   }

@@ -3,6 +3,8 @@
 // Lifecycle: pending (posted; `parts` outstanding) -> done | failed. The first terminal state
 // wins and never changes. I/O threads complete or fail a request; any thread may wait on it with
 // a timeout. A request watched by a Notifier reports its id there once it is terminal.
+// A request may carry a Progress (set once, before it is handed out): a waiting thread then
+// drives completion processing itself during the spin phase of wait_for.
 #pragma once
 
 #include <atomic>
@@ -17,6 +19,17 @@
 namespace rdmaxfer {
 
 class Notifier;
+
+// Caller-driven progress: a transport whose completions normally reach requests through a
+// background thread lets a thread that waits anyway do that work itself (verbs: poll the CQ).
+// progress() looks once without blocking, dispatches what it found, and returns true when it
+// processed anything. It must be safe from any thread, concurrently with the background thread,
+// and must not block on locks that completion handlers hold (implementations use a try-lock).
+class Progress {
+ public:
+  virtual ~Progress() = default;
+  virtual bool progress() = 0;
+};
 
 enum class OpKind { kWrite, kRead, kSend, kRecv, kRecvHeader };
 const char* op_kind_name(OpKind op);
@@ -49,9 +62,16 @@ class Request {
   void complete_with_message(MessageInfo info);
   void fail(ErrorKind kind, const std::string& message);
 
-  // Blocks until terminal or the timeout; true when terminal. Spins (yielding the CPU) for up to
-  // `spin_us` microseconds first: a short transfer then completes without a futex wake-up.
+  // Blocks until terminal or the timeout; true when terminal. Spins for up to `spin_us`
+  // microseconds first (plus a few dozen polls), so a short transfer completes without a futex
+  // wake-up: with a Progress the spin polls it (caller-driven progress, no syscall per turn),
+  // without one it yields the CPU (sched_yield) each turn. The bound is the caller's; after it
+  // the thread sleeps on a condition variable and the transport's background thread completes
+  // the request.
   bool wait_for(double timeout_s, int spin_us = 0) const;
+  // Set by the transport right after construction, before the request is shared. Held weakly:
+  // a request that outlives its transport just stops driving it.
+  void set_progress(std::weak_ptr<Progress> progress) { progress_ = std::move(progress); }
   // Throws the stored Error when failed; no-op otherwise.
   void rethrow() const;
   MessageInfo message() const;
@@ -74,6 +94,7 @@ class Request {
   std::string error_;
   MessageInfo message_;
   std::shared_ptr<Notifier> notifier_;
+  std::weak_ptr<Progress> progress_;
 };
 
 using RequestPtr = std::shared_ptr<Request>;

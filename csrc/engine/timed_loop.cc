@@ -3,6 +3,9 @@
 #include <chrono>
 #include <deque>
 #include <string>
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
 
 #include "common/error.h"
 #include "transport/transport.h"
@@ -11,6 +14,19 @@ namespace rdmaxfer {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+
+// Timestamps in ticks: the TSC on x86, as perftest reads it (in a VM whose clocksource is an
+// emulated HPET, every clock_gettime costs microseconds), converted to seconds at the end with a
+// rate measured against steady_clock over the whole loop; steady_clock nanoseconds elsewhere.
+inline uint64_t ticks() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __rdtsc();
+#else
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+          .count());
+#endif
+}
 
 RequestPtr post(Connection& conn, const TimedLoopSpec& s) {
   TransferOptions options;
@@ -29,8 +45,8 @@ void finish(const RequestPtr& req, const TimedLoopSpec& s) {
   req->rethrow();
 }
 
-// Posts `count` operations keeping up to `inflight` posted; calls on_done(now) as each oldest one
-// completes (in posting order).
+// Posts `count` operations keeping up to `inflight` posted; calls on_done(ticks) as each oldest
+// one completes (in posting order).
 template <typename OnDone>
 void run_phase(Connection& conn, const TimedLoopSpec& s, uint64_t count, OnDone on_done) {
   std::deque<RequestPtr> posted;
@@ -41,7 +57,7 @@ void run_phase(Connection& conn, const TimedLoopSpec& s, uint64_t count, OnDone 
       ++next;
     }
     finish(posted.front(), s);
-    on_done(Clock::now());
+    on_done(ticks());
     posted.pop_front();
   }
 }
@@ -56,24 +72,33 @@ std::vector<double> timed_loop(Connection& conn, const TimedLoopSpec& spec) {
     throw Error(ErrorKind::kInvalidArgument, "timed_loop: inflight must be >= 1");
   }
   if (!spec.local) throw Error(ErrorKind::kInvalidArgument, "timed_loop: no local region");
-  if (spec.warmup > 0) run_phase(conn, spec, spec.warmup, [](Clock::time_point) {});
+  if (spec.warmup > 0) run_phase(conn, spec, spec.warmup, [](uint64_t) {});
 
-  std::vector<double> out;
-  out.reserve(spec.iters);
+  std::vector<uint64_t> spans;  // ticks per timed operation
+  spans.reserve(spec.iters);
+  const Clock::time_point wall0 = Clock::now();
+  const uint64_t tick0 = ticks();
   if (spec.inflight == 1) {
     for (uint64_t i = 0; i < spec.iters; ++i) {
-      const Clock::time_point t0 = Clock::now();
+      const uint64_t t0 = ticks();
       RequestPtr req = post(conn, spec);
       finish(req, spec);
-      out.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      spans.push_back(ticks() - t0);
     }
-    return out;
+  } else {
+    uint64_t last = tick0;
+    run_phase(conn, spec, spec.iters, [&](uint64_t now) {
+      spans.push_back(now - last);
+      last = now;
+    });
   }
-  Clock::time_point last = Clock::now();
-  run_phase(conn, spec, spec.iters, [&](Clock::time_point now) {
-    out.push_back(std::chrono::duration<double>(now - last).count());
-    last = now;
-  });
+  const uint64_t tick1 = ticks();
+  const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
+  const double seconds_per_tick =
+      tick1 > tick0 && wall > 0 ? wall / static_cast<double>(tick1 - tick0) : 0.0;
+  std::vector<double> out;
+  out.reserve(spans.size());
+  for (uint64_t t : spans) out.push_back(static_cast<double>(t) * seconds_per_tick);
   return out;
 }
 

@@ -38,7 +38,8 @@ struct TimedLoopSpec {
 // up to `inflight` are posted at once and entry i is the time between the completions of
 // operations i-1 and i (the first from the start of the timed phase), so the sum is the time
 // from the first timed post to the last completion (bandwidth = length * iters / sum).
-// Throws Error: bad arguments (kInvalidArgument), an operation failed (its error), a wait ran
+// Timestamps are TSC reads on x86 (like perftest), scaled by the TSC rate measured against
+// steady_clock across the timed phase. Throws Error: bad arguments (kInvalidArgument), an operation failed (its error), a wait ran
 // past timeout_s (kTimeout).
 std::vector<double> timed_loop(Connection& conn, const TimedLoopSpec& spec);
 

@@ -62,6 +62,8 @@ void CqPoller::stop() {
     // The eventfd cannot overflow here; the thread also polls stop_ every 100 ms.
   }
   if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(poll_mu_);  // waits out a caller's dispatch in progress
+  stopped_ = true;
 }
 
 void CqPoller::watch_socket(int fd, uint64_t tag) {
@@ -72,13 +74,51 @@ void CqPoller::unwatch_socket(int fd) noexcept {
   epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
 }
 
-void CqPoller::drain_cq() {
+namespace {
+// Set while this thread dispatches completions (poll_mu_ held): a handler that waits on a request
+// must not try to lock poll_mu_ again (try_lock on a mutex the caller owns is undefined).
+thread_local bool t_dispatching = false;
+
+class DispatchScope {
+ public:
+  DispatchScope() { t_dispatching = true; }
+  ~DispatchScope() { t_dispatching = false; }
+  DispatchScope(const DispatchScope&) = delete;
+  DispatchScope& operator=(const DispatchScope&) = delete;
+};
+}  // namespace
+
+int CqPoller::poll_once_locked() {
   ibv_wc wcs[kBatch];
-  for (;;) {
-    const int n = cq_->poll(kBatch, wcs);
-    if (n <= 0) return;
-    handlers_.completions(wcs, n);
-    if (n < kBatch) return;
+  const int n = cq_->poll(kBatch, wcs);
+  if (n > 0) handlers_.completions(wcs, n);
+  return n;
+}
+
+void CqPoller::drain_cq() {
+  std::lock_guard<std::mutex> lock(poll_mu_);
+  if (stopped_ || failed_) return;
+  DispatchScope scope;
+  try {
+    while (poll_once_locked() == kBatch) {
+    }
+  } catch (...) {
+    failed_ = true;  // run() reports it through the fatal handler and ends the thread
+    throw;
+  }
+}
+
+bool CqPoller::progress() {
+  if (t_dispatching) return false;
+  std::unique_lock<std::mutex> lock(poll_mu_, std::try_to_lock);
+  if (!lock.owns_lock() || stopped_ || failed_) return false;
+  DispatchScope scope;
+  try {
+    return poll_once_locked() > 0;
+  } catch (const std::exception& e) {
+    failed_ = true;
+    if (handlers_.fatal) handlers_.fatal(std::string("polling the completion queue: ") + e.what());
+    return true;
   }
 }
 

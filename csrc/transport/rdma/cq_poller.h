@@ -10,20 +10,32 @@
 // ibv_poll_cq, so a completion that lands after the drain raises a new event. Busy mode:
 // ibv_poll_cq in a loop, looking at the other fds every few hundred empty polls.
 // The thread never touches Python; handlers run on it and must not block.
+//
+// Caller-driven progress (engine/request.h Progress): a thread waiting on a request may call
+// progress(), which polls the CQ once and dispatches what it found on the calling thread. Every
+// ibv_poll_cq and the dispatch of its completions happen under one mutex (poll_mu_), so
+// completions are handed to the connections in CQ order whichever thread polls. The completion
+// thread takes poll_mu_ blocking and drains the CQ to empty after every re-arm, so a completion
+// that a caller leaves in the CQ is never stranded: it either raised an event after the last
+// re-arm or the drain that follows that re-arm sees it. Callers only try-lock (a caller never
+// waits behind the thread, and a handler that waits on a request cannot deadlock on itself).
+// After stop() progress() dispatches nothing (the handlers may point at a dying transport).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "common/unique_fd.h"
+#include "engine/request.h"
 #include "transport/rdma/verbs_cq.h"
 
 namespace rdmaxfer {
 
-class CqPoller {
+class CqPoller : public Progress {
  public:
   struct Handlers {
     std::function<void(const ibv_wc* wcs, int n)> completions;
@@ -34,13 +46,17 @@ class CqPoller {
 
   CqPoller(std::shared_ptr<DeviceContext> context, std::shared_ptr<CompletionChannel> channel,
            std::shared_ptr<CompletionQueue> cq, bool busy, Handlers handlers);
-  ~CqPoller();
+  ~CqPoller() override;
   CqPoller(const CqPoller&) = delete;
   CqPoller& operator=(const CqPoller&) = delete;
 
   void start();
   void stop();
   bool busy() const { return busy_; }
+
+  // Progress: one non-blocking ibv_poll_cq and the dispatch of what it returned, on the calling
+  // thread; false when another thread is polling, nothing was there, or the poller stopped.
+  bool progress() override;
 
   // Reports readability / hang-up of `fd` as socket_ready(tag).
   void watch_socket(int fd, uint64_t tag);
@@ -49,6 +65,8 @@ class CqPoller {
  private:
   void run();
   void drain_cq();
+  // ibv_poll_cq + dispatch of up to one batch; poll_mu_ held. Returns the count.
+  int poll_once_locked();
   void drain_async();
 
   std::shared_ptr<DeviceContext> context_;
@@ -60,6 +78,9 @@ class CqPoller {
   UniqueFd wake_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  std::mutex poll_mu_;     // serialises ibv_poll_cq + dispatch (thread and callers)
+  bool stopped_ = false;   // under poll_mu_: no more dispatch
+  bool failed_ = false;    // under poll_mu_: polling failed, the fatal handler ran
 };
 
 }  // namespace rdmaxfer

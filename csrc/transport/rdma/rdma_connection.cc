@@ -126,6 +126,12 @@ std::string RdmaConnection::peer() const {
   return peer_;
 }
 
+RequestPtr RdmaConnection::new_request(OpKind op, uint64_t bytes) {
+  auto req = std::make_shared<Request>(transport_.next_request_id(), op, bytes);
+  req->set_progress(shared_.poller);
+  return req;
+}
+
 void RdmaConnection::check_open_locked() const {
   if (state_ == State::kClosed) {
     throw Error(error_kind_ == ErrorKind::kClosed ? ErrorKind::kClosed : ErrorKind::kConnection,
@@ -217,7 +223,7 @@ RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<Memor
   const char* what = op == OpKind::kWrite ? "WRITE" : "READ";
   check_local(local, local_offset, length, what);
   check_remote(remote, remote_offset, what);
-  auto req = std::make_shared<Request>(transport_.next_request_id(), op, length);
+  auto req = new_request(op, length);
   // With an immediate, every chunk goes on one QP so the WRITE_WITH_IMM lands last.
   const int available = with_imm ? 1 : streams();
   const ChunkPlan plan = plan_chunks(length, available, options, max_chunk());

@@ -140,6 +140,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
     std::unique_ptr<VerbsMr> temp_mr;  // REMOTE_WRITE over the destination, when needed
   };
 
+  // A request of this connection; waiting on it drives the CQ (caller-driven progress).
+  RequestPtr new_request(OpKind op, uint64_t bytes);
   void check_open_locked() const;
   void check_local(const std::shared_ptr<MemoryRegion>& local, uint64_t offset, uint64_t length,
                    const char* what) const;

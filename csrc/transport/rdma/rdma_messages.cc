@@ -40,7 +40,7 @@ RequestPtr RdmaConnection::post_send(const std::shared_ptr<MemoryRegion>& local,
                 "SEND: metadata of " + bytes_text(meta.size()) + " exceeds the " +
                     bytes_text(room) + " an rdma control message can carry");
   }
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kSend, length);
+  auto req = new_request(OpKind::kSend, length);
   const bool eager = length <= settings_.eager_limit && meta.size() + length <= room;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -58,7 +58,7 @@ RequestPtr RdmaConnection::post_send(const std::shared_ptr<MemoryRegion>& local,
 }
 
 RequestPtr RdmaConnection::post_recv_header() {
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRecvHeader, 0);
+  auto req = new_request(OpKind::kRecvHeader, 0);
   std::unique_lock<std::mutex> lock(mu_);
   check_open_locked();
   if (incoming_.empty()) {
@@ -86,7 +86,7 @@ bool RdmaConnection::cancel_recv_header(const RequestPtr& request) {
 RequestPtr RdmaConnection::post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
                                      uint64_t offset, uint64_t length) {
   check_local(local, offset, length, "RECV");
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRecv, length);
+  auto req = new_request(OpKind::kRecv, length);
   auto validate = [&]() -> Announced& {
     check_open_locked();
     auto it = announced_.find(msg_id);

@@ -91,6 +91,9 @@ void SendQueue::pump_locked() {
         wr.send_flags = IBV_SEND_SIGNALED;
         unsignaled_ = 0;
       }
+      if (w.length > 0 && w.length <= qp_.limits().max_inline && w.opcode != IBV_WR_RDMA_READ) {
+        wr.send_flags |= IBV_SEND_INLINE;
+      }
       if (n > 0) wrs[n - 1].next = &wr;
       const bool counts_part = w.request != nullptr;
       in_flight_.push_back(InFlight{seq, w.opcode, std::move(w.request), counts_part, slot,

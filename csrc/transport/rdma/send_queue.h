@@ -8,7 +8,9 @@
 // request still queued or in flight.
 //
 // Signaling: the last WR of a request and every control SEND are signaled; so is every
-// `signal_every`-th WR, so a long transfer frees slots while it runs.
+// `signal_every`-th WR, so a long transfer frees slots while it runs. WRITEs and SENDs of at
+// most the QP's granted max_inline bytes go inline (IBV_SEND_INLINE: the payload is copied into
+// the WR at post time, the device does not read the local buffer).
 //
 // wr_id = tag << 40 | qp_index << 32 | sequence (32 bits, wraps). Thread-safe (one mutex).
 #pragma once

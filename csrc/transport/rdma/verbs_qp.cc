@@ -31,7 +31,13 @@ QueuePair::QueuePair(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<Compl
   init.cap.max_recv_sge = 1;
   init.qp_type = IBV_QPT_RC;
   init.sq_sig_all = 0;  // selective signaling
+  init.cap.max_inline_data = limits_.max_inline;
   qp_ = verbs().create_qp(pd_->get(), &init);
+  if (qp_ == nullptr && limits_.max_inline > 0) {
+    init.cap.max_inline_data = 0;  // a provider without inline data: plain WRs only
+    qp_ = verbs().create_qp(pd_->get(), &init);
+  }
+  if (qp_ != nullptr) limits_.max_inline = init.cap.max_inline_data;  // what was granted
   if (qp_ == nullptr) {
     throw_verbs("ibv_create_qp(RC, " + std::to_string(limits_.sq_depth) + " send / " +
                     std::to_string(limits_.rq_depth) + " receive WRs)",

@@ -1,7 +1,8 @@
 // A reliable-connected queue pair, brought up in rc_pingpong's order.
 //
 // Lifecycle (the state is in the method names):
-//   created (RESET, on the engine's PD, sends and receives completing on one CQ)
+//   created (RESET, on the engine's PD, sends and receives completing on one CQ; inline data
+//                           up to limits.max_inline asked for, granted size in limits())
 //   -> to_init()            port, pkey 0, remote READ/WRITE allowed (the MRs decide)
 //   -> receives posted      (allowed from INIT on, so nothing the peer sends is lost)
 //   -> to_rtr(peer)         path MTU, peer QPN/PSN, address (GRH with the peer's GID on RoCE,
@@ -31,6 +32,9 @@ struct QpLimits {
   uint32_t sq_depth = 128;
   uint32_t rq_depth = 32;
   uint8_t rd_atomic = 16;  // outstanding RDMA READs, each direction
+  // Bytes a WR may carry inside itself (IBV_SEND_INLINE): asked for at creation, then what the
+  // provider granted (0 when it refused inline data).
+  uint32_t max_inline = 256;
 };
 
 class QueuePair {
