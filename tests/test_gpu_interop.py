@@ -340,3 +340,21 @@ def test_weights_from_gpu_tensors_into_gpu(standin: None, rng: np.random.Generat
         assert server.refresh() == tensors["w"].nbytes + tensors["b"].nbytes
         again = rdmaxfer.pull_weights(f"127.0.0.1:{server.port}", transport="tcp", names=["w"])
         np.testing.assert_array_equal(again["w"], tensors["w"])
+
+
+class _NoCaiForThisDtype:
+    """Like a PyTorch bfloat16 CPU tensor: ``__cuda_array_interface__`` raises TypeError."""
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        raise TypeError("dtype not supported by the interface")
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (cuda.KDL_CPU, 0)
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return np.zeros(2).__dlpack__()
+
+
+def test_inexpressible_cai_falls_through_to_dlpack() -> None:
+    assert cuda.device_view(_NoCaiForThisDtype(), writable=False) is None

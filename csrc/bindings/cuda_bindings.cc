@@ -178,6 +178,20 @@ void bind_cuda(py::module_& m) {
       .def_property_readonly("length", &DeviceAllocation::length)
       .def_property_readonly("device", &DeviceAllocation::ordinal);
 
+  py::class_<PinnedHostAllocation, std::shared_ptr<PinnedHostAllocation>>(m, "PinnedHostMemory")
+      .def(py::init([](int device, long long length) {
+             const uint64_t n = size_arg(length, "length");
+             auto ctx = CudaContext::get(device);
+             py::gil_scoped_release release;
+             return std::make_shared<PinnedHostAllocation>(ctx, n);
+           }),
+           py::arg("device"), py::arg("length"))
+      .def_property_readonly("ptr",
+                             [](const PinnedHostAllocation& a) {
+                               return reinterpret_cast<uint64_t>(a.data());
+                             })
+      .def_property_readonly("length", &PinnedHostAllocation::length);
+
   py::class_<DeviceCopier, std::shared_ptr<DeviceCopier>>(m, "DeviceCopier")
       .def("describe", &DeviceCopier::describe);
   py::class_<HostCopier, DeviceCopier, std::shared_ptr<HostCopier>>(m, "HostCopier")

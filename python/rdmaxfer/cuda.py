@@ -318,6 +318,15 @@ def synchronize(device: int, stream: int) -> None:
         _core.cuda_synchronize_stream(device, stream)
 
 
+def _cuda_array_interface(obj: object) -> Any:
+    """``obj.__cuda_array_interface__``, or None when absent or not expressible (PyTorch raises
+    TypeError for bfloat16, whose tensors then go through DLPack)."""
+    try:
+        return obj.__cuda_array_interface__  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return None
+
+
 def device_view(obj: object, *, writable: bool, what: str = "array") -> CudaArray | None:
     """A view of ``obj`` when it is device memory, else None (host memory: the caller's path).
 
@@ -335,12 +344,10 @@ def device_view(obj: object, *, writable: bool, what: str = "array") -> CudaArra
         view = obj._cuda
         if view is None:
             return None
-    elif hasattr(obj, "__cuda_array_interface__"):
+    elif (cai := _cuda_array_interface(obj)) is not None:
         if not available():
             raise UnsupportedError(f"the {what} is CUDA memory: {unavailable_reason()}")
-        ptr, shape, dtype, readonly, stream = parse_cuda_array_interface(
-            obj.__cuda_array_interface__, what=what
-        )
+        ptr, shape, dtype, readonly, stream = parse_cuda_array_interface(cai, what=what)
         device = _device_of(ptr, what) if ptr else 0
         if stream is not None:
             synchronize(device, stream)
@@ -354,7 +361,10 @@ def device_view(obj: object, *, writable: bool, what: str = "array") -> CudaArra
             return None
         if not available():
             raise UnsupportedError(f"the {what} is CUDA memory: {unavailable_reason()}")
-        capsule = obj.__dlpack__(stream=1)  # the producer orders its work before stream 1
+        try:
+            capsule = obj.__dlpack__(stream=1)  # the producer orders its work before stream 1
+        except TypeError:  # a producer without the stream argument (DLPack < 0.6)
+            capsule = obj.__dlpack__()
         ptr, shape, dtype, _t, device = parse_dlpack(capsule, what=what)
         synchronize(device, 1)
         view = CudaArray(ptr, shape, dtype, device, False, (obj, capsule))

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# GPU check for a lent GPU machine (no network): build rdmaxfer, run the GPU tests
+# (pytest -m gpu), then the GPU bench (bench/gpu_bench.py) and print its table.
+# Fits in one 10-minute call on a 16-core machine; each step has its own timeout.
+#
+#   bench/gpu_check.sh              # from the repository root
+#   BIG=1G SIZES=16M,256M bench/gpu_check.sh   # a shorter bench
+#
+# Offline installs: wheels in .whl/ (pybind11, scikit-build-core, cupy-cuda12x, pytest,
+# numpy, ml_dtypes, safetensors...) are used when present; without CuPy the CuPy tests skip
+# and the bench uses rdmaxfer's own device Buffers. Results land in $OUT (or /tmp) as JSON.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUTDIR=${OUT:-/tmp/rdmaxfer-gpu-check}
+mkdir -p "$OUTDIR"
+BUILD=${BUILD:-/tmp/rdmaxfer-gpu-build}
+STAGE=${STAGE:-/tmp/rdmaxfer-gpu-stage}
+SIZES=${SIZES:-16M,64M,256M,1G,4G}
+BIG=${BIG:-4G}
+t0=$(date +%s)
+step() { echo; echo "== [$(( $(date +%s) - t0 ))s] $*"; }
+
+step "machine"
+nvidia-smi -L 2>&1 | head -8 || echo "nvidia-smi not found"
+nvidia-smi topo -m 2>&1 | head -20 || true
+nproc; free -g | head -2
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for cand in "$ROOT/.venv/bin/python" python3; do
+    if command -v "$cand" >/dev/null 2>&1; then PY=$cand; break; fi
+  done
+fi
+echo "python: $PY ($($PY --version 2>&1))"
+
+pip_offline() {
+  if [ -d "$ROOT/.whl" ]; then
+    $PY -m pip install -q --no-index --find-links "$ROOT/.whl" "$@" 2>&1 | tail -2
+  else
+    return 1
+  fi
+}
+
+step "python dependencies (offline)"
+for mod in numpy ml_dtypes safetensors pytest pybind11; do
+  if ! $PY -c "import $mod" 2>/dev/null; then
+    pip_offline "$mod" || echo "missing $mod and no .whl/ wheel for it"
+  fi
+done
+if ! $PY -c "import cupy" 2>/dev/null; then
+  pip_offline cupy-cuda12x || echo "no CuPy (no .whl/cupy_cuda12x wheel): CuPy parts skip"
+fi
+$PY -c "import cupy; print('cupy', cupy.__version__)" 2>/dev/null || true
+
+step "build (cmake, $BUILD)"
+PYBIND11_DIR=$($PY -c "import pybind11; print(pybind11.get_cmake_dir())" 2>/dev/null || true)
+if [ -z "$PYBIND11_DIR" ]; then
+  echo "FAIL: pybind11 is not importable and no .whl/ wheel was found; carry one in .whl/"
+  exit 2
+fi
+GEN=""
+command -v ninja >/dev/null 2>&1 && GEN="-G Ninja"
+timeout 300 cmake -S "$ROOT" -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release \
+  -Dpybind11_DIR="$PYBIND11_DIR" -DPython_EXECUTABLE="$(command -v $PY)" >"$OUTDIR/cmake.log" 2>&1 \
+  && timeout 300 cmake --build "$BUILD" -j "$(nproc)" >>"$OUTDIR/cmake.log" 2>&1
+rc=$?
+tail -3 "$OUTDIR/cmake.log"
+if [ $rc -ne 0 ]; then echo "FAIL: build (see $OUTDIR/cmake.log)"; exit 2; fi
+rm -rf "$STAGE" && mkdir -p "$STAGE/rdmaxfer"
+cp "$ROOT"/python/rdmaxfer/*.py "$ROOT"/python/rdmaxfer/py.typed "$STAGE/rdmaxfer/"
+cp "$BUILD"/_core*.so "$STAGE/rdmaxfer/"
+export PYTHONPATH="$STAGE"
+
+step "rdmaxfer info"
+timeout 60 $PY -m rdmaxfer info || true
+
+step "GPU tests (pytest -m gpu)"
+timeout 240 $PY -m pytest "$ROOT/tests" -m gpu -q -rs -p no:cacheprovider -o addopts="" \
+  --junitxml="$OUTDIR/gpu-tests.xml" 2>&1 | tail -25
+tests_rc=${PIPESTATUS[0]}
+
+step "staging pipeline tests with the host copier (sanity on this machine)"
+timeout 120 $PY -m pytest "$ROOT/tests/test_staging.py" "$ROOT/tests/test_gpu_interop.py" -q \
+  -p no:cacheprovider 2>&1 | tail -3
+
+step "GPU bench"
+timeout 300 $PY "$ROOT/bench/gpu_bench.py" --sizes "$SIZES" --big "$BIG" \
+  --json "$OUTDIR/gpu_bench.json"
+bench_rc=$?
+
+step "done: gpu tests rc=$tests_rc, bench rc=$bench_rc (results in $OUTDIR)"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
