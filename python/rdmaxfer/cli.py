@@ -227,7 +227,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         streams=args.streams,
         chunk_size=bench.parse_size(args.chunk_size) if args.chunk_size else 0,
-        loop=getattr(args, "loop", "python"),
         qd=args.qd,
         duration=args.duration,
         rdma=rdma,
