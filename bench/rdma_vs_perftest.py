@@ -19,7 +19,9 @@ on rxe1, at most ``--depth`` in flight (default 128, perftest's ib_write_bw defa
 Gb/s = bits / (first post -> last completion). Latency: 8-byte WRITEs one at a time; each is
 timed from post to its completion, which is one round trip (the WRITE and the responder's ACK).
 perftest's ib_write_lat reports half of a ping-pong round trip (t_typical), so the table
-compares against 2 x t_typical.
+compares against 2 x t_typical. That ping-pong needs both perftest processes on the guest's two
+vCPUs at once, so a loaded host inflates it; the ``READ us`` row compares a single-process round
+trip with the same shape on both sides: rdmaxfer's 8-byte READ (C++ loop) vs ib_read_lat.
 
 Under TCG emulation absolute numbers mean little; the ratios are what to read. Target: >= 0.9x
 perftest's bandwidth, <= 1.1x its round trip.
@@ -56,6 +58,45 @@ def perftest(kind: str, sizes: list[int], iters: int) -> dict[int, dict[str, flo
     if done.returncode != 0:
         sys.stderr.write(done.stderr[-2000:])
     return out
+
+
+def perftest_read_lat(size: int, iters: int) -> float:
+    """ib_read_lat t_typical in microseconds (nan on failure). Unlike ib_write_lat's ping-pong
+    it times one READ round trip from a single active process, as rdmaxfer's loop does, so host
+    scheduling of the guest's vCPUs hits both alike."""
+    devs = os.environ.get("RDMAXFER_RXE_DEVICES", "rxe0 rxe1").split()
+    addrs = os.environ.get("RDMAXFER_RXE_ADDRS", "10.77.0.1 10.77.0.2").split()
+    gid = os.environ.get("RDMAXFER_GID_INDEX", "1")
+    opts = ["-x", gid, "-n", str(iters), "-s", str(size), "-F"]
+    for attempt in range(3):
+        port = str(19515 + 7 * attempt + os.getpid() % 500)
+        server = subprocess.Popen(
+            ["ib_read_lat", "-d", devs[1], *opts, "-p", port],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                client = subprocess.run(
+                    ["ib_read_lat", "-d", devs[0], *opts, "-p", port, addrs[1]],
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                )
+                if client.returncode == 0:
+                    for line in client.stdout.splitlines():
+                        f = line.split()
+                        if len(f) >= 9 and f[0] == str(size) and f[1].isdigit():
+                            return float(f[4])  # t_typical
+                    break
+                if server.poll() is not None:
+                    break
+                time.sleep(0.5)  # the server is not listening yet
+        finally:
+            server.kill()
+            server.wait()
+    return float("nan")
 
 
 class Pair:
@@ -133,9 +174,9 @@ def py_lat(pair: Pair, size: int, iters: int) -> dict[str, float]:
     return summary(samples)
 
 
-def cpp_lat(pair: Pair, size: int, iters: int) -> dict[str, float]:
+def cpp_lat(pair: Pair, size: int, iters: int, op: str = "write") -> dict[str, float]:
     src, _dst, desc = regions(pair, size)
-    times = pair.ep.timed_loop("write", src, 0, desc, 0, size, iters, 20, 1, 60)
+    times = pair.ep.timed_loop(op, src, 0, desc, 0, size, iters, 20, 1, 60)
     return summary([t * 1e6 for t in times])
 
 
@@ -178,6 +219,9 @@ def main() -> int:
             )
         half = float(ref_lat.get(args.lat_size, {}).get("lat_us_typical", "nan"))
         ref.setdefault(("RTT us", args.lat_size), []).append(2 * half)
+        ref.setdefault(("READ us", args.lat_size), []).append(
+            perftest_read_lat(args.lat_size, args.lat_iters)
+        )
         for mode in args.modes:
             pair = Pair(mode)
             try:
@@ -189,6 +233,10 @@ def main() -> int:
                     lat = lat_fn(pair, args.lat_size, args.lat_iters)
                     key = ("RTT us", args.lat_size, mode, loop)
                     ours.setdefault(key, []).append(lat["median"])
+                lat = cpp_lat(pair, args.lat_size, args.lat_iters, "read")
+                ours.setdefault(("READ us", args.lat_size, mode, "C++ loop"), []).append(
+                    lat["median"]
+                )
             finally:
                 pair.close()
 
@@ -212,7 +260,9 @@ def main() -> int:
         )
     print(
         "\nbw: higher is better (target ratio >= 0.9); RTT: rdmaxfer post->completion of one "
-        "WRITE vs 2 x ib_write_lat t_typical (target ratio <= 1.1). Medians over rounds."
+        "WRITE vs 2 x ib_write_lat t_typical (target ratio <= 1.1); READ: one 8-byte RDMA READ "
+        "round trip vs ib_read_lat t_typical (same shape: one active process). Medians over "
+        "rounds."
     )
     if args.json:
         with open(args.json, "a") as f:
