@@ -8,6 +8,10 @@ process connects and runs ``iters`` timed transfers per size (or as many as fit 
   arrived (READ); for small sizes the time is one round trip.
 - ``send``: two-sided; the peer receives every message into a preallocated array.
 
+``loop="cpp"`` (write/read only) times the operations in C++ (``_core.Endpoint.timed_loop``, one
+operation in flight, the wait driving completions itself) instead of one blocking Python call per
+operation: the transport's own latency, without the interpreter's per-call cost.
+
 Transports: ``tcp`` on loopback, or ``rdma`` with the two engines on two devices
 (:class:`RdmaSetup`: in the rxe guest rxe0 -> rxe1 listening on 10.77.0.2, from
 ``RDMAXFER_RXE_*``) or on one device over loopback. ``--reference`` runs iperf3 (tcp) or
@@ -39,6 +43,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import _core
 from .engine import Engine, resolve_transport
 from .errors import InvalidArgumentError
 
@@ -53,6 +58,7 @@ __all__ = [
 ]
 
 OPS = ("write", "read", "send")
+LOOPS = ("python", "cpp")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -286,6 +292,7 @@ def run_bench(
     warmup: int = 2,
     streams: int = 0,
     chunk_size: int = 0,
+    loop: str = "python",
     qd: int = 1,
     duration: float | None = None,
     rdma: RdmaSetup | None = None,
@@ -300,17 +307,23 @@ def run_bench(
         warmup: untimed operations per size first.
         streams: TCP streams / RDMA queue pairs per connection (0: the engine's default).
         chunk_size: bytes per wire chunk (0: chosen from the size).
+        loop: ``"python"`` or ``"cpp"`` (write/read, qd 1, iterations: timed in C++).
         qd: operations in flight (queue depth); latency is then post -> observed completion.
         duration: seconds of timed operations per size instead of ``iters``.
         rdma: devices and bind address for ``transport="rdma"`` (default:
             :meth:`RdmaSetup.resolve`).
 
     Raises:
-        InvalidArgumentError: unknown op, no sizes, iters < 1, qd < 1, duration <= 0.
+        InvalidArgumentError: unknown op or loop, loop="cpp" with op="send", qd>1 or a
+            duration, no sizes, iters < 1, qd < 1, duration <= 0.
     """
     transport = resolve_transport(transport)
     if op not in OPS:
         raise InvalidArgumentError(f"op={op!r}: choose one of {', '.join(OPS)}")
+    if loop not in LOOPS or (loop == "cpp" and (op == "send" or qd != 1 or duration)):
+        raise InvalidArgumentError(
+            f"loop={loop!r}: choose python, or cpp for write/read with qd=1 and iterations"
+        )
     if not sizes or min(sizes) < 0 or iters < 1 or warmup < 0:
         raise InvalidArgumentError("need at least one size >= 0, iters >= 1 and warmup >= 0")
     if isinstance(qd, bool) or not isinstance(qd, int) or not 1 <= qd <= 4096:
@@ -335,10 +348,19 @@ def run_bench(
         port, descriptor = parent.recv()
         src = np.random.default_rng(0).integers(0, 256, max(top, 1), dtype=np.uint8)
         with _engine(transport, streams, setup.device, secret) as engine:
-            engine.register(src, access="none")
+            src_region = engine.register(src, access="none")
             with engine.connect(f"{setup.bind}:{port}", timeout=30) as ep:
                 runner = _Runner(ep, op, src, descriptor, chunk_size, qd, parent)
                 for size in sizes:
+                    if loop == "cpp":
+                        remote = _core.Descriptor.unpack(descriptor)
+                        times = ep.core.timed_loop(
+                            op, src_region.core, 0, remote, 0, size, iters, warmup, 1, 120
+                        )
+                        results.append(
+                            _summarise(transport, op, size, ep.streams, times, sum(times), [], 1)
+                        )
+                        continue
                     if warmup:
                         runner.batch(size, warmup)
                     if duration is None:
