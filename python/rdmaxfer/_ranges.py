@@ -1,0 +1,623 @@
+"""The machinery of :mod:`rdmaxfer.fetch` (private): HTTP Range requests over httpx, the
+token bucket, destinations (file at offsets, memory), the resume sidecar, retries with backoff.
+
+Sizes and offsets in bytes, rates in bytes per second, times in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import collections
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+import warnings
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import FetchError, FetchIntegrityError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    import httpx
+
+log = logging.getLogger("rdmaxfer.fetch")
+
+
+MIN_CHUNK = 1 << 20
+"""Smallest automatic chunk (bytes)."""
+MAX_CHUNK = 64 << 20
+"""Largest automatic chunk (bytes) until the chunk count reaches :data:`MAX_CHUNKS`."""
+MAX_CHUNKS = 8192
+"""Most chunks a download is cut into automatically (larger files get larger chunks)."""
+CHUNKS_PER_CONNECTION = 8
+"""Automatic chunking aims at this many chunks per connection (a slow one never holds the end)."""
+DEFAULT_CONNECTIONS = 8
+MAX_CONNECTIONS = 256
+DEFAULT_RETRIES = 5
+BACKOFF_BASE_S = 0.25
+BACKOFF_MAX_S = 8.0
+STATE_SUFFIX = ".rdmaxfer-fetch"
+_STATE_VERSION = 1
+_STATE_SAVE_EVERY_S = 0.5
+_RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+# -- small pieces ------------------------------------------------------------------------------
+def parse_rate(rate: float | int | str | None) -> float | None:
+    """Bytes per second from ``1073741824``, ``"1G"``, ``"500M"``, ``"1.5GiB/s"`` (binary
+    units), or None (no limit).
+
+    Raises:
+        InvalidArgumentError: not a positive rate.
+    """
+    if rate is None:
+        return None
+    if isinstance(rate, str):
+        m = re.fullmatch(
+            r"\s*(\d+(?:\.\d*)?)\s*([KMGT]?)(?:i?B)?(?:/s)?\s*", rate, flags=re.IGNORECASE
+        )
+        if m is None:
+            raise InvalidArgumentError(
+                f"rate {rate!r} is not a rate in bytes/s; write e.g. 1G, 500M, 1.5G or 1048576"
+            )
+        value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    elif isinstance(rate, bool) or not isinstance(rate, (int, float)):
+        raise InvalidArgumentError(f"rate={rate!r} must be bytes/s (a number or e.g. '1G')")
+    else:
+        value = float(rate)
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidArgumentError(f"rate={rate!r} must be > 0 bytes/s (omit it for no limit)")
+    return value
+
+
+def choose_chunk_size(size: int, connections: int = DEFAULT_CONNECTIONS) -> int:
+    """Bytes per ranged request for a file of ``size`` bytes.
+
+    About :data:`CHUNKS_PER_CONNECTION` chunks per connection, each between 1 MiB and 64 MiB
+    (a 5 MiB file: 5 chunks; 1 GiB over 8 connections: 64 of 16 MiB; 100 GB: 1491 of 64 MiB),
+    never more than :data:`MAX_CHUNKS` chunks; a multiple of 64 KiB.
+    """
+    if size <= 0:
+        return MIN_CHUNK
+    chunk = -(-size // max(1, connections * CHUNKS_PER_CONNECTION))
+    chunk = min(max(chunk, MIN_CHUNK), MAX_CHUNK)
+    chunk = max(chunk, -(-size // MAX_CHUNKS))
+    return -(-chunk // 65536) * 65536
+
+
+class TokenBucket:
+    """Caps a byte rate: :meth:`take` returns how long to sleep after consuming ``n`` bytes.
+
+    The bucket holds up to ``burst`` bytes (default: a quarter second's worth, at least
+    64 KiB) and refills at ``rate`` bytes/s; taking more than it holds puts it in debt, and the
+    taker sleeps until the debt is repaid. Thread-safe.
+    """
+
+    def __init__(self, rate: float, burst: float | None = None) -> None:
+        if not rate > 0:
+            raise InvalidArgumentError(f"rate={rate!r} must be > 0 bytes/s")
+        self.rate = float(rate)
+        self.burst = float(burst) if burst is not None else max(self.rate / 4, 65536.0)
+        self._tokens = self.burst
+        self._stamp = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> float:
+        """Consume ``n`` bytes; return the seconds to wait before using more."""
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            self._tokens -= n
+            return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+
+    async def acquire(self, n: int) -> None:
+        """Consume ``n`` bytes and sleep as long as the rate requires."""
+        delay = self.take(n)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+def _check_sha256(value: str | None) -> str | None:
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", text):
+        raise InvalidArgumentError(
+            f"sha256={value!r} is not a SHA-256 digest; give 64 hex digits (sha256sum prints it)"
+        )
+    return text
+
+
+def server_sha256(headers: Mapping[str, str]) -> str | None:
+    """The SHA-256 (hex) of the whole file announced in response headers, if any:
+    ``Repr-Digest: sha-256=:<base64>:`` (RFC 9530), ``Digest: SHA-256=<base64>`` (RFC 3230)
+    or ``X-Checksum-Sha256: <hex>``."""
+    lower = {k.lower(): v for k, v in headers.items()}
+    raw = lower.get("x-checksum-sha256")
+    if raw and re.fullmatch(r"\s*[0-9a-fA-F]{64}\s*", raw):
+        return raw.strip().lower()
+    for name, pattern in (
+        ("repr-digest", r"sha-256=:([A-Za-z0-9+/=]+):"),
+        ("digest", r"sha-256=([A-Za-z0-9+/=]+)"),
+    ):
+        raw = lower.get(name)
+        if not raw:
+            continue
+        m = re.search(pattern, raw, flags=re.IGNORECASE)
+        if m is None:
+            continue
+        try:
+            digest = base64.b64decode(m.group(1), validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if len(digest) == 32:
+            return digest.hex()
+    return None
+
+
+# -- destinations ------------------------------------------------------------------------------
+class _Sink(Protocol):
+    def write(self, offset: int, data: bytes) -> None: ...
+
+
+class _FileSink:
+    def __init__(self, fd: int, base: int = 0) -> None:
+        self.fd = fd
+        self.base = base
+
+    def write(self, offset: int, data: bytes) -> None:
+        view = memoryview(data)
+        pos = self.base + offset
+        while view:
+            n = os.pwrite(self.fd, view, pos)
+            view = view[n:]
+            pos += n
+
+
+class _MemorySink:
+    def __init__(self, array: npt.NDArray[np.uint8]) -> None:
+        self.view = memoryview(array.data).cast("B")
+
+    def write(self, offset: int, data: bytes) -> None:
+        n = len(data)
+        if offset + n > len(self.view):
+            raise FetchError(
+                f"the server sent bytes up to {offset + n}, past the {len(self.view)}-byte "
+                "destination; the file changed during the download: fetch again"
+            )
+        self.view[offset : offset + n] = data
+
+
+class _GrowingSink:
+    """Memory of unknown final size (a ``200`` answer without Content-Length)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, offset: int, data: bytes) -> None:
+        end = offset + len(data)
+        if end > len(self.data):
+            self.data.extend(b"\0" * (end - len(self.data)))
+        self.data[offset:end] = data
+
+
+# -- the remote file ---------------------------------------------------------------------------
+@dataclass
+class _Remote:
+    size: int | None
+    ranged: bool
+    etag: str | None = None
+    last_modified: str | None = None
+    sha256: str | None = None
+
+
+_CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.IGNORECASE)
+
+
+def _content_range(value: str | None) -> tuple[int | None, int | None, int | None]:
+    m = _CONTENT_RANGE.fullmatch((value or "").strip())
+    if m is None:
+        return None, None, None
+    first = int(m.group(1)) if m.group(1) else None
+    last = int(m.group(2)) if m.group(2) else None
+    total = int(m.group(3)) if m.group(3) != "*" else None
+    return first, last, total
+
+
+def _remote_from(response: httpx.Response, ranged: bool) -> _Remote:
+    h = response.headers
+    if ranged:
+        _, _, size = _content_range(h.get("content-range"))
+    else:
+        length = h.get("content-length")
+        size = int(length) if length and length.isdigit() else None
+    return _Remote(
+        size=size,
+        ranged=ranged,
+        etag=h.get("etag"),
+        last_modified=h.get("last-modified"),
+        sha256=server_sha256(h),
+    )
+
+
+# -- resume state ------------------------------------------------------------------------------
+class _State:
+    """The sidecar file of a download to disk: which chunks are complete."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], done: set[int]) -> None:
+        self.path = path
+        self.meta = meta
+        self.done = done
+        self._saved = 0.0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: Path, meta: dict[str, Any]) -> _State:
+        """The saved state when it matches ``meta`` (size, chunk size, ETag, Last-Modified),
+        else an empty one."""
+        done: set[int] = set()
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            saved = None
+        if isinstance(saved, dict):
+            same = all(saved.get(k) == meta[k] for k in ("v", "size", "chunk_size"))
+            for key in ("etag", "last_modified"):
+                if meta[key] is not None or saved.get(key) is not None:
+                    same = same and saved.get(key) == meta[key]
+            if meta["etag"] is None and meta["last_modified"] is None:
+                log.warning("resuming %s: the server sends no ETag/Last-Modified", meta["url"])
+            if same:
+                nchunks = meta["nchunks"]
+                done = {int(i) for i in saved.get("done", []) if 0 <= int(i) < nchunks}
+            else:
+                log.warning(
+                    "%s: the saved state is for another version of the file (size, ETag or "
+                    "Last-Modified changed); starting over",
+                    path,
+                )
+        return cls(path, meta, done)
+
+    def mark(self, index: int) -> None:
+        with self._lock:
+            self.done.add(index)
+        if time.monotonic() - self._saved >= _STATE_SAVE_EVERY_S:
+            self.save()
+
+    def save(self) -> None:
+        with self._lock:
+            record = {**self.meta, "done": sorted(self.done)}
+            self._saved = time.monotonic()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.path)
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+# -- the transfer ------------------------------------------------------------------------------
+@dataclass
+class _Options:
+    connections: int
+    chunk_size: int | None
+    bucket: TokenBucket | None
+    retries: int
+    timeout: float
+    headers: dict[str, str]
+    progress: bool
+    desc: str
+    stats: dict[str, int] = field(default_factory=lambda: {"bytes": 0, "retries": 0})
+
+
+def _options(
+    connections: int | None,
+    chunk_size: int | None,
+    rate: float | int | str | None,
+    retries: int,
+    timeout: float,
+    headers: Mapping[str, str] | None,
+    progress: bool,
+    desc: str,
+) -> _Options:
+    conns = DEFAULT_CONNECTIONS if connections is None else connections
+    if isinstance(conns, bool) or not isinstance(conns, int) or not 1 <= conns <= MAX_CONNECTIONS:
+        raise InvalidArgumentError(
+            f"connections={connections!r} must be an integer from 1 to {MAX_CONNECTIONS}"
+        )
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+    ):
+        raise InvalidArgumentError(f"chunk_size={chunk_size!r} must be a positive number of bytes")
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
+        raise InvalidArgumentError(f"retries={retries!r} must be an integer from 0 to 100")
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise InvalidArgumentError(f"timeout={timeout!r} must be a finite number of seconds > 0")
+    limit = parse_rate(rate)
+    return _Options(
+        connections=conns,
+        chunk_size=chunk_size,
+        bucket=TokenBucket(limit) if limit is not None else None,
+        retries=retries,
+        timeout=float(timeout),
+        headers=dict(headers or {}),
+        progress=progress,
+        desc=desc,
+    )
+
+
+def _client(opts: _Options) -> httpx.AsyncClient:
+    import httpx
+
+    n = opts.connections
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(opts.timeout),
+        limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+        headers={"Accept-Encoding": "identity", **opts.headers},
+        follow_redirects=True,
+    )
+
+
+def _progress(opts: _Options, total: int | None, initial: int) -> Any:
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=opts.desc,
+        disable=not opts.progress,
+        leave=False,
+    )
+
+
+async def _backoff(opts: _Options, attempt: int, what: str, exc: BaseException) -> None:
+    """Sleep before retry ``attempt`` (1-based) or raise FetchError when retries are spent."""
+    if attempt > opts.retries:
+        raise FetchError(
+            f"{what} failed {attempt} times (last: {type(exc).__name__}: {exc}); "
+            f"the server or network keeps failing: try again later or raise retries "
+            f"(now {opts.retries})"
+        ) from exc
+    opts.stats["retries"] += 1
+    delay = min(BACKOFF_BASE_S * 2 ** (attempt - 1), BACKOFF_MAX_S)
+    log.info("%s: %s; retry %d in %.2f s", what, exc, attempt, delay)
+    await asyncio.sleep(delay)
+
+
+class _Retry(Exception):
+    """A ranged request that failed in a way worth retrying (5xx, short body)."""
+
+
+async def _probe(client: httpx.AsyncClient, url: str, opts: _Options) -> _Remote:
+    """Learn the size and validators with ``Range: bytes=0-0``; retried like a chunk."""
+    import httpx
+
+    attempt = 0
+    while True:
+        try:
+            response = await client.get(url, headers={"Range": "bytes=0-0"})
+            status = response.status_code
+            if status == 206:
+                remote = _remote_from(response, ranged=True)
+                if remote.size is None:
+                    raise FetchError(
+                        f"{url}: 206 without a file size in Content-Range "
+                        f"({response.headers.get('content-range')!r}); cannot split the file"
+                    )
+                return remote
+            if status == 416:  # an empty file
+                _, _, total = _content_range(response.headers.get("content-range"))
+                return _Remote(size=total or 0, ranged=True, etag=response.headers.get("etag"))
+            if status == 200:
+                remote = _remote_from(response, ranged=False)
+                remote.ranged = remote.size == 0  # an empty file has no range to honour
+                return remote
+            if status in _RETRY_STATUS:
+                raise _Retry(f"HTTP {status}")
+            raise FetchError(f"{url}: HTTP {status} {response.reason_phrase}; check the URL")
+        except (httpx.TransportError, _Retry) as exc:
+            attempt += 1
+            await _backoff(opts, attempt, f"GET {url} (probe)", exc)
+
+
+async def _download_span(
+    client: httpx.AsyncClient,
+    url: str,
+    remote: _Remote,
+    base: int,
+    length: int,
+    sink: _Sink,
+    opts: _Options,
+    state: _State | None,
+    chunk: int,
+) -> tuple[int, int]:
+    """Fetch bytes ``[base, base + length)`` of the file into ``sink`` (offsets relative to
+    ``base``) in chunks of ``chunk`` bytes, skipping those ``state`` records as done.
+
+    Returns:
+        (chunks, chunks that were already done).
+    """
+    import httpx
+
+    nchunks = max(1, -(-length // chunk)) if length else 0
+    done = set(state.done) if state is not None else set()
+    todo = collections.deque(i for i in range(nchunks) if i not in done)
+    already = sum(min(chunk, length - i * chunk) for i in done)
+    bar = _progress(opts, length, already)
+    validators = {}
+    if remote.etag and not remote.etag.startswith("W/"):
+        validators["If-Range"] = remote.etag
+    elif remote.last_modified:
+        validators["If-Range"] = remote.last_modified
+
+    async def one(index: int) -> None:
+        start = index * chunk
+        end = min(start + chunk, length)
+        pos = start
+        attempt = 0
+        what = f"GET {url} bytes {base + start}-{base + end - 1}"
+        while True:
+            try:
+                headers = {"Range": f"bytes={base + pos}-{base + end - 1}", **validators}
+                async with client.stream("GET", url, headers=headers) as response:
+                    status = response.status_code
+                    if status == 200:
+                        raise FetchError(
+                            f"{url}: the server answered a ranged request with the whole file "
+                            "(it stopped honouring Range, or the file changed: If-Range "
+                            "failed); fetch again from the start"
+                        )
+                    if status in _RETRY_STATUS:
+                        raise _Retry(f"HTTP {status}")
+                    if status != 206:
+                        raise FetchError(f"{what}: HTTP {status} {response.reason_phrase}")
+                    first, _, total = _content_range(response.headers.get("content-range"))
+                    if first != base + pos or (total is not None and total != remote.size):
+                        raise FetchError(
+                            f"{what}: the server sent Content-Range "
+                            f"{response.headers.get('content-range')!r}; the file changed "
+                            "during the download: fetch again"
+                        )
+                    async for data in response.aiter_raw():
+                        n = len(data)
+                        if pos + n > end:
+                            raise FetchError(f"{what}: the server sent more bytes than asked")
+                        sink.write(pos, data)
+                        pos += n
+                        opts.stats["bytes"] += n
+                        bar.update(n)
+                        if opts.bucket is not None:
+                            await opts.bucket.acquire(n)
+                if pos < end:
+                    raise _Retry(f"short body: {end - pos} bytes missing")
+                break
+            except (httpx.TransportError, _Retry) as exc:
+                attempt += 1
+                await _backoff(opts, attempt, what, exc)
+        if state is not None:
+            state.mark(index)
+
+    async def worker() -> None:
+        while todo:
+            await one(todo.popleft())
+
+    try:
+        await _gather_or_cancel([worker() for _ in range(min(opts.connections, len(todo)))])
+    finally:
+        bar.close()
+        if state is not None:
+            state.save()
+    return nchunks, len(done)
+
+
+async def _gather_or_cancel(coros: list[Awaitable[None]]) -> None:
+    """Run all; on the first failure cancel the others, wait for them, and re-raise."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _single_stream(
+    client: httpx.AsyncClient, url: str, sink: _Sink, opts: _Options
+) -> tuple[_Remote, int]:
+    """Read the whole file as one ``GET`` (no Range); retried from the start when it fails.
+
+    Returns:
+        (what the response said about the file, bytes received).
+    """
+    import httpx
+
+    attempt = 0
+    while True:
+        pos = 0
+        try:
+            async with client.stream("GET", url) as response:
+                if response.status_code != 200:
+                    if response.status_code in _RETRY_STATUS:
+                        raise _Retry(f"HTTP {response.status_code}")
+                    raise FetchError(f"{url}: HTTP {response.status_code}; check the URL")
+                remote = _remote_from(response, ranged=False)
+                bar = _progress(opts, remote.size, 0)
+                try:
+                    async for data in response.aiter_raw():
+                        sink.write(pos, data)
+                        pos += len(data)
+                        opts.stats["bytes"] += len(data)
+                        bar.update(len(data))
+                        if opts.bucket is not None:
+                            await opts.bucket.acquire(len(data))
+                finally:
+                    bar.close()
+            if remote.size is not None and pos != remote.size:
+                raise _Retry(f"short body: {pos} of {remote.size} bytes")
+            return remote, pos
+        except (httpx.TransportError, _Retry) as exc:
+            attempt += 1
+            await _backoff(opts, attempt, f"GET {url}", exc)
+
+
+def _warn_no_ranges(url: str) -> None:
+    msg = (
+        f"{url}: the server ignores HTTP Range requests (200 instead of 206); downloading "
+        "it as one stream (no parallel connections, no resume)"
+    )
+    log.warning(msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+
+def _verify(
+    expected: str | None, server: str | None, digest: Callable[[], str], url: str
+) -> str | None:
+    want = expected or server
+    if want is None:
+        return None
+    got = digest()
+    for label, value in (("you gave", expected), ("the server announced", server)):
+        if value is not None and got != value:
+            raise FetchIntegrityError(
+                f"{url}: SHA-256 of the downloaded bytes is {got}, but {label} {value}; the "
+                "download is corrupt or the digest is for another file: fetch again"
+            )
+    return got
+
+
+def _sha256_fd(fd: int, size: int) -> str:
+    h = hashlib.sha256()
+    pos = 0
+    block = 8 << 20
+    while pos < size:
+        data = os.pread(fd, min(block, size - pos), pos)
+        if not data:
+            break
+        h.update(data)
+        pos += len(data)
+    return h.hexdigest()
