@@ -103,7 +103,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             status = 206
         body = data[first : last + 1]
         self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
+        if srv.no_length:  # a body that ends when the connection closes
+            self.close_connection = True
+            self.send_header("Connection", "close")
+        else:
+            self.send_header("Content-Length", str(len(body)))
         self.send_header("ETag", '"v1"')
         if status == 206:
             self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
@@ -123,10 +127,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _PyServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, data: bytes, *, ignore_range: bool = False, drops: int = 0) -> None:
+    def __init__(
+        self, data: bytes, *, ignore_range: bool = False, drops: int = 0, no_length: bool = False
+    ) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.data = data
         self.ignore_range = ignore_range
+        self.no_length = no_length
         self.drops = drops
         self.drops_done = 0
         self.drop_after = 100_000
@@ -371,6 +378,15 @@ def test_server_ignoring_range_falls_back(pyserver: type[_PyServer], tmp_path: P
     with pytest.warns(RuntimeWarning, match="ignores HTTP Range"):
         result = fetch(srv.url, tmp_path / "f", sha256=sha(data))
     assert (tmp_path / "f").read_bytes() == data and result.sha256 == sha(data)
+
+
+def test_no_range_and_no_length(pyserver: type[_PyServer]) -> None:
+    data = random_bytes(8, MiB + 17)
+    srv = pyserver(data, ignore_range=True, no_length=True)
+    with pytest.warns(RuntimeWarning, match="ignores HTTP Range"):
+        result = fetch(srv.url, sha256=sha(data))
+    assert result.array is not None and result.array.tobytes() == data
+    assert result.size == len(data) and result.sha256 == sha(data)
 
 
 def test_safetensors_from_server_ignoring_range(pyserver: type[_PyServer], www: Path) -> None:
