@@ -227,6 +227,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         streams=args.streams,
         chunk_size=bench.parse_size(args.chunk_size) if args.chunk_size else 0,
+        loop=args.loop,
         qd=args.qd,
         duration=args.duration,
         rdma=rdma,
@@ -421,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--qd", type=int, default=1, help="queue depth: operations in flight")
     p.add_argument("--streams", type=int, default=0, help="TCP streams / RDMA QPs (0: default)")
     p.add_argument("--chunk-size", default="", help="bytes per chunk (default: from size)")
+    p.add_argument(
+        "--loop", choices=bench.LOOPS, default="python", help="cpp: time write/read in C++"
+    )
     p.add_argument("--device", help="rdma: this side's device (default: env / first active)")
     p.add_argument("--peer-device", help="rdma: the peer's device (default: env / --device)")
     p.add_argument("--bind", help="rdma: address the peer listens on (default: env / 127.0.0.1)")
