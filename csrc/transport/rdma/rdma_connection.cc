@@ -297,13 +297,14 @@ void RdmaConnection::fail_from_completion(const ibv_wc& wc, const RequestPtr& re
   const std::string text = op + " failed: " + wc_status_text(wc.status) + " (peer " + peer() +
                            ", QP " + std::to_string(wc.qp_num) + ", vendor error " + vendor + ")";
   const ErrorKind kind = kind_of(wc.status);
-  if (request) {
-    request->fail(kind, kind == ErrorKind::kRemoteAccess
-                            ? text + "; check the descriptor, remote_offset and length"
-                            : text);
-  }
-  abort(kind == ErrorKind::kRemoteAccess ? ErrorKind::kConnection : kind,
-        "connection to " + peer() + " torn down after a failed completion: " + text);
+  // The connection is marked closed before the request fails, so that whoever the failure
+  // wakes already sees the endpoint closed.
+  teardown(kind == ErrorKind::kRemoteAccess ? ErrorKind::kConnection : kind,
+           "connection to " + peer() + " torn down after a failed completion: " + text, request,
+           kind,
+           kind == ErrorKind::kRemoteAccess
+               ? text + "; check the descriptor, remote_offset and length"
+               : text);
 }
 
 void RdmaConnection::on_completion(const ibv_wc& wc) {
@@ -341,7 +342,15 @@ void RdmaConnection::on_completion(const ibv_wc& wc) {
 
 void RdmaConnection::on_socket_ready() {
   uint8_t buf[64];
-  const ssize_t n = recv(socket_.get(), buf, sizeof(buf), MSG_DONTWAIT);
+  ssize_t n = 0;
+  int err = 0;
+  {
+    std::lock_guard<std::mutex> lock(socket_mu_);
+    if (!socket_.valid()) return;  // closed meanwhile
+    n = recv(socket_.get(), buf, sizeof(buf), MSG_DONTWAIT);
+    err = errno;
+  }
+  errno = err;
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
   if (n > 0 && std::memchr(buf, kGoodbyeByte, static_cast<size_t>(n)) != nullptr) {
     abort(ErrorKind::kConnection, "peer " + peer() + " closed the endpoint");
@@ -364,21 +373,33 @@ void RdmaConnection::close() {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == State::kClosed) return;
   }
-  if (socket_.valid()) {
-    const uint8_t bye = kGoodbyeByte;
-    if (send(socket_.get(), &bye, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-      // Best effort: the peer notices the EOF instead.
+  {
+    std::lock_guard<std::mutex> lock(socket_mu_);
+    if (socket_.valid()) {
+      const uint8_t bye = kGoodbyeByte;
+      if (send(socket_.get(), &bye, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+        // Best effort: the peer notices the EOF instead.
+      }
     }
   }
   abort(ErrorKind::kClosed, "closed locally");
 }
 
 void RdmaConnection::abort(ErrorKind kind, const std::string& reason) {
+  teardown(kind, reason, nullptr, kind, "");
+}
+
+void RdmaConnection::teardown(ErrorKind kind, const std::string& reason, const RequestPtr& culprit,
+                              ErrorKind culprit_kind, const std::string& culprit_reason) {
   std::vector<RequestPtr> failed;
   std::vector<std::unique_ptr<VerbsMr>> temp_mrs;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (state_ == State::kClosed) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (state_ == State::kClosed) {
+      lock.unlock();
+      if (culprit) culprit->fail(culprit_kind, culprit_reason);
+      return;
+    }
     state_ = State::kClosed;
     error_kind_ = kind;
     error_ = reason;
@@ -406,11 +427,18 @@ void RdmaConnection::abort(ErrorKind kind, const std::string& reason) {
       for (auto& r : lane.sq->take_all()) failed.push_back(r);
     }
   }
-  if (socket_.valid()) {
-    shared_.poller->unwatch_socket(socket_.get());
-    ::shutdown(socket_.get(), SHUT_RDWR);
+  {
+    // Closing the socket (not only shutting it down) frees the descriptor now; the peer sees
+    // EOF. The queued GOODBYE byte, if any, still goes out before the FIN.
+    std::lock_guard<std::mutex> lock(socket_mu_);
+    if (socket_.valid()) {
+      shared_.poller->unwatch_socket(socket_.get());
+      ::shutdown(socket_.get(), SHUT_WR);
+      socket_.reset();
+    }
   }
   temp_mrs.clear();  // the QPs are in ERR: the peer can no longer write through these
+  if (culprit) culprit->fail(culprit_kind, culprit_reason);  // first: its own error wins
   for (auto& r : failed) r->fail(kind, reason);
   // Phase 2 (ibv_destroy_qp, buffers) happens when the last owner drops the connection.
 }

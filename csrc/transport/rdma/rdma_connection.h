@@ -161,6 +161,10 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void on_ctrl(const CtrlHeader& h, std::string meta, std::string data);
   void start_rendezvous(PendingSend send, uint64_t addr, uint32_t rkey);
   void finish_parts(const std::vector<RequestPtr>& parts);
+  // Closes the connection once (QPs to ERR, bootstrap socket closed); fails `culprit` with its
+  // own error first and every other pending request with (kind, reason).
+  void teardown(ErrorKind kind, const std::string& reason, const RequestPtr& culprit,
+                ErrorKind culprit_kind, const std::string& culprit_reason);
   void fail_from_completion(const ibv_wc& wc, const RequestPtr& request, const std::string& op);
 
   Transport& transport_;
@@ -168,6 +172,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   RdmaShared shared_;
   const uint32_t tag_;
   std::vector<Lane> lanes_;
+  // The bootstrap socket (liveness and GOODBYE). Closed as soon as the connection closes;
+  // socket_mu_ orders that close against the poller thread's recv on it.
+  std::mutex socket_mu_;
   UniqueFd socket_;
   uint64_t max_chunk_ = 0;
   uint32_t peer_ctrl_size_ = 0;
