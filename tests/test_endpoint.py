@@ -288,7 +288,7 @@ def test_many_writes_and_reads_in_flight(pair: Pair, seed: int) -> None:
         transfers.append(
             pair.a.post_read(dst, s_region.descriptor(), offset=off, remote_offset=off, nbytes=n)
         )
-    assert pair.a.inflight > 0
+    # (How many are still in flight here depends on timing; they were all posted first.)
     for t in transfers:
         t.wait(60)
     assert all(t.done() and not t.failed() for t in transfers)

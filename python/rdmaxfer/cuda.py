@@ -338,6 +338,8 @@ def device_view(obj: object, *, writable: bool, what: str = "array") -> CudaArra
         InvalidArgumentError: non-contiguous, read-only while ``writable``, or malformed.
         UnsupportedError: device memory but CUDA unusable here.
     """
+    if isinstance(obj, np.ndarray):  # always host memory; the common case, so checked first
+        return None
     from .buffer import Buffer
 
     if isinstance(obj, Buffer):
