@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+import rdmaxfer
 from rdmaxfer import _core
 from rdmaxfer.errors import ConnectionFailedError, RemoteAccessError
 
@@ -30,7 +31,9 @@ from .rdma_helpers import (
 
 pytestmark = pytest.mark.rdma
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Children import rdmaxfer from wherever this process did (an installed package or a staged
+# source tree), not from the checkout: a checkout has no compiled _core.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(rdmaxfer.__file__))
 
 
 def forged(desc: _core.Descriptor, key_xor: int) -> _core.Descriptor:
@@ -103,7 +106,7 @@ PEER_SCRIPT = textwrap.dedent(
 
 
 def test_peer_killed_fails_pending_requests(rng: np.random.Generator) -> None:
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    env = dict(os.environ, PYTHONPATH=PACKAGE_ROOT)
     child = subprocess.Popen(
         [sys.executable, "-c", PEER_SCRIPT, devices()[1], addrs()[1]],
         stdout=subprocess.PIPE,
@@ -162,7 +165,7 @@ MEMLOCK_SCRIPT = textwrap.dedent(
 def test_memlock_too_low(drop_ipc_lock: bool) -> None:
     """Root bypasses RLIMIT_MEMLOCK through CAP_IPC_LOCK, so the child runs without it
     (setpriv drops it from the inheritable and bounding sets)."""
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    env = dict(os.environ, PYTHONPATH=PACKAGE_ROOT)
     cmd = [sys.executable, "-c", MEMLOCK_SCRIPT % devices()[0]]
     if drop_ipc_lock:
         cmd = ["setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock", *cmd]
