@@ -117,6 +117,17 @@ int MemoryRegion::uses() const {
   return uses_;
 }
 
+void check_local_range(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                       uint64_t length, const char* what) {
+  if (!local) throw Error(ErrorKind::kInvalidArgument, std::string(what) + ": no local region");
+  if (offset > local->length() || length > local->length() - offset) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + ": local range offset " + std::to_string(offset) + " + " +
+                    std::to_string(length) + " bytes exceeds the local region of " +
+                    std::to_string(local->length()) + " bytes");
+  }
+}
+
 RegionUse::RegionUse(std::shared_ptr<MemoryRegion> region) : region_(std::move(region)) {
   if (region_) region_->add_use();
 }

@@ -85,6 +85,12 @@ class MemoryRegion {
   int uses_ = 0;
 };
 
+// Throws Error(kInvalidArgument) unless `local` is set and [offset, offset+length) lies inside
+// it; `what` names the operation ("WRITE", "RECV"...) in the message. Every transport checks
+// local ranges through this before posting.
+void check_local_range(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                       uint64_t length, const char* what);
+
 // Holds a region in use for the duration of one operation (RAII).
 class RegionUse {
  public:

@@ -15,8 +15,6 @@ namespace rdmaxfer {
 namespace {
 constexpr uint8_t kGoodbyeByte = 'G';
 
-std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
-
 ErrorKind kind_of(ibv_wc_status status) {
   switch (status) {
     case IBV_WC_REM_ACCESS_ERR: return ErrorKind::kRemoteAccess;
@@ -143,17 +141,6 @@ void RdmaConnection::check_open_locked() const {
   }
 }
 
-void RdmaConnection::check_local(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                                 uint64_t length, const char* what) const {
-  if (!local) throw Error(ErrorKind::kInvalidArgument, std::string(what) + ": no local region");
-  if (offset > local->length() || length > local->length() - offset) {
-    throw Error(ErrorKind::kInvalidArgument,
-                std::string(what) + ": local range offset " + std::to_string(offset) + " + " +
-                    bytes_text(length) + " exceeds the local region of " +
-                    bytes_text(local->length()));
-  }
-}
-
 void RdmaConnection::check_remote(const Descriptor& remote, uint64_t remote_offset,
                                   const char* what) const {
   if (remote.transport != TransportKind::kRdma) {
@@ -221,7 +208,7 @@ RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<Memor
                                           bool with_imm, uint32_t imm,
                                           const TransferOptions& options) {
   const char* what = op == OpKind::kWrite ? "WRITE" : "READ";
-  check_local(local, local_offset, length, what);
+  check_local_range(local, local_offset, length, what);
   check_remote(remote, remote_offset, what);
   auto req = new_request(op, length);
   // With an immediate, every chunk goes on one QP so the WRITE_WITH_IMM lands last.

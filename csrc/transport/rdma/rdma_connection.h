@@ -143,8 +143,6 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // A request of this connection; waiting on it drives the CQ (caller-driven progress).
   RequestPtr new_request(OpKind op, uint64_t bytes);
   void check_open_locked() const;
-  void check_local(const std::shared_ptr<MemoryRegion>& local, uint64_t offset, uint64_t length,
-                   const char* what) const;
   void check_remote(const Descriptor& remote, uint64_t remote_offset, const char* what) const;
   RequestPtr post_one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
                             uint64_t local_offset, const Descriptor& remote,

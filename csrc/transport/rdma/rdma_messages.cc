@@ -32,7 +32,7 @@ void RdmaConnection::send_ctrl(const CtrlHeader& header, const std::string& meta
 RequestPtr RdmaConnection::post_send(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
                                      uint64_t length, const std::string& meta,
                                      const TransferOptions& options) {
-  check_local(local, offset, length, "SEND");
+  check_local_range(local, offset, length, "SEND");
   const uint64_t room = peer_ctrl_size_ > CtrlHeader::kSize ? peer_ctrl_size_ - CtrlHeader::kSize
                                                             : 0;
   if (meta.size() > room) {
@@ -85,7 +85,7 @@ bool RdmaConnection::cancel_recv_header(const RequestPtr& request) {
 
 RequestPtr RdmaConnection::post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
                                      uint64_t offset, uint64_t length) {
-  check_local(local, offset, length, "RECV");
+  check_local_range(local, offset, length, "RECV");
   auto req = new_request(OpKind::kRecv, length);
   auto validate = [&]() -> Announced& {
     check_open_locked();

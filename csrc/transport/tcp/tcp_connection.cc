@@ -33,17 +33,6 @@ void TcpConnection::check_open_locked() const {
   }
 }
 
-void TcpConnection::check_local(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                                uint64_t length, const char* what) const {
-  if (!local) throw Error(ErrorKind::kInvalidArgument, std::string(what) + ": no local region");
-  if (offset > local->length() || length > local->length() - offset) {
-    throw Error(ErrorKind::kInvalidArgument,
-                std::string(what) + ": local range offset " + std::to_string(offset) + " + " +
-                    bytes_text(length) + " exceeds the local region of " +
-                    bytes_text(local->length()));
-  }
-}
-
 TcpStream& TcpConnection::least_loaded(int among) const {
   TcpStream* best = streams_[0].get();
   for (int i = 1; i < among; ++i) {
@@ -63,7 +52,7 @@ RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
                                      uint64_t local_offset, const Descriptor& remote,
                                      uint64_t remote_offset, uint64_t length,
                                      const TransferOptions& options) {
-  check_local(local, local_offset, length, "WRITE");
+  check_local_range(local, local_offset, length, "WRITE");
   if (remote.addr + remote_offset < remote.addr) {
     throw Error(ErrorKind::kInvalidArgument, "WRITE: remote_offset overflows the remote address");
   }
@@ -103,7 +92,7 @@ RequestPtr TcpConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
                                     uint64_t local_offset, const Descriptor& remote,
                                     uint64_t remote_offset, uint64_t length,
                                     const TransferOptions& options) {
-  check_local(local, local_offset, length, "READ");
+  check_local_range(local, local_offset, length, "READ");
   if (remote.addr + remote_offset < remote.addr) {
     throw Error(ErrorKind::kInvalidArgument, "READ: remote_offset overflows the remote address");
   }
@@ -137,7 +126,7 @@ RequestPtr TcpConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
 RequestPtr TcpConnection::post_send(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
                                     uint64_t length, const std::string& meta,
                                     const TransferOptions& options) {
-  check_local(local, offset, length, "SEND");
+  check_local_range(local, offset, length, "SEND");
   if (meta.size() > FrameHeader::kMaxMeta) {
     throw Error(ErrorKind::kInvalidArgument, "SEND: metadata of " + bytes_text(meta.size()) +
                                                  " exceeds " + bytes_text(FrameHeader::kMaxMeta));
@@ -192,7 +181,7 @@ bool TcpConnection::cancel_recv_header(const RequestPtr& request) {
 
 RequestPtr TcpConnection::post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
                                     uint64_t offset, uint64_t length) {
-  check_local(local, offset, length, "RECV");
+  check_local_range(local, offset, length, "RECV");
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRecv, length);
   std::unique_lock<std::mutex> lock(mu_);
   check_open_locked();

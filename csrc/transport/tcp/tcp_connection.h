@@ -97,8 +97,6 @@ class TcpConnection : public Connection, public std::enable_shared_from_this<Tcp
   // sends GOODBYE, and kills the streams.
   void shut(ErrorKind kind, const std::string& reason, bool goodbye);
   void check_open_locked() const;
-  void check_local(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                   uint64_t length, const char* what) const;
   TcpStream& least_loaded(int among) const;
   void send_on(TcpStream& stream, OutFrame frame);
   void send_data_chunks(PendingSend send);
