@@ -11,6 +11,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from rdmaxfer import bench
+from rdmaxfer.cli import start_serve_process
 from rdmaxfer.errors import InvalidArgumentError
 
 
@@ -71,26 +72,9 @@ def test_pull_out_and_verify(tmp_path: Path) -> None:
         },
         str(src),
     )
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rdmaxfer",
-            "serve",
-            str(src),
-            "--port",
-            "0",
-            "--transport",
-            "tcp",
-            "--max-clients",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server, line = start_serve_process(src, "tcp")
     try:
-        assert server.stdout is not None
-        address = server.stdout.readline().rsplit(" ", 1)[-1].strip()
+        address = line.rsplit(" ", 1)[-1].strip()
         out = run(
             "pull",
             address,

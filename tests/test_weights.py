@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -13,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from rdmaxfer import Engine, InvalidArgumentError, pull_weights, serve_weights
-from rdmaxfer.cli import default_model_file, verify_against_file
+from rdmaxfer.cli import default_model_file, start_serve_process, verify_against_file
 from rdmaxfer.weights import WeightServer, save_safetensors_copy
 
 
@@ -39,26 +37,8 @@ def random_tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def test_real_model_pulled_between_processes_is_bit_exact(tmp_path: Path) -> None:
     path = model_file()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rdmaxfer",
-            "serve",
-            str(path),
-            "--port",
-            "0",
-            "--transport",
-            "tcp",
-            "--max-clients",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server, line = start_serve_process(path, "tcp")
     try:
-        assert server.stdout is not None
-        line = server.stdout.readline()
         assert "serving 104 tensors" in line, line
         address = line.rsplit(" ", 1)[-1].strip()
         arrays = pull_weights(address, transport="tcp", timeout=60, with_header=True)

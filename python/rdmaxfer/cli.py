@@ -337,29 +337,31 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if doctor.worst(findings) == "error" else 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    path = Path(args.file) if args.file else default_model_file()
+def start_serve_process(
+    path: Path, transport: str, max_clients: int = 1
+) -> tuple[subprocess.Popen[str], str]:
+    """Run ``rdmaxfer serve PATH`` in a child process on a free loopback port.
+
+    Returns:
+        The process and its first line, ``"serving N tensors (B bytes) from PATH on HOST:PORT"``
+        (the address is its last word; an empty or other line means it failed to start).
+    """
+    command = [sys.executable, "-m", "rdmaxfer", "serve", str(path), "--port", "0"]
+    command += ["--transport", transport, "--max-clients", str(max_clients)]
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rdmaxfer",
-            "serve",
-            str(path),
-            "--port",
-            "0",
-            "--transport",
-            args.transport,
-            "--max-clients",
-            "1",
-        ],
+        command,
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+    assert server.stdout is not None
+    return server, server.stdout.readline()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    path = Path(args.file) if args.file else default_model_file()
+    server, line = start_serve_process(path, args.transport)
     try:
-        assert server.stdout is not None
-        line = server.stdout.readline()
         if "serving" not in line:
             print("the serve process failed to start", file=sys.stderr)
             return 1
