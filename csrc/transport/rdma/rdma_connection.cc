@@ -396,14 +396,11 @@ void RdmaConnection::teardown(ErrorKind kind, const std::string& reason, const R
       failed.push_back(r.request);
       if (r.temp_mr) temp_mrs.push_back(std::move(r.temp_mr));
     }
-    for (auto& r : header_waiters_) failed.push_back(r);
+    for (auto& r : inbox_.clear()) failed.push_back(r);
     active_.clear();
     sends_.clear();
     recvs_.clear();
     recv_by_imm_.clear();
-    header_waiters_.clear();
-    announced_.clear();
-    incoming_.clear();
   }
   // Phase 1: no more DMA. The QPs flush their WRs; the poller ignores the flushes.
   for (Lane& lane : lanes_) {

@@ -26,7 +26,6 @@
 // QP retries forever on receiver-not-ready (rnr_retry 7) while the peer reposts them.
 #pragma once
 
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,6 +33,7 @@
 #include <vector>
 
 #include "common/unique_fd.h"
+#include "engine/message_inbox.h"
 #include "transport/rdma/buffer_slab.h"
 #include "transport/rdma/control_msg.h"
 #include "transport/rdma/cq_poller.h"
@@ -129,11 +129,6 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
     TransferOptions options;
     bool eager = false;
   };
-  struct Announced {
-    uint64_t length = 0;
-    bool eager = false;
-    std::string data;
-  };
   struct PendingRecv {
     RequestPtr request;
     RegionUse hold;
@@ -184,9 +179,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   std::string error_;
   std::unordered_map<uint64_t, RequestPtr> active_;  // one-sided ops and rendezvous data
   std::unordered_map<uint64_t, PendingSend> sends_;  // waiting for CTS / REJECT
-  std::unordered_map<uint64_t, Announced> announced_;
-  std::deque<MessageInfo> incoming_;
-  std::deque<RequestPtr> header_waiters_;
+  MessageInbox inbox_;
   std::unordered_map<uint64_t, PendingRecv> recvs_;     // by msg id
   std::unordered_map<uint32_t, uint64_t> recv_by_imm_;  // low 32 bits -> msg id
 };

@@ -61,36 +61,25 @@ RequestPtr RdmaConnection::post_recv_header() {
   auto req = new_request(OpKind::kRecvHeader, 0);
   std::unique_lock<std::mutex> lock(mu_);
   check_open_locked();
-  if (incoming_.empty()) {
-    header_waiters_.push_back(req);
-    return req;
-  }
-  MessageInfo info = std::move(incoming_.front());
-  incoming_.pop_front();
+  std::optional<MessageInfo> info = inbox_.next_or_wait(req);
   lock.unlock();
-  req->complete_with_message(std::move(info));
+  if (info) req->complete_with_message(std::move(*info));
   return req;
 }
 
 bool RdmaConnection::cancel_recv_header(const RequestPtr& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = header_waiters_.begin(); it != header_waiters_.end(); ++it) {
-    if (*it == request) {
-      header_waiters_.erase(it);
-      return true;
-    }
-  }
-  return false;
+  return inbox_.cancel(request);
 }
 
 RequestPtr RdmaConnection::post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
                                      uint64_t offset, uint64_t length) {
   check_local_range(local, offset, length, "RECV");
   auto req = new_request(OpKind::kRecv, length);
-  auto validate = [&]() -> Announced& {
+  auto validate = [&]() -> AnnouncedMessage& {
     check_open_locked();
-    auto it = announced_.find(msg_id);
-    if (it == announced_.end()) {
+    auto it = inbox_.announced().find(msg_id);
+    if (it == inbox_.announced().end()) {
       throw Error(ErrorKind::kInvalidArgument,
                   "RECV: message " + std::to_string(msg_id) +
                       " was not announced by the peer or was already received");
@@ -115,9 +104,8 @@ RequestPtr RdmaConnection::post_recv(uint64_t msg_id, const std::shared_ptr<Memo
     std::string data;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      validate();
-      data = std::move(announced_[msg_id].data);
-      announced_.erase(msg_id);
+      data = std::move(validate().data);
+      inbox_.announced().erase(msg_id);
     }
     if (length > 0) std::memcpy(dst, data.data(), length);
     send_ctrl(cts, "", nullptr, 0);
@@ -140,7 +128,7 @@ RequestPtr RdmaConnection::post_recv(uint64_t msg_id, const std::shared_ptr<Memo
       throw Error(ErrorKind::kProtocol, "RECV: two messages in flight share immediate " +
                                             std::to_string(imm));
     }
-    announced_.erase(msg_id);
+    inbox_.announced().erase(msg_id);
     recv_by_imm_[imm] = msg_id;
     recvs_[msg_id] = PendingRecv{req, RegionUse(local), std::move(temp)};
   }
@@ -155,7 +143,7 @@ void RdmaConnection::reject(uint64_t msg_id, const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     check_open_locked();
-    if (announced_.erase(msg_id) == 0) {
+    if (inbox_.announced().erase(msg_id) == 0) {
       throw Error(ErrorKind::kInvalidArgument,
                   "reject: message " + std::to_string(msg_id) + " is not waiting to be received");
     }
@@ -216,25 +204,16 @@ void RdmaConnection::on_ctrl(const CtrlHeader& h, std::string meta, std::string 
     case CtrlType::kEager: {
       RequestPtr waiter;
       MessageInfo info{h.msg_id, h.size, std::move(meta)};
+      AnnouncedMessage ann;
+      ann.length = h.size;
+      ann.eager = h.type == CtrlType::kEager;
+      ann.data = std::move(data);
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (state_ == State::kClosed) return;
-        if (announced_.count(h.msg_id) != 0) {
-          throw Error(ErrorKind::kProtocol, "peer " + peer_ + " announced message " +
-                                                std::to_string(h.msg_id) + " twice");
-        }
-        Announced ann;
-        ann.length = h.size;
-        ann.eager = h.type == CtrlType::kEager;
-        ann.data = std::move(data);
-        announced_.emplace(h.msg_id, std::move(ann));
-        if (header_waiters_.empty()) {
-          incoming_.push_back(std::move(info));
-          return;
-        }
-        waiter = std::move(header_waiters_.front());
-        header_waiters_.pop_front();
+        waiter = inbox_.announce(peer_, info, std::move(ann));
       }
+      if (!waiter) return;
       waiter->complete_with_message(std::move(info));
       return;
     }

@@ -157,26 +157,15 @@ RequestPtr TcpConnection::post_recv_header() {
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRecvHeader, 0);
   std::unique_lock<std::mutex> lock(mu_);
   check_open_locked();
-  if (incoming_.empty()) {
-    header_waiters_.push_back(req);
-    return req;
-  }
-  MessageInfo info = std::move(incoming_.front());
-  incoming_.pop_front();
+  std::optional<MessageInfo> info = inbox_.next_or_wait(req);
   lock.unlock();
-  req->complete_with_message(std::move(info));
+  if (info) req->complete_with_message(std::move(*info));
   return req;
 }
 
 bool TcpConnection::cancel_recv_header(const RequestPtr& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = header_waiters_.begin(); it != header_waiters_.end(); ++it) {
-    if (*it == request) {
-      header_waiters_.erase(it);
-      return true;
-    }
-  }
-  return false;
+  return inbox_.cancel(request);
 }
 
 RequestPtr TcpConnection::post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
@@ -185,8 +174,9 @@ RequestPtr TcpConnection::post_recv(uint64_t msg_id, const std::shared_ptr<Memor
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRecv, length);
   std::unique_lock<std::mutex> lock(mu_);
   check_open_locked();
-  auto it = announced_.find(msg_id);
-  if (it == announced_.end()) {
+  auto& announced = inbox_.announced();
+  auto it = announced.find(msg_id);
+  if (it == announced.end()) {
     throw Error(ErrorKind::kInvalidArgument,
                 "RECV: message " + std::to_string(msg_id) +
                     " was not announced by the peer or was already received");
@@ -196,8 +186,8 @@ RequestPtr TcpConnection::post_recv(uint64_t msg_id, const std::shared_ptr<Memor
                 "RECV: the message has " + bytes_text(it->second.length) +
                     " but the destination has " + bytes_text(length));
   }
-  Announced ann = std::move(it->second);
-  announced_.erase(it);
+  AnnouncedMessage ann = std::move(it->second);
+  announced.erase(it);
   uint8_t* dst = local->addr() + offset;
   if (!ann.eager) recvs_[msg_id] = PendingRecv{req, local, dst, length, 0};
   lock.unlock();
@@ -214,7 +204,7 @@ void TcpConnection::reject(uint64_t msg_id, const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     check_open_locked();
-    if (announced_.erase(msg_id) == 0) {
+    if (inbox_.announced().erase(msg_id) == 0) {
       throw Error(ErrorKind::kInvalidArgument,
                   "reject: message " + std::to_string(msg_id) + " is not waiting to be received");
     }
@@ -393,24 +383,15 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
     case FrameType::kMsgEager: {
       RequestPtr waiter;
       MessageInfo info{h.req_id, h.size, std::move(meta)};
+      AnnouncedMessage ann;
+      ann.length = h.size;
+      ann.eager = h.type == FrameType::kMsgEager;
+      ann.data = std::move(sink.owned);
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (announced_.count(h.req_id) != 0) {
-          throw Error(ErrorKind::kProtocol, "peer " + peer_ + " announced message " +
-                                                std::to_string(h.req_id) + " twice");
-        }
-        Announced ann;
-        ann.length = h.size;
-        ann.eager = h.type == FrameType::kMsgEager;
-        ann.data = std::move(sink.owned);
-        announced_.emplace(h.req_id, std::move(ann));
-        if (header_waiters_.empty()) {
-          incoming_.push_back(std::move(info));
-          return;
-        }
-        waiter = std::move(header_waiters_.front());
-        header_waiters_.pop_front();
+        waiter = inbox_.announce(peer_, info, std::move(ann));
       }
+      if (!waiter) return;
       waiter->complete_with_message(std::move(info));
       return;
     }
@@ -477,14 +458,11 @@ void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye
     for (auto& [id, r] : reads_) failed.push_back(r.request);
     for (auto& [id, r] : sends_) failed.push_back(r.request);
     for (auto& [id, r] : recvs_) failed.push_back(r.request);
-    for (auto& r : header_waiters_) failed.push_back(r);
+    for (auto& r : inbox_.clear()) failed.push_back(r);
     writes_.clear();
     reads_.clear();
     sends_.clear();
     recvs_.clear();
-    header_waiters_.clear();
-    announced_.clear();
-    incoming_.clear();
   }
   if (goodbye) {
     FrameHeader h;

@@ -12,13 +12,13 @@
 // receiver places a buffer -> CTS -> DATA chunks straight into it).
 #pragma once
 
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "engine/message_inbox.h"
 #include "transport/tcp/tcp_stream.h"
 #include "transport/transport.h"
 
@@ -78,11 +78,6 @@ class TcpConnection : public Connection, public std::enable_shared_from_this<Tcp
     uint64_t length = 0;
     TransferOptions options;
   };
-  struct Announced {
-    uint64_t length = 0;
-    bool eager = false;
-    std::string data;  // eager messages only
-  };
   struct PendingRecv {
     RequestPtr request;
     std::shared_ptr<MemoryRegion> region;
@@ -112,9 +107,7 @@ class TcpConnection : public Connection, public std::enable_shared_from_this<Tcp
   std::unordered_map<uint64_t, RequestPtr> writes_;
   std::unordered_map<uint64_t, PendingRead> reads_;
   std::unordered_map<uint64_t, PendingSend> sends_;
-  std::unordered_map<uint64_t, Announced> announced_;
-  std::deque<MessageInfo> incoming_;
-  std::deque<RequestPtr> header_waiters_;
+  MessageInbox inbox_;
   std::unordered_map<uint64_t, PendingRecv> recvs_;
 };
 
