@@ -283,11 +283,11 @@ Stager::~Stager() {
   for (auto& b : stranded_) static_cast<void>(b.release());
 }
 
-RequestPtr Stager::post_write(const std::shared_ptr<Connection>& conn, uint64_t device,
-                              uint64_t length, const Descriptor& remote, uint64_t remote_offset,
-                              const StagingOptions& options) {
+RequestPtr Stager::post_one_sided(bool write, const std::shared_ptr<Connection>& conn,
+                                  uint64_t device, uint64_t length, const Descriptor& remote,
+                                  uint64_t remote_offset, const StagingOptions& options) {
   auto op = std::make_unique<Op>();
-  op->kind = Op::Kind::kWrite;
+  op->kind = write ? Op::Kind::kWrite : Op::Kind::kRead;
   op->conn = conn;
   op->device = device;
   op->length = length;
@@ -297,18 +297,16 @@ RequestPtr Stager::post_write(const std::shared_ptr<Connection>& conn, uint64_t 
   return start(std::move(op));
 }
 
+RequestPtr Stager::post_write(const std::shared_ptr<Connection>& conn, uint64_t device,
+                              uint64_t length, const Descriptor& remote, uint64_t remote_offset,
+                              const StagingOptions& options) {
+  return post_one_sided(true, conn, device, length, remote, remote_offset, options);
+}
+
 RequestPtr Stager::post_read(const std::shared_ptr<Connection>& conn, uint64_t device,
                              uint64_t length, const Descriptor& remote, uint64_t remote_offset,
                              const StagingOptions& options) {
-  auto op = std::make_unique<Op>();
-  op->kind = Op::Kind::kRead;
-  op->conn = conn;
-  op->device = device;
-  op->length = length;
-  op->remote = remote;
-  op->remote_offset = remote_offset;
-  op->options = options;
-  return start(std::move(op));
+  return post_one_sided(false, conn, device, length, remote, remote_offset, options);
 }
 
 RequestPtr Stager::post_send(const std::shared_ptr<Connection>& conn, uint64_t device,

@@ -80,6 +80,9 @@ class Stager {
   struct Bounce;
   struct Op;
   class Pipeline;
+  RequestPtr post_one_sided(bool write, const std::shared_ptr<Connection>& conn, uint64_t device,
+                            uint64_t length, const Descriptor& remote, uint64_t remote_offset,
+                            const StagingOptions& options);
   RequestPtr start(std::unique_ptr<Op> op);
   void run(Op& op);
   std::unique_ptr<Bounce> acquire(uint64_t length);
