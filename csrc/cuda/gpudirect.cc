@@ -52,9 +52,7 @@ std::string gpu_registration_error(GpuRegistration method, uint64_t length, int 
 
 #include "cuda/cuda_memory.h"
 #include "transport/transport.h"
-#ifdef RDMAXFER_HAVE_VERBS
 #include "transport/rdma/verbs_api.h"
-#endif
 
 namespace rdmaxfer {
 
@@ -79,7 +77,6 @@ std::shared_ptr<MemoryRegion> register_gpu_memory(Transport& transport, uint64_t
 }
 
 std::string verbs_dmabuf_unavailable() {
-#ifdef RDMAXFER_HAVE_VERBS
   std::string why;
   const VerbsApi* api = verbs_api(&why);
   if (api == nullptr) return why;
@@ -87,9 +84,6 @@ std::string verbs_dmabuf_unavailable() {
     return "libibverbs.so.1 lacks ibv_reg_dmabuf_mr@IBVERBS_1.12 (rdma-core >= 34 has it)";
   }
   return "";
-#else
-  return "rdmaxfer was built without verbs headers";
-#endif
 }
 
 }  // namespace rdmaxfer

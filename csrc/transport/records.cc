@@ -4,10 +4,8 @@
 #include "engine/descriptor.h"
 #include "transport/bootstrap.h"
 #include "transport/tcp/wire.h"
-#ifdef RDMAXFER_HAVE_VERBS
 #include "transport/rdma/control_msg.h"
 #include "transport/rdma/endpoint_record.h"
-#endif
 
 namespace rdmaxfer {
 
@@ -21,12 +19,7 @@ void need(size_t size, size_t want, const char* what) {
 }  // namespace
 
 std::vector<std::string> record_kinds() {
-  std::vector<std::string> kinds = {"descriptor", "hello", "hello_ack", "frame"};
-#ifdef RDMAXFER_HAVE_VERBS
-  kinds.emplace_back("endpoint_record");
-  kinds.emplace_back("control");
-#endif
-  return kinds;
+  return {"descriptor", "hello", "hello_ack", "frame", "endpoint_record", "control"};
 }
 
 std::string parse_record(const std::string& kind, const uint8_t* data, size_t size) {
@@ -49,7 +42,6 @@ std::string parse_record(const std::string& kind, const uint8_t* data, size_t si
     FrameHeader f = FrameHeader::decode(data);
     return std::string("frame ") + frame_type_name(f.type);
   }
-#ifdef RDMAXFER_HAVE_VERBS
   if (kind == "endpoint_record") {
     EndpointRecord r = EndpointRecord::unpack(data, size);
     return "endpoint_record qps=" + std::to_string(r.qps.size());
@@ -58,7 +50,6 @@ std::string parse_record(const std::string& kind, const uint8_t* data, size_t si
     CtrlHeader c = CtrlHeader::decode(data, size);
     return std::string("control ") + ctrl_type_name(c.type);
   }
-#endif
   throw Error(ErrorKind::kInvalidArgument, "unknown record kind '" + kind + "'");
 }
 
