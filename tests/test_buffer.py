@@ -199,14 +199,19 @@ def test_empty_refuses_bad_shape_and_access(server: Engine) -> None:
         Buffer.empty(4, np.uint8, engine=server, access="x")
 
 
-def test_bfloat16_buffer_cannot_leave_through_dlpack(server: Engine) -> None:
+def test_bfloat16_buffer_leaves_through_dlpack_with_its_bits(server: Engine) -> None:
+    import torch
+
     buf = Buffer.empty(4, ml_dtypes.bfloat16, engine=server)
     buf.numpy()[...] = make_array(9, 4, ml_dtypes.bfloat16)
     view = np.asarray(buf)
     assert view.dtype == ml_dtypes.bfloat16, "np.asarray keeps the extension dtype"
     assert _shares(view, buf.numpy()) and same_bytes(view, make_array(9, 4, ml_dtypes.bfloat16))
-    with pytest.raises(BufferError):
-        np.from_dlpack(buf)
+    tensor = torch.from_dlpack(buf)  # DLPack's bfloat16 code: a zero-copy torch view
+    assert tensor.dtype == torch.bfloat16 and tensor.data_ptr() == buf.addr
+    assert tensor.view(torch.int16).numpy().tobytes() == view.tobytes()
+    with pytest.raises(RuntimeError, match="Unsupported dtype"):
+        np.from_dlpack(buf)  # NumPy has no bfloat16: its own refusal
 
 
 # --- MemoryRegion and the engine's registrations ----------------------------------------------

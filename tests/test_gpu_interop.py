@@ -20,7 +20,7 @@ import pytest
 
 import rdmaxfer
 from _common import MARGIN_S, Pair
-from rdmaxfer import Buffer, _core, cuda, staging
+from rdmaxfer import Buffer, _core, _dlpack, cuda, staging
 from rdmaxfer.errors import (
     InvalidArgumentError,
     ProtocolError,
@@ -168,12 +168,12 @@ def test_cai_malformed(change: dict[str, Any], needle: str) -> None:
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8, np.float16, np.bool_])
 def test_dlpack_capsule_parsing(rng: np.random.Generator, dtype: Any) -> None:
     arr = (rng.standard_normal((4, 3, 2)) * 10).astype(dtype)
-    ptr, shape, dt, device_type, device_id = cuda.parse_dlpack(arr.__dlpack__())
-    assert (ptr, shape, dt, device_type, device_id) == (
+    view = _dlpack.parse(arr.__dlpack__())
+    assert (view.ptr, view.shape, view.dtype, view.device_type, view.device_id) == (
         arr.ctypes.data,
         (4, 3, 2),
         np.dtype(dtype),
-        cuda.KDL_CPU,
+        _dlpack.KDL_CPU,
         0,
     )
 
@@ -181,9 +181,9 @@ def test_dlpack_capsule_parsing(rng: np.random.Generator, dtype: Any) -> None:
 def test_dlpack_non_contiguous_is_refused() -> None:
     arr = np.zeros((4, 6), np.float32)[:, ::2]
     with pytest.raises(InvalidArgumentError, match="not C-contiguous"):
-        cuda.parse_dlpack(arr.__dlpack__())
+        _dlpack.parse(arr.__dlpack__())
     with pytest.raises(InvalidArgumentError, match="dltensor"):
-        cuda.parse_dlpack(object())
+        _dlpack.parse(object())
 
 
 def test_host_dlpack_objects_are_not_device_memory() -> None:
@@ -214,8 +214,14 @@ def test_device_buffer_interfaces(standin: None, rng: np.random.Generator) -> No
     assert not hasattr(buf, "__array_interface__")
     assert buf.__dlpack_device__() == (2, 0)
     # Our own DLPack export parses back to the same memory, dtype and shape.
-    ptr, shape, dtype, dev_type, dev_id = cuda.parse_dlpack(buf.__dlpack__())
-    assert (ptr, shape, dtype, dev_type, dev_id) == (buf.addr, (6, 7), buf.dtype, 2, 0)
+    view = _dlpack.parse(buf.__dlpack__())
+    assert (view.ptr, view.shape, view.dtype, view.device_type, view.device_id) == (
+        buf.addr,
+        (6, 7),
+        buf.dtype,
+        2,
+        0,
+    )
     f32 = Buffer.empty(10, np.float32, device="cuda:0")
     cai = f32.__cuda_array_interface__
     assert cai["version"] == 3 and cai["stream"] is None and cai["typestr"] == "<f4"
@@ -350,7 +356,7 @@ class _NoCaiForThisDtype:
         raise TypeError("dtype not supported by the interface")
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return (cuda.KDL_CPU, 0)
+        return (_dlpack.KDL_CPU, 0)
 
     def __dlpack__(self, stream: Any = None) -> Any:
         return np.zeros(2).__dlpack__()

@@ -68,6 +68,19 @@ def access_name(bits: int) -> str:
     return f"0x{bits:x}"
 
 
+def device_view(obj: object, *, writable: bool, what: str = "array") -> CudaArray | None:
+    """:func:`rdmaxfer.cuda.device_view` (a view of GPU memory, None for host memory), loading
+    :mod:`rdmaxfer.cuda` only for an object that may be GPU memory (not an ndarray, bytes or
+    host Buffer). Raises as that function does."""
+    if isinstance(obj, (np.ndarray, bytes, bytearray, memoryview)):
+        return None
+    if isinstance(obj, Buffer) and obj._cuda is None:
+        return None
+    from . import cuda
+
+    return cuda.device_view(obj, writable=writable, what=what)
+
+
 def _exposes_buffer(obj: object) -> bool:
     try:
         with memoryview(obj):  # type: ignore[arg-type]
@@ -104,9 +117,11 @@ def as_array(obj: object, writable: bool, *, what: str = "buffer") -> npt.NDArra
         # Through a memoryview: np.asarray(b"...") would make a 0-d string array (a copy).
         arr = np.asarray(memoryview(obj))  # type: ignore[arg-type]
     elif hasattr(obj, "__dlpack__"):
+        from . import _dlpack
+
         try:
-            arr = np.from_dlpack(obj)
-        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+            arr = _dlpack.host_array(obj, what=what)
+        except (InvalidArgumentError, BufferError, RuntimeError, TypeError, ValueError) as exc:
             raise InvalidArgumentError(
                 f"cannot view the {what} ({type(obj).__name__}) through DLPack: {exc}; only "
                 "host (CPU) memory in a dtype DLPack knows can be used here"
@@ -535,25 +550,37 @@ class Buffer:
         return self._array.copy() if copy else self._array
 
     def __dlpack__(self, **kwargs: Any) -> Any:
-        """DLPack capsule of the view (``np.from_dlpack(buf)``); ml_dtypes dtypes such as
-        bfloat16 are not representable in DLPack and raise BufferError.
+        """DLPack capsule of the view (``np.from_dlpack(buf)``, ``torch.from_dlpack(buf)``).
 
-        GPU buffers export a ``kDLCUDA`` tensor (``torch.from_dlpack(buf)``); the data is
-        ready (transfers into it completed), so ``stream`` needs no synchronization."""
+        NumPy's dtypes go through NumPy's own export; bfloat16 and the float8 types
+        (``ml_dtypes``) are exported with DLPack's codes for them, the bits unchanged (a
+        legacy ``"dltensor"`` capsule). GPU buffers export a ``kDLCUDA`` tensor; the data is
+        ready (transfers into it completed), so ``stream`` needs no synchronization.
+
+        Raises:
+            BufferError: a dtype DLPack has no code for (ml_dtypes' one-byte int4, float4...),
+                or a read-only ml_dtypes array (a legacy capsule cannot say read-only).
+        """
+        from . import _dlpack
+
         if self._cuda is not None:
-            from .cuda import KDL_CUDA, dlpack_dtype_code
-
-            code, bits = dlpack_dtype_code(self._cuda.dtype)
-            return _core.dlpack_capsule(
-                self,
-                self._cuda.ptr,
-                KDL_CUDA,
-                self._cuda.device,
-                list(self._cuda.shape),
-                code,
-                bits,
+            return self._export(self._cuda.ptr, _dlpack.KDL_CUDA, self._cuda.device)
+        if self._array.dtype.isbuiltin != 2:  # NumPy's own dtypes
+            return self._array.__dlpack__(**kwargs)
+        if not self._array.flags.writeable:
+            raise BufferError(
+                f"a read-only {self._array.dtype} array cannot be exported through DLPack"
             )
-        return self._array.__dlpack__(**kwargs)
+        return self._export(int(self._array.ctypes.data), _dlpack.KDL_CPU, 0)
+
+    def _export(self, ptr: int, device_type: int, device_id: int) -> Any:
+        from . import _dlpack
+
+        try:
+            code, bits = _dlpack.dtype_code(self.dtype)
+        except InvalidArgumentError as exc:
+            raise BufferError(str(exc)) from None
+        return _core.dlpack_capsule(self, ptr, device_type, device_id, list(self.shape), code, bits)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """``(kDLCPU, 0)`` for host memory, ``(kDLCUDA, N)`` for GPU memory on cuda:N."""

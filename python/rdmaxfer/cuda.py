@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from . import _core
+from . import _core, _dlpack
+from ._dlpack import KDL_CUDA, KDL_CUDA_MANAGED, check_contiguous
 from .errors import InvalidArgumentError, UnsupportedError
 
 __all__ = [
@@ -30,16 +30,11 @@ __all__ = [
     "device_view",
     "parse_cuda_array_interface",
     "parse_device",
-    "parse_dlpack",
     "status",
     "to_user_array",
     "unavailable_reason",
 ]
 
-KDL_CPU = 1
-KDL_CUDA = 2
-KDL_CUDA_HOST = 3
-KDL_CUDA_MANAGED = 13
 
 _status: dict[str, Any] | None = None
 
@@ -130,31 +125,6 @@ class CudaArray:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    strides = []
-    step = itemsize
-    for dim in reversed(shape):
-        strides.append(step)
-        step *= max(dim, 1)
-    return tuple(reversed(strides))
-
-
-def _check_contiguous(
-    shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int, what: str
-) -> None:
-    if strides is None:
-        return
-    expected = _c_strides(shape, itemsize)
-    if len(strides) != len(shape) or any(
-        dim > 1 and got != want for dim, got, want in zip(shape, strides, expected, strict=False)
-    ):
-        raise InvalidArgumentError(
-            f"the {what} (shape {shape}) is not C-contiguous: its strides are {strides} bytes, "
-            f"C order would be {expected}; a transfer needs one contiguous range: pass a "
-            "contiguous copy (cupy.ascontiguousarray(x) / x.contiguous())"
-        )
-
-
 def parse_cuda_array_interface(
     cai: Mapping[str, Any], *, what: str = "array"
 ) -> tuple[int, tuple[int, ...], np.dtype[Any], bool, int | None]:
@@ -194,7 +164,7 @@ def parse_cuda_array_interface(
         raise InvalidArgumentError(f"the {what} has a mask; masked arrays cannot be transferred")
     raw_strides = cai.get("strides")
     strides = None if raw_strides is None else tuple(int(s) for s in raw_strides)
-    _check_contiguous(shape, strides, dtype.itemsize, what)
+    check_contiguous(shape, strides, dtype.itemsize, what)
     stream = cai.get("stream") if version >= 3 else None
     if stream is not None:
         if isinstance(stream, bool) or not isinstance(stream, int):
@@ -208,96 +178,6 @@ def parse_cuda_array_interface(
     if ptr == 0 and math.prod(shape) > 0:
         raise InvalidArgumentError(f"the {what} has a null data pointer")
     return ptr, shape, dtype, bool(readonly), stream
-
-
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("device", _DLDevice),
-        ("ndim", ctypes.c_int32),
-        ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("byte_offset", ctypes.c_uint64),
-    ]
-
-
-_DL_DTYPES: dict[tuple[int, int], np.dtype[Any]] = {
-    (0, 8): np.dtype(np.int8),
-    (0, 16): np.dtype(np.int16),
-    (0, 32): np.dtype(np.int32),
-    (0, 64): np.dtype(np.int64),
-    (1, 8): np.dtype(np.uint8),
-    (1, 16): np.dtype(np.uint16),
-    (1, 32): np.dtype(np.uint32),
-    (1, 64): np.dtype(np.uint64),
-    (2, 16): np.dtype(np.float16),
-    (2, 32): np.dtype(np.float32),
-    (2, 64): np.dtype(np.float64),
-    (4, 16): np.dtype(ml_dtypes.bfloat16),
-    (6, 8): np.dtype(np.bool_),
-}
-_DL_CODES = {dtype: key for key, dtype in _DL_DTYPES.items()}
-
-
-def dlpack_dtype_code(dtype: np.dtype[Any]) -> tuple[int, int]:
-    """``(DLDataTypeCode, bits)`` of ``dtype``.
-
-    Raises:
-        InvalidArgumentError: DLPack has no code for it (the float8 types).
-    """
-    try:
-        return _DL_CODES[np.dtype(dtype)]
-    except KeyError:
-        raise InvalidArgumentError(f"dtype {dtype} has no DLPack type code") from None
-
-
-def parse_dlpack(
-    capsule: object, *, what: str = "array"
-) -> tuple[int, tuple[int, ...], np.dtype[Any], int, int]:
-    """Read a (legacy, unversioned) DLPack ``"dltensor"`` capsule without consuming it.
-
-    Returns:
-        ``(ptr, shape, dtype, device_type, device_id)``; ``ptr`` includes ``byte_offset``.
-
-    Raises:
-        InvalidArgumentError: not a DLPack capsule, vector lanes, an unknown dtype, or
-            non-contiguous strides.
-    """
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype = ctypes.c_void_p
-    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    valid = ctypes.pythonapi.PyCapsule_IsValid
-    valid.restype = ctypes.c_int
-    valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    if not valid(capsule, b"dltensor"):
-        raise InvalidArgumentError(
-            f"the {what}'s __dlpack__ did not return an unused 'dltensor' capsule"
-        )
-    t = _DLTensor.from_address(get(capsule, b"dltensor"))
-    if t.dtype.lanes != 1:
-        raise InvalidArgumentError(f"the {what} has vector dtype lanes={t.dtype.lanes}")
-    dtype = _DL_DTYPES.get((t.dtype.code, t.dtype.bits))
-    if dtype is None:
-        raise InvalidArgumentError(
-            f"the {what} has DLPack dtype code {t.dtype.code} bits {t.dtype.bits}, which "
-            "rdmaxfer does not map"
-        )
-    shape = tuple(int(t.shape[i]) for i in range(t.ndim))
-    strides = None
-    if t.strides:
-        strides = tuple(int(t.strides[i]) * dtype.itemsize for i in range(t.ndim))
-    _check_contiguous(shape, strides, dtype.itemsize, what)
-    ptr = int(t.data or 0) + int(t.byte_offset)
-    return ptr, shape, dtype, int(t.device.device_type), int(t.device.device_id)
 
 
 def _device_of(ptr: int, what: str) -> int:
@@ -367,9 +247,9 @@ def device_view(obj: object, *, writable: bool, what: str = "array") -> CudaArra
             capsule = obj.__dlpack__(stream=1)  # the producer orders its work before stream 1
         except TypeError:  # a producer without the stream argument (DLPack < 0.6)
             capsule = obj.__dlpack__()
-        ptr, shape, dtype, _t, device = parse_dlpack(capsule, what=what)
-        synchronize(device, 1)
-        view = CudaArray(ptr, shape, dtype, device, False, (obj, capsule))
+        dl = _dlpack.parse(capsule, what=what)
+        synchronize(dl.device_id, 1)
+        view = CudaArray(dl.ptr, dl.shape, dl.dtype, dl.device_id, dl.readonly, (obj, capsule))
     else:
         return None
     if writable and view.readonly:
