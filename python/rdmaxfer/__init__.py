@@ -12,8 +12,16 @@ registered memory (:class:`MemoryRegion`) and the asyncio / posted forms of ever
 
 from __future__ import annotations
 
-from importlib import metadata as _metadata
+# NumPy first: everything below needs it, and the standard modules it loads (typing, re...)
+# are then counted as NumPy's in `python -X importtime`, not as rdmaxfer's.
+import numpy as _numpy  # noqa: F401  (loaded for its side effect, see above)
 
+# isort: split
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+from ._core import Descriptor
 from .api import accept, connect, default_engine, listen, recv, send, shutdown
 from .buffer import Buffer, MemoryRegion, as_array
 from .endpoint import Endpoint
@@ -33,19 +41,73 @@ from .errors import (
     TransportError,
     UnsupportedError,
 )
-from .fetch import FetchResult, fetch, fetch_weights
 from .transfer import Transfer
-from .weights import WeightServer, pull_weights, serve_weights
 
-try:
-    __version__ = _metadata.version("rdmaxfer")
-except _metadata.PackageNotFoundError:  # running from a source tree without installing
-    __version__ = "0+unknown"
+if TYPE_CHECKING:
+    from .fetch import FetchResult, fetch, fetch_weights
+    from .weights import WeightServer, pull_weights, serve_weights
+
+    __version__: str
+
+# Loaded on first use (module __getattr__, PEP 562), to keep `import rdmaxfer` fast: HTTP
+# downloads (httpx, asyncio) and the weights protocol, and the submodules that only some
+# programs need (GPU memory, torch.distributed-style collectives, the CLI's tools).
+_LAZY = {
+    "FetchResult": "fetch",
+    "fetch": "fetch",
+    "fetch_weights": "fetch",
+    "WeightServer": "weights",
+    "pull_weights": "weights",
+    "serve_weights": "weights",
+}
+_SUBMODULES = frozenset(
+    {"bench", "cli", "cuda", "distributed", "doctor", "fetch", "staging", "topology", "weights"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    elif name == "__version__":
+        from importlib import metadata
+
+        try:
+            value = metadata.version("rdmaxfer")
+        except metadata.PackageNotFoundError:  # running from a source tree without installing
+            value = "0+unknown"
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | _SUBMODULES)
+
+
+class _Package(types.ModuleType):
+    """This package's module type: loading the submodule ``rdmaxfer.fetch`` binds it to the
+    name ``fetch`` on the package, which is the function of that name (loaded lazily, so the
+    binding can come first); that one binding is ignored."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "fetch" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
 
 __all__ = [
     "Buffer",
     "ChecksumError",
     "ConnectionFailedError",
+    "Descriptor",
     "Endpoint",
     "EndpointClosedError",
     "Engine",

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from . import _core, _meta, cuda, staging
-from .buffer import Buffer, MemoryRegion, as_array
+from . import _core, _meta
+from .buffer import Buffer, MemoryRegion, as_array, device_view
 from .errors import ChecksumError, EndpointClosedError, InvalidArgumentError, RdmaxferError
 from .transfer import HeaderStep, Transfer
 
@@ -146,8 +146,10 @@ class Endpoint:
                 fix), object or structured dtype.
             EndpointClosedError: the endpoint is closed.
         """
-        view = cuda.device_view(array, writable=False, what="array to send")
+        view = device_view(array, writable=False, what="array to send")
         if view is not None:  # GPU memory: staged through pinned host buffers
+            from . import staging
+
             return staging.post_send(self, view, chunk_size, streams)
         arr = as_array(array, writable=False, what="array to send")
         digest = _meta.payload_checksum(arr) if checksum else None
@@ -187,11 +189,11 @@ class Endpoint:
                 byte is written (``out`` is untouched) and the sender gets a ProtocolError.
             ProtocolError: malformed message metadata (the message is rejected).
         """
-        view = (
-            None if out is None else cuda.device_view(out, writable=True, what="recv destination")
-        )
+        view = None if out is None else device_view(out, writable=True, what="recv destination")
         if view is not None or (device is not None and device != "cpu"):
             # GPU memory (``out`` on a GPU, or device="cuda:N"): see rdmaxfer.staging.post_recv.
+            from . import cuda, staging
+
             ordinal = view.device if view is not None else cuda.parse_device(device)
             return staging.post_recv(self, view, out, ordinal)
         dest = None if out is None else as_array(out, writable=True, what="recv destination")
@@ -352,8 +354,10 @@ class Endpoint:
     ) -> Transfer[None]:
         writable = op == "read"
         what = "destination of the read" if writable else "source of the write"
-        view = cuda.device_view(local, writable=writable, what=what)
+        view = device_view(local, writable=writable, what=what)
         if view is not None:  # GPU memory: GPUDirect if registered for it, else staged
+            from . import staging
+
             return staging.post_one_sided(
                 self,
                 op,

@@ -11,18 +11,17 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import threading
-import warnings
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _core, cuda, staging, topology
-from ._config import ENV_SECRET, ENV_TRANSPORT, parse_address, resolve_timeout
-from .buffer import ACCESS, Buffer, MemoryRegion, access_bits, as_array, byte_view
+from . import _core
+from ._config import ENV_SECRET, ENV_TRANSPORT, format_address, parse_address, resolve_timeout
+from ._warn import warn
+from .buffer import ACCESS, Buffer, MemoryRegion, access_bits, as_array, byte_view, device_view
 from .endpoint import Endpoint
 from .errors import (
     EndpointClosedError,
@@ -35,6 +34,8 @@ from .transfer import Notifications, Transfer
 
 if TYPE_CHECKING:
     from types import TracebackType
+
+    from . import cuda, topology
 
 __all__ = ["Endpoint", "Engine", "Transfer", "resolve_transport"]
 
@@ -198,12 +199,10 @@ class Engine:
         self._check_open()
         host, port = parse_address(host, port, default_host="127.0.0.1")
         if not self._authenticated and not _is_loopback(host):
-            warnings.warn(
-                f"rdmaxfer engine listening on {host}:{port} without a shared secret: any host "
-                f"that reaches it can connect; set {ENV_SECRET} (or Engine(secret=...)) on both "
-                "sides, or listen on 127.0.0.1",
-                UserWarning,
-                stacklevel=2,
+            warn(
+                f"rdmaxfer engine listening on {format_address(host, port)} without a shared "
+                f"secret: any host that reaches it can connect; set {ENV_SECRET} (or "
+                "Engine(secret=...)) on both sides, or listen on 127.0.0.1"
             )
         bound = self._core.listen(host, port)
         self._port = bound
@@ -299,7 +298,7 @@ class Engine:
         if isinstance(obj, MemoryRegion) and obj.engine is self and obj.registered:
             if obj.core.access == bits:
                 return obj
-        view = cuda.device_view(obj, writable=False, what="memory to register")
+        view = device_view(obj, writable=False, what="memory to register")
         if view is not None:
             return self._register_device(obj, view, bits, access)
         arr = as_array(obj, writable=False, what="memory to register")
@@ -326,6 +325,8 @@ class Engine:
         """How this engine registers memory of GPU ``device`` for RDMA, and why not otherwise:
         ``method`` is ``"dmabuf"``, ``"peermem"`` or ``"staging"`` (see
         :func:`rdmaxfer.topology.preflight`)."""
+        from . import cuda, topology
+
         ordinal = device if isinstance(device, int) else cuda.parse_device(device)
         with self._lock:
             cached = self._preflights.get(ordinal)
@@ -451,7 +452,10 @@ class Engine:
             endpoints = list(self._endpoints.values())
         for endpoint in endpoints:
             endpoint.close()
-        staging.close_engine(self, _CLOSE_TIMEOUT_S)
+        if self._stagers:  # only GPU transfers (rdmaxfer.staging) make Stagers
+            from . import staging
+
+            staging.close_engine(self, _CLOSE_TIMEOUT_S)
         self._notifications.close()
         with self._lock:
             regions = list(self._regions.values())
@@ -496,6 +500,8 @@ def _addr(arr: npt.NDArray[Any]) -> int:
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
+    import ipaddress  # only when listening (and not imported by `import rdmaxfer`)
+
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

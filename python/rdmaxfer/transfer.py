@@ -9,7 +9,6 @@ and releases the temporary registrations it made then. Wait for it with :meth:`T
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import select
@@ -25,6 +24,8 @@ from ._config import Deadline, resolve_timeout
 from .errors import EndpointClosedError, RdmaxferError, TransferTimeoutError
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .buffer import MemoryRegion
     from .endpoint import Endpoint
 
@@ -140,6 +141,8 @@ class Transfer(Generic[T]):
         Cancelling the awaiting task withdraws a recv that still waits for its message; an
         operation already moving bytes goes on in the background (its memory stays alive).
         """
+        import asyncio  # loaded already: this coroutine runs in an event loop
+
         deadline = Deadline(resolve_timeout(timeout))
         loop = asyncio.get_running_loop()
         hub = self._endpoint.engine._notifications
@@ -427,6 +430,10 @@ def _run_callbacks(callbacks: list[Callable[[], object]]) -> None:
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
+    if "asyncio" not in sys.modules:  # no event loop can be running without it
+        return None
+    import asyncio
+
     try:
         return asyncio.get_running_loop()
     except RuntimeError:
