@@ -121,7 +121,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)
             return
-        self.wfile.write(body)
+        for start in range(0, len(body), 1 << 16):  # counted as the socket takes it
+            piece = body[start : start + (1 << 16)]
+            self.wfile.write(piece)
+            with srv.lock:
+                srv.bytes_sent += len(piece)
 
 
 class _PyServer(http.server.ThreadingHTTPServer):
@@ -138,6 +142,7 @@ class _PyServer(http.server.ThreadingHTTPServer):
         self.drops_done = 0
         self.drop_after = 100_000
         self.requests = 0
+        self.bytes_sent = 0  # body bytes written to clients
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05})
         self.thread.start()
@@ -378,6 +383,32 @@ def test_server_ignoring_range_falls_back(pyserver: type[_PyServer], tmp_path: P
     with pytest.warns(RuntimeWarning, match="ignores HTTP Range"):
         result = fetch(srv.url, tmp_path / "f", sha256=sha(data))
     assert (tmp_path / "f").read_bytes() == data and result.sha256 == sha(data)
+
+
+def test_server_ignoring_range_sends_the_body_once(
+    pyserver: type[_PyServer], tmp_path: Path
+) -> None:
+    # The size probe's 200 answer is the download: one request, the body sent once.
+    data = random_bytes(9, 4 * MiB + 3)
+    for out in (None, tmp_path / "once.bin"):
+        srv = pyserver(data, ignore_range=True)
+        with pytest.warns(RuntimeWarning, match="ignores HTTP Range") as caught:
+            result = fetch(srv.url, out, sha256=sha(data))
+        assert result.sha256 == sha(data) and result.bytes_fetched == len(data)
+        assert (srv.requests, srv.bytes_sent) == (1, len(data))
+        assert len(caught) == 1 and caught[0].filename == __file__  # the caller's line
+
+
+def test_cli_prints_the_range_warning_once(pyserver: type[_PyServer]) -> None:
+    data = random_bytes(10, MiB)
+    srv = pyserver(data, ignore_range=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rdmaxfer", "fetch", srv.url, "--quiet", "--sha256", sha(data)],
+        capture_output=True, text=True, timeout=WAIT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("ignores HTTP Range") == 1, proc.stderr
+    assert (srv.requests, srv.bytes_sent) == (1, len(data))
 
 
 def test_no_range_and_no_length(pyserver: type[_PyServer]) -> None:

@@ -19,7 +19,6 @@ import os
 import re
 import threading
 import time
-import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from ._warn import warn
 from .errors import FetchError, FetchIntegrityError, InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -224,6 +224,16 @@ class _Remote:
     etag: str | None = None
     last_modified: str | None = None
     sha256: str | None = None
+    # The probe's 200 answer (a server that ignores Range), its body not read yet: the
+    # single-stream download reads it, so the body crosses the network once. Closed by
+    # whoever ends the download (see :meth:`close`).
+    body: httpx.Response | None = field(default=None, repr=False)
+
+    async def close(self) -> None:
+        """Close the probe's unread answer, if any (idempotent)."""
+        body, self.body = self.body, None
+        if body is not None:
+            await body.aclose()
 
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.IGNORECASE)
@@ -413,14 +423,28 @@ class _Retry(Exception):
 
 
 async def _probe(client: httpx.AsyncClient, url: str, opts: _Options) -> _Remote:
-    """Learn the size and validators with ``Range: bytes=0-0``; retried like a chunk."""
+    """Learn the size and validators with ``Range: bytes=0-0``; retried like a chunk.
+
+    A ``200`` (the server ignores Range) comes back with its body unread in ``body``, for
+    :func:`_single_stream`: the file is then downloaded once, not once per request.
+    """
     import httpx
 
     attempt = 0
     while True:
         try:
-            response = await client.get(url, headers={"Range": "bytes=0-0"})
+            request = client.build_request("GET", url, headers={"Range": "bytes=0-0"})
+            response = await client.send(request, stream=True)
             status = response.status_code
+            if status == 200:
+                remote = _remote_from(response, ranged=False)
+                remote.ranged = remote.size == 0  # an empty file has no range to honour
+                remote.body = response
+                return remote
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
             if status == 206:
                 remote = _remote_from(response, ranged=True)
                 if remote.size is None:
@@ -432,10 +456,6 @@ async def _probe(client: httpx.AsyncClient, url: str, opts: _Options) -> _Remote
             if status == 416:  # an empty file
                 _, _, total = _content_range(response.headers.get("content-range"))
                 return _Remote(size=total or 0, ranged=True, etag=response.headers.get("etag"))
-            if status == 200:
-                remote = _remote_from(response, ranged=False)
-                remote.ranged = remote.size == 0  # an empty file has no range to honour
-                return remote
             if status in _RETRY_STATUS:
                 raise _Retry(f"HTTP {status}")
             raise FetchError(f"{url}: HTTP {status} {response.reason_phrase}; check the URL")
@@ -547,9 +567,10 @@ async def _gather_or_cancel(coros: list[Awaitable[None]]) -> None:
 
 
 async def _single_stream(
-    client: httpx.AsyncClient, url: str, sink: _Sink, opts: _Options
+    client: httpx.AsyncClient, url: str, sink: _Sink, opts: _Options, probe: _Remote
 ) -> tuple[_Remote, int]:
-    """Read the whole file as one ``GET`` (no Range); retried from the start when it fails.
+    """Read the whole file as one ``GET`` (no Range): the probe's unread ``200`` answer
+    first, a new ``GET`` for each retry (from the start) when it fails.
 
     Returns:
         (what the response said about the file, bytes received).
@@ -560,7 +581,11 @@ async def _single_stream(
     while True:
         pos = 0
         try:
-            async with client.stream("GET", url) as response:
+            first, probe.body = probe.body, None
+            if first is None:
+                first = await client.send(client.build_request("GET", url), stream=True)
+            response = first
+            try:
                 if response.status_code != 200:
                     if response.status_code in _RETRY_STATUS:
                         raise _Retry(f"HTTP {response.status_code}")
@@ -577,6 +602,8 @@ async def _single_stream(
                             await opts.bucket.acquire(len(data))
                 finally:
                     bar.close()
+            finally:
+                await response.aclose()
             if remote.size is not None and pos != remote.size:
                 raise _Retry(f"short body: {pos} of {remote.size} bytes")
             return remote, pos
@@ -590,8 +617,7 @@ def _warn_no_ranges(url: str) -> None:
         f"{url}: the server ignores HTTP Range requests (200 instead of 206); downloading "
         "it as one stream (no parallel connections, no resume)"
     )
-    log.warning(msg)
-    warnings.warn(msg, RuntimeWarning, stacklevel=4)
+    warn(msg, RuntimeWarning)
 
 
 def _verify(

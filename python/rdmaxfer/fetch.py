@@ -160,10 +160,13 @@ async def afetch(
         raise InvalidArgumentError("give either out= (a file) or into=/engine= (memory), not both")
     async with _client(opts) as client:
         remote = await _probe(client, url, opts)
-        if out is not None:
-            result = await _to_file(client, url, Path(out), remote, opts, resume, expected)
-        else:
-            result = await _to_memory(client, url, remote, opts, into, engine, expected)
+        try:
+            if out is not None:
+                result = await _to_file(client, url, Path(out), remote, opts, resume, expected)
+            else:
+                result = await _to_memory(client, url, remote, opts, into, engine, expected)
+        finally:
+            await remote.close()
     result.seconds = time.perf_counter() - t0
     result.bytes_fetched = opts.stats["bytes"]
     result.retries = opts.stats["retries"]
@@ -184,7 +187,7 @@ async def _to_file(
         _warn_no_ranges(url)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            remote, size = await _single_stream(client, url, _FileSink(fd), opts)
+            remote, size = await _single_stream(client, url, _FileSink(fd), opts, remote)
             os.ftruncate(fd, size)
             digest = _verify(expected, remote.sha256, lambda: _sha256_fd(fd, size), url)
         finally:
@@ -273,10 +276,10 @@ async def _to_memory(
         _warn_no_ranges(url)
         if remote.size is not None:
             arr, _ = _memory_target(remote.size, into, engine)
-            remote, size = await _single_stream(client, url, _MemorySink(arr), opts)
+            remote, size = await _single_stream(client, url, _MemorySink(arr), opts, remote)
         else:
             grow = _GrowingSink()
-            remote, size = await _single_stream(client, url, grow, opts)
+            remote, size = await _single_stream(client, url, grow, opts, remote)
             arr, _ = _memory_target(size, into, engine)
             arr[:] = np.frombuffer(grow.data, dtype=np.uint8)
         digest = _verify(expected, remote.sha256, lambda: hashlib.sha256(arr.data).hexdigest(), url)
