@@ -128,13 +128,13 @@ def main() -> int:
                         "scenario": scenario,
                         "method": name,
                         "seconds": med,
-                        "gbps": size / med / 1e9,
+                        "GB_per_s": size / med / 1e9,
                         "ratio_vs_single": single / med,
                         "intact": ok,
                     }
                     rows.append(row)
                     print(
-                        f"{scenario:28} {name:36} {med:7.2f} s {row['gbps']:6.3f} GB/s "
+                        f"{scenario:28} {name:36} {med:7.2f} s {row['GB_per_s']:6.3f} GB/s "
                         f"x{row['ratio_vs_single']:.2f} {'ok' if ok else 'CORRUPT'}",
                         flush=True,
                     )
@@ -146,7 +146,7 @@ def main() -> int:
     print(f"{'scenario':28} {'method':36} {'seconds':>9} {'GB/s':>7} {'ratio':>6}")
     for r in rows:
         print(
-            f"{r['scenario']:28} {r['method']:36} {r['seconds']:9.2f} {r['gbps']:7.3f} "
+            f"{r['scenario']:28} {r['method']:36} {r['seconds']:9.2f} {r['GB_per_s']:7.3f} "
             f"{r['ratio_vs_single']:6.2f}"
         )
     if args.json:

@@ -81,11 +81,11 @@ def bench_size(
     ceil_r = min(gbs(h2d), gbs(wire))
     return {
         "bytes": size,
-        "d2h_GBps": gbs(d2h),
-        "h2d_GBps": gbs(h2d),
-        "wire_GBps": gbs(wire),
-        "staged_write_GBps": gbs(w),
-        "staged_read_GBps": gbs(r),
+        "d2h_GB_per_s": gbs(d2h),
+        "h2d_GB_per_s": gbs(h2d),
+        "wire_GB_per_s": gbs(wire),
+        "staged_write_GB_per_s": gbs(w),
+        "staged_read_GB_per_s": gbs(r),
         "write_eff": gbs(w) / ceil_w,
         "read_eff": gbs(r) / ceil_r,
         "checksums_ok": ok_w and ok_r,
@@ -103,7 +103,7 @@ def big_transfer(pair: tuple[Any, ...], size: int, rng: np.random.Generator) -> 
     sent.wait(600)
     seconds = time.perf_counter() - start
     ok = zlib.crc32(dst.copy_to_host()) == zlib.crc32(ref)
-    return {"bytes": size, "seconds": seconds, "GBps": size / seconds / 1e9, "checksum_ok": ok}
+    return {"bytes": size, "seconds": seconds, "GB_per_s": size / seconds / 1e9, "checksum_ok": ok}
 
 
 def main() -> int:
@@ -137,8 +137,9 @@ def main() -> int:
             row = bench_size(size, pair, rng, iters, _parse_size(args.chunk), args.slots)
             results["sizes"].append(row)
             print(
-                f"{size:>12} {row['d2h_GBps']:7.2f} {row['h2d_GBps']:7.2f} {row['wire_GBps']:7.2f} "
-                f"{row['staged_write_GBps']:7.2f} {row['staged_read_GBps']:7.2f} "
+                f"{size:>12} {row['d2h_GB_per_s']:7.2f} {row['h2d_GB_per_s']:7.2f} "
+                f"{row['wire_GB_per_s']:7.2f} "
+                f"{row['staged_write_GB_per_s']:7.2f} {row['staged_read_GB_per_s']:7.2f} "
                 f"{row['write_eff']:5.0%} {row['read_eff']:5.0%} {row['checksums_ok']}",
                 flush=True,
             )
@@ -147,7 +148,7 @@ def main() -> int:
             results["big"] = big
             print(
                 f"GPU->GPU loopback TCP send/recv of {big['bytes']} bytes: {big['seconds']:.2f} s, "
-                f"{big['GBps']:.2f} GB/s, checksum {'ok' if big['checksum_ok'] else 'MISMATCH'}"
+                f"{big['GB_per_s']:.2f} GB/s, checksum {'ok' if big['checksum_ok'] else 'MISMATCH'}"
             )
     if args.json:
         with open(args.json, "w") as f:

@@ -215,7 +215,7 @@ def main() -> int:
         ref_lat = perftest("lat", [args.lat_size], args.lat_iters)
         for size in args.sizes:
             ref.setdefault(("bw Gb/s", size), []).append(
-                float(ref_bw.get(size, {}).get("bw_gbps", "nan"))
+                float(ref_bw.get(size, {}).get("bw_Gbit_per_s", "nan"))
             )
         half = float(ref_lat.get(args.lat_size, {}).get("lat_us_typical", "nan"))
         ref.setdefault(("RTT us", args.lat_size), []).append(2 * half)

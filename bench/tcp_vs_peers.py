@@ -149,7 +149,9 @@ def main() -> None:
     )
     for size, r, ip, py in zip(sizes, ours, ip_rates, py_rates, strict=True):
         mine = size / (r.lat_us_p50 * 1e-6) / 1e9
-        rows.append({"bytes": size, "rdmaxfer_gbps": mine, "iperf3_gbps": ip, "python_gbps": py})
+        rows.append(
+            {"bytes": size, "rdmaxfer_GB_per_s": mine, "iperf3_GB_per_s": ip, "python_GB_per_s": py}
+        )
         ip_text = f"{ip:10.3f}" if ip is not None else f"{'n/a':>10}"
         ratio_ip = f"{mine / ip:9.2f}x" if ip else f"{'n/a':>10}"
         print(f"{size:>12} {mine:10.3f} {ip_text} {py:10.3f} {ratio_ip} {mine / py:9.2f}x")

@@ -23,10 +23,10 @@ def test_queue_depth(op: str) -> None:
     assert [r.bytes for r in rows] == [3, 70000]
     for r in rows:
         assert r.iters == 12 and r.qd == 4 and r.seconds > 0
-        assert r.bw_peak_gbps >= r.bw_avg_gbps > 0
+        assert r.bw_peak_GB_per_s >= r.bw_avg_GB_per_s > 0
         assert r.lat_us_min <= r.lat_us_p50 <= r.lat_us_p99
         # 12 operations of r.bytes in r.seconds
-        assert r.bw_avg_gbps == pytest.approx(r.bytes * 12 / r.seconds / 1e9)
+        assert r.bw_avg_GB_per_s == pytest.approx(r.bytes * 12 / r.seconds / 1e9)
 
 
 def test_duration_mode() -> None:
@@ -58,7 +58,7 @@ def test_rdma_setup_from_the_rxe_environment(monkeypatch: pytest.MonkeyPatch) ->
 def test_reference_fields_and_table() -> None:
     (r,) = bench.run_bench(transport="tcp", op="write", sizes=[65536], iters=3)
     assert "ref_tool" not in r.as_dict()
-    r.attach_reference({"tool": "iperf3", "bw_gbps": r.bw_avg_gbps / 2, "lat_us": None})
+    r.attach_reference({"tool": "iperf3", "bw_GB_per_s": r.bw_avg_GB_per_s / 2, "lat_us": None})
     d = r.as_dict()
     assert d["ref_tool"] == "iperf3" and d["bw_ratio"] == pytest.approx(2.0)
     assert d["lat_ratio"] is None
@@ -73,7 +73,7 @@ def test_iperf3_reference() -> None:
     ref = iperf3_reference([4096, 1 << 20], iters=4)
     for size in (4096, 1 << 20):
         assert ref[size]["error"] is None, ref[size]
-        assert ref[size]["tool"] == "iperf3" and ref[size]["bw_gbps"] > 0
+        assert ref[size]["tool"] == "iperf3" and ref[size]["bw_GB_per_s"] > 0
 
 
 def test_plot(tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ def test_plot(tmp_path: Path) -> None:
 
     rows = [r.as_dict() for r in bench.run_bench(sizes=[64, 4096, 65536], iters=3)]
     for i, row in enumerate(rows):
-        row.update(ref_tool="iperf3", ref_bw_gbps=0.1 * (i + 1), ref_lat_us=None)
+        row.update(ref_tool="iperf3", ref_bw_GB_per_s=0.1 * (i + 1), ref_lat_us=None)
     out = tmp_path / "bench.png"
     plot_results(rows, out, title="test")
     data = out.read_bytes()
@@ -100,8 +100,8 @@ def test_cli_reference_and_plot(tmp_path: Path) -> None:
     rows = json.loads(out.stdout)
     assert [r["bytes"] for r in rows] == [4096, 262144]
     for r in rows:
-        assert r["qd"] == 2 and r["ref_tool"] == "iperf3" and r["ref_bw_gbps"] > 0
-        assert r["bw_ratio"] == pytest.approx(r["bw_avg_gbps"] / r["ref_bw_gbps"])
+        assert r["qd"] == 2 and r["ref_tool"] == "iperf3" and r["ref_bw_GB_per_s"] > 0
+        assert r["bw_ratio"] == pytest.approx(r["bw_avg_GB_per_s"] / r["ref_bw_GB_per_s"])
     assert png.read_bytes()[:4] == b"\x89PNG"
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

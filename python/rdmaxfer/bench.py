@@ -19,8 +19,8 @@ ib_write_bw/ib_write_lat (rdma) for the same sizes (:mod:`rdmaxfer.bench_referen
 ``--plot`` draws both (:mod:`rdmaxfer.bench_plot`).
 
 Figures per size (GB/s = 1e9 bytes per second; latencies in microseconds, per operation, from
-post to observed completion): ``bw_peak_gbps`` (fastest iteration; with qd > 1 the best rate
-over max(4 qd, iterations / 10) consecutive completions), ``bw_avg_gbps`` (all bytes / all
+post to observed completion): ``bw_peak_GB_per_s`` (fastest iteration; with qd > 1 the best rate
+over max(4 qd, iterations / 10) consecutive completions), ``bw_avg_GB_per_s`` (all bytes / all
 time), ``msg_rate_mpps`` (operations per second / 1e6), ``lat_us_min``, ``lat_us_p50``
 (perftest's t_typical), ``lat_us_avg``, ``lat_us_p99``, ``lat_us_p999``, ``qd`` and
 ``seconds`` (timed wall time).
@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _core
+from ._config import format_address
 from .engine import Engine, resolve_transport
 from .errors import InvalidArgumentError
 
@@ -103,8 +104,8 @@ class BenchResult:
     bytes: int
     iters: int
     streams: int
-    bw_peak_gbps: float
-    bw_avg_gbps: float
+    bw_peak_GB_per_s: float
+    bw_avg_GB_per_s: float
     msg_rate_mpps: float
     lat_us_min: float
     lat_us_p50: float
@@ -114,7 +115,7 @@ class BenchResult:
     qd: int = 1
     seconds: float = 0.0
     ref_tool: str | None = None
-    ref_bw_gbps: float | None = None
+    ref_bw_GB_per_s: float | None = None
     ref_lat_us: float | None = None
     ref_error: str | None = None
     bw_ratio: float | None = None
@@ -124,7 +125,7 @@ class BenchResult:
         """The row as a dict; the ``ref_*``/ratio keys only when a reference ran."""
         out = asdict(self)
         if self.ref_tool is None:
-            for key in ("ref_tool", "ref_bw_gbps", "ref_lat_us", "ref_error"):
+            for key in ("ref_tool", "ref_bw_GB_per_s", "ref_lat_us", "ref_error"):
                 del out[key]
             del out["bw_ratio"], out["lat_ratio"]
         return out
@@ -132,10 +133,12 @@ class BenchResult:
     def attach_reference(self, ref: dict[str, Any]) -> None:
         """Record a reference tool's figures for this size (see bench_reference)."""
         self.ref_tool = str(ref.get("tool"))
-        self.ref_bw_gbps = ref.get("bw_gbps")
+        self.ref_bw_GB_per_s = ref.get("bw_GB_per_s")
         self.ref_lat_us = ref.get("lat_us")
         self.ref_error = ref.get("error")
-        self.bw_ratio = self.bw_avg_gbps / self.ref_bw_gbps if self.ref_bw_gbps else None
+        self.bw_ratio = (
+            self.bw_avg_GB_per_s / self.ref_bw_GB_per_s if self.ref_bw_GB_per_s else None
+        )
         self.lat_ratio = self.lat_us_p50 / self.ref_lat_us if self.ref_lat_us else None
 
 
@@ -349,7 +352,7 @@ def run_bench(
         src = np.random.default_rng(0).integers(0, 256, max(top, 1), dtype=np.uint8)
         with _engine(transport, streams, setup.device, secret) as engine:
             src_region = engine.register(src, access="none")
-            with engine.connect(f"{setup.bind}:{port}", timeout=30) as ep:
+            with engine.connect(format_address(setup.bind, port), timeout=30) as ep:
                 runner = _Runner(ep, op, src, descriptor, chunk_size, qd, parent)
                 for size in sizes:
                     if loop == "cpp":
@@ -411,8 +414,8 @@ def _summarise(
         bytes=size,
         iters=n,
         streams=streams,
-        bw_peak_gbps=max(peak, avg),
-        bw_avg_gbps=avg,
+        bw_peak_GB_per_s=max(peak, avg),
+        bw_avg_GB_per_s=avg,
         msg_rate_mpps=n / elapsed / 1e6,
         lat_us_min=float(us.min()),
         lat_us_p50=float(np.percentile(us, 50)),
@@ -433,7 +436,7 @@ def format_table(results: Sequence[BenchResult]) -> str:
     ]
     for r in results:
         lines.append(
-            f"{r.bytes:>12} {r.iters:>12} {r.bw_peak_gbps:>14.3f} {r.bw_avg_gbps:>17.3f} "
+            f"{r.bytes:>12} {r.iters:>12} {r.bw_peak_GB_per_s:>14.3f} {r.bw_avg_GB_per_s:>17.3f} "
             f"{r.msg_rate_mpps:>14.6f} {r.lat_us_min:>10.1f} {r.lat_us_p50:>14.1f} "
             f"{r.lat_us_avg:>10.1f} {r.lat_us_p99:>10.1f} {r.lat_us_p999:>11.1f}"
         )
@@ -454,7 +457,7 @@ def format_reference_table(results: Sequence[BenchResult]) -> str:
 
     for r in results:
         line = (
-            f"{r.bytes:>12} {r.bw_avg_gbps:>10.3f} {num(r.ref_bw_gbps, '10.3f'):>10} "
+            f"{r.bytes:>12} {r.bw_avg_GB_per_s:>10.3f} {num(r.ref_bw_GB_per_s, '10.3f'):>10} "
             f"{num(r.bw_ratio, '9.2f'):>9} {r.lat_us_p50:>10.1f} {num(r.ref_lat_us, '10.1f'):>10} "
             f"{num(r.lat_ratio, '8.2f'):>8}"
         )

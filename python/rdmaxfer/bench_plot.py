@@ -28,7 +28,7 @@ def plot_results(
     title: str = "rdmaxfer bench",
     reference_name: str | None = None,
 ) -> None:
-    """Draw ``rows`` (``BenchResult.as_dict()`` records, with ``ref_bw_gbps``/``ref_lat_us``
+    """Draw ``rows`` (``BenchResult.as_dict()`` records, with ``ref_bw_GB_per_s``/``ref_lat_us``
     when a reference ran) into a PNG at ``out``: left bandwidth (GB/s) vs message size, right
     latency (microseconds, median with the min-p99 band) vs size; both axes logarithmic.
 
@@ -48,9 +48,14 @@ def plot_results(
     sizes = [int(r["bytes"]) for r in rows]
     fig, (ax_bw, ax_lat) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
     ours = "rdmaxfer"
-    ax_bw.plot(sizes, [r["bw_avg_gbps"] for r in rows], "o-", color="C0", label=f"{ours} avg")
+    ax_bw.plot(sizes, [r["bw_avg_GB_per_s"] for r in rows], "o-", color="C0", label=f"{ours} avg")
     ax_bw.plot(
-        sizes, [r["bw_peak_gbps"] for r in rows], ".:", color="C0", alpha=0.6, label=f"{ours} peak"
+        sizes,
+        [r["bw_peak_GB_per_s"] for r in rows],
+        ".:",
+        color="C0",
+        alpha=0.6,
+        label=f"{ours} peak",
     )
     ax_lat.plot(sizes, [r["lat_us_p50"] for r in rows], "o-", color="C0", label=f"{ours} median")
     ax_lat.fill_between(
@@ -62,7 +67,7 @@ def plot_results(
         label=f"{ours} min-p99",
     )
     ref = reference_name or next((r.get("ref_tool") for r in rows if r.get("ref_tool")), None)
-    bw_ref = [(s, r.get("ref_bw_gbps")) for s, r in zip(sizes, rows, strict=True)]
+    bw_ref = [(s, r.get("ref_bw_GB_per_s")) for s, r in zip(sizes, rows, strict=True)]
     bw_ref = [(s, v) for s, v in bw_ref if v]
     if bw_ref:
         ax_bw.plot(*zip(*bw_ref, strict=True), "s--", color="C1", label=str(ref))

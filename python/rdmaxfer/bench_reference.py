@@ -8,7 +8,7 @@
   ping-pong round trip; a one-sided WRITE completes after one round trip, so the comparison
   uses ``2 * t_typical``.
 
-Each function returns ``{bytes: {"tool": ..., "bw_gbps": GB/s or None, "lat_us": us or None,
+Each function returns ``{bytes: {"tool": ..., "bw_GB_per_s": GB/s or None, "lat_us": us or None,
 "error": text or None}}``; a tool that fails gives an ``error`` entry, never an exception
 (GB/s = 1e9 bytes/s).
 """
@@ -42,7 +42,7 @@ def _free_port() -> int:
 
 def _entry(tool: str, bw: float | None = None, lat: float | None = None, error: str | None = None
            ) -> dict[str, Any]:  # fmt: skip
-    return {"tool": tool, "bw_gbps": bw, "lat_us": lat, "error": error}
+    return {"tool": tool, "bw_GB_per_s": bw, "lat_us": lat, "error": error}
 
 
 def iperf3_reference(
@@ -152,7 +152,9 @@ def perftest_reference(
         if rec.get("error"):
             entry["error"] = f"{rec['tool']}: {rec['error']}"
         elif rec["tool"] == "ib_write_bw":
-            entry["bw_gbps"] = float(rec["bw_gbps"]) / 8 or None  # Gb/s -> GB/s; 0: no figure
+            entry["bw_GB_per_s"] = (
+                float(rec["bw_Gbit_per_s"]) / 8 or None
+            )  # Gb/s -> GB/s; 0: no figure
         else:
             entry["lat_us"] = 2 * float(rec["lat_us_typical"])
     return out

@@ -16,7 +16,7 @@
 # The server runs on the second device of RDMAXFER_RXE_DEVICES (rxe1, 10.77.0.2), the client on
 # the first (rxe0), both with GID index RDMAXFER_GID_INDEX (1, the IPv4-mapped RoCE v2 GID).
 # Prints one JSON object per test on stdout (diagnostics go to stderr):
-#   {"tool":"ib_write_bw","bytes":65536,"iters":200,"bw_gbps":0.15,"bw_peak_gbps":0.16,"msg_rate_mpps":0.0003}
+#   {"tool":"ib_write_bw","bytes":65536,"iters":200,"bw_Gbit_per_s":0.15,"bw_peak_Gbit_per_s":0.16,"msg_rate_mpps":0.0003}
 #   {"tool":"ib_write_lat","bytes":2,"iters":200,"lat_us_typical":105.2,"lat_us_avg":110.3,
 #    "lat_us_t99":180.1,"lat_us_min":90.0,"lat_us_max":400.2}
 #   {"tool":"ib_write_bw","bytes":2,"iters":200,"error":"..."}   (after the last failed attempt)
@@ -94,7 +94,7 @@ parse() {
     if [[ $tool == ib_write_bw ]]; then
         # #bytes #iterations BW_peak[Gb/s] BW_average[Gb/s] MsgRate[Mpps]
         ((${#f[@]} >= 5)) || return 1
-        printf '{"tool":"%s","bytes":%s,"iters":%s,"bw_gbps":%s,"bw_peak_gbps":%s,"msg_rate_mpps":%s}' \
+        printf '{"tool":"%s","bytes":%s,"iters":%s,"bw_Gbit_per_s":%s,"bw_peak_Gbit_per_s":%s,"msg_rate_mpps":%s}' \
             "$tool" "${f[0]}" "${f[1]}" "${f[3]}" "${f[2]}" "${f[4]}"
     else
         # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%   [usec]
