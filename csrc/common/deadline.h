@@ -3,7 +3,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <string>
 
 namespace rdmaxfer {
 
@@ -13,7 +15,7 @@ class Deadline {
 
   // timeout_s < 0 or infinite means "no deadline" (only used internally; the Python API always
   // passes a finite timeout).
-  explicit Deadline(double timeout_s) {
+  explicit Deadline(double timeout_s) : seconds_(timeout_s) {
     if (timeout_s < 0 || std::isinf(timeout_s)) {
       at_ = Clock::time_point::max();
     } else {
@@ -23,6 +25,12 @@ class Deadline {
   }
 
   Clock::time_point at() const { return at_; }
+  // The timeout it was built from, as error messages quote it ("5 s", "0.25 s").
+  std::string seconds_text() const {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g s", seconds_);
+    return text;
+  }
   bool expired() const { return Clock::now() >= at_; }
 
   // Milliseconds left, clamped to [0, cap_ms]; for poll()/epoll_wait().
@@ -34,6 +42,7 @@ class Deadline {
   }
 
  private:
+  double seconds_;
   Clock::time_point at_;
 };
 

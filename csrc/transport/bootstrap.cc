@@ -159,11 +159,14 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
     hello.conn_id = conn_id;
     uint8_t buf[Hello::kSize];
     hello.pack(buf);
-    send_exact(fd.get(), buf, sizeof(buf), deadline, "handshake: sending hello");
+    const std::string where = host_port(host, port);
+    send_exact(fd.get(), buf, sizeof(buf), deadline,
+               ("handshake with " + where + ": sending hello").c_str());
     uint8_t ack_buf[HelloAck::kSize];
-    recv_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: waiting for the reply");
+    recv_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline,
+               ("handshake with " + where + ": waiting for the reply (is it an rdmaxfer peer?)")
+                   .c_str());
     HelloAck ack = HelloAck::unpack(ack_buf);
-    const std::string where = host + ":" + std::to_string(port);
     if (ack.status == HelloStatus::kAuthChallenge) {
       if (options.secret.empty()) {
         throw Error(ErrorKind::kConnection,
@@ -237,7 +240,8 @@ void Acceptor::run() {
 void Acceptor::handshake(UniqueFd fd) {
   Deadline deadline(kHandshakeTimeoutS);
   uint8_t buf[Hello::kSize];
-  recv_exact(fd.get(), buf, sizeof(buf), deadline, "handshake: waiting for hello");
+  recv_exact(fd.get(), buf, sizeof(buf), deadline,
+             ("handshake with " + peer_name(fd.get()) + ": waiting for hello").c_str());
   HelloAck ack;
   ack.engine_id = engine_id_;
   Hello hello;

@@ -44,7 +44,10 @@ void wait_fd(int fd, short events, const Deadline& deadline, const char* what) {
     pollfd p{fd, events, 0};
     int rc = poll(&p, 1, deadline.remaining_ms());
     if (rc > 0) return;
-    if (rc == 0) throw Error(ErrorKind::kTimeout, std::string(what) + ": timed out");
+    if (rc == 0) {
+      throw Error(ErrorKind::kTimeout,
+                  std::string(what) + ": no answer within " + deadline.seconds_text());
+    }
     if (errno != EINTR) throw_errno(ErrorKind::kTransport, std::string(what) + ": poll", errno);
   }
 }
@@ -69,10 +72,12 @@ UniqueFd listen_tcp(const std::string& host, uint16_t port, int backlog) {
     set_nonblocking(fd.get(), true);
     return fd;
   }
-  throw_errno(ErrorKind::kConnection,
-              "listen on " + host + ":" + std::to_string(port) +
-                  " (is the port in use? pass port=0 to pick a free one)",
-              last_errno);
+  std::string what = "listen on " + host_port(host, port);
+  if (last_errno == EADDRINUSE) {
+    what += " (the port is in use: port 0 picks a free one, port=0 in Python, --port 0 for the "
+            "rdmaxfer command)";
+  }
+  throw_errno(ErrorKind::kTransport, what, last_errno);
 }
 
 uint16_t local_port(int fd) {
@@ -93,7 +98,12 @@ std::string peer_name(int fd) {
                   NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
     return "?";
   }
-  return std::string(host) + ":" + serv;
+  return host_port(host, static_cast<unsigned>(std::stoul(serv)));
+}
+
+std::string host_port(const std::string& host, unsigned port) {
+  const bool ipv6 = host.find(':') != std::string::npos && host.front() != '[';
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
 UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline) {
@@ -123,7 +133,7 @@ UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& dea
     }
     return fd;
   }
-  throw Error(ErrorKind::kConnection, "cannot connect to " + host + ":" + std::to_string(port) +
+  throw Error(ErrorKind::kConnection, "cannot connect to " + host_port(host, port) +
                                           ": " + last_error +
                                           " (is the peer listening on that address and port?)");
 }

@@ -22,7 +22,12 @@ struct SocketOptions {
 // Listening socket bound to host:port (port 0 picks a free one). SO_REUSEADDR, non-blocking.
 UniqueFd listen_tcp(const std::string& host, uint16_t port, int backlog);
 uint16_t local_port(int fd);
+// "HOST:PORT" of the other end, as host_port() writes it ("?" when unknown).
 std::string peer_name(int fd);
+
+// "HOST:PORT", with an IPv6 literal in brackets ("[::1]:5555"), so that every address rdmaxfer
+// prints parses back as an address argument.
+std::string host_port(const std::string& host, unsigned port);
 
 // Connects with a deadline (non-blocking connect + poll); throws kConnection / kTimeout.
 UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline);

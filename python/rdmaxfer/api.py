@@ -171,7 +171,10 @@ def recv(
     """Receive one array sent by a peer's ``send``.
 
     Args:
-        out: a writable array of the exact dtype and shape, or None to allocate one.
+        out: where to place the bytes: a writable C-contiguous array of the message's exact
+            dtype and shape (NumPy, or any buffer-protocol / ``__array_interface__`` /
+            ``__dlpack__`` object such as a torch CPU tensor; a GPU array is filled through
+            staging), or None to allocate one of the sender's dtype and shape.
         from_: ``"host:port"`` of a sender listening with ``send(listen=...)``.
         listen: ``":port"`` or ``"host:port"``: wait for the sender to connect (``send(to=...)``).
         timeout: seconds for the whole call (default: RDMAXFER_TIMEOUT or 60).
@@ -180,9 +183,14 @@ def recv(
         The received array (``out`` itself as an ndarray, or a new array).
 
     Raises:
-        InvalidArgumentError: ``out`` does not match the message (``out`` is untouched).
+        InvalidArgumentError: ``out`` is unusable, before anything is received: read-only,
+            not C-contiguous, an object dtype, or exposing no memory; or ``out``'s dtype or
+            shape differ from the message's: the message is then rejected before any byte is
+            written (``out`` is untouched) and the sender's ``send`` raises ProtocolError.
+        UnsupportedError: ``out`` is GPU memory and CUDA is not usable here.
         TransferTimeoutError: nothing arrived in time.
         ConnectionFailedError: the peer went away.
+        ProtocolError: the message's metadata is malformed.
     """
     deadline = Deadline(resolve_timeout(timeout))
     endpoint, cache, key = _endpoint(from_, listen, deadline, "from_")

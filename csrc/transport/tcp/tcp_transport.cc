@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "transport/socket.h"
 
 namespace rdmaxfer {
 
@@ -85,7 +86,7 @@ std::shared_ptr<Connection> TcpTransport::connect(const std::string& host, uint1
   Deadline deadline(options.timeout_s);
   std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kTcp, streams,
                                                 engine_id(), rng(), socket_options(), deadline);
-  return adopt(std::move(fds), host + ":" + std::to_string(port));
+  return adopt(std::move(fds), host_port(host, port));
 }
 
 std::shared_ptr<Connection> TcpTransport::adopt(std::vector<UniqueFd> fds,
