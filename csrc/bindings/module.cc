@@ -9,6 +9,7 @@
 #include "bindings/cuda_bindings.h"
 #include "bindings/errors.h"
 #include "common/error.h"
+#include "common/interrupt.h"
 #include "cuda/gpudirect.h"
 #include "engine/engine.h"
 #include "engine/region.h"
@@ -340,6 +341,7 @@ PYBIND11_MODULE(_core, m) {
           [](Engine& e, double timeout) {
             checked_timeout(timeout, "accept");
             auto& t = e.transport();
+            rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
             py::gil_scoped_release release;
             return t.accept(timeout);
           },
@@ -357,6 +359,7 @@ PYBIND11_MODULE(_core, m) {
             rdmaxfer::ConnectOptions o;
             o.streams = streams;
             o.timeout_s = timeout;
+            rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
             py::gil_scoped_release release;
             return t.connect(host, static_cast<uint16_t>(port), o);
           },

@@ -237,11 +237,14 @@ class Engine:
             address: ``"host:port"`` (``"[::1]:5555"`` for IPv6), or a host with ``port``.
             port: the port, when ``address`` is only a host.
             streams: parallel streams / queue pairs (0: the engine's default).
-            timeout: seconds for the whole handshake (default: ``RDMAXFER_TIMEOUT`` or 60).
+            timeout: seconds for connecting and the handshake (default: ``RDMAXFER_TIMEOUT``
+                or 60). A refused connection (the peer does not listen yet) is retried with
+                backoff (50 ms doubling to 1 s) until then, as torch.distributed's TCPStore
+                does; each handshake step of the accepting side has its own 5 s.
 
         Raises:
-            ConnectionFailedError: refused (nothing listens there), unreachable, or the
-                handshake failed.
+            ConnectionFailedError: still refused when ``timeout`` ran out (the message gives
+                the attempts and the seconds tried), unreachable, or the handshake failed.
             TransferTimeoutError: no answer in time.
             InvalidArgumentError: a malformed address.
         """
