@@ -44,8 +44,14 @@ TcpStream& TcpConnection::least_loaded(int among) const {
 }
 
 void TcpConnection::send_on(TcpStream& stream, OutFrame frame) {
-  // A dead stream means the connection is being aborted; its requests fail there.
-  stream.enqueue(std::move(frame));
+  // A dead stream means the connection is being shut: the requests in its tables fail there,
+  // and one that only this frame carries fails here.
+  RequestPtr carried = frame.on_sent;
+  if (!stream.enqueue(std::move(frame)) && carried) {
+    std::string why = error();
+    carried->fail(ErrorKind::kConnection,
+                  "connection to " + peer_ + " is closed" + (why.empty() ? "" : ": " + why));
+  }
 }
 
 RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
@@ -469,7 +475,9 @@ void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye
     h.type = FrameType::kGoodbye;
     send_on(*streams_[0], make_frame(h));
   }
-  for (auto& s : streams_) s->kill();
+  for (auto& s : streams_) {
+    for (auto& r : s->kill()) failed.push_back(std::move(r));
+  }
   for (auto& r : failed) r->fail(kind, reason);
 }
 

@@ -123,15 +123,25 @@ void TcpStream::fail(const std::string& why, int err_no) {
                                    : why + " on stream " + std::to_string(index_);
     conn->abort(ErrorKind::kConnection, "connection to " + conn->peer() + " lost: " + text);
   } else {
-    kill();
+    retire("the connection is gone");
   }
 }
 
-void TcpStream::kill() {
-  if (dead_.exchange(true)) return;
+void TcpStream::retire(const std::string& why) {
+  for (auto& r : kill()) {
+    r->fail(ErrorKind::kConnection, "stream " + std::to_string(index_) + " ended: " + why);
+  }
+}
+
+std::vector<RequestPtr> TcpStream::kill() {
+  std::vector<RequestPtr> orphans;
+  if (dead_.exchange(true)) return orphans;
   shutdown(fd_.get(), SHUT_RDWR);
   {
     std::lock_guard<std::mutex> lock(send_mu_);
+    for (auto& f : queue_) {
+      if (f.on_sent) orphans.push_back(std::move(f.on_sent));
+    }
     queue_.clear();
     queued_.store(0);
   }
@@ -143,12 +153,13 @@ void TcpStream::kill() {
     std::lock_guard<std::mutex> lock(self->send_mu_);
     self->fd_.reset();
   });
+  return orphans;
 }
 
 void TcpStream::on_readable() {
   auto conn = conn_.lock();
   if (!conn) {
-    kill();
+    retire("the connection is gone");
     return;
   }
   uint64_t budget = kReadBudget;
@@ -181,7 +192,7 @@ void TcpStream::on_readable() {
         if (index_ == 0) {
           fail("peer closed the connection (EOF)", 0);
         } else {
-          kill();
+          retire("the peer " + conn->peer() + " closed it (EOF)");
         }
         return;
       }

@@ -2,7 +2,8 @@
 //
 // Lifecycle: created by TcpConnection with a connected socket -> added to an IoLoop -> frames
 // flow both ways -> kill() (on close or error): the socket is shut down, the send queue is
-// dropped, and the loop removes and frees the stream; any memory it was reading into or sending
+// dropped (the requests of the dropped frames are handed back to be failed), and the loop
+// removes and frees the stream; any memory it was reading into or sending
 // from is released (RegionUse) only then.
 //
 // Sending: any thread may enqueue; when the queue was empty the caller writes inline, and the
@@ -63,7 +64,9 @@ class TcpStream : public IoHandler, public std::enable_shared_from_this<TcpStrea
   uint64_t queued_bytes() const { return queued_.load(std::memory_order_relaxed); }
 
   // Shuts the socket down and schedules removal from the loop. Idempotent, any thread.
-  void kill();
+  // Returns the requests of the frames it dropped from the send queue (on_sent): the caller
+  // fails them, since no table may hold them (a rendezvous send's data chunks).
+  [[nodiscard]] std::vector<RequestPtr> kill();
 
   void on_readable() override;
   void on_writable() override;
@@ -76,6 +79,8 @@ class TcpStream : public IoHandler, public std::enable_shared_from_this<TcpStrea
   void start_payload();
   void finish_frame();
   void fail(const std::string& why, int err_no);
+  // kill() on the stream's own account, failing the dropped frames' requests with `why`.
+  void retire(const std::string& why);
 
   UniqueFd fd_;
   const int index_;
