@@ -155,6 +155,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("id", &Request::id)
       .def_property_readonly("op", [](const Request& r) { return rdmaxfer::op_kind_name(r.op()); })
       .def_property_readonly("bytes", &Request::bytes)
+      .def_property_readonly("moved", &Request::moved_bytes)
+      .def("idle", &Request::idle_s)
       .def("done", &Request::done)
       .def("failed", [](const Request& r) { return r.state() == Request::State::kFailed; })
       .def("wait", &wait_request, py::arg("timeout"))

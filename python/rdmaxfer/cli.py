@@ -195,6 +195,8 @@ def _report(arrays: dict[str, np.ndarray], seconds: float) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    if args.verify is not None:  # a missing or foreign file fails now, not after the pull
+        weights.read_safetensors_header(args.verify)
     arrays, seconds = _pull(args.address, args)
     _report(arrays, seconds)
     if args.out is not None:

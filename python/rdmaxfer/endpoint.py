@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from .engine import Engine
 
-__all__ = ["Endpoint", "RemoteLike"]
+__all__ = ["Endpoint", "RemoteLike", "receivable", "sendable"]
 
 #: What names a peer's registered region: a Descriptor, its 40 packed bytes, or (same process)
 #: the MemoryRegion or registered Buffer itself.
@@ -49,6 +49,33 @@ def _descriptor(remote: object) -> _core.Descriptor:
         f"remote {type(remote).__name__} does not name a registered region; pass the peer's "
         "Descriptor or its packed bytes (MemoryRegion.descriptor().pack())"
     )
+
+
+def sendable(array: object) -> cuda.CudaArray | npt.NDArray[Any]:
+    """``array`` as a message carries it: a CudaArray for GPU memory, else a host ndarray.
+
+    Called before anything is sent (and by ``rdmaxfer.send`` before it connects), so a bad
+    argument fails on this side, with nothing on the wire.
+
+    Raises:
+        InvalidArgumentError: not contiguous, no memory exposed, or a dtype (object,
+            structured...) or rank (over 64 dimensions) a message cannot carry.
+    """
+    view = cuda.device_view(array, writable=False, what="array to send")
+    arr = view if view is not None else as_array(array, writable=False, what="array to send")
+    _meta.encode(arr.dtype, tuple(arr.shape))
+    return arr
+
+
+def receivable(out: object) -> cuda.CudaArray | npt.NDArray[Any]:
+    """``out`` as a receive fills it: a CudaArray for GPU memory, else a writable host ndarray
+    (called before anything is received, and by ``rdmaxfer.recv`` before it connects).
+
+    Raises:
+        InvalidArgumentError: read-only, not contiguous, or no memory exposed.
+    """
+    view = cuda.device_view(out, writable=True, what="recv destination")
+    return view if view is not None else as_array(out, writable=True, what="recv destination")
 
 
 def _byte_range(arr: npt.NDArray[Any], offset: int, nbytes: int | None, what: str) -> int:
@@ -146,10 +173,9 @@ class Endpoint:
                 fix), object or structured dtype.
             EndpointClosedError: the endpoint is closed.
         """
-        view = cuda.device_view(array, writable=False, what="array to send")
-        if view is not None:  # GPU memory: staged through pinned host buffers
-            return staging.post_send(self, view, chunk_size, streams)
-        arr = as_array(array, writable=False, what="array to send")
+        arr = sendable(array)
+        if isinstance(arr, cuda.CudaArray):  # GPU memory: staged through pinned host buffers
+            return staging.post_send(self, arr, chunk_size, streams)
         digest = _meta.payload_checksum(arr) if checksum else None
         meta = _meta.encode(arr.dtype, tuple(arr.shape), digest)
         nbytes = int(arr.nbytes)
@@ -187,14 +213,12 @@ class Endpoint:
                 byte is written (``out`` is untouched) and the sender gets a ProtocolError.
             ProtocolError: malformed message metadata (the message is rejected).
         """
-        view = (
-            None if out is None else cuda.device_view(out, writable=True, what="recv destination")
-        )
-        if view is not None or (device is not None and device != "cpu"):
-            # GPU memory (``out`` on a GPU, or device="cuda:N"): see rdmaxfer.staging.post_recv.
-            ordinal = view.device if view is not None else cuda.parse_device(device)
-            return staging.post_recv(self, view, out, ordinal)
-        dest = None if out is None else as_array(out, writable=True, what="recv destination")
+        dest = None if out is None else receivable(out)
+        # GPU memory (``out`` on a GPU, or device="cuda:N"): see rdmaxfer.staging.post_recv.
+        if isinstance(dest, cuda.CudaArray):
+            return staging.post_recv(self, dest, out, dest.device)
+        if device is not None and device != "cpu":
+            return staging.post_recv(self, None, out, cuda.parse_device(device))
         request = self._core.post_recv_header()
         transfer: Transfer[npt.NDArray[Any]] = Transfer(
             self,
@@ -263,6 +287,7 @@ class Endpoint:
         array: object,
         *,
         timeout: float | None = None,
+        deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
         checksum: bool = False,
@@ -271,16 +296,19 @@ class Endpoint:
 
         Args:
             array: see :meth:`post_send`.
-            timeout: seconds (default: ``RDMAXFER_TIMEOUT`` or 60).
+            timeout: inactivity bound in seconds (default: ``RDMAXFER_TIMEOUT`` or 60): fails
+                when no byte moved for that long (see :meth:`Transfer.wait`).
+            deadline: optional bound on the whole call, in seconds (None: none).
 
         Raises:
             InvalidArgumentError: non-contiguous array, unsupported dtype.
             ProtocolError: the receiver rejected the message ("receiver rejected ...").
-            TransferTimeoutError: not done in time (the endpoint is then aborted).
+            TransferTimeoutError: no progress for ``timeout`` s, or past ``deadline`` (the
+                endpoint is then aborted).
             ConnectionFailedError: the peer closed or reset the connection.
         """
         self.post_send(array, chunk_size=chunk_size, streams=streams, checksum=checksum).wait(
-            timeout
+            timeout, deadline=deadline
         )
 
     def recv(
@@ -288,15 +316,18 @@ class Endpoint:
         out: object = None,
         *,
         timeout: float | None = None,
+        deadline: float | None = None,
         device: str | int | None = None,
     ) -> npt.NDArray[Any]:
         """Receive one message.
 
         Args:
             out: see :meth:`post_recv`.
-            timeout: seconds (default: ``RDMAXFER_TIMEOUT`` or 60) for the whole receive. If no
-                message arrives in time the wait is withdrawn and the endpoint stays usable; if
-                the bytes do not arrive in time the endpoint is aborted.
+            timeout: seconds (default: ``RDMAXFER_TIMEOUT`` or 60): the bound on the wait for a
+                message, then on inactivity while its bytes arrive (no byte for that long). If
+                no message arrives in time the wait is withdrawn and the endpoint stays usable;
+                if the bytes stop arriving the endpoint is aborted.
+            deadline: optional bound on the whole receive, in seconds (None: none).
 
         Returns:
             The array received into (of the sender's dtype and shape).
@@ -308,13 +339,14 @@ class Endpoint:
             ConnectionFailedError: the peer closed or reset the connection.
             ProtocolError: malformed message metadata.
         """
-        return self.post_recv(out, device=device).wait(timeout)
+        return self.post_recv(out, device=device).wait(timeout, deadline=deadline)
 
     async def asend(
         self,
         array: object,
         *,
         timeout: float | None = None,
+        deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
         checksum: bool = False,
@@ -322,17 +354,18 @@ class Endpoint:
         """Asyncio twin of :meth:`send`."""
         await self.post_send(
             array, chunk_size=chunk_size, streams=streams, checksum=checksum
-        ).wait_async(timeout)
+        ).wait_async(timeout, deadline=deadline)
 
     async def arecv(
         self,
         out: object = None,
         *,
         timeout: float | None = None,
+        deadline: float | None = None,
         device: str | int | None = None,
     ) -> npt.NDArray[Any]:
         """Asyncio twin of :meth:`recv`."""
-        return await self.post_recv(out, device=device).wait_async(timeout)
+        return await self.post_recv(out, device=device).wait_async(timeout, deadline=deadline)
 
     def reject(self, msg_id: int, reason: str) -> None:
         """Refuse an incoming message by id (low level: ``recv`` does this on a mismatch)."""
@@ -444,14 +477,19 @@ class Endpoint:
         remote_offset: int = 0,
         nbytes: int | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
         """Blocking :meth:`post_write`: returns once the bytes are placed in the peer's memory.
 
+        Args: as :meth:`post_write`, plus ``timeout``: inactivity bound in seconds (default
+        ``RDMAXFER_TIMEOUT`` or 60: fails when no byte moved for that long) and ``deadline``:
+        optional bound on the whole call in seconds (None: none).
+
         Raises:
-            TransferTimeoutError: not done within ``timeout`` seconds (default
-                ``RDMAXFER_TIMEOUT`` or 60); the endpoint is then aborted.
+            TransferTimeoutError: no progress for ``timeout`` seconds, or past ``deadline``;
+                the endpoint is then aborted.
             RemoteAccessError, InvalidArgumentError, ProtocolError, ConnectionFailedError.
         """
         self.post_write(
@@ -462,7 +500,7 @@ class Endpoint:
             nbytes=nbytes,
             chunk_size=chunk_size,
             streams=streams,
-        ).wait(timeout)
+        ).wait(timeout, deadline=deadline)
 
     def read(
         self,
@@ -473,6 +511,7 @@ class Endpoint:
         remote_offset: int = 0,
         nbytes: int | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
@@ -488,7 +527,7 @@ class Endpoint:
             nbytes=nbytes,
             chunk_size=chunk_size,
             streams=streams,
-        ).wait(timeout)
+        ).wait(timeout, deadline=deadline)
 
     async def awrite(
         self,
@@ -499,6 +538,7 @@ class Endpoint:
         remote_offset: int = 0,
         nbytes: int | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
@@ -512,7 +552,7 @@ class Endpoint:
             chunk_size=chunk_size,
             streams=streams,
         )
-        await transfer.wait_async(timeout)
+        await transfer.wait_async(timeout, deadline=deadline)
 
     async def aread(
         self,
@@ -523,6 +563,7 @@ class Endpoint:
         remote_offset: int = 0,
         nbytes: int | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
@@ -536,7 +577,7 @@ class Endpoint:
             chunk_size=chunk_size,
             streams=streams,
         )
-        await transfer.wait_async(timeout)
+        await transfer.wait_async(timeout, deadline=deadline)
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:

@@ -106,8 +106,8 @@ def _byte_range(total: int, offset: int, nbytes: int | None, what: str) -> int:
 
 
 def _backstop_s() -> float:
-    """The pipeline's own deadline: a backstop behind ``Transfer.wait(timeout)``, which aborts
-    the endpoint when the caller's timeout runs out (the pipeline then stops at once)."""
+    """The pipeline's own inactivity bound: a backstop behind ``Transfer.wait(timeout)``, which
+    aborts the endpoint when the caller's timeout runs out (the pipeline then stops at once)."""
     from ._config import resolve_timeout
 
     return max(600.0, 10.0 * resolve_timeout(None))

@@ -87,6 +87,7 @@ RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
     f.data = local->addr() + local_offset + off;
     f.data_len = n;
     f.hold = RegionUse(local);
+    f.progress = req;
     send_on(*streams_[static_cast<size_t>((first + static_cast<int>(i % plan.streams)) %
                                           plan.streams)],
             std::move(f));
@@ -239,6 +240,7 @@ void TcpConnection::send_data_chunks(PendingSend send) {
     f.data_len = n;
     f.hold = RegionUse(send.region);
     f.on_sent = send.request;
+    f.progress = send.request;
     send_on(*streams_[static_cast<size_t>((first + static_cast<int>(i % plan.streams)) %
                                           plan.streams)],
             std::move(f));
@@ -289,6 +291,7 @@ void TcpConnection::choose_sink(TcpStream& /*stream*/, const FrameHeader& h,
       }
       sink->dst = r.base + h.aux;
       sink->hold = RegionUse(r.region);
+      sink->progress = r.request;
       return;
     }
     case FrameType::kMsgEager:
@@ -306,6 +309,7 @@ void TcpConnection::choose_sink(TcpStream& /*stream*/, const FrameHeader& h,
       }
       sink->dst = r.base + h.aux;
       sink->hold = RegionUse(r.region);
+      sink->progress = r.request;
       return;
     }
     default:

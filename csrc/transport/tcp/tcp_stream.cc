@@ -89,8 +89,14 @@ void TcpStream::flush_locked(std::vector<RequestPtr>* completed) {
     while (left > 0 && !queue_.empty()) {
       OutFrame& f = queue_.front();
       const uint64_t rest = f.total() - f.sent;
+      const uint64_t data_before = f.data_sent();
+      f.sent += std::min(left, rest);
+      if (f.progress && f.data_sent() > data_before) {
+        // Bytes count as moved only where sending is what completes the frame's part (the
+        // data of a message); a WRITE's part completes with the peer's acknowledgement.
+        f.progress->note_progress(f.on_sent ? f.data_sent() - data_before : 0);
+      }
       if (left < rest) {
-        f.sent += left;
         left = 0;
         break;
       }
@@ -205,6 +211,7 @@ void TcpStream::on_readable() {
       budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
       if (direct) {
         data_got_ += static_cast<uint64_t>(n);
+        if (sink_.progress) sink_.progress->note_progress(static_cast<uint64_t>(n));
         if (data_got_ == header_.payload_len) finish_frame();
       } else {
         stage_pos_ = 0;
@@ -249,6 +256,7 @@ size_t TcpStream::consume(const uint8_t* p, size_t n) {
         uint8_t* base =
             sink_.into_owned ? reinterpret_cast<uint8_t*>(sink_.owned.data()) : sink_.dst;
         std::memcpy(base + data_got_, p, take);
+        if (sink_.progress) sink_.progress->note_progress(take);
       }
       data_got_ += take;
       if (data_got_ == header_.payload_len) finish_frame();

@@ -37,7 +37,14 @@ struct OutFrame {
   uint64_t sent = 0;       // bytes of header + meta + data already written
   RegionUse hold;          // keeps the memory behind `data` in use
   RequestPtr on_sent;      // part_done() once the whole frame is in the socket
+  RequestPtr progress;     // note_progress() as the data goes into the socket (bytes
+                           // counted only with on_sent; else the time alone)
   uint64_t total() const { return FrameHeader::kSize + meta.size() + data_len; }
+  // Bytes of `data` (not header or metadata) already written.
+  uint64_t data_sent() const {
+    const uint64_t before = FrameHeader::kSize + meta.size();
+    return sent > before ? sent - before : 0;
+  }
 };
 
 OutFrame make_frame(const FrameHeader& header, std::string meta = {});
@@ -49,6 +56,7 @@ struct RecvSink {
   bool discard = false;    // nowhere (a refused WRITE's bytes)
   bool into_owned = false;
   RegionUse hold;
+  RequestPtr progress;  // note_progress() as the bytes land
   uint32_t status = 0;  // AccessStatus decided when the header arrived
 };
 
