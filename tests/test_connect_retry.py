@@ -69,3 +69,11 @@ def test_connect_gives_up_at_its_timeout_saying_how_long_it_tried() -> None:
 def test_timeout_zero_tries_once() -> None:
     with Engine("tcp") as engine, pytest.raises(ConnectionFailedError, match=r"\(1 attempt over"):
         engine.connect(refused_address(), timeout=0)
+
+
+def test_retry_refused_false_fails_at_once() -> None:
+    with Engine("tcp") as engine:
+        start = time.monotonic()
+        with pytest.raises(ConnectionFailedError, match=r"\(1 attempt over"):
+            engine.connect(refused_address(), timeout=30, retry_refused=False)
+        assert time.monotonic() - start < MARGIN_S

@@ -350,7 +350,8 @@ PYBIND11_MODULE(_core, m) {
           py::arg("timeout"), py::keep_alive<0, 1>())
       .def(
           "connect",
-          [](Engine& e, const std::string& host, int port, int streams, double timeout) {
+          [](Engine& e, const std::string& host, int port, int streams, double timeout,
+             bool retry_refused) {
             checked_timeout(timeout, "connect");
             if (port <= 0 || port > 65535) {
               throw Error(ErrorKind::kInvalidArgument,
@@ -361,12 +362,13 @@ PYBIND11_MODULE(_core, m) {
             rdmaxfer::ConnectOptions o;
             o.streams = streams;
             o.timeout_s = timeout;
+            o.retry_refused = retry_refused;
             rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
             py::gil_scoped_release release;
             return t.connect(host, static_cast<uint16_t>(port), o);
           },
           py::arg("host"), py::arg("port"), py::arg("streams"), py::arg("timeout"),
-          py::keep_alive<0, 1>())
+          py::arg("retry_refused") = true, py::keep_alive<0, 1>())
       .def(
           "register",
           [](Engine& e, uint64_t addr, long long length, uint32_t access) {

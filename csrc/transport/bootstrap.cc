@@ -149,7 +149,7 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
   check_secret_usable(options);
   std::vector<UniqueFd> fds;
   for (int i = 0; i < n_streams; ++i) {
-    UniqueFd fd = connect_tcp(host, port, deadline);
+    UniqueFd fd = connect_tcp(host, port, deadline, options.retry_refused);
     tune_socket(fd.get(), options);
     Hello hello;
     hello.transport = transport;

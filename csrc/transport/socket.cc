@@ -135,7 +135,8 @@ std::string peer_name(int fd) {
   return std::string(host) + ":" + serv;
 }
 
-UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline) {
+UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline,
+                     bool retry_refused) {
   AddrInfoPtr ai = resolve(host, port, false);
   const auto started = Deadline::Clock::now();
   std::string last_error = "no address";
@@ -148,7 +149,7 @@ UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& dea
     if (fd.valid()) return fd;
     // Refused: the peer may not listen yet (started a moment later). Retry with backoff until
     // the deadline, as torch.distributed's TCPStore does.
-    if (!refused || deadline.expired()) break;
+    if (!refused || !retry_refused || deadline.expired()) break;
     sleep_interruptible(backoff_s, deadline);
     backoff_s = std::min(backoff_s * 2, kMaxRetryS);
   }

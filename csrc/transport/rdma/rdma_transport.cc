@@ -254,8 +254,10 @@ std::shared_ptr<Connection> RdmaTransport::connect(const std::string& host, uint
   }
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   Deadline deadline(options.timeout_s);
+  SocketOptions sockets = bootstrap_options();
+  sockets.retry_refused = options.retry_refused;
   std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kRdma, 1, engine_id(),
-                                                rng(), bootstrap_options(), deadline);
+                                                rng(), sockets, deadline);
   auto conn = prepare(n);
   handshake(*conn, fds[0].get(), nullptr, deadline);
   conn->start(std::move(fds[0]), host + ":" + std::to_string(port));
