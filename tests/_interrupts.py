@@ -25,6 +25,9 @@ PROMPT_S = 0.5
 SLACK_S = 0.5
 #: How long the child sits in its wait before the signal.
 SETTLE_S = 0.5
+#: Bound on a child's start (importing rdmaxfer, opening the device, connecting): seconds on a
+#: host, but minutes in the emulated rxe guest when the host is busy.
+START_S = 300.0
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -92,7 +95,7 @@ def server(kind: str, host: str, env: dict[str, str]) -> Iterator[tuple[Child, s
     """A ``serve`` or ``serve-weights`` child: (the child, its ``host:port``)."""
     child = Child([kind, host], env)
     try:
-        port = child.expect("PORT", 60).split()[1]
+        port = child.expect("PORT", START_S).split()[1]
         yield child, f"{host}:{port}"
     finally:
         child.stop()
@@ -129,7 +132,7 @@ def interrupt(
     ``before()``, e.g. stopping the peer), and report what happened."""
     child = Child([kind, address], env)
     try:
-        child.expect("WAITING", 60)
+        child.expect("WAITING", START_S)
         if before is not None:
             before()
         time.sleep(SETTLE_S)
@@ -143,12 +146,12 @@ def interrupt(
         child.stop()
 
 
-def check_prompt(result: Interrupted) -> None:
+def check_prompt(result: Interrupted, slack_s: float = SLACK_S) -> None:
     """KeyboardInterrupt within PROMPT_S (+ slack), a normal traceback, a prompt exit."""
-    assert result.raised_after_s < PROMPT_S + SLACK_S, result
+    assert result.raised_after_s < PROMPT_S + slack_s, result
     lines = result.stderr.strip().splitlines()
     assert lines and lines[0] == "Traceback (most recent call last):", result.stderr
     assert lines[-1] == "KeyboardInterrupt", result.stderr
     assert "lost sys.stderr" not in result.stderr
     assert result.returncode == -signal.SIGINT, result
-    assert result.exited_after_s < 10.0, result
+    assert result.exited_after_s < 10.0 + 10 * slack_s, result

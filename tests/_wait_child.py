@@ -89,6 +89,7 @@ def receive(host: str, stop: bool) -> None:
 
 def wait_in(kind: str, address: str) -> None:
     x = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: a rendezvous message
+    engine = rdmaxfer.default_engine()  # opened first: the signal must find the wait itself
     if kind == "accept-recv":
         say("WAITING")
         rdmaxfer.recv(listen=":0", timeout=WAIT_S)
@@ -96,19 +97,18 @@ def wait_in(kind: str, address: str) -> None:
         say("WAITING")
         rdmaxfer.send(x, listen=":0", timeout=WAIT_S)
     elif kind == "accept-engine":
-        engine = rdmaxfer.Engine()
         engine.listen("127.0.0.1", 0)
         say("WAITING")
         engine.accept(timeout=WAIT_S)
     elif kind in ("connect-refused", "handshake"):
         say("WAITING")
-        rdmaxfer.Engine().connect(address, timeout=WAIT_S)
+        engine.connect(address, timeout=WAIT_S)
     elif kind == "pull":
         say("WAITING")
         while True:
-            rdmaxfer.pull_weights(address, timeout=WAIT_S)
+            rdmaxfer.pull_weights(address, engine=engine, timeout=WAIT_S)
     else:
-        ep = rdmaxfer.Engine().connect(address, timeout=WAIT_S)
+        ep = engine.connect(address, timeout=WAIT_S)
         remote = ep.recv(timeout=WAIT_S).tobytes()
         local = np.ones(1 << 20, np.uint8)
         say("WAITING")
