@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy.typing as npt
 
+from ._args import receivable, sendable
 from ._config import CallLimits, format_address, parse_address
-from .endpoint import Endpoint, receivable, sendable
+from .endpoint import Endpoint
 from .engine import Engine
 from .errors import InvalidArgumentError, RdmaxferError
 

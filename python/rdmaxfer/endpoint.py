@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _core, _meta, cuda, staging
+from ._args import byte_range, descriptor_of, receivable, sendable
 from .buffer import Buffer, MemoryRegion, as_array
 from .errors import ChecksumError, EndpointClosedError, InvalidArgumentError, RdmaxferError
 from .transfer import HeaderStep, Transfer
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
     from .engine import Engine
 
-__all__ = ["Endpoint", "RemoteLike", "receivable", "sendable"]
+__all__ = ["Endpoint", "RemoteLike"]
 
 #: What names a peer's registered region: a Descriptor, its 40 packed bytes, or (same process)
 #: the MemoryRegion or registered Buffer itself.
@@ -36,63 +37,6 @@ RemoteLike = _core.Descriptor | bytes | bytearray | memoryview | MemoryRegion | 
 _SWEEP_MIN = 64
 
 T = TypeVar("T")
-
-
-def _descriptor(remote: object) -> _core.Descriptor:
-    if isinstance(remote, _core.Descriptor):
-        return remote
-    if isinstance(remote, (bytes, bytearray, memoryview)):
-        return _core.Descriptor.unpack(bytes(remote))
-    if isinstance(remote, (MemoryRegion, Buffer)):
-        return remote.descriptor()
-    raise InvalidArgumentError(
-        f"remote {type(remote).__name__} does not name a registered region; pass the peer's "
-        "Descriptor or its packed bytes (MemoryRegion.descriptor().pack())"
-    )
-
-
-def sendable(array: object) -> cuda.CudaArray | npt.NDArray[Any]:
-    """``array`` as a message carries it: a CudaArray for GPU memory, else a host ndarray.
-
-    Called before anything is sent (and by ``rdmaxfer.send`` before it connects), so a bad
-    argument fails on this side, with nothing on the wire.
-
-    Raises:
-        InvalidArgumentError: not contiguous, no memory exposed, or a dtype (object,
-            structured...) or rank (over 64 dimensions) a message cannot carry.
-    """
-    view = cuda.device_view(array, writable=False, what="array to send")
-    arr = view if view is not None else as_array(array, writable=False, what="array to send")
-    _meta.encode(arr.dtype, tuple(arr.shape))
-    return arr
-
-
-def receivable(out: object) -> cuda.CudaArray | npt.NDArray[Any]:
-    """``out`` as a receive fills it: a CudaArray for GPU memory, else a writable host ndarray
-    (called before anything is received, and by ``rdmaxfer.recv`` before it connects).
-
-    Raises:
-        InvalidArgumentError: read-only, not contiguous, or no memory exposed.
-    """
-    view = cuda.device_view(out, writable=True, what="recv destination")
-    return view if view is not None else as_array(out, writable=True, what="recv destination")
-
-
-def _byte_range(arr: npt.NDArray[Any], offset: int, nbytes: int | None, what: str) -> int:
-    total = int(arr.nbytes)
-    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= total:
-        raise InvalidArgumentError(
-            f"offset={offset!r} is outside the {what} of {total} bytes (0..{total})"
-        )
-    if nbytes is None:
-        return total - offset
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        raise InvalidArgumentError(f"nbytes={nbytes!r} must be an integer >= 0")
-    if offset + nbytes > total:
-        raise InvalidArgumentError(
-            f"offset={offset} + nbytes={nbytes} is past the end of the {what} ({total} bytes)"
-        )
-    return nbytes
 
 
 class Endpoint:
@@ -391,7 +335,7 @@ class Endpoint:
                 self,
                 op,
                 view,
-                _descriptor(remote),
+                descriptor_of(remote),
                 offset,
                 remote_offset,
                 nbytes,
@@ -399,8 +343,8 @@ class Endpoint:
                 streams,
             )
         arr = as_array(local, writable=writable, what=what)
-        descriptor = _descriptor(remote)
-        length = _byte_range(arr, offset, nbytes, what)
+        descriptor = descriptor_of(remote)
+        length = byte_range(int(arr.nbytes), offset, nbytes, what)
         if isinstance(remote_offset, bool) or not isinstance(remote_offset, int):
             raise InvalidArgumentError(f"remote_offset={remote_offset!r} must be an integer")
         if remote_offset < 0:
