@@ -37,8 +37,11 @@ pytestmark = pytest.mark.rdma
 
 CLIENT_ENV = child_env(RDMAXFER_TRANSPORT="rdma", RDMAXFER_RDMA_DEVICE=devices()[0])
 SERVER_ENV = child_env(RDMAXFER_TRANSPORT="rdma", RDMAXFER_RDMA_DEVICE=devices()[1])
-#: About 3-4 s under TCG (rxe moves 15-20 MB/s there), in 16 WRs of 4 MiB.
-BIG = 64 << 20
+#: About 5 s under TCG (rxe moves 15-20 MB/s there), on one QP in WRs of 1 MiB: one
+#: completes (progress) every 50-70 ms.
+BIG = 96 << 20
+ONE_QP = {"streams": 1, "chunk_size": 1 << 20}
+TIMEOUT_S = 2.0
 #: Emulation (TCG) slows every step of the child: more slack on top of the 0.5 s promise.
 SLACK_S = 1.0
 
@@ -90,9 +93,9 @@ def test_a_write_longer_than_its_timeout_completes(
     dst = np.zeros(BIG, np.uint8)
     region = server_engine.register(dst, access="rw")
     start = time.monotonic()
-    ep.write(data, region.descriptor(), timeout=1.0, chunk_size=4 << 20)
+    ep.write(data, region.descriptor(), timeout=TIMEOUT_S, **ONE_QP)
     elapsed = time.monotonic() - start
-    assert elapsed > 1.5, f"took {elapsed:.2f} s: the emulated link was not slow"
+    assert elapsed > 1.5 * TIMEOUT_S, f"took {elapsed:.2f} s: the emulated link was not slow"
     np.testing.assert_array_equal(dst, data)
 
 
@@ -102,7 +105,7 @@ def test_deadline_bounds_the_whole_write(pair: tuple[Engine, Engine, rdmaxfer.En
     region = server_engine.register(np.zeros(BIG, np.uint8), access="rw")
     start = time.monotonic()
     with pytest.raises(TransferTimeoutError) as info:
-        ep.write(data, region.descriptor(), timeout=WAIT_S, deadline=0.5, chunk_size=4 << 20)
+        ep.write(data, region.descriptor(), timeout=WAIT_S, deadline=0.5, **ONE_QP)
     elapsed = time.monotonic() - start
     found = re.search(
         rf"did not complete within its deadline of 0.5 s: (\d+) of {BIG} bytes moved",
@@ -165,7 +168,7 @@ def test_killing_the_receiver_fails_a_large_send_at_once() -> None:
     with server("receive", addrs()[1], SERVER_ENV) as (receiver, address), engine(0) as sender:
         ep = sender.connect(address, timeout=WAIT_S)
         header_wait = ep.post_recv()
-        transfer = ep.post_send(np.full(BIG, 0x5A, np.uint8), chunk_size=4 << 20)
+        transfer = ep.post_send(np.full(BIG, 0x5A, np.uint8), **ONE_QP)
         receiver.expect("RECEIVING", START_S)
         receiver.proc.kill()
         killed = time.monotonic()
