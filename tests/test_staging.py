@@ -181,7 +181,7 @@ def test_a_hung_copy_times_out(pair: Pair, rng: np.random.Generator) -> None:
             pair.a.core, device.ctypes.data, device.size, region.descriptor(), 0, 1 << 17, 2, 0.5
         )
         assert req.wait(0.5 + MARGIN_S)
-        with pytest.raises(TransferTimeoutError, match=r"did not complete within 0\.5"):
+        with pytest.raises(TransferTimeoutError, match=r"made no progress for 0\.5 s"):
             req.check()
         assert time.monotonic() - start < 0.5 + MARGIN_S
     finally:

@@ -1,6 +1,7 @@
 #include "bindings/errors.h"
 
 #include "common/error.h"
+#include "common/interrupt.h"
 
 namespace py = pybind11;
 
@@ -36,8 +37,16 @@ void register_error_translator(py::module_& m) {
     } catch (const Error& e) {
       py::object cls = errors->attr(class_name(e.kind()));
       PyErr_SetString(cls.ptr(), e.what());
+    } catch (const Interrupted&) {
+      // python_signal_raised() left the handler's exception (KeyboardInterrupt...) set.
+      if (PyErr_Occurred() == nullptr) PyErr_SetNone(PyExc_KeyboardInterrupt);
     }
   });
+}
+
+bool python_signal_raised() {
+  py::gil_scoped_acquire gil;
+  return PyErr_CheckSignals() != 0;
 }
 
 }  // namespace rdmaxfer

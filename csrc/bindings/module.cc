@@ -9,6 +9,7 @@
 #include "bindings/cuda_bindings.h"
 #include "bindings/errors.h"
 #include "common/error.h"
+#include "common/interrupt.h"
 #include "cuda/gpudirect.h"
 #include "engine/engine.h"
 #include "engine/region.h"
@@ -154,6 +155,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("id", &Request::id)
       .def_property_readonly("op", [](const Request& r) { return rdmaxfer::op_kind_name(r.op()); })
       .def_property_readonly("bytes", &Request::bytes)
+      .def_property_readonly("moved", &Request::moved_bytes)
+      .def("idle", &Request::idle_s)
       .def("done", &Request::done)
       .def("failed", [](const Request& r) { return r.state() == Request::State::kFailed; })
       .def("wait", &wait_request, py::arg("timeout"))
@@ -340,13 +343,15 @@ PYBIND11_MODULE(_core, m) {
           [](Engine& e, double timeout) {
             checked_timeout(timeout, "accept");
             auto& t = e.transport();
+            rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
             py::gil_scoped_release release;
             return t.accept(timeout);
           },
           py::arg("timeout"), py::keep_alive<0, 1>())
       .def(
           "connect",
-          [](Engine& e, const std::string& host, int port, int streams, double timeout) {
+          [](Engine& e, const std::string& host, int port, int streams, double timeout,
+             bool retry_refused) {
             checked_timeout(timeout, "connect");
             if (port <= 0 || port > 65535) {
               throw Error(ErrorKind::kInvalidArgument,
@@ -357,11 +362,13 @@ PYBIND11_MODULE(_core, m) {
             rdmaxfer::ConnectOptions o;
             o.streams = streams;
             o.timeout_s = timeout;
+            o.retry_refused = retry_refused;
+            rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
             py::gil_scoped_release release;
             return t.connect(host, static_cast<uint16_t>(port), o);
           },
           py::arg("host"), py::arg("port"), py::arg("streams"), py::arg("timeout"),
-          py::keep_alive<0, 1>())
+          py::arg("retry_refused") = true, py::keep_alive<0, 1>())
       .def(
           "register",
           [](Engine& e, uint64_t addr, long long length, uint32_t access) {

@@ -15,7 +15,7 @@ class Deadline {
 
   // timeout_s < 0 or infinite means "no deadline" (only used internally; the Python API always
   // passes a finite timeout).
-  explicit Deadline(double timeout_s) : seconds_(timeout_s) {
+  explicit Deadline(double timeout_s) : timeout_s_(timeout_s) {
     if (timeout_s < 0 || std::isinf(timeout_s)) {
       at_ = Clock::time_point::max();
     } else {
@@ -25,12 +25,8 @@ class Deadline {
   }
 
   Clock::time_point at() const { return at_; }
-  // The timeout it was built from, as error messages quote it ("5 s", "0.25 s").
-  std::string seconds_text() const {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%g s", seconds_);
-    return text;
-  }
+  // The timeout this deadline was built from, in seconds (for messages).
+  double timeout_s() const { return timeout_s_; }
   bool expired() const { return Clock::now() >= at_; }
 
   // Milliseconds left, clamped to [0, cap_ms]; for poll()/epoll_wait().
@@ -42,8 +38,15 @@ class Deadline {
   }
 
  private:
-  double seconds_;
+  double timeout_s_;
   Clock::time_point at_;
 };
+
+// Seconds for a message: "0.25", "5", "60", "1.5e+03" (printf %.3g).
+inline std::string seconds_text(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g", seconds);
+  return buf;
+}
 
 }  // namespace rdmaxfer

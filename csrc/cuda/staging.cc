@@ -84,8 +84,15 @@ class Stager::Pipeline {
   }
 
   [[noreturn]] void timed_out(const std::string& what) const {
-    throw Error(ErrorKind::kTimeout, what + " did not complete within " +
-                                         std::to_string(op_.options.timeout_s) + " s");
+    throw Error(ErrorKind::kTimeout, what + " made no progress for " +
+                                         seconds_text(op_.options.timeout_s) + " s");
+  }
+
+  // `bytes` more of the operation are in place: tell its request (Transfer.wait bounds
+  // inactivity), and push the pipeline's own deadline back (it bounds inactivity too).
+  void progressed(uint64_t bytes) {
+    op_.request->note_progress(bytes);
+    deadline_ = Deadline(op_.options.timeout_s);
   }
 
   // Stops on the deadline, on Stager::close(), and (when `endpoint_matters`: bytes still
@@ -132,6 +139,7 @@ class Stager::Pipeline {
             x.req.reset();
             x.state = State::kFree;
             ++finished;
+            progressed(len(x.chunk));
             progress = true;
           }
           if (x.state == State::kCopying && lane_->ready(k)) {
@@ -158,6 +166,7 @@ class Stager::Pipeline {
           if (x.state == State::kCopying && lane_->ready(k)) {
             x.state = State::kFree;
             ++finished;
+            progressed(len(x.chunk));
             progress = true;
           }
           if (x.state == State::kFree && next < n) {
@@ -203,7 +212,13 @@ class Stager::Pipeline {
   }
 
   void wait_request(const RequestPtr& req, const std::string& what) {
-    while (!req->wait_for(slice(kSliceS))) check_deadline(what);
+    uint64_t moved = req->moved_bytes();
+    while (!req->wait_for(slice(kSliceS))) {
+      const uint64_t now = req->moved_bytes();
+      if (now > moved) progressed(now - moved);
+      moved = now;
+      check_deadline(what);
+    }
     req->rethrow();
   }
 

@@ -40,7 +40,7 @@ namespace rdmaxfer {
 struct StagingOptions {
   uint64_t chunk = 0;        // bytes per chunk (0: kDefaultChunk, clamped to the length)
   int slots = 0;             // bounce buffers (0: 3)
-  double timeout_s = 60.0;   // the whole operation
+  double timeout_s = 60.0;   // inactivity bound: no chunk done for that long
   TransferOptions wire;      // for the transport's own chunking/streams
 
   static constexpr uint64_t kDefaultChunk = 8ull << 20;

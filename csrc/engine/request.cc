@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "engine/notifier.h"
@@ -19,17 +20,52 @@ const char* op_kind_name(OpKind op) {
   return "unknown op";
 }
 
-Request::Request(uint64_t id, OpKind op, uint64_t bytes) : id_(id), op_(op), bytes_(bytes) {}
+namespace {
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+Request::Request(uint64_t id, OpKind op, uint64_t bytes)
+    : id_(id), op_(op), bytes_(bytes), last_progress_ns_(steady_ns()) {}
 
 Request::State Request::state() const {
   std::lock_guard<std::mutex> lock(mu_);
   return state_;
 }
 
-void Request::set_parts(uint64_t parts) { parts_left_.store(parts); }
+void Request::set_parts(uint64_t parts) {
+  parts_total_.store(parts);
+  parts_left_.store(parts);
+}
 
 void Request::part_done() {
+  last_progress_ns_.store(steady_ns(), std::memory_order_relaxed);
   if (parts_left_.fetch_sub(1) == 1) complete();
+}
+
+void Request::note_progress(uint64_t bytes) {
+  moved_.fetch_add(bytes, std::memory_order_relaxed);
+  last_progress_ns_.store(steady_ns(), std::memory_order_relaxed);
+}
+
+double Request::idle_s() const {
+  return static_cast<double>(steady_ns() - last_progress_ns_.load(std::memory_order_relaxed)) *
+         1e-9;
+}
+
+uint64_t Request::moved_bytes() const {
+  if (state() == State::kDone) return bytes_;
+  const uint64_t total = parts_total_.load();
+  const uint64_t left = std::min(parts_left_.load(), total);
+  const uint64_t by_parts =
+      total == 0 ? 0
+                 : static_cast<uint64_t>(static_cast<double>(bytes_) *
+                                         static_cast<double>(total - left) /
+                                         static_cast<double>(total));
+  return std::max(by_parts, std::min(moved_.load(std::memory_order_relaxed), bytes_));
 }
 
 void Request::complete() {

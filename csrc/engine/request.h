@@ -5,6 +5,9 @@
 // a timeout. A request watched by a Notifier reports its id there once it is terminal.
 // A request may carry a Progress (set once, before it is handed out): a waiting thread then
 // drives completion processing itself during the spin phase of wait_for.
+// Progress is also recorded: every finished part and every batch of bytes a transport moves for
+// the request (note_progress) stamps the time, so a waiter can bound inactivity (no progress
+// for N seconds) rather than the whole transfer.
 #pragma once
 
 #include <atomic>
@@ -58,6 +61,14 @@ class Request {
   // Number of parts (chunks, acknowledgements) that must finish before the request is done.
   void set_parts(uint64_t parts);
   void part_done();
+  // `bytes` more of the request moved (sent into a socket, placed in memory); any thread.
+  // 0 records activity alone (bytes that count only once acknowledged, as parts).
+  void note_progress(uint64_t bytes);
+  // Seconds since the request last made progress (or was created).
+  double idle_s() const;
+  // Bytes moved so far: those noted, or (for transports that only count parts) the share of
+  // finished parts.
+  uint64_t moved_bytes() const;
   void complete();
   void complete_with_message(MessageInfo info);
   void fail(ErrorKind kind, const std::string& message);
@@ -85,7 +96,10 @@ class Request {
   const uint64_t id_;
   const OpKind op_;
   const uint64_t bytes_;
+  std::atomic<uint64_t> parts_total_{1};
   std::atomic<uint64_t> parts_left_{1};
+  std::atomic<uint64_t> moved_{0};
+  std::atomic<int64_t> last_progress_ns_;  // steady_clock, since its epoch
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   State state_ = State::kPending;

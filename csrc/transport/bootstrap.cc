@@ -8,6 +8,7 @@
 
 #include "common/bytes.h"
 #include "common/error.h"
+#include "common/interrupt.h"
 #include "transport/auth.h"
 
 namespace rdmaxfer {
@@ -148,7 +149,7 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
   check_secret_usable(options);
   std::vector<UniqueFd> fds;
   for (int i = 0; i < n_streams; ++i) {
-    UniqueFd fd = connect_tcp(host, port, deadline);
+    UniqueFd fd = connect_tcp(host, port, deadline, options.retry_refused);
     tune_socket(fd.get(), options);
     Hello hello;
     hello.transport = transport;
@@ -207,10 +208,9 @@ Acceptor::~Acceptor() {
 
 AcceptedGroup Acceptor::accept(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                    [this] { return !ready_.empty(); })) {
+  if (!wait_interruptible(cv_, lock, Deadline(timeout_s), [this] { return !ready_.empty(); })) {
     throw Error(ErrorKind::kTimeout,
-                "accept: no peer connected within " + std::to_string(timeout_s) +
+                "accept: no peer connected within " + seconds_text(timeout_s) +
                     " s; raise timeout= or check that the peer connects to port " +
                     std::to_string(port_));
   }

@@ -13,10 +13,15 @@
 #include <memory>
 
 #include "common/error.h"
+#include "common/interrupt.h"
 
 namespace rdmaxfer {
 
 namespace {
+
+// Backoff between connection attempts that were refused: doubling from kFirstRetryS to kMaxRetryS.
+constexpr double kFirstRetryS = 0.05;
+constexpr double kMaxRetryS = 1.0;
 
 struct AddrInfoDeleter {
   void operator()(addrinfo* ai) const { freeaddrinfo(ai); }
@@ -39,18 +44,49 @@ AddrInfoPtr resolve(const std::string& host, uint16_t port, bool passive) {
   return AddrInfoPtr(out);
 }
 
+// Waits in slices, so that an interrupt (Ctrl-C) ends the wait (common/interrupt.h).
 void wait_fd(int fd, short events, const Deadline& deadline, const char* what) {
   for (;;) {
     pollfd p{fd, events, 0};
-    int rc = poll(&p, 1, deadline.remaining_ms());
+    int rc = poll(&p, 1, deadline.remaining_ms(kInterruptSliceMs));
     if (rc > 0) return;
-    if (rc == 0) {
-      throw Error(ErrorKind::kTimeout,
-                  std::string(what) + ": no answer within " + deadline.seconds_text());
+    if (rc < 0 && errno != EINTR) {
+      throw_errno(ErrorKind::kTransport, std::string(what) + ": poll", errno);
     }
-    if (errno != EINTR) throw_errno(ErrorKind::kTransport, std::string(what) + ": poll", errno);
+    if (deadline.expired()) {
+      throw Error(ErrorKind::kTimeout, std::string(what) + ": no answer within " +
+                                           seconds_text(deadline.timeout_s()) + " s");
+    }
+    poll_interrupt();
   }
 }
+
+// One attempt over every address of host; returns the socket or an invalid fd and sets
+// `refused` when every address refused (nothing listens yet), `last_error` otherwise.
+UniqueFd try_connect(const addrinfo* ai, const Deadline& deadline, bool* refused,
+                     std::string* last_error) {
+  *refused = true;
+  for (const addrinfo* a = ai; a != nullptr; a = a->ai_next) {
+    UniqueFd fd(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd.valid()) {
+      *last_error = errno_text("socket", errno);
+      *refused = false;
+      continue;
+    }
+    set_nonblocking(fd.get(), true);
+    int err = connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+      wait_fd(fd.get(), POLLOUT, deadline, "connect");
+      socklen_t len = sizeof(err);
+      getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    }
+    if (err == 0) return fd;
+    *last_error = errno_text("connect", err);
+    *refused = *refused && err == ECONNREFUSED;
+  }
+  return UniqueFd();
+}
+
 
 }  // namespace
 
@@ -106,36 +142,31 @@ std::string host_port(const std::string& host, unsigned port) {
   return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline) {
+UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline,
+                     bool retry_refused) {
   AddrInfoPtr ai = resolve(host, port, false);
+  const auto started = Deadline::Clock::now();
   std::string last_error = "no address";
-  for (addrinfo* a = ai.get(); a != nullptr; a = a->ai_next) {
-    UniqueFd fd(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-    if (!fd.valid()) {
-      last_error = errno_text("socket", errno);
-      continue;
-    }
-    set_nonblocking(fd.get(), true);
-    int rc = connect(fd.get(), a->ai_addr, a->ai_addrlen);
-    if (rc != 0 && errno != EINPROGRESS) {
-      last_error = errno_text("connect", errno);
-      continue;
-    }
-    if (rc != 0) {
-      wait_fd(fd.get(), POLLOUT, deadline, "connect");
-      int err = 0;
-      socklen_t len = sizeof(err);
-      getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) {
-        last_error = errno_text("connect", err);
-        continue;
-      }
-    }
-    return fd;
+  double backoff_s = kFirstRetryS;
+  int attempts = 0;
+  for (;;) {
+    bool refused = false;
+    ++attempts;
+    UniqueFd fd = try_connect(ai.get(), deadline, &refused, &last_error);
+    if (fd.valid()) return fd;
+    // Refused: the peer may not listen yet (started a moment later). Retry with backoff until
+    // the deadline, as torch.distributed's TCPStore does.
+    if (!refused || !retry_refused || deadline.expired()) break;
+    sleep_interruptible(backoff_s, deadline);
+    backoff_s = std::min(backoff_s * 2, kMaxRetryS);
   }
-  throw Error(ErrorKind::kConnection, "cannot connect to " + host_port(host, port) +
-                                          ": " + last_error +
-                                          " (is the peer listening on that address and port?)");
+  const double tried_s =
+      std::chrono::duration<double>(Deadline::Clock::now() - started).count();
+  throw Error(ErrorKind::kConnection,
+              "cannot connect to " + host_port(host, port) + ": " + last_error + " (" +
+                  std::to_string(attempts) + (attempts == 1 ? " attempt" : " attempts") +
+                  " over " + seconds_text(tried_s) +
+                  " s; is the peer listening on that address and port?)");
 }
 
 void tune_socket(int fd, const SocketOptions& options) {

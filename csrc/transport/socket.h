@@ -17,6 +17,8 @@ struct SocketOptions {
   int buffer_bytes = 0;
   // Shared secret for the bootstrap's challenge-response (transport/auth.h); "" = none.
   std::string secret;
+  // connect_tcp: retry a refused connection (nothing listens yet) until the deadline.
+  bool retry_refused = true;
 };
 
 // Listening socket bound to host:port (port 0 picks a free one). SO_REUSEADDR, non-blocking.
@@ -29,8 +31,10 @@ std::string peer_name(int fd);
 // prints parses back as an address argument.
 std::string host_port(const std::string& host, unsigned port);
 
-// Connects with a deadline (non-blocking connect + poll); throws kConnection / kTimeout.
-UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline);
+// Connects with a deadline (non-blocking connect + poll); throws kConnection / kTimeout. A
+// refused connection is retried with backoff until the deadline when `retry_refused`.
+UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline,
+                     bool retry_refused);
 
 void tune_socket(int fd, const SocketOptions& options);
 void set_nonblocking(int fd, bool on);

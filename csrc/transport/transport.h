@@ -73,6 +73,7 @@ class Connection {
 struct ConnectOptions {
   int streams = 0;  // parallel streams (TCP) or QPs (verbs); 0: the transport's default
   double timeout_s = 10.0;
+  bool retry_refused = true;  // retry a refused connection until the timeout (see socket.h)
 };
 
 class Transport {

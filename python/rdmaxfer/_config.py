@@ -2,7 +2,9 @@
 
 Environment variables:
 
-* ``RDMAXFER_TIMEOUT``: default timeout in seconds of every blocking call (default 60).
+* ``RDMAXFER_TIMEOUT``: default timeout in seconds of every blocking call (default 60): for
+  connect, accept and handshakes a fixed bound, for data transfers an inactivity bound (no
+  progress for that long).
 * ``RDMAXFER_TRANSPORT``: the transport ``Engine(transport="auto")`` picks ("tcp" or "rdma").
 """
 
@@ -19,9 +21,11 @@ __all__ = [
     "ENV_SECRET",
     "ENV_TIMEOUT",
     "ENV_TRANSPORT",
+    "CallLimits",
     "Deadline",
     "format_address",
     "parse_address",
+    "resolve_deadline",
     "resolve_timeout",
 ]
 
@@ -61,6 +65,23 @@ def resolve_timeout(timeout: float | None) -> float:
     return value
 
 
+def resolve_deadline(deadline: float | None) -> float | None:
+    """Return ``deadline`` (seconds for a whole call) validated, or None (no overall bound).
+
+    Raises:
+        InvalidArgumentError: not a finite number of seconds >= 0.
+    """
+    if deadline is None:
+        return None
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
+        raise InvalidArgumentError(f"deadline={deadline!r}: a deadline is a number of seconds")
+    if not math.isfinite(deadline) or deadline < 0:
+        raise InvalidArgumentError(
+            f"deadline={deadline!r} must be a finite number of seconds >= 0, or None for none"
+        )
+    return float(deadline)
+
+
 class Deadline:
     """A point in time (monotonic clock) that a sequence of bounded waits must not pass."""
 
@@ -71,6 +92,32 @@ class Deadline:
     def remaining(self) -> float:
         """Seconds left, never negative."""
         return max(0.0, self._at - time.monotonic())
+
+
+class CallLimits:
+    """The bounds of one call that connects and then transfers: ``timeout`` (seconds, default
+    ``RDMAXFER_TIMEOUT`` or 60) bounds connecting or accepting, a handshake-like exchange, and
+    the inactivity of every transfer; ``deadline`` (seconds, None: none) optionally bounds the
+    whole call.
+
+    Raises:
+        InvalidArgumentError: a bad ``timeout`` or ``deadline``.
+    """
+
+    def __init__(self, timeout: float | None, deadline: float | None) -> None:
+        self.timeout_s = resolve_timeout(timeout)
+        deadline_s = resolve_deadline(deadline)
+        self._deadline = None if deadline_s is None else Deadline(deadline_s)
+
+    def connect_s(self) -> float:
+        """The bound of the next connect or accept: ``timeout``, within the deadline."""
+        if self._deadline is None:
+            return self.timeout_s
+        return min(self.timeout_s, self._deadline.remaining())
+
+    def deadline_left(self) -> float | None:
+        """What is left of the deadline (seconds), for the next wait; None without one."""
+        return None if self._deadline is None else self._deadline.remaining()
 
 
 def parse_address(

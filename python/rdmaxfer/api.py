@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy.typing as npt
 
-from ._config import Deadline, format_address, parse_address, resolve_timeout
+from ._args import receivable, sendable
+from ._config import CallLimits, format_address, parse_address
 from .endpoint import Endpoint
 from .engine import Engine
 from .errors import InvalidArgumentError, RdmaxferError
@@ -91,10 +92,12 @@ def accept(listen: str | int, *, timeout: float | None = None) -> Endpoint:
 
 
 def connect(address: str, *, streams: int = 0, timeout: float | None = None) -> Endpoint:
-    """The endpoint connected to ``"host:port"`` (cached: an open one is reused).
+    """The endpoint connected to ``"host:port"`` (cached: an open one is reused). A refused
+    connection (the peer does not listen yet) is retried with backoff until ``timeout``.
 
     Raises:
-        ConnectionFailedError: nothing listens there. TransferTimeoutError: no answer in time.
+        ConnectionFailedError: nothing listened there within ``timeout`` seconds (the message
+            says how long it tried). TransferTimeoutError: no answer in time.
     """
     key = parse_address(address)
     with _lock:
@@ -107,19 +110,22 @@ def connect(address: str, *, streams: int = 0, timeout: float | None = None) -> 
     return endpoint
 
 
-def _endpoint(
-    peer: str | None, listen_at: str | int | None, deadline: Deadline, peer_arg: str
-) -> tuple[Endpoint, dict[tuple[str, int], Endpoint], tuple[str, int]]:
+def _check_peer_args(peer: str | None, listen_at: str | int | None, peer_arg: str) -> None:
     if (peer is None) == (listen_at is None):
         raise InvalidArgumentError(
             f"pass exactly one of {peer_arg}='host:port' (connect to a listening peer) or "
             "listen=':port' (wait for the peer to connect)"
         )
+
+
+def _endpoint(
+    peer: str | None, listen_at: str | int | None, limits: CallLimits
+) -> tuple[Endpoint, dict[tuple[str, int], Endpoint], tuple[str, int]]:
     if peer is not None:
         key = parse_address(peer)
-        return connect(peer, timeout=deadline.remaining()), _connected, key
+        return connect(peer, timeout=limits.connect_s()), _connected, key
     key = _listener(listen_at if listen_at is not None else 0)[1]
-    return accept(format_address(*key), timeout=deadline.remaining()), _accepted, key
+    return accept(format_address(*key), timeout=limits.connect_s()), _accepted, key
 
 
 def _forget_on_failure(cache: dict[tuple[str, int], Endpoint], key: tuple[str, int]) -> None:
@@ -135,28 +141,41 @@ def send(
     *,
     listen: str | int | None = None,
     timeout: float | None = None,
+    deadline: float | None = None,
 ) -> None:
     """Send one array to a peer that calls ``recv``.
+
+    The array is checked before any connection is made: a bad one raises here and the peer
+    sees nothing.
 
     Args:
         array: a C-contiguous array (any dtype, incl. bfloat16), Buffer, or object exposing
             the buffer protocol / ``__array_interface__`` / ``__dlpack__``.
-        to: ``"host:port"`` of a receiver listening with ``recv(listen=...)``.
+        to: ``"host:port"`` of a receiver listening with ``recv(listen=...)``. A receiver
+            that does not listen yet is waited for: refused connections are retried with
+            backoff until ``timeout``.
         listen: ``":port"`` or ``"host:port"``: wait for the receiver to connect
             (``recv(from_=...)``).
-        timeout: seconds for the whole call, connecting included (default: RDMAXFER_TIMEOUT
-            or 60).
+        timeout: seconds (default: RDMAXFER_TIMEOUT or 60) to connect (or accept), and then
+            the inactivity bound of the transfer: it fails when no byte moved for that long.
+        deadline: optional bound on the whole call in seconds, connecting included (None:
+            none).
 
     Raises:
-        InvalidArgumentError: both or neither of ``to``/``listen``; a non-contiguous array.
-        ConnectionFailedError: nothing listens at ``to``, or the peer went away.
+        InvalidArgumentError: both or neither of ``to``/``listen``; a non-contiguous array or
+            a dtype a message cannot carry (raised before connecting).
+        ConnectionFailedError: nothing listened at ``to`` within ``timeout``, or the peer went
+            away.
         ProtocolError: the receiver rejected the array (dtype/shape mismatch with its out).
-        TransferTimeoutError: not done in time.
+        TransferTimeoutError: no peer within ``timeout``, no progress for ``timeout``
+            seconds, or past ``deadline``.
     """
-    deadline = Deadline(resolve_timeout(timeout))
-    endpoint, cache, key = _endpoint(to, listen, deadline, "to")
+    _check_peer_args(to, listen, "to")
+    limits = CallLimits(timeout, deadline)
+    sendable(array)
+    endpoint, cache, key = _endpoint(to, listen, limits)
     try:
-        endpoint.send(array, timeout=deadline.remaining())
+        endpoint.send(array, timeout=limits.timeout_s, deadline=limits.deadline_left())
     finally:
         _forget_on_failure(cache, key)
 
@@ -167,35 +186,44 @@ def recv(
     *,
     listen: str | int | None = None,
     timeout: float | None = None,
+    deadline: float | None = None,
 ) -> npt.NDArray[Any]:
     """Receive one array sent by a peer's ``send``.
+
+    ``out`` is checked before any connection is made.
 
     Args:
         out: where to place the bytes: a writable C-contiguous array of the message's exact
             dtype and shape (NumPy, or any buffer-protocol / ``__array_interface__`` /
             ``__dlpack__`` object such as a torch CPU tensor; a GPU array is filled through
             staging), or None to allocate one of the sender's dtype and shape.
-        from_: ``"host:port"`` of a sender listening with ``send(listen=...)``.
+        from_: ``"host:port"`` of a sender listening with ``send(listen=...)`` (refused
+            connections are retried with backoff until ``timeout``).
         listen: ``":port"`` or ``"host:port"``: wait for the sender to connect (``send(to=...)``).
-        timeout: seconds for the whole call (default: RDMAXFER_TIMEOUT or 60).
+        timeout: seconds (default: RDMAXFER_TIMEOUT or 60) to connect (or accept), then to
+            wait for the message, then the inactivity bound while its bytes arrive.
+        deadline: optional bound on the whole call in seconds (None: none).
 
     Returns:
         The received array (``out`` itself as an ndarray, or a new array).
 
     Raises:
-        InvalidArgumentError: ``out`` is unusable, before anything is received: read-only,
+        InvalidArgumentError: ``out`` is unusable, raised before connecting: read-only,
             not C-contiguous, an object dtype, or exposing no memory; or ``out``'s dtype or
             shape differ from the message's: the message is then rejected before any byte is
             written (``out`` is untouched) and the sender's ``send`` raises ProtocolError.
         UnsupportedError: ``out`` is GPU memory and CUDA is not usable here.
-        TransferTimeoutError: nothing arrived in time.
+        TransferTimeoutError: nothing arrived in time, or past ``deadline``.
         ConnectionFailedError: the peer went away.
         ProtocolError: the message's metadata is malformed.
     """
-    deadline = Deadline(resolve_timeout(timeout))
-    endpoint, cache, key = _endpoint(from_, listen, deadline, "from_")
+    _check_peer_args(from_, listen, "from_")
+    limits = CallLimits(timeout, deadline)
+    if out is not None:
+        receivable(out)
+    endpoint, cache, key = _endpoint(from_, listen, limits)
     try:
-        return endpoint.recv(out, timeout=deadline.remaining())
+        return endpoint.recv(out, timeout=limits.timeout_s, deadline=limits.deadline_left())
     finally:
         _forget_on_failure(cache, key)
 

@@ -208,6 +208,8 @@ def _report(arrays: dict[str, np.ndarray], seconds: float, transport: str) -> in
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    if args.verify is not None:  # a missing or foreign file fails now, not after the pull
+        weights.read_safetensors_header(args.verify)
     arrays, seconds, transport = _pull(args.address, args)
     _report(arrays, seconds, transport)
     if args.out is not None:

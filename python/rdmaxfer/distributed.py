@@ -660,8 +660,9 @@ class RdmaGroup:
     def _connect(self, peer: int, deadline: Deadline) -> Endpoint:
         record = self._record(peer, deadline)
         try:
+            # The peer listened before it published its address: refused means it is gone.
             endpoint = self._engine.connect(
-                record.address, timeout=max(deadline.remaining(), 0.001)
+                record.address, timeout=max(deadline.remaining(), 0.001), retry_refused=False
             )
         except RdmaxferError as exc:
             raise type(exc)(

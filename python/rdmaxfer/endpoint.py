@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _core, _meta
+from ._args import byte_range, descriptor_of, receivable, sendable
 from .buffer import Buffer, MemoryRegion, as_array, device_view
 from .errors import ChecksumError, EndpointClosedError, InvalidArgumentError, RdmaxferError
 from .transfer import HeaderStep, Transfer
@@ -36,36 +37,6 @@ RemoteLike = _core.Descriptor | bytes | bytearray | memoryview | MemoryRegion | 
 _SWEEP_MIN = 64
 
 T = TypeVar("T")
-
-
-def _descriptor(remote: object) -> _core.Descriptor:
-    if isinstance(remote, _core.Descriptor):
-        return remote
-    if isinstance(remote, (bytes, bytearray, memoryview)):
-        return _core.Descriptor.unpack(bytes(remote))
-    if isinstance(remote, (MemoryRegion, Buffer)):
-        return remote.descriptor()
-    raise InvalidArgumentError(
-        f"remote {type(remote).__name__} does not name a registered region; pass the peer's "
-        "Descriptor or its packed bytes (MemoryRegion.descriptor().pack())"
-    )
-
-
-def _byte_range(arr: npt.NDArray[Any], offset: int, nbytes: int | None, what: str) -> int:
-    total = int(arr.nbytes)
-    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= total:
-        raise InvalidArgumentError(
-            f"offset={offset!r} is outside the {what} of {total} bytes (0..{total})"
-        )
-    if nbytes is None:
-        return total - offset
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        raise InvalidArgumentError(f"nbytes={nbytes!r} must be an integer >= 0")
-    if offset + nbytes > total:
-        raise InvalidArgumentError(
-            f"offset={offset} + nbytes={nbytes} is past the end of the {what} ({total} bytes)"
-        )
-    return nbytes
 
 
 class Endpoint:
@@ -146,12 +117,11 @@ class Endpoint:
                 fix), object or structured dtype.
             EndpointClosedError: the endpoint is closed.
         """
-        view = device_view(array, writable=False, what="array to send")
-        if view is not None:  # GPU memory: staged through pinned host buffers
+        arr = sendable(array)
+        if not isinstance(arr, np.ndarray):  # GPU memory: staged through pinned host buffers
             from . import staging
 
-            return staging.post_send(self, view, chunk_size, streams)
-        arr = as_array(array, writable=False, what="array to send")
+            return staging.post_send(self, arr, chunk_size, streams)
         digest = _meta.payload_checksum(arr) if checksum else None
         meta = _meta.encode(arr.dtype, tuple(arr.shape), digest)
         nbytes = int(arr.nbytes)
@@ -189,14 +159,16 @@ class Endpoint:
                 byte is written (``out`` is untouched) and the sender gets a ProtocolError.
             ProtocolError: malformed message metadata (the message is rejected).
         """
-        view = None if out is None else device_view(out, writable=True, what="recv destination")
-        if view is not None or (device is not None and device != "cpu"):
-            # GPU memory (``out`` on a GPU, or device="cuda:N"): see rdmaxfer.staging.post_recv.
+        dest = None if out is None else receivable(out)
+        # GPU memory (``out`` on a GPU, or device="cuda:N"): see rdmaxfer.staging.post_recv.
+        if dest is not None and not isinstance(dest, np.ndarray):
+            from . import staging
+
+            return staging.post_recv(self, dest, out, dest.device)
+        if device is not None and device != "cpu":
             from . import cuda, staging
 
-            ordinal = view.device if view is not None else cuda.parse_device(device)
-            return staging.post_recv(self, view, out, ordinal)
-        dest = None if out is None else as_array(out, writable=True, what="recv destination")
+            return staging.post_recv(self, None, out, cuda.parse_device(device))
         request = self._core.post_recv_header()
         transfer: Transfer[npt.NDArray[Any]] = Transfer(
             self,
@@ -265,6 +237,7 @@ class Endpoint:
         array: object,
         *,
         timeout: float | None = None,
+        deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
         checksum: bool = False,
@@ -273,16 +246,19 @@ class Endpoint:
 
         Args:
             array: see :meth:`post_send`.
-            timeout: seconds (default: ``RDMAXFER_TIMEOUT`` or 60).
+            timeout: inactivity bound in seconds (default: ``RDMAXFER_TIMEOUT`` or 60): fails
+                when no byte moved for that long (see :meth:`Transfer.wait`).
+            deadline: optional bound on the whole call, in seconds (None: none).
 
         Raises:
             InvalidArgumentError: non-contiguous array, unsupported dtype.
             ProtocolError: the receiver rejected the message ("receiver rejected ...").
-            TransferTimeoutError: not done in time (the endpoint is then aborted).
+            TransferTimeoutError: no progress for ``timeout`` s, or past ``deadline`` (the
+                endpoint is then aborted).
             ConnectionFailedError: the peer closed or reset the connection.
         """
         self.post_send(array, chunk_size=chunk_size, streams=streams, checksum=checksum).wait(
-            timeout
+            timeout, deadline=deadline
         )
 
     def recv(
@@ -290,15 +266,18 @@ class Endpoint:
         out: object = None,
         *,
         timeout: float | None = None,
+        deadline: float | None = None,
         device: str | int | None = None,
     ) -> npt.NDArray[Any]:
         """Receive one message.
 
         Args:
             out: see :meth:`post_recv`.
-            timeout: seconds (default: ``RDMAXFER_TIMEOUT`` or 60) for the whole receive. If no
-                message arrives in time the wait is withdrawn and the endpoint stays usable; if
-                the bytes do not arrive in time the endpoint is aborted.
+            timeout: seconds (default: ``RDMAXFER_TIMEOUT`` or 60): the bound on the wait for a
+                message, then on inactivity while its bytes arrive (no byte for that long). If
+                no message arrives in time the wait is withdrawn and the endpoint stays usable;
+                if the bytes stop arriving the endpoint is aborted.
+            deadline: optional bound on the whole receive, in seconds (None: none).
 
         Returns:
             The array received into (of the sender's dtype and shape).
@@ -310,13 +289,14 @@ class Endpoint:
             ConnectionFailedError: the peer closed or reset the connection.
             ProtocolError: malformed message metadata.
         """
-        return self.post_recv(out, device=device).wait(timeout)
+        return self.post_recv(out, device=device).wait(timeout, deadline=deadline)
 
     async def asend(
         self,
         array: object,
         *,
         timeout: float | None = None,
+        deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
         checksum: bool = False,
@@ -324,17 +304,18 @@ class Endpoint:
         """Asyncio twin of :meth:`send`."""
         await self.post_send(
             array, chunk_size=chunk_size, streams=streams, checksum=checksum
-        ).wait_async(timeout)
+        ).wait_async(timeout, deadline=deadline)
 
     async def arecv(
         self,
         out: object = None,
         *,
         timeout: float | None = None,
+        deadline: float | None = None,
         device: str | int | None = None,
     ) -> npt.NDArray[Any]:
         """Asyncio twin of :meth:`recv`."""
-        return await self.post_recv(out, device=device).wait_async(timeout)
+        return await self.post_recv(out, device=device).wait_async(timeout, deadline=deadline)
 
     def reject(self, msg_id: int, reason: str) -> None:
         """Refuse an incoming message by id (low level: ``recv`` does this on a mismatch)."""
@@ -362,7 +343,7 @@ class Endpoint:
                 self,
                 op,
                 view,
-                _descriptor(remote),
+                descriptor_of(remote),
                 offset,
                 remote_offset,
                 nbytes,
@@ -370,8 +351,8 @@ class Endpoint:
                 streams,
             )
         arr = as_array(local, writable=writable, what=what)
-        descriptor = _descriptor(remote)
-        length = _byte_range(arr, offset, nbytes, what)
+        descriptor = descriptor_of(remote)
+        length = byte_range(int(arr.nbytes), offset, nbytes, what)
         if isinstance(remote_offset, bool) or not isinstance(remote_offset, int):
             raise InvalidArgumentError(f"remote_offset={remote_offset!r} must be an integer")
         if remote_offset < 0:
@@ -448,14 +429,19 @@ class Endpoint:
         remote_offset: int = 0,
         nbytes: int | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
         """Blocking :meth:`post_write`: returns once the bytes are placed in the peer's memory.
 
+        Args: as :meth:`post_write`, plus ``timeout``: inactivity bound in seconds (default
+        ``RDMAXFER_TIMEOUT`` or 60: fails when no byte moved for that long) and ``deadline``:
+        optional bound on the whole call in seconds (None: none).
+
         Raises:
-            TransferTimeoutError: not done within ``timeout`` seconds (default
-                ``RDMAXFER_TIMEOUT`` or 60); the endpoint is then aborted.
+            TransferTimeoutError: no progress for ``timeout`` seconds, or past ``deadline``;
+                the endpoint is then aborted.
             RemoteAccessError, InvalidArgumentError, ProtocolError, ConnectionFailedError.
         """
         self.post_write(
@@ -466,7 +452,7 @@ class Endpoint:
             nbytes=nbytes,
             chunk_size=chunk_size,
             streams=streams,
-        ).wait(timeout)
+        ).wait(timeout, deadline=deadline)
 
     def read(
         self,
@@ -477,6 +463,7 @@ class Endpoint:
         remote_offset: int = 0,
         nbytes: int | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
@@ -492,7 +479,7 @@ class Endpoint:
             nbytes=nbytes,
             chunk_size=chunk_size,
             streams=streams,
-        ).wait(timeout)
+        ).wait(timeout, deadline=deadline)
 
     async def awrite(
         self,
@@ -503,6 +490,7 @@ class Endpoint:
         remote_offset: int = 0,
         nbytes: int | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
@@ -516,7 +504,7 @@ class Endpoint:
             chunk_size=chunk_size,
             streams=streams,
         )
-        await transfer.wait_async(timeout)
+        await transfer.wait_async(timeout, deadline=deadline)
 
     async def aread(
         self,
@@ -527,6 +515,7 @@ class Endpoint:
         remote_offset: int = 0,
         nbytes: int | None = None,
         timeout: float | None = None,
+        deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
@@ -540,7 +529,7 @@ class Endpoint:
             chunk_size=chunk_size,
             streams=streams,
         )
-        await transfer.wait_async(timeout)
+        await transfer.wait_async(timeout, deadline=deadline)
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:

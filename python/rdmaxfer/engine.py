@@ -229,6 +229,7 @@ class Engine:
         *,
         streams: int = 0,
         timeout: float | None = None,
+        retry_refused: bool = True,
     ) -> Endpoint:
         """Connect to a listening engine.
 
@@ -236,11 +237,17 @@ class Engine:
             address: ``"host:port"`` (``"[::1]:5555"`` for IPv6), or a host with ``port``.
             port: the port, when ``address`` is only a host.
             streams: parallel streams / queue pairs (0: the engine's default).
-            timeout: seconds for the whole handshake (default: ``RDMAXFER_TIMEOUT`` or 60).
+            timeout: seconds for connecting and the handshake (default: ``RDMAXFER_TIMEOUT``
+                or 60). A refused connection (the peer does not listen yet) is retried with
+                backoff (50 ms doubling to 1 s) until then, as torch.distributed's TCPStore
+                does; each handshake step of the accepting side has its own 5 s.
+            retry_refused: False fails at once when refused: for a peer known to listen
+                already (e.g. one whose address was published after it listened), where a
+                refusal means it is gone.
 
         Raises:
-            ConnectionFailedError: refused (nothing listens there), unreachable, or the
-                handshake failed.
+            ConnectionFailedError: still refused when ``timeout`` ran out (the message gives
+                the attempts and the seconds tried), unreachable, or the handshake failed.
             TransferTimeoutError: no answer in time.
             InvalidArgumentError: a malformed address.
         """
@@ -249,7 +256,7 @@ class Engine:
         if port_value == 0:
             raise InvalidArgumentError(f"address {address!r}: cannot connect to port 0")
         timeout_s = resolve_timeout(timeout)
-        return self._adopt(self._core.connect(host, port_value, streams, timeout_s))
+        return self._adopt(self._core.connect(host, port_value, streams, timeout_s, retry_refused))
 
     def _adopt(self, core: _core.Endpoint) -> Endpoint:
         endpoint = Endpoint(self, core)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _core, _meta, cuda
+from ._args import byte_range
 from .errors import InvalidArgumentError, RdmaxferError
 from .transfer import HeaderStep, Transfer
 
@@ -89,25 +90,9 @@ def gpu_direct_region(engine: Engine, view: cuda.CudaArray) -> tuple[Any, int] |
     return None
 
 
-def _byte_range(total: int, offset: int, nbytes: int | None, what: str) -> int:
-    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= total:
-        raise InvalidArgumentError(
-            f"offset={offset!r} is outside the {what} of {total} bytes (0..{total})"
-        )
-    if nbytes is None:
-        return total - offset
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        raise InvalidArgumentError(f"nbytes={nbytes!r} must be an integer >= 0")
-    if offset + nbytes > total:
-        raise InvalidArgumentError(
-            f"offset={offset} + nbytes={nbytes} is past the end of the {what} ({total} bytes)"
-        )
-    return nbytes
-
-
 def _backstop_s() -> float:
-    """The pipeline's own deadline: a backstop behind ``Transfer.wait(timeout)``, which aborts
-    the endpoint when the caller's timeout runs out (the pipeline then stops at once)."""
+    """The pipeline's own inactivity bound: a backstop behind ``Transfer.wait(timeout)``, which
+    aborts the endpoint when the caller's timeout runs out (the pipeline then stops at once)."""
     from ._config import resolve_timeout
 
     return max(600.0, 10.0 * resolve_timeout(None))
@@ -135,7 +120,7 @@ def post_one_sided(
 ) -> Transfer[None]:
     """``Endpoint.post_write/post_read`` of device memory: straight from/into GPU memory when
     it is registered for GPUDirect RDMA on this engine, else through the staging pipeline."""
-    length = _byte_range(view.nbytes, offset, nbytes, what=f"{op} buffer")
+    length = byte_range(view.nbytes, offset, nbytes, what=f"{op} buffer")
     if isinstance(remote_offset, bool) or not isinstance(remote_offset, int) or remote_offset < 0:
         raise InvalidArgumentError(f"remote_offset={remote_offset!r} must be an integer >= 0")
     direct = gpu_direct_region(ep.engine, view)

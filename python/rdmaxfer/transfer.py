@@ -14,13 +14,14 @@ import os
 import select
 import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _core
-from ._config import Deadline, resolve_timeout
+from ._config import resolve_deadline, resolve_timeout
 from .errors import EndpointClosedError, RdmaxferError, TransferTimeoutError
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ T = TypeVar("T")
 
 #: Bound on the waits made while cleaning up (abort, deregistration of temporary regions).
 _CLEANUP_TIMEOUT_S = 5.0
+#: A bound with less than this left counts as run out (no wait of a few microseconds).
+_MIN_WAIT_S = 1e-4
 
 _DIRECTION = {"send": "to", "recv": "from", "write": "to", "read": "from"}
 
@@ -104,38 +107,52 @@ class Transfer(Generic[T]):
         """True once terminal with an error."""
         return self._advance() and self._error is not None
 
-    def wait(self, timeout: float | None = None) -> T:
+    def wait(self, timeout: float | None = None, *, deadline: float | None = None) -> T:
         """Block until the operation is terminal.
 
         Args:
-            timeout: seconds (default: ``RDMAXFER_TIMEOUT`` or 60). When it runs out while
-                bytes are moving, the endpoint is aborted (its stream can no longer be
-                trusted); while a recv still waits for a message, the wait is withdrawn and the
-                endpoint stays usable.
+            timeout: the inactivity bound, in seconds (default: ``RDMAXFER_TIMEOUT`` or 60):
+                the wait fails once the operation made no progress for that long (no byte
+                sent, placed or acknowledged; counted from the later of the last progress and
+                the start of this wait), so a large transfer on a slow link is not cut short
+                while bytes are still moving. A recv still waiting for its message fails when
+                none arrived within ``timeout``.
+            deadline: an optional bound on the whole wait, in seconds from now (None: none).
+
+            When either runs out while bytes are moving, the endpoint is aborted (its stream
+            can no longer be trusted); while a recv still waits for a message, the wait is
+            withdrawn and the endpoint stays usable.
 
         Returns:
             The received array for a recv, else None.
 
         Raises:
-            TransferTimeoutError: the timeout ran out.
+            TransferTimeoutError: no progress for ``timeout`` seconds, or ``deadline`` passed
+                (the message gives the figures: seconds, bytes moved of the total).
             ConnectionFailedError: the peer closed or reset the connection.
             ProtocolError: e.g. the receiver rejected the message (dtype/shape mismatch).
             RemoteAccessError: the peer refused a one-sided access.
-            InvalidArgumentError: a recv(out=...) whose out does not match the message.
+            InvalidArgumentError: a recv(out=...) whose out does not match the message, or a
+                bad ``timeout``/``deadline``.
+            KeyboardInterrupt: Ctrl-C (within 0.1 s); the operation is withdrawn or its
+                endpoint aborted first.
         """
-        deadline = Deadline(resolve_timeout(timeout))
+        limits = _WaitLimits(resolve_timeout(timeout), resolve_deadline(deadline))
         while not self._advance():
             request = self._req
+            left = limits.left(request)
+            if left <= 0:
+                if not request.done():
+                    self._time_out(request, limits)
+                continue
             try:
-                finished = request.wait(deadline.remaining())
+                request.wait(left)
             except BaseException as exc:  # Ctrl-C: the operation cannot be left half-done
                 self._interrupt(request, f"interrupted by {type(exc).__name__}")
                 raise
-            if not finished and not request.done():
-                self._time_out(request, deadline.timeout_s)
         return self._outcome()
 
-    async def wait_async(self, timeout: float | None = None) -> T:
+    async def wait_async(self, timeout: float | None = None, *, deadline: float | None = None) -> T:
         """Asyncio twin of :meth:`wait` (same arguments, result and errors).
 
         Cancelling the awaiting task withdraws a recv that still waits for its message; an
@@ -143,17 +160,21 @@ class Transfer(Generic[T]):
         """
         import asyncio  # loaded already: this coroutine runs in an event loop
 
-        deadline = Deadline(resolve_timeout(timeout))
+        limits = _WaitLimits(resolve_timeout(timeout), resolve_deadline(deadline))
         loop = asyncio.get_running_loop()
         hub = self._endpoint.engine._notifications
         while not self._advance():
             request = self._req
+            left = limits.left(request)
+            if left <= 0:
+                if not request.done():
+                    self._time_out(request, limits)
+                continue
             future = hub.watch(request, loop)
             try:
-                await asyncio.wait_for(future, deadline.remaining())
+                await asyncio.wait_for(future, left)
             except asyncio.TimeoutError:
-                if not request.done():
-                    self._time_out(request, deadline.timeout_s)
+                pass  # the next turn looks at the progress made meanwhile
             except asyncio.CancelledError:
                 self._cancel(request)
                 raise
@@ -219,27 +240,29 @@ class Transfer(Generic[T]):
         except RdmaxferError:
             return "(peer unknown)"
 
-    def _time_out(self, request: _core.Request, timeout_s: float) -> None:
+    def _time_out(self, request: _core.Request, limits: _WaitLimits) -> None:
         """The wait ran out with ``request`` still pending: withdraw or abort, then finish."""
         with self._lock:
             if self._finished:
                 return
+            bound = limits.expired_text(waiting_for_message=self._on_header is not None)
             if self._on_header is not None:  # still waiting for the message header
                 self._withdraw_header(request, "the receiver timed out")
                 error = TransferTimeoutError(
-                    f"recv: no message arrived {self._peer_text()} within {timeout_s:g} s "
+                    f"recv: no message arrived {self._peer_text()} {bound} "
                     "(the endpoint stays usable); is the peer sending?"
                 )
             else:
+                moved = request.moved
                 self._endpoint._abort_core(
-                    f"{self._op} of {self._nbytes} bytes timed out after {timeout_s:g} s",
-                    timed_out=True,
+                    f"{self._op} of {self._nbytes} bytes timed out: {bound}", timed_out=True
                 )
                 request.wait(_CLEANUP_TIMEOUT_S)
                 error = TransferTimeoutError(
-                    f"{self._op} of {self._nbytes} bytes {self._peer_text()} did not complete "
-                    f"within {timeout_s:g} s; the endpoint was aborted (connect again to go on, "
-                    "or raise the timeout for large transfers on slow links)"
+                    f"{self._op} of {self._nbytes} bytes {self._peer_text()} {bound}: "
+                    f"{moved} of {self._nbytes} bytes moved in {limits.elapsed():.3g} s; the "
+                    "endpoint was aborted (connect again to go on; is the peer alive and "
+                    "reading?)"
                 )
             self._finish(error)
 
@@ -300,6 +323,40 @@ class Transfer(Generic[T]):
                 region.deregister(_CLEANUP_TIMEOUT_S)
         self._keep = []
         self._endpoint._untrack(self)
+
+
+class _WaitLimits:
+    """The bounds of one wait: inactivity (``timeout_s``: no progress for that long) and an
+    optional overall deadline (``deadline_s`` from the start of the wait)."""
+
+    def __init__(self, timeout_s: float, deadline_s: float | None) -> None:
+        self.timeout_s = timeout_s
+        self.deadline_s = deadline_s
+        self._started = time.monotonic()
+        self._by_deadline = False
+
+    def elapsed(self) -> float:
+        """Seconds since the wait started."""
+        return time.monotonic() - self._started
+
+    def left(self, request: _core.Request) -> float:
+        """Seconds the wait may still block on ``request`` (<= 0: a bound ran out)."""
+        elapsed = self.elapsed()
+        left = self.timeout_s - min(request.idle(), elapsed)
+        self._by_deadline = False
+        if self.deadline_s is not None and self.deadline_s - elapsed < left:
+            left = self.deadline_s - elapsed
+            self._by_deadline = True
+        return left if left > _MIN_WAIT_S else 0.0
+
+    def expired_text(self, *, waiting_for_message: bool = False) -> str:
+        """Which bound ran out, in words (after :meth:`left` returned 0)."""
+        if self._by_deadline:
+            verb = "" if waiting_for_message else "did not complete "
+            return f"{verb}within its deadline of {self.deadline_s:g} s"
+        if waiting_for_message:
+            return f"within {self.timeout_s:g} s (timeout)"
+        return f"made no progress for {self.timeout_s:g} s (timeout)"
 
 
 class Notifications:

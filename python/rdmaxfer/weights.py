@@ -48,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _core, cuda
-from ._config import resolve_timeout
+from ._config import CallLimits, resolve_timeout
 from .buffer import Buffer, MemoryRegion, as_array
 from .endpoint import Endpoint
 from .engine import Engine
@@ -436,6 +436,7 @@ def pull_weights(
     transport: str = "auto",
     streams: int = 0,
     timeout: float | None = None,
+    deadline: float | None = None,
     progress: Callable[[int, int], None] | None = None,
     with_header: bool = False,
     device: str | int | None = None,
@@ -451,8 +452,11 @@ def pull_weights(
         engine: an existing Engine (default: a new one, closed on return).
         transport: ``"auto"``, ``"tcp"`` or ``"rdma"`` when creating the engine.
         streams: parallel streams/QPs for the connection (0: the engine's default).
-        timeout: seconds for each step: connect, catalog, the whole pull (default
-            ``RDMAXFER_TIMEOUT`` or 60).
+        timeout: seconds (default ``RDMAXFER_TIMEOUT`` or 60) for connecting and for the
+            catalog exchange, and the inactivity bound of the READs: the pull fails when no
+            byte arrived for that long, however long the whole pull takes.
+        deadline: optional bound on the whole pull in seconds, connecting included (None:
+            none).
         progress: called as ``progress(bytes_done, bytes_total)`` as pieces arrive.
         with_header: also return the server file's raw safetensors header under the key
             ``"__header__"`` (a ``uint8`` array), for :func:`save_safetensors_copy`.
@@ -473,11 +477,17 @@ def pull_weights(
     ordinal = None if device is None or device == "cpu" else cuda.parse_device(device)
     own = engine is None
     eng = engine if engine is not None else Engine(transport)
-    timeout_s = resolve_timeout(timeout)
+    limit = CallLimits(timeout, deadline)
     try:
-        with eng.connect(address, streams=streams, timeout=timeout_s) as ep:
-            ep.send(_encode({"v": PROTOCOL_VERSION, "op": "catalog"}), timeout=timeout_s)
-            catalog = _decode(ep.recv(timeout=timeout_s), "catalog")
+        with eng.connect(address, streams=streams, timeout=limit.connect_s()) as ep:
+            ep.send(
+                _encode({"v": PROTOCOL_VERSION, "op": "catalog"}),
+                timeout=limit.timeout_s,
+                deadline=limit.deadline_left(),
+            )
+            catalog = _decode(
+                ep.recv(timeout=limit.timeout_s, deadline=limit.deadline_left()), "catalog"
+            )
             try:
                 regions = [_core.Descriptor.unpack(bytes.fromhex(d)) for d in catalog["regions"]]
                 tensors = [
@@ -500,12 +510,16 @@ def pull_weights(
                     )
                 tensors = [t for t in tensors if t.name in wanted]
             if ordinal is None:
-                result: dict[str, Any] = dict(_fetch(ep, regions, tensors, timeout_s, progress))
+                result: dict[str, Any] = dict(_fetch(ep, regions, tensors, limit, progress))
             else:
-                result = _fetch_device(ep, regions, tensors, timeout_s, progress, ordinal)
+                result = _fetch_device(ep, regions, tensors, limit, progress, ordinal)
             if with_header and header_hex is not None:
                 result["__header__"] = np.frombuffer(bytes.fromhex(header_hex), dtype=np.uint8)
-            ep.send(_encode({"v": PROTOCOL_VERSION, "op": "done"}), timeout=timeout_s)
+            ep.send(
+                _encode({"v": PROTOCOL_VERSION, "op": "done"}),
+                timeout=limit.timeout_s,
+                deadline=limit.deadline_left(),
+            )
             return result
     finally:
         if own:
@@ -516,7 +530,7 @@ def _fetch(
     ep: Endpoint,
     regions: list[_core.Descriptor],
     tensors: list[TensorInfo],
-    timeout_s: float,
+    limit: CallLimits,
     progress: Callable[[int, int], None] | None,
 ) -> dict[str, npt.NDArray[Any]]:
     # Group tensors into runs that are contiguous in one remote region: one allocation and one
@@ -548,9 +562,8 @@ def _fetch(
                 )
             )
     done = 0
-    deadline = _Deadline(timeout_s)
     for transfer in transfers:
-        transfer.wait(deadline.remaining())
+        transfer.wait(timeout=limit.timeout_s, deadline=limit.deadline_left())
         done += transfer.nbytes
         if progress is not None:
             progress(done, total)
@@ -572,7 +585,7 @@ def _fetch_device(
     ep: Endpoint,
     regions: list[_core.Descriptor],
     tensors: list[TensorInfo],
-    timeout_s: float,
+    limit: CallLimits,
     progress: Callable[[int, int], None] | None,
     device: int,
 ) -> dict[str, Any]:
@@ -603,10 +616,9 @@ def _fetch_device(
             ep.post_read(buf, regions[run[0].region], remote_offset=start, nbytes=length)
         )
     done = 0
-    deadline = _Deadline(timeout_s)
     try:
         for transfer in transfers:
-            transfer.wait(deadline.remaining())
+            transfer.wait(timeout=limit.timeout_s, deadline=limit.deadline_left())
             done += transfer.nbytes
             if progress is not None:
                 progress(done, total)
@@ -614,17 +626,6 @@ def _fetch_device(
         for region in registrations:
             region.close()
     return result
-
-
-class _Deadline:
-    def __init__(self, seconds: float) -> None:
-        import time
-
-        self._time = time.monotonic
-        self._end = self._time() + seconds
-
-    def remaining(self) -> float:
-        return max(0.0, self._end - self._time())
 
 
 def save_safetensors_copy(

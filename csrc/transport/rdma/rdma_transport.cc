@@ -5,6 +5,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/interrupt.h"
 #include "transport/socket.h"
 
 namespace rdmaxfer {
@@ -230,10 +231,10 @@ void RdmaTransport::listener_loop() {
 std::shared_ptr<Connection> RdmaTransport::accept(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!acceptor_) throw Error(ErrorKind::kInvalidArgument, "accept: call listen() first");
-  if (!accepted_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                             [this] { return !accepted_.empty() || shut_down_; })) {
+  if (!wait_interruptible(accepted_cv_, lock, Deadline(timeout_s),
+                          [this] { return !accepted_.empty() || shut_down_; })) {
     throw Error(ErrorKind::kTimeout,
-                "accept: no peer connected within " + std::to_string(timeout_s) +
+                "accept: no peer connected within " + seconds_text(timeout_s) +
                     " s; raise timeout= or check that the peer connects to port " +
                     std::to_string(acceptor_->port()));
   }
@@ -253,8 +254,10 @@ std::shared_ptr<Connection> RdmaTransport::connect(const std::string& host, uint
   }
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   Deadline deadline(options.timeout_s);
+  SocketOptions sockets = bootstrap_options();
+  sockets.retry_refused = options.retry_refused;
   std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kRdma, 1, engine_id(),
-                                                rng(), bootstrap_options(), deadline);
+                                                rng(), sockets, deadline);
   auto conn = prepare(n);
   handshake(*conn, fds[0].get(), nullptr, deadline);
   conn->start(std::move(fds[0]), host_port(host, port));

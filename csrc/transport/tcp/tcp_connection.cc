@@ -44,8 +44,14 @@ TcpStream& TcpConnection::least_loaded(int among) const {
 }
 
 void TcpConnection::send_on(TcpStream& stream, OutFrame frame) {
-  // A dead stream means the connection is being aborted; its requests fail there.
-  stream.enqueue(std::move(frame));
+  // A dead stream means the connection is being shut: the requests in its tables fail there,
+  // and one that only this frame carries fails here.
+  RequestPtr carried = frame.on_sent;
+  if (!stream.enqueue(std::move(frame)) && carried) {
+    std::string why = error();
+    carried->fail(ErrorKind::kConnection,
+                  "connection to " + peer_ + " is closed" + (why.empty() ? "" : ": " + why));
+  }
 }
 
 RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
@@ -81,6 +87,7 @@ RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
     f.data = local->addr() + local_offset + off;
     f.data_len = n;
     f.hold = RegionUse(local);
+    f.progress = req;
     send_on(*streams_[static_cast<size_t>((first + static_cast<int>(i % plan.streams)) %
                                           plan.streams)],
             std::move(f));
@@ -233,6 +240,7 @@ void TcpConnection::send_data_chunks(PendingSend send) {
     f.data_len = n;
     f.hold = RegionUse(send.region);
     f.on_sent = send.request;
+    f.progress = send.request;
     send_on(*streams_[static_cast<size_t>((first + static_cast<int>(i % plan.streams)) %
                                           plan.streams)],
             std::move(f));
@@ -283,6 +291,7 @@ void TcpConnection::choose_sink(TcpStream& /*stream*/, const FrameHeader& h,
       }
       sink->dst = r.base + h.aux;
       sink->hold = RegionUse(r.region);
+      sink->progress = r.request;
       return;
     }
     case FrameType::kMsgEager:
@@ -300,6 +309,7 @@ void TcpConnection::choose_sink(TcpStream& /*stream*/, const FrameHeader& h,
       }
       sink->dst = r.base + h.aux;
       sink->hold = RegionUse(r.region);
+      sink->progress = r.request;
       return;
     }
     default:
@@ -469,7 +479,9 @@ void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye
     h.type = FrameType::kGoodbye;
     send_on(*streams_[0], make_frame(h));
   }
-  for (auto& s : streams_) s->kill();
+  for (auto& s : streams_) {
+    for (auto& r : s->kill()) failed.push_back(std::move(r));
+  }
   for (auto& r : failed) r->fail(kind, reason);
 }
 

@@ -89,8 +89,14 @@ void TcpStream::flush_locked(std::vector<RequestPtr>* completed) {
     while (left > 0 && !queue_.empty()) {
       OutFrame& f = queue_.front();
       const uint64_t rest = f.total() - f.sent;
+      const uint64_t data_before = f.data_sent();
+      f.sent += std::min(left, rest);
+      if (f.progress && f.data_sent() > data_before) {
+        // Bytes count as moved only where sending is what completes the frame's part (the
+        // data of a message); a WRITE's part completes with the peer's acknowledgement.
+        f.progress->note_progress(f.on_sent ? f.data_sent() - data_before : 0);
+      }
       if (left < rest) {
-        f.sent += left;
         left = 0;
         break;
       }
@@ -123,15 +129,25 @@ void TcpStream::fail(const std::string& why, int err_no) {
                                    : why + " on stream " + std::to_string(index_);
     conn->abort(ErrorKind::kConnection, "connection to " + conn->peer() + " lost: " + text);
   } else {
-    kill();
+    retire("the connection is gone");
   }
 }
 
-void TcpStream::kill() {
-  if (dead_.exchange(true)) return;
+void TcpStream::retire(const std::string& why) {
+  for (auto& r : kill()) {
+    r->fail(ErrorKind::kConnection, "stream " + std::to_string(index_) + " ended: " + why);
+  }
+}
+
+std::vector<RequestPtr> TcpStream::kill() {
+  std::vector<RequestPtr> orphans;
+  if (dead_.exchange(true)) return orphans;
   shutdown(fd_.get(), SHUT_RDWR);
   {
     std::lock_guard<std::mutex> lock(send_mu_);
+    for (auto& f : queue_) {
+      if (f.on_sent) orphans.push_back(std::move(f.on_sent));
+    }
     queue_.clear();
     queued_.store(0);
   }
@@ -143,12 +159,13 @@ void TcpStream::kill() {
     std::lock_guard<std::mutex> lock(self->send_mu_);
     self->fd_.reset();
   });
+  return orphans;
 }
 
 void TcpStream::on_readable() {
   auto conn = conn_.lock();
   if (!conn) {
-    kill();
+    retire("the connection is gone");
     return;
   }
   uint64_t budget = kReadBudget;
@@ -181,7 +198,7 @@ void TcpStream::on_readable() {
         if (index_ == 0) {
           fail("peer closed the connection (EOF)", 0);
         } else {
-          kill();
+          retire("the peer " + conn->peer() + " closed it (EOF)");
         }
         return;
       }
@@ -194,6 +211,7 @@ void TcpStream::on_readable() {
       budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
       if (direct) {
         data_got_ += static_cast<uint64_t>(n);
+        if (sink_.progress) sink_.progress->note_progress(static_cast<uint64_t>(n));
         if (data_got_ == header_.payload_len) finish_frame();
       } else {
         stage_pos_ = 0;
@@ -238,6 +256,7 @@ size_t TcpStream::consume(const uint8_t* p, size_t n) {
         uint8_t* base =
             sink_.into_owned ? reinterpret_cast<uint8_t*>(sink_.owned.data()) : sink_.dst;
         std::memcpy(base + data_got_, p, take);
+        if (sink_.progress) sink_.progress->note_progress(take);
       }
       data_got_ += take;
       if (data_got_ == header_.payload_len) finish_frame();

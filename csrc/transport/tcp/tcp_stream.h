@@ -2,7 +2,8 @@
 //
 // Lifecycle: created by TcpConnection with a connected socket -> added to an IoLoop -> frames
 // flow both ways -> kill() (on close or error): the socket is shut down, the send queue is
-// dropped, and the loop removes and frees the stream; any memory it was reading into or sending
+// dropped (the requests of the dropped frames are handed back to be failed), and the loop
+// removes and frees the stream; any memory it was reading into or sending
 // from is released (RegionUse) only then.
 //
 // Sending: any thread may enqueue; when the queue was empty the caller writes inline, and the
@@ -36,7 +37,14 @@ struct OutFrame {
   uint64_t sent = 0;       // bytes of header + meta + data already written
   RegionUse hold;          // keeps the memory behind `data` in use
   RequestPtr on_sent;      // part_done() once the whole frame is in the socket
+  RequestPtr progress;     // note_progress() as the data goes into the socket (bytes
+                           // counted only with on_sent; else the time alone)
   uint64_t total() const { return FrameHeader::kSize + meta.size() + data_len; }
+  // Bytes of `data` (not header or metadata) already written.
+  uint64_t data_sent() const {
+    const uint64_t before = FrameHeader::kSize + meta.size();
+    return sent > before ? sent - before : 0;
+  }
 };
 
 OutFrame make_frame(const FrameHeader& header, std::string meta = {});
@@ -48,6 +56,7 @@ struct RecvSink {
   bool discard = false;    // nowhere (a refused WRITE's bytes)
   bool into_owned = false;
   RegionUse hold;
+  RequestPtr progress;  // note_progress() as the bytes land
   uint32_t status = 0;  // AccessStatus decided when the header arrived
 };
 
@@ -63,7 +72,9 @@ class TcpStream : public IoHandler, public std::enable_shared_from_this<TcpStrea
   uint64_t queued_bytes() const { return queued_.load(std::memory_order_relaxed); }
 
   // Shuts the socket down and schedules removal from the loop. Idempotent, any thread.
-  void kill();
+  // Returns the requests of the frames it dropped from the send queue (on_sent): the caller
+  // fails them, since no table may hold them (a rendezvous send's data chunks).
+  [[nodiscard]] std::vector<RequestPtr> kill();
 
   void on_readable() override;
   void on_writable() override;
@@ -76,6 +87,8 @@ class TcpStream : public IoHandler, public std::enable_shared_from_this<TcpStrea
   void start_payload();
   void finish_frame();
   void fail(const std::string& why, int err_no);
+  // kill() on the stream's own account, failing the dropped frames' requests with `why`.
+  void retire(const std::string& why);
 
   UniqueFd fd_;
   const int index_;

@@ -84,8 +84,10 @@ std::shared_ptr<Connection> TcpTransport::connect(const std::string& host, uint1
   const int streams = options.streams > 0 ? options.streams : config_.default_streams;
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   Deadline deadline(options.timeout_s);
+  SocketOptions sockets = socket_options();
+  sockets.retry_refused = options.retry_refused;
   std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kTcp, streams,
-                                                engine_id(), rng(), socket_options(), deadline);
+                                                engine_id(), rng(), sockets, deadline);
   return adopt(std::move(fds), host_port(host, port));
 }
 
