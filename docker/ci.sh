@@ -145,12 +145,21 @@ if [[ -z $base ]]; then
         sort -u)
     base=rdmaxfer-base:$tag
     made+=("$base")
-    # Like Docker's debian:*-slim: no manuals, documentation (copyrights kept) or translations.
-    mmdebstrap --variant=minbase --quiet \
-        --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
-        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-        --dpkgopt='path-exclude=/usr/share/locale/*' \
-        bookworm - "${mirrors[@]}" | "$engine" import - "$base" > /dev/null
+    # Like Docker's debian:*-slim: merged /usr by symlinks, without the usrmerge
+    # package and the perl it pulls in, and no manuals, documentation (copyrights kept) or
+    # translations. Its chatter goes to a log, shown if it fails.
+    {
+        mmdebstrap --variant=minbase --quiet --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
+            --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+            --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+            --dpkgopt='path-exclude=/usr/share/locale/*' \
+            bookworm - "${mirrors[@]}" 2> "$tmp/mmdebstrap.log" || {
+            cat "$tmp/mmdebstrap.log" >&2
+            false
+        }
+    } | "$engine" import - "$base" > /dev/null
+    base_size=$("$engine" image inspect -f '{{.Size}}' "$base")
+    echo "$base: $((base_size / 1000000)) MB"
 fi
 
 step "build $image from this checkout (base $base)"
