@@ -368,8 +368,8 @@ class WeightServer:
                     else:
                         raise ProtocolError(f"unknown request op {op!r}")
             except RdmaxferError as exc:
-                outcome = f"{type(exc).__name__}: {exc}"
-                if not self._stop.is_set():
+                if not self._stop.is_set():  # close() ends the waits of clients still connected
+                    outcome = f"{type(exc).__name__}: {exc}"
                     log.warning("client %s: %s", endpoint.peer, exc)
             finally:
                 with self._clients_lock:
