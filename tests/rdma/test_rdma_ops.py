@@ -5,9 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rdmaxfer import Engine
 from rdmaxfer.errors import ConnectionFailedError, ProtocolError
 
-from .rdma_helpers import RW, RdmaPair, connect_pair, random_bytes, region_array, wait_ok
+from .rdma_helpers import (
+    RW,
+    WAIT_S,
+    RdmaPair,
+    addrs,
+    connect_pair,
+    devices,
+    random_bytes,
+    region_array,
+    wait_ok,
+)
 
 pytestmark = pytest.mark.rdma
 
@@ -24,6 +35,28 @@ def test_connection_set_up_and_capabilities(rdma_pair: RdmaPair) -> None:
     for word in ("rxe0", "port 1", "GID index", "active MTU", "link layer", "poll mode event"):
         assert word in text, text
     assert rdma_pair.a.streams == 1 and not rdma_pair.a.closed and not rdma_pair.b.closed
+
+
+def test_negotiated_rc_attributes_are_shown() -> None:
+    """path MTU, max_rd_atomic and max_dest_rd_atomic come from both endpoint records and show in
+    Endpoint.info and Endpoint.describe() (rxe: active MTU 4096 on the MTU-9000 veth pair,
+    READ depths clamped to 16)."""
+    with (
+        Engine("rdma", rdma_device=devices()[1]) as server,
+        Engine("rdma", rdma_device=devices()[0]) as client,
+    ):
+        port = server.listen(addrs()[1], 0)
+        ep = client.connect(addrs()[1], port, timeout=WAIT_S)
+        peer = server.accept(timeout=WAIT_S)
+        for side in (ep, peer):
+            info = side.info
+            assert info["transport"] == "rdma" and info["streams"] == 1, info
+            assert info["path_mtu"] == 4096, info
+            assert info["max_rd_atomic"] == info["max_dest_rd_atomic"] == 16, info
+            assert 0 < int(info["rnr_retry"]) < 7, info  # finite
+            text = side.describe()
+            assert text.startswith("rdma to ") and "path_mtu 4096" in text, text
+            assert "max_rd_atomic 16, max_dest_rd_atomic 16" in text, text
 
 
 def test_close_is_seen_by_the_peer(rdma_pair: RdmaPair) -> None:
