@@ -9,10 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from rdmaxfer import Engine
 from rdmaxfer.errors import TransferTimeoutError
 
-from .rdma_helpers import RW, WAIT_S, RdmaPair, addrs, devices, random_bytes, region_array, wait_ok
+from .rdma_helpers import RW, RdmaPair, api_pair, random_bytes, region_array, wait_ok
 
 pytestmark = pytest.mark.rdma
 
@@ -50,13 +49,7 @@ def test_sends_past_the_window_wait_for_the_receiver(
 def test_a_send_to_a_peer_that_never_receives_times_out_clearly(
     rng: np.random.Generator,
 ) -> None:
-    with (
-        Engine("rdma", rdma_device=devices()[1]) as server,
-        Engine("rdma", rdma_device=devices()[0]) as client,
-    ):
-        port = server.listen(addrs()[1], 0)
-        ep = client.connect(addrs()[1], port, timeout=WAIT_S)
-        peer = server.accept(timeout=WAIT_S)
+    with api_pair() as (_, _, ep, peer):
         window = int(ep.info["credit_window"])
         arrays = [random_bytes(rng, 1000) for _ in range(window * 10)]
         transfers = [ep.post_send(x) for x in arrays]

@@ -5,20 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rdmaxfer import Engine
 from rdmaxfer.errors import ConnectionFailedError, ProtocolError
 
-from .rdma_helpers import (
-    RW,
-    WAIT_S,
-    RdmaPair,
-    addrs,
-    connect_pair,
-    devices,
-    random_bytes,
-    region_array,
-    wait_ok,
-)
+from .rdma_helpers import RW, RdmaPair, api_pair, connect_pair, random_bytes, region_array, wait_ok
 
 pytestmark = pytest.mark.rdma
 
@@ -41,13 +30,7 @@ def test_negotiated_rc_attributes_are_shown() -> None:
     """path MTU, max_rd_atomic and max_dest_rd_atomic come from both endpoint records and show in
     Endpoint.info and Endpoint.describe() (rxe: active MTU 4096 on the MTU-9000 veth pair,
     READ depths clamped to 16)."""
-    with (
-        Engine("rdma", rdma_device=devices()[1]) as server,
-        Engine("rdma", rdma_device=devices()[0]) as client,
-    ):
-        port = server.listen(addrs()[1], 0)
-        ep = client.connect(addrs()[1], port, timeout=WAIT_S)
-        peer = server.accept(timeout=WAIT_S)
+    with api_pair() as (_, _, ep, peer):
         for side in (ep, peer):
             info = side.info
             assert info["transport"] == "rdma" and info["streams"] == 1, info
@@ -199,3 +182,17 @@ def test_many_in_flight(rdma_pair: RdmaPair, rng: np.random.Generator) -> None:
     for r in recvs + sends:
         wait_ok(r)
     np.testing.assert_array_equal(region_array(out), data)
+
+
+def test_close_drains_the_flushes_before_releasing(rdma_pair: RdmaPair) -> None:
+    """close() moves the QPs to ERR, retires every flushed WR and receive, and only then lets
+    go of what they used: when it returns nothing is on the device and no region is in use."""
+    src = rdma_pair.client.alloc_pinned(1 << 20, 0)
+    dst = rdma_pair.server.alloc_pinned(1 << 20, RW)
+    assert rdma_pair.a.attributes()["posted_receives"] > 0
+    writes = [rdma_pair.a.post_write(src, 0, dst.descriptor(), 0, 1 << 20, 16384) for _ in range(4)]
+    rdma_pair.a.close()
+    attrs = rdma_pair.a.attributes()
+    assert attrs["outstanding_wrs"] == 0 and attrs["posted_receives"] == 0, attrs
+    assert all(w.done() for w in writes)
+    rdma_pair.client.deregister(src, 0.0)  # no operation holds it any more: no wait

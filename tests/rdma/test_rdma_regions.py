@@ -8,10 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from rdmaxfer import Engine
 from rdmaxfer.errors import InvalidArgumentError, RemoteAccessError
 
-from .rdma_helpers import RW, WAIT_S, RdmaPair, addrs, devices, random_bytes, region_array, wait_ok
+from .rdma_helpers import RW, WAIT_S, RdmaPair, api_pair, random_bytes, region_array, wait_ok
 
 pytestmark = pytest.mark.rdma
 
@@ -23,13 +22,7 @@ def test_deregistration_revokes_the_rkey_at_once(
 ) -> None:
     """The MR is destroyed by deregister()/close(), not when the object is collected: a WRITE or
     READ with the old descriptor fails with RemoteAccessError and the memory is unchanged."""
-    with (
-        Engine("rdma", rdma_device=devices()[1]) as server,
-        Engine("rdma", rdma_device=devices()[0]) as client,
-    ):
-        port = server.listen(addrs()[1], 0)
-        ep = client.connect(addrs()[1], port, timeout=WAIT_S)
-        server.accept(timeout=WAIT_S)
+    with api_pair() as (server, _, ep, _):
         target = random_bytes(rng, 8192)
         before = target.copy()
         region = server.register(target, "rw")
