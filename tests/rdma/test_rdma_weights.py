@@ -71,7 +71,7 @@ def test_minilm_served_by_the_cli_pulled_over_verbs(client: Engine) -> None:
     try:
         assert server.stdout is not None
         line = server.stdout.readline()
-        assert "serving 104 tensors (90868" in line, f"serve did not start: {line!r}"
+        assert "serving 104 tensors" in line, f"serve did not start: {line!r}"
         address = line.rsplit(" ", 1)[-1].strip()
         arrays = pull_weights(address, engine=client, timeout=WAIT_S * 5, with_header=True)
         assert_same_as_file(arrays, path)
