@@ -9,8 +9,9 @@ It runs ``tests/rxe/perftest-ref.sh`` (ib_write_bw / ib_write_lat, server on rxe
 rxe0, GID index RDMAXFER_GID_INDEX) and then the same transfers through rdmaxfer, each two ways:
 
 * ``C++ loop``: ``Endpoint.timed_loop`` (csrc/engine/timed_loop.cc), a tight loop in C++ over the
-  same post/wait path the Python API uses, like perftest's own loop. Each wait drives the CQ
-  itself (caller-driven progress) for up to 1 ms before it sleeps.
+  same post/wait path the Python API uses, like perftest's own loop. A one-at-a-time wait drives
+  the CQ itself (caller-driven progress) for up to 1 ms before it sleeps; with several in
+  flight it spins at most 50 us, leaving the CPU to rxe (the kernel on the same vCPUs).
 * ``Python``: the same operations posted and waited for from Python (``post_write`` +
   ``Request.wait``), i.e. what one API call costs; the wait spins at most 50 us before it sleeps.
 
@@ -24,7 +25,7 @@ vCPUs at once, so a loaded host inflates it; the ``READ us`` row compares a sing
 trip with the same shape on both sides: rdmaxfer's 8-byte READ (C++ loop) vs ib_read_lat.
 
 Under TCG emulation absolute numbers mean little; the ratios are what to read. Target: >= 0.9x
-perftest's bandwidth, <= 1.1x its round trip.
+perftest's bandwidth, <= 1.2x its round trip (issue 9).
 """
 
 from __future__ import annotations
@@ -260,7 +261,7 @@ def main() -> int:
         )
     print(
         "\nbw: higher is better (target ratio >= 0.9); RTT: rdmaxfer post->completion of one "
-        "WRITE vs 2 x ib_write_lat t_typical (target ratio <= 1.1); READ: one 8-byte RDMA READ "
+        "WRITE vs 2 x ib_write_lat t_typical (target ratio <= 1.2); READ: one 8-byte RDMA READ "
         "round trip vs ib_read_lat t_typical (same shape: one active process). Medians over "
         "rounds."
     )

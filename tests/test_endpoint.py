@@ -298,16 +298,23 @@ def test_many_writes_and_reads_in_flight(pair: Pair, seed: int) -> None:
 
 @pytest.mark.parametrize("n", [200, MiB], ids=["one-chunk", "many-chunks"])
 def test_out_of_bounds_write_and_read_are_refused(pair: Pair, n: int, seed: int) -> None:
+    """Checked against the descriptor before posting: refused whole (no chunk lands, even of a
+    multi-chunk write), InvalidArgumentError, and the endpoint stays up."""
     size = 4 * MiB
     target = make_array(seed, size)
     before = target.copy()
     region = pair.server.register(target, "rw")
     src = make_array(seed + 1, n)
-    with pytest.raises(RemoteAccessError, match=r"outside the registered region"):
-        pair.a.write(src, region.descriptor(), remote_offset=size - n + 1, timeout=10)
+    with pytest.raises(InvalidArgumentError, match=r"outside the remote region.*nothing was sent"):
+        pair.a.post_write(
+            src, region.descriptor(), remote_offset=size - n + 1, chunk_size=64 * 1024
+        )
+    assert pair.a.inflight == 0
+    time.sleep(0.2)  # a chunk that had been posted would have landed by now
     assert same_bytes(target, before), "a refused write changes nothing"
-    with pytest.raises(RemoteAccessError, match=r"outside the registered region"):
+    with pytest.raises(InvalidArgumentError, match=r"outside the remote region"):
         pair.a.read(np.empty(n, np.uint8), region.descriptor(), remote_offset=size - n + 1)
+    assert not pair.a.closed and not pair.b.closed
     pair.a.write(src, region.descriptor(), remote_offset=size - n, timeout=10)  # the last n
     before[size - n :] = src
     assert same_bytes(target, before)
@@ -336,6 +343,30 @@ def test_deregistered_key_is_refused(pair: Pair, seed: int) -> None:
     with pytest.raises(RemoteAccessError, match=r"no registered region has this key"):
         pair.a.write(make_array(seed + 1, 512), descriptor, timeout=10)
     assert same_bytes(target, before)
+
+
+def test_read_only_memory_is_a_source_only(pair: Pair, seed: int) -> None:
+    """Rights from use: read-only memory registers without local write; a READ or RECV into it
+    is refused before anything is posted, and the endpoint stays up."""
+    frozen = make_array(seed, 4096)
+    frozen.flags.writeable = False
+    region = pair.server.register(frozen, "r")
+    assert not region.core.local_write
+    assert pair.server.register(make_array(seed + 1, 64), "r").core.local_write  # writable
+    source_only = pair.server.register(make_array(seed + 2, 64), "r", local_write=False)
+    assert not source_only.core.local_write
+    with pytest.raises(InvalidArgumentError, match=r"local_write=True"):
+        pair.server.register(frozen, "none", local_write=True)
+    remote = pair.client.register(make_array(seed + 3, 4096), "rw")
+    for local in (region, source_only):
+        with pytest.raises(InvalidArgumentError, match=r"READ: .*without local write access"):
+            pair.b.core.post_read(local.core, 0, remote.descriptor(), 0, 64)
+    back = np.zeros(4096, np.uint8)
+    pair.a.read(back, region.descriptor(), timeout=10)  # served to a remote READ
+    assert same_bytes(back, frozen)
+    pair.b.read(back, remote.descriptor(), timeout=10)  # and the endpoint still works
+    assert same_bytes(back, make_array(seed + 3, 4096))
+    assert not pair.a.closed and not pair.b.closed
 
 
 def test_bad_descriptor_bytes_are_a_protocol_error(pair: Pair, seed: int) -> None:
@@ -548,7 +579,7 @@ def test_one_sided_across_processes(server: Engine, spawn: Callable[..., Peer], 
         peer.put("digest")
         assert peer.get() == digest(expected)
         # out of bounds: refused, and the peer's memory is unchanged
-        with pytest.raises(RemoteAccessError, match=r"outside the registered region"):
+        with pytest.raises(InvalidArgumentError, match=r"outside the remote region"):
             ep.write(src, descriptor, remote_offset=nbytes - MiB + 1, timeout=30)
         peer.put("digest")
         assert peer.get() == digest(expected)

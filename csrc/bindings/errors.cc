@@ -35,8 +35,16 @@ void register_error_translator(py::module_& m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
+      // The cause travels as attributes too: errno, wc_status (number and name), vendor_err.
       py::object cls = errors->attr(class_name(e.kind()));
-      PyErr_SetString(cls.ptr(), e.what());
+      py::object exc = cls(e.what());
+      exc.attr("errno") = e.err_no() != 0 ? py::object(py::int_(e.err_no())) : py::none();
+      const rdmaxfer::CompletionStatus& wc = e.completion();
+      if (wc.status >= 0) {
+        exc.attr("wc_status") = errors->attr("WcStatus")(wc.status, wc.name);
+        exc.attr("vendor_err") = py::int_(wc.vendor_err);
+      }
+      PyErr_SetObject(cls.ptr(), exc.ptr());
     } catch (const Interrupted&) {
       // python_signal_raised() left the handler's exception (KeyboardInterrupt...) set.
       if (PyErr_Occurred() == nullptr) PyErr_SetNone(PyExc_KeyboardInterrupt);

@@ -9,6 +9,7 @@
 #include "bindings/cuda_bindings.h"
 #include "bindings/errors.h"
 #include "common/error.h"
+#include "common/fork_guard.h"
 #include "common/interrupt.h"
 #include "cuda/gpudirect.h"
 #include "engine/engine.h"
@@ -80,6 +81,18 @@ bool wait_request(const Request& req, double timeout_s) {
   }
 }
 
+// An endpoint inherited through fork() is inert (common/fork_guard.h).
+void own(const Connection& c) {
+  if (rdmaxfer::inherited(&c)) throw Error(ErrorKind::kClosed, rdmaxfer::inherited_text("this endpoint"));
+}
+
+// Endpoints and regions handed to Python are kept alive (never acted on) in a child of fork().
+template <typename T>
+std::shared_ptr<T> kept_in_child(std::shared_ptr<T> obj) {
+  rdmaxfer::keep_in_child(obj);
+  return obj;
+}
+
 Descriptor unpack_descriptor(const py::bytes& data) {
   std::string_view view = data;
   return Descriptor::unpack(reinterpret_cast<const uint8_t*>(view.data()), view.size());
@@ -94,6 +107,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("ACCESS_LOCAL") = static_cast<uint32_t>(rdmaxfer::kAccessLocal);
   m.attr("ACCESS_REMOTE_READ") = static_cast<uint32_t>(rdmaxfer::kAccessRemoteRead);
   m.attr("ACCESS_REMOTE_WRITE") = static_cast<uint32_t>(rdmaxfer::kAccessRemoteWrite);
+  m.attr("ACCESS_LOCAL_WRITE") = static_cast<uint32_t>(rdmaxfer::kAccessLocalWrite);
   m.def("available_transports", &rdmaxfer::available_transports);
   m.def("memlock_limit", &rdmaxfer::memlock_limit_text);
   m.def("record_kinds", &rdmaxfer::record_kinds);
@@ -144,7 +158,12 @@ PYBIND11_MODULE(_core, m) {
                              })
       .def_property_readonly("length", [](const RegionHandle& h) { return h.region->length(); })
       .def_property_readonly("key", [](const RegionHandle& h) { return h.region->key(); })
-      .def_property_readonly("access", [](const RegionHandle& h) { return h.region->access(); })
+      .def_property_readonly("access",
+                             [](const RegionHandle& h) {
+                               return h.region->access() & rdmaxfer::kAccessRemoteMask;
+                             })
+      .def_property_readonly("local_write",
+                             [](const RegionHandle& h) { return h.region->local_write(); })
       .def_property_readonly("pinned", [](const RegionHandle& h) { return h.region->pinned(); })
       .def_property_readonly("registered", [](const RegionHandle& h) { return h.registered; })
       .def("descriptor", [](const RegionHandle& h) {
@@ -169,6 +188,9 @@ PYBIND11_MODULE(_core, m) {
       .def("watch", [](Request& r, Engine& e) { r.watch(e.notifier()); }, py::arg("engine"));
 
   auto region_of = [](const std::shared_ptr<RegionHandle>& h) {
+    if (rdmaxfer::inherited(h->region.get())) {
+      throw Error(ErrorKind::kClosed, rdmaxfer::inherited_text("this region"));
+    }
     if (!h->registered) {
       throw Error(ErrorKind::kInvalidArgument,
                   "the local region was deregistered; register the buffer again");
@@ -181,11 +203,19 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("streams", &Connection::streams)
       .def_property_readonly("closed", &Connection::is_closed)
       .def_property_readonly("error", &Connection::error)
+      .def("describe", &Connection::describe)
+      .def("attributes",
+           [](const Connection& c) {
+             py::dict d;
+             for (const auto& [name, value] : c.attributes()) d[py::str(name)] = value;
+             return d;
+           })
       .def(
           "post_write",
           [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local,
                       long long local_offset, const Descriptor& remote, long long remote_offset,
                       long long length, long long chunk_size, int streams) {
+            own(c);
             auto region = region_of(local);
             auto opts = transfer_options(chunk_size, streams);
             py::gil_scoped_release release;
@@ -200,6 +230,7 @@ PYBIND11_MODULE(_core, m) {
           [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local,
                       long long local_offset, const Descriptor& remote, long long remote_offset,
                       long long length, long long chunk_size, int streams) {
+            own(c);
             auto region = region_of(local);
             auto opts = transfer_options(chunk_size, streams);
             py::gil_scoped_release release;
@@ -214,6 +245,7 @@ PYBIND11_MODULE(_core, m) {
           [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local, long long offset,
                       long long length, const py::bytes& meta, long long chunk_size,
                       int streams) {
+            own(c);
             auto region = region_of(local);
             auto opts = transfer_options(chunk_size, streams);
             std::string meta_s = meta;
@@ -223,23 +255,46 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("local"), py::arg("offset"), py::arg("length"), py::arg("meta"),
           py::arg("chunk_size") = 0, py::arg("streams") = 0)
-      .def("post_recv_header", &Connection::post_recv_header)
+      .def("post_recv_header",
+           [](Connection& c) {
+             own(c);
+             return c.post_recv_header();
+           })
       .def(
           "post_recv",
           [region_of](Connection& c, uint64_t msg_id, const std::shared_ptr<RegionHandle>& local,
                       long long offset, long long length) {
+            own(c);
             auto region = region_of(local);
             py::gil_scoped_release release;
             return c.post_recv(msg_id, region, checked_size(offset, "offset"),
                                checked_size(length, "length"));
           },
           py::arg("msg_id"), py::arg("local"), py::arg("offset"), py::arg("length"))
-      .def("reject", &Connection::reject, py::arg("msg_id"), py::arg("reason"))
-      .def("cancel_recv_header", &Connection::cancel_recv_header, py::arg("request"))
-      .def("close", &Connection::close, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "reject",
+          [](Connection& c, uint64_t msg_id, const std::string& reason) {
+            own(c);
+            c.reject(msg_id, reason);
+          },
+          py::arg("msg_id"), py::arg("reason"))
+      .def(
+          "cancel_recv_header",
+          [](Connection& c, const RequestPtr& request) {
+            own(c);
+            return c.cancel_recv_header(request);
+          },
+          py::arg("request"))
+      .def(
+          "close",
+          [](Connection& c) {
+            if (!rdmaxfer::inherited(&c)) c.close();  // inherited: the parent's, left alone
+          },
+          py::call_guard<py::gil_scoped_release>())
       .def(
           "abort",
           [](Connection& c, const std::string& reason, bool timed_out) {
+            if (rdmaxfer::inherited(&c)) return;
             c.abort(timed_out ? ErrorKind::kTimeout : ErrorKind::kConnection, reason);
           },
           py::arg("reason"), py::arg("timed_out") = false,
@@ -262,6 +317,7 @@ PYBIND11_MODULE(_core, m) {
             if (inflight < 1) {
               throw Error(ErrorKind::kInvalidArgument, "timed_loop: inflight must be >= 1");
             }
+            own(c);
             s.local = region_of(local);
             s.local_offset = checked_size(local_offset, "local_offset");
             s.remote = remote;
@@ -345,7 +401,7 @@ PYBIND11_MODULE(_core, m) {
             auto& t = e.transport();
             rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
             py::gil_scoped_release release;
-            return t.accept(timeout);
+            return kept_in_child(t.accept(timeout));
           },
           py::arg("timeout"), py::keep_alive<0, 1>())
       .def(
@@ -365,7 +421,7 @@ PYBIND11_MODULE(_core, m) {
             o.retry_refused = retry_refused;
             rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
             py::gil_scoped_release release;
-            return t.connect(host, static_cast<uint16_t>(port), o);
+            return kept_in_child(t.connect(host, static_cast<uint16_t>(port), o));
           },
           py::arg("host"), py::arg("port"), py::arg("streams"), py::arg("timeout"),
           py::arg("retry_refused") = true, py::keep_alive<0, 1>())
@@ -374,7 +430,7 @@ PYBIND11_MODULE(_core, m) {
           [](Engine& e, uint64_t addr, long long length, uint32_t access) {
             auto region = e.transport().register_memory(reinterpret_cast<uint8_t*>(addr),
                                                         checked_size(length, "length"), access);
-            return std::make_shared<RegionHandle>(RegionHandle{region, &e, true});
+            return std::make_shared<RegionHandle>(RegionHandle{kept_in_child(region), &e, true});
           },
           py::arg("addr"), py::arg("length"), py::arg("access"), py::keep_alive<0, 1>())
       .def(
@@ -387,7 +443,7 @@ PYBIND11_MODULE(_core, m) {
               py::gil_scoped_release release;
               region = t.alloc_pinned(n, access);
             }
-            return std::make_shared<RegionHandle>(RegionHandle{region, &e, true});
+            return std::make_shared<RegionHandle>(RegionHandle{kept_in_child(region), &e, true});
           },
           py::arg("length"), py::arg("access"), py::keep_alive<0, 1>())
       .def(
@@ -415,7 +471,7 @@ PYBIND11_MODULE(_core, m) {
               py::gil_scoped_release release;
               region = rdmaxfer::register_gpu_memory(t, addr, n, access, method, device);
             }
-            return std::make_shared<RegionHandle>(RegionHandle{region, &e, true});
+            return std::make_shared<RegionHandle>(RegionHandle{kept_in_child(region), &e, true});
           },
           py::arg("addr"), py::arg("length"), py::arg("access"), py::arg("method"),
           py::arg("device"), py::keep_alive<0, 1>())

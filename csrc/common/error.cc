@@ -20,8 +20,11 @@ const char* error_kind_name(ErrorKind kind) {
   return "unknown";
 }
 
-Error::Error(ErrorKind kind, const std::string& message, int err_no)
-    : std::runtime_error(message), kind_(kind), err_no_(err_no) {}
+Error::Error(ErrorKind kind, const std::string& message, int err_no, CompletionStatus completion)
+    : std::runtime_error(message),
+      kind_(kind),
+      err_no_(err_no),
+      completion_(std::move(completion)) {}
 
 std::string errno_text(const std::string& op, int err_no) {
   char buf[256];

@@ -5,6 +5,7 @@
 // (rdmaxfer.errors); nothing else in csrc/ knows about Python.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -24,15 +25,26 @@ enum class ErrorKind {
 
 const char* error_kind_name(ErrorKind kind);
 
+// The status of a failed work completion (verbs): ibv_wc_status number and name, vendor_err.
+struct CompletionStatus {
+  int status = -1;  // -1: none
+  std::string name;
+  uint32_t vendor_err = 0;
+};
+
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message, int err_no = 0);
+  Error(ErrorKind kind, const std::string& message, int err_no = 0,
+        CompletionStatus completion = {});
   ErrorKind kind() const { return kind_; }
   int err_no() const { return err_no_; }
+  // The failed completion this error comes from; status -1 when none.
+  const CompletionStatus& completion() const { return completion_; }
 
  private:
   ErrorKind kind_;
   int err_no_;
+  CompletionStatus completion_;
 };
 
 // "op: strerror(err_no) (errno N)"; used for every failed system call.

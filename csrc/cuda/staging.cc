@@ -416,7 +416,7 @@ std::unique_ptr<Stager::Bounce> Stager::acquire(uint64_t length) {
   auto bounce = std::make_unique<Bounce>();
   bounce->memory = copier_->alloc_host(need);
   try {
-    bounce->region = transport_.register_memory(bounce->data(), need, kAccessLocal);
+    bounce->region = transport_.register_memory(bounce->data(), need, kAccessLocalWrite);
   } catch (const Error& e) {
     throw Error(e.kind(), "registering a " + mib(need) + " staging bounce buffer: " + e.what(),
                 e.err_no());

@@ -33,6 +33,18 @@ std::string Descriptor::pack() const {
   return out;
 }
 
+void check_remote_range(const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                        const char* what) {
+  if (remote_offset > remote.length || length > remote.length - remote_offset) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + ": remote range offset " + std::to_string(remote_offset) +
+                    " + " + std::to_string(length) + " bytes is outside the remote region of " +
+                    std::to_string(remote.length) + " bytes (key " + std::to_string(remote.key) +
+                    "); nothing was sent: check remote_offset and nbytes against the "
+                    "descriptor's length");
+  }
+}
+
 Descriptor Descriptor::unpack(const uint8_t* p, size_t size) {
   auto bad = [](const std::string& what) {
     throw Error(ErrorKind::kProtocol, "invalid memory descriptor: " + what +

@@ -31,4 +31,11 @@ struct Descriptor {
   static Descriptor unpack(const uint8_t* data, size_t size);
 };
 
+// Throws Error(kInvalidArgument) unless [remote.addr + remote_offset, + length) lies inside the
+// region the descriptor names (overflow-safe). Both transports check a one-sided request with
+// this before posting anything, so a request that reaches outside is refused whole: no byte
+// lands and the connection stays up. (The target still checks every access it serves.)
+void check_remote_range(const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                        const char* what);
+
 }  // namespace rdmaxfer

@@ -3,6 +3,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/fork_guard.h"
 
 namespace rdmaxfer {
 
@@ -17,11 +18,15 @@ Engine::Engine(const std::string& transport, const TransportConfig& config)
     : transport_name_(transport),
       engine_id_(random_engine_id()),
       transport_(make_transport(transport, engine_id_, config)),
-      notifier_(std::make_shared<Notifier>()) {}
+      notifier_(std::make_shared<Notifier>()),
+      fork_generation_(fork_generation()) {}
 
 Engine::~Engine() { close(); }
 
 Transport& Engine::transport() {
+  if (fork_generation_ != fork_generation()) {
+    throw Error(ErrorKind::kClosed, inherited_text("this Engine"));
+  }
   if (closed_.load()) {
     throw Error(ErrorKind::kClosed, "the engine is closed; create a new Engine");
   }
@@ -30,6 +35,12 @@ Transport& Engine::transport() {
 
 void Engine::close() {
   if (closed_.exchange(true)) return;
+  if (fork_generation_ != fork_generation()) {
+    // Inherited through fork(): the transport's threads are not here and its sockets, QPs and
+    // MRs are the parent's. Never shut it down or destroy it in this process.
+    static_cast<void>(transport_.release());
+    return;
+  }
   transport_->shutdown();
 }
 

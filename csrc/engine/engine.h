@@ -3,6 +3,8 @@
 //
 // Lifecycle: constructed (transport threads running) -> used -> close(): the transport shuts
 // down (connections aborted, threads joined). Every call after close() raises a closed error.
+// In a child of fork() an engine created before the fork is inert (common/fork_guard.h):
+// transport() raises, close() and the destructor leave the parent's transport untouched.
 #pragma once
 
 #include <atomic>
@@ -34,6 +36,7 @@ class Engine {
   std::unique_ptr<Transport> transport_;
   std::shared_ptr<Notifier> notifier_;
   std::atomic<bool> closed_{false};
+  uint64_t fork_generation_;  // an engine from before a fork() is inert in the child
 };
 
 }  // namespace rdmaxfer

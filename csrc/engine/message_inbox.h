@@ -35,6 +35,7 @@ class MessageInbox {
   bool cancel(const RequestPtr& waiter);
   // Announced, not yet received messages by id (post_recv takes them out, reject drops them).
   std::unordered_map<uint64_t, AnnouncedMessage>& announced() { return announced_; }
+  const std::unordered_map<uint64_t, AnnouncedMessage>& announced() const { return announced_; }
   // Forgets everything; returns the header requests still waiting (to be failed).
   std::vector<RequestPtr> clear();
 

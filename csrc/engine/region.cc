@@ -117,9 +117,36 @@ int MemoryRegion::uses() const {
   return uses_;
 }
 
+void MemoryRegion::revoke() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (revoked_) return;
+    revoked_ = true;
+  }
+  release_handle();
+}
+
+bool MemoryRegion::revoked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return revoked_;
+}
+
 void check_local_range(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                       uint64_t length, const char* what) {
+                       uint64_t length, const char* what, LocalUse use) {
   if (!local) throw Error(ErrorKind::kInvalidArgument, std::string(what) + ": no local region");
+  if (local->revoked()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + ": the local region (key " + std::to_string(local->key()) +
+                    ") was deregistered; register the memory again");
+  }
+  if (use == LocalUse::kDestination && !local->local_write()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + ": the local region (" + std::to_string(local->length()) +
+                    " bytes at 0x" + to_hex(reinterpret_cast<uint64_t>(local->addr())) +
+                    ") is registered without local write access (read-only memory, or "
+                    "registered only as a source), so nothing can be received into it; nothing "
+                    "was posted: pass writable memory as the destination");
+  }
   if (offset > local->length() || length > local->length() - offset) {
     throw Error(ErrorKind::kInvalidArgument,
                 std::string(what) + ": local range offset " + std::to_string(offset) + " + " +

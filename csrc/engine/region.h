@@ -4,7 +4,9 @@
 //   registered (in the RegionTable; its key admits remote accesses allowed by `access`)
 //   -> in use (each in-flight operation that touches the memory holds a RegionUse)
 //   -> deregistered (removed from the table: its key is dead for new remote accesses; the
-//      deregistering call waits, bounded, until the in-flight uses have ended).
+//      deregistering call waits, bounded, until the in-flight uses have ended, then revokes
+//      the region at once: on verbs the MR is destroyed, so the old rkey stops working even
+//      while the object lives on; local operations refuse a revoked region).
 // A region allocated by the engine (pinned host memory) owns its pages and frees them last.
 #pragma once
 
@@ -18,12 +20,19 @@
 
 namespace rdmaxfer {
 
-// Access rights a peer gets on a region (the ibv_access_flags subset we use).
+// Access rights on a region (the ibv_access_flags subset we use). The remote bits say what a
+// peer may do; kAccessLocalWrite says that local operations may write the memory (a READ lands
+// in it, a RECV fills it). Each registration asks only for the rights its uses need: memory that
+// is only a source (served to remote READs, sent, written from) has no local write right, so
+// read-only memory (a read-only file mapping, a read-only array, bytes) can be registered.
+// Remote write implies local write (verbs requires it).
 enum Access : uint32_t {
   kAccessLocal = 0,
   kAccessRemoteRead = 1u << 0,
   kAccessRemoteWrite = 1u << 1,
+  kAccessLocalWrite = 1u << 2,
 };
+constexpr uint32_t kAccessRemoteMask = kAccessRemoteRead | kAccessRemoteWrite;
 
 // Page-aligned host memory locked into RAM with mlock(2). Freed (munlock + munmap) on destruction.
 class PinnedAllocation {
@@ -58,12 +67,18 @@ class MemoryRegion {
   uint8_t* addr() const { return addr_; }
   uint64_t length() const { return length_; }
   uint32_t access() const { return access_; }
+  bool local_write() const { return (access_ & kAccessLocalWrite) != 0; }
   bool pinned() const { return owned_ != nullptr; }
   // The key a peer names this region by (the rkey on verbs); 0 until the table assigns it.
   uint32_t key() const { return key_; }
   void set_key(uint32_t key) { key_ = key; }
   // The key local work requests use (the lkey on verbs; equal to key() on TCP).
   virtual uint32_t lkey() const { return key_; }
+
+  // Ends the registration (after the in-flight uses ended): the transport's handle is freed
+  // (verbs: ibv_dereg_mr) and local operations refuse the region from then on.
+  void revoke();
+  bool revoked() const;
 
   // True when [addr, addr+len) lies inside the region (overflow-safe).
   bool contains(uint64_t addr, uint64_t len) const;
@@ -74,6 +89,10 @@ class MemoryRegion {
   bool wait_unused(double timeout_s);
   int uses() const;
 
+ protected:
+  // The transport's part of revoke(); called once, with no operation using the region.
+  virtual void release_handle() {}
+
  private:
   uint8_t* addr_;
   uint64_t length_;
@@ -83,13 +102,18 @@ class MemoryRegion {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int uses_ = 0;
+  bool revoked_ = false;
 };
 
-// Throws Error(kInvalidArgument) unless `local` is set and [offset, offset+length) lies inside
-// it; `what` names the operation ("WRITE", "RECV"...) in the message. Every transport checks
-// local ranges through this before posting.
+// How a local operation uses its region: as a source (WRITE, SEND) or a destination (READ,
+// RECV: needs kAccessLocalWrite).
+enum class LocalUse { kSource, kDestination };
+
+// Throws Error(kInvalidArgument) unless `local` is set and live (not revoked), allows `use`, and
+// [offset, offset+length) lies inside it; `what` names the operation ("WRITE", "RECV"...) in the
+// message. Every transport checks local ranges through this before posting.
 void check_local_range(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                       uint64_t length, const char* what);
+                       uint64_t length, const char* what, LocalUse use = LocalUse::kSource);
 
 // Holds a region in use for the duration of one operation (RAII).
 class RegionUse {

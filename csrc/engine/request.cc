@@ -80,11 +80,15 @@ void Request::complete_with_message(MessageInfo info) {
   finish_locked(State::kDone, lock);
 }
 
-void Request::fail(ErrorKind kind, const std::string& message) {
+void Request::fail(ErrorKind kind, const std::string& message) { fail(Error(kind, message)); }
+
+void Request::fail(const Error& cause) {
   std::unique_lock<std::mutex> lock(mu_);
   if (state_ != State::kPending) return;
-  error_kind_ = kind;
-  error_ = std::string(op_kind_name(op_)) + " failed: " + message;
+  error_kind_ = cause.kind();
+  error_ = std::string(op_kind_name(op_)) + " failed: " + cause.what();
+  error_errno_ = cause.err_no();
+  error_completion_ = cause.completion();
   finish_locked(State::kFailed, lock);
 }
 
@@ -141,7 +145,7 @@ bool Request::wait_for(double timeout_s, int spin_us) const {
 
 void Request::rethrow() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (state_ == State::kFailed) throw Error(error_kind_, error_);
+  if (state_ == State::kFailed) throw Error(error_kind_, error_, error_errno_, error_completion_);
 }
 
 MessageInfo Request::message() const {

@@ -72,6 +72,8 @@ class Request {
   void complete();
   void complete_with_message(MessageInfo info);
   void fail(ErrorKind kind, const std::string& message);
+  // Fails with `cause`'s kind and message, keeping its errno and completion status.
+  void fail(const Error& cause);
 
   // Blocks until terminal or the timeout; true when terminal. Spins for up to `spin_us`
   // microseconds first (plus a few dozen polls), so a short transfer completes without a futex
@@ -106,6 +108,8 @@ class Request {
   std::atomic<bool> terminal_{false};  // mirrors state_ != kPending, for lock-free spinning
   ErrorKind error_kind_ = ErrorKind::kTransport;
   std::string error_;
+  int error_errno_ = 0;
+  CompletionStatus error_completion_;
   MessageInfo message_;
   std::shared_ptr<Notifier> notifier_;
   std::weak_ptr<Progress> progress_;

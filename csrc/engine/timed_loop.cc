@@ -1,5 +1,6 @@
 #include "engine/timed_loop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <string>
@@ -37,7 +38,8 @@ RequestPtr post(Connection& conn, const TimedLoopSpec& s) {
 }
 
 void finish(const RequestPtr& req, const TimedLoopSpec& s) {
-  if (!req->wait_for(s.timeout_s, s.spin_us)) {
+  const int spin = s.inflight > 1 ? std::min(s.spin_us, s.pipeline_spin_us) : s.spin_us;
+  if (!req->wait_for(s.timeout_s, spin)) {
     throw Error(ErrorKind::kTimeout, std::string("timed_loop: ") + op_kind_name(s.op) + " of " +
                                          std::to_string(s.length) + " bytes did not complete within " +
                                          std::to_string(s.timeout_s) + " s");

@@ -29,8 +29,12 @@ struct TimedLoopSpec {
   uint64_t warmup = 0;
   uint32_t inflight = 1;    // operations kept posted at once
   double timeout_s = 60.0;  // per operation
-  // Each wait spins (driving the transport's progress) this long before it sleeps.
+  // Each wait of a one-at-a-time loop spins (driving the transport's progress) this long
+  // before it sleeps. With several in flight a wait spins at most pipeline_spin_us: the CPU is
+  // better left to the device, which on soft-RoCE is the kernel on the same cores, and the
+  // completion thread wakes the waiter.
   int spin_us = 1000;
+  int pipeline_spin_us = 50;
 };
 
 // Runs `warmup` untimed operations, then `iters` timed ones, and returns `iters` durations in

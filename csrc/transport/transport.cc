@@ -4,15 +4,22 @@
 
 namespace rdmaxfer {
 
+namespace {
+// Validates Access bits; remote write implies local write (verbs requires it).
+uint32_t checked_access(uint32_t access) {
+  if ((access & ~(kAccessRemoteMask | kAccessLocalWrite)) != 0) {
+    throw Error(ErrorKind::kInvalidArgument, "unknown access bits " + std::to_string(access));
+  }
+  return (access & kAccessRemoteWrite) != 0 ? access | kAccessLocalWrite : access;
+}
+}  // namespace
+
 std::shared_ptr<MemoryRegion> Transport::register_memory(uint8_t* addr, uint64_t length,
                                                          uint32_t access) {
   if (addr == nullptr && length > 0) {
     throw Error(ErrorKind::kInvalidArgument, "cannot register a null address");
   }
-  if ((access & ~(kAccessRemoteRead | kAccessRemoteWrite)) != 0) {
-    throw Error(ErrorKind::kInvalidArgument, "unknown access bits " + std::to_string(access));
-  }
-  auto region = make_region(addr, length, access, nullptr);
+  auto region = make_region(addr, length, checked_access(access), nullptr);
   regions_.insert(region);
   return region;
 }
@@ -20,7 +27,9 @@ std::shared_ptr<MemoryRegion> Transport::register_memory(uint8_t* addr, uint64_t
 std::shared_ptr<MemoryRegion> Transport::alloc_pinned(uint64_t length, uint32_t access) {
   auto owned = std::make_unique<PinnedAllocation>(length);
   uint8_t* data = owned->data();
-  auto region = make_region(data, length, access, std::move(owned));
+  // The engine's own memory is writable: it may always be a destination.
+  auto region = make_region(data, length, checked_access(access) | kAccessLocalWrite,
+                            std::move(owned));
   regions_.insert(region);
   return region;
 }
@@ -29,10 +38,8 @@ std::shared_ptr<MemoryRegion> Transport::register_device_memory(uint8_t* addr, u
                                                                  uint32_t access, int dmabuf_fd,
                                                                  uint64_t dmabuf_offset) {
   if (addr == nullptr) throw Error(ErrorKind::kInvalidArgument, "cannot register a null address");
-  if ((access & ~(kAccessRemoteRead | kAccessRemoteWrite)) != 0) {
-    throw Error(ErrorKind::kInvalidArgument, "unknown access bits " + std::to_string(access));
-  }
-  auto region = make_device_region(addr, length, access, dmabuf_fd, dmabuf_offset);
+  auto region = make_device_region(addr, length, checked_access(access), dmabuf_fd,
+                                   dmabuf_offset);
   regions_.insert(region);
   return region;
 }
@@ -57,12 +64,17 @@ void Transport::deregister(const std::shared_ptr<MemoryRegion>& region, double t
                     " operations still use the region after " + std::to_string(timeout_s) +
                     " s; wait for or close the endpoints that use it");
   }
+  region->revoke();
+}
+
+std::string Connection::describe() const {
+  return "to " + peer() + ", " + std::to_string(streams()) + " stream(s)";
 }
 
 Descriptor Transport::describe_region(const MemoryRegion& region) const {
   Descriptor d;
   d.transport = capabilities().kind;
-  d.access = region.access();
+  d.access = region.access() & kAccessRemoteMask;
   d.addr = reinterpret_cast<uint64_t>(region.addr());
   d.length = region.length();
   d.key = region.key();

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/descriptor.h"
 #include "engine/region.h"
@@ -68,6 +70,11 @@ class Connection {
   virtual std::string error() const = 0;
   virtual std::string peer() const = 0;
   virtual int streams() const = 0;
+  // One line naming the peer, the streams and what was negotiated with the peer.
+  virtual std::string describe() const;
+  // What was negotiated, by name (verbs: path_mtu in bytes, max_rd_atomic,
+  // max_dest_rd_atomic, ...); empty where nothing is.
+  virtual std::vector<std::pair<std::string, uint64_t>> attributes() const { return {}; }
 };
 
 struct ConnectOptions {
@@ -86,9 +93,11 @@ class Transport {
   virtual Capabilities capabilities() const = 0;
   virtual std::string describe() const = 0;
 
-  // Registers [addr, addr+length) with the given remote access (Access bits).
+  // Registers [addr, addr+length) with the given Access bits (remote rights, and
+  // kAccessLocalWrite when local operations write it; remote write implies local write).
   std::shared_ptr<MemoryRegion> register_memory(uint8_t* addr, uint64_t length, uint32_t access);
-  // Allocates page-aligned host memory, locks it (mlock) and registers it.
+  // Allocates page-aligned host memory, locks it (mlock) and registers it (always with local
+  // write: the memory is the engine's own).
   std::shared_ptr<MemoryRegion> alloc_pinned(uint64_t length, uint32_t access);
   // Registers GPU memory for GPUDirect RDMA (cuda/gpudirect.h): through a dmabuf fd when
   // dmabuf_fd >= 0 (the range starts dmabuf_offset bytes into the exported pages), else by
@@ -97,7 +106,9 @@ class Transport {
   std::shared_ptr<MemoryRegion> register_device_memory(uint8_t* addr, uint64_t length,
                                                        uint32_t access, int dmabuf_fd,
                                                        uint64_t dmabuf_offset);
-  // Kills the region's key for new remote accesses, then waits (bounded) for in-flight uses.
+  // Kills the region's key for new remote accesses, waits (bounded) for in-flight uses, then
+  // revokes the region at once (verbs: ibv_dereg_mr), whoever still holds the object. On a
+  // timeout (Error kTimeout) the region stays registered with the transport's handle alive.
   void deregister(const std::shared_ptr<MemoryRegion>& region, double timeout_s);
   Descriptor describe_region(const MemoryRegion& region) const;
   size_t registered_count() const { return regions_.size(); }

@@ -10,6 +10,7 @@ from typing import Any
 ACCESS_LOCAL: int
 ACCESS_REMOTE_READ: int
 ACCESS_REMOTE_WRITE: int
+ACCESS_LOCAL_WRITE: int  # local operations may write the region (READ/RECV destination)
 
 def available_transports() -> dict[str, str]:
     """Transport name -> "" when usable here, else the reason it is not."""
@@ -54,7 +55,11 @@ class Region:
     @property
     def key(self) -> int: ...
     @property
-    def access(self) -> int: ...
+    def access(self) -> int:
+        """The remote access bits (ACCESS_REMOTE_READ / ACCESS_REMOTE_WRITE)."""
+    @property
+    def local_write(self) -> bool:
+        """True when local operations may write the region (a READ or RECV destination)."""
     @property
     def pinned(self) -> bool: ...
     @property
@@ -95,6 +100,10 @@ class Endpoint:
     def closed(self) -> bool: ...
     @property
     def error(self) -> str: ...
+    def describe(self) -> str:
+        """One line: the peer, the streams/QPs and what was negotiated with the peer."""
+    def attributes(self) -> dict[str, int]:
+        """Negotiated numbers by name (verbs: path_mtu, max_rd_atomic, max_dest_rd_atomic...)."""
     def post_write(
         self,
         local: Region,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import threading
 from typing import Any
 
@@ -249,4 +250,16 @@ def shutdown() -> None:
             engine.close()
 
 
+def _after_fork_in_child() -> None:
+    """A child of os.fork() starts with a fresh lock (another thread may have held this one at
+    the fork) and forgets the parent's engines: they are inert here (``Engine.close``)."""
+    global _lock, _default
+    _lock = threading.RLock()
+    _default = None
+    _connected.clear()
+    _accepted.clear()
+    _listeners.clear()
+
+
 atexit.register(shutdown)
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -351,7 +351,7 @@ def run_bench(
         port, descriptor = parent.recv()
         src = np.random.default_rng(0).integers(0, 256, max(top, 1), dtype=np.uint8)
         with _engine(transport, streams, setup.device, secret) as engine:
-            src_region = engine.register(src, access="none")
+            src_region = engine.register(src, access="none", local_write=False)
             with engine.connect(format_address(setup.bind, port), timeout=30) as ep:
                 runner = _Runner(ep, op, src, descriptor, chunk_size, qd, parent)
                 for size in sizes:

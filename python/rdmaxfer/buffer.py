@@ -34,7 +34,15 @@ if TYPE_CHECKING:
 
     from .engine import Engine
 
-__all__ = ["ACCESS", "Buffer", "MemoryRegion", "access_bits", "access_name", "as_array"]
+__all__ = [
+    "ACCESS",
+    "LOCAL_WRITE",
+    "Buffer",
+    "MemoryRegion",
+    "access_bits",
+    "access_name",
+    "as_array",
+]
 
 #: Access names accepted by ``Engine.register`` -> the access bits a peer gets.
 ACCESS: dict[str, int] = {
@@ -43,6 +51,10 @@ ACCESS: dict[str, int] = {
     "w": _core.ACCESS_REMOTE_WRITE,
     "rw": _core.ACCESS_REMOTE_READ | _core.ACCESS_REMOTE_WRITE,
 }
+
+#: The access bit that lets local operations write a region (a READ or RECV destination); the
+#: transport is asked for it only where a use needs it (see ``Engine.register``).
+LOCAL_WRITE: int = _core.ACCESS_LOCAL_WRITE
 
 
 def access_bits(access: str) -> int:
@@ -291,6 +303,9 @@ class MemoryRegion:
                 key is dead regardless; the memory is then kept alive for good).
         """
         timeout_s = resolve_timeout(timeout)
+        if self._engine._inherited():  # a child of os.fork(): the registration is the parent's
+            self._registered = False
+            return
         with self._lock:
             if not self._registered:
                 return

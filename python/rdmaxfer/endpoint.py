@@ -89,6 +89,34 @@ class Endpoint:
         return self._core.error
 
     @property
+    def info(self) -> dict[str, int | str]:
+        """What this connection is and what was negotiated with the peer.
+
+        Keys: ``transport`` (``"tcp"``/``"rdma"``), ``peer`` (``host:port``), ``streams``; on
+        rdma also ``path_mtu`` (bytes: the smaller active MTU of the two ports),
+        ``max_rd_atomic`` (RDMA READs this side keeps outstanding: the minimum of its
+        initiator depth and the peer's responder resources), ``max_dest_rd_atomic`` (READs it
+        serves at once: its responder resources against the peer's initiator depth, both from
+        the endpoint records), ``max_inline`` (bytes) and ``rnr_retry``.
+        """
+        info: dict[str, int | str] = {
+            "transport": self._engine.transport,
+            "peer": self.peer,
+            "streams": self.streams,
+        }
+        info.update(self._core.attributes())
+        return info
+
+    def describe(self) -> str:
+        """One line naming the peer, the streams and the negotiated settings (see
+        :attr:`info`), e.g. ``"rdma to 10.77.0.2:5555, 1 RC QP(s) on rxe0, path_mtu 4096,
+        max_rd_atomic 16, max_dest_rd_atomic 16, ..."``."""
+        text = self._core.describe()
+        return (
+            text if text.startswith(self._engine.transport) else f"{self._engine.transport} {text}"
+        )
+
+    @property
     def inflight(self) -> int:
         """Number of posted transfers not yet observed terminal."""
         with self._lock:
@@ -125,7 +153,7 @@ class Endpoint:
         digest = _meta.payload_checksum(arr) if checksum else None
         meta = _meta.encode(arr.dtype, tuple(arr.shape), digest)
         nbytes = int(arr.nbytes)
-        region, offset, temps = self._engine._local(arr)
+        region, offset, temps = self._engine._local(arr, writes=False)
         try:
             request = self._core.post_send(region.core, offset, nbytes, meta, chunk_size, streams)
         except BaseException:
@@ -218,7 +246,7 @@ class Endpoint:
                     target = dest
                 else:
                     target = np.empty(shape, dtype=dtype)
-                region, offset, temps = self._engine._local(target)
+                region, offset, temps = self._engine._local(target, writes=True)
                 transfer._add_resources([target, region], temps)
                 transfer._set_result(target, length)
                 expected = _meta.checksum(meta)
@@ -357,7 +385,7 @@ class Endpoint:
             raise InvalidArgumentError(f"remote_offset={remote_offset!r} must be an integer")
         if remote_offset < 0:
             raise InvalidArgumentError(f"remote_offset={remote_offset} must be >= 0")
-        region, base, temps = self._engine._local(arr)
+        region, base, temps = self._engine._local(arr, writes=writable)
         post = self._core.post_read if writable else self._core.post_write
         try:
             request = post(
@@ -534,7 +562,10 @@ class Endpoint:
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
         """Close gracefully (idempotent): the peer is told, pending transfers fail with
-        EndpointClosedError, their memory is released."""
+        EndpointClosedError, their memory is released. (In a child of ``os.fork()`` an
+        inherited endpoint is the parent's: closing it does nothing.)"""
+        if self._engine._inherited():
+            return
         with contextlib.suppress(RdmaxferError):
             self._core.close()
         self._settle_all()

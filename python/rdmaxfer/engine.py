@@ -21,7 +21,16 @@ import numpy.typing as npt
 from . import _core
 from ._config import ENV_SECRET, ENV_TRANSPORT, format_address, parse_address, resolve_timeout
 from ._warn import warn
-from .buffer import ACCESS, Buffer, MemoryRegion, access_bits, as_array, byte_view, device_view
+from .buffer import (
+    ACCESS,
+    LOCAL_WRITE,
+    Buffer,
+    MemoryRegion,
+    access_bits,
+    as_array,
+    byte_view,
+    device_view,
+)
 from .endpoint import Endpoint
 from .errors import (
     EndpointClosedError,
@@ -125,6 +134,7 @@ class Engine:
         )
         self._lock = threading.RLock()
         self._closed = False
+        self._pid = os.getpid()  # in a child of os.fork() this engine is the parent's: inert
         self._port: int | None = None
         # Endpoints are held until closed: dropping the last handle must not cut a connection
         # that a peer still uses (e.g. for one-sided access to our memory).
@@ -275,13 +285,22 @@ class Engine:
             self._endpoints.pop(id(endpoint), None)
 
     # -- memory ----------------------------------------------------------------------------
-    def register(self, obj: object, access: str = "rw") -> MemoryRegion:
+    def register(
+        self, obj: object, access: str = "rw", *, local_write: bool | None = None
+    ) -> MemoryRegion:
         """Register memory so that peers can READ/WRITE it (or so local transfers skip a
         temporary registration).
 
         Registrations are cached by (address, bytes, access): registering the same memory
         again returns the same live MemoryRegion. Deregistering it (``close()``) ends it for
         every holder.
+
+        The registration asks the transport only for the rights its uses need (on verbs, the
+        ``ibv_access_flags`` of the MR): ``IBV_ACCESS_LOCAL_WRITE`` only when the region may be
+        a local destination (a READ or a receive lands in it) or peers may write it. So
+        read-only memory (``mmap(ACCESS_READ)`` files, arrays with ``writeable=False``,
+        ``bytes``) registers fine as a source; receiving into it raises InvalidArgumentError
+        before anything is posted.
 
         Args:
             obj: a C-contiguous array, Buffer, or object exposing the buffer protocol,
@@ -290,10 +309,15 @@ class Engine:
                 Buffer...) is registered for GPUDirect RDMA, by dmabuf or nvidia-peermem as
                 :meth:`gpu_preflight` decides.
             access: what a peer may do: ``"rw"``, ``"r"`` (read only), ``"w"`` or ``"none"``.
+            local_write: whether local operations may write the region (it is then a READ or
+                receive destination without a temporary registration). None (default): when
+                the memory is writable by this process; False: a source only (served, sent,
+                written from); True: required (read-only memory is refused). Implied by
+                ``"w"``/``"rw"``.
 
         Raises:
             InvalidArgumentError: unknown access, non-contiguous memory, or read-only memory
-                with ``"w"``/``"rw"``.
+                with ``"w"``/``"rw"`` or ``local_write=True``.
             RegistrationError: the transport could not register it (for GPU memory the message
                 names the cause and the fix: nvidia-peermem, open kernel modules, memlock).
             UnsupportedError: GPU memory on a transport or machine without GPUDirect RDMA
@@ -303,26 +327,33 @@ class Engine:
         self._check_open()
         bits = access_bits(access)
         if isinstance(obj, MemoryRegion) and obj.engine is self and obj.registered:
-            if obj.core.access == bits:
+            if obj.core.access == bits and local_write in (None, obj.core.local_write):
                 return obj
         view = device_view(obj, writable=False, what="memory to register")
         if view is not None:
-            return self._register_device(obj, view, bits, access)
+            writes = not view.readonly if local_write is None else local_write
+            return self._register_device(obj, view, bits | (LOCAL_WRITE if writes else 0), access)
         arr = as_array(obj, writable=False, what="memory to register")
-        if bits & ACCESS["w"] and not arr.flags.writeable:
+        if (bits & ACCESS["w"] or local_write) and not arr.flags.writeable:
+            why = (
+                f"access={access!r}: peers could write it"
+                if bits & ACCESS["w"]
+                else ("local_write=True: local operations could write it")
+            )
             raise InvalidArgumentError(
                 f"read-only memory (shape {arr.shape}, dtype {arr.dtype}) cannot be registered "
-                f"with access={access!r}: peers could write it; use access='r', or register a "
-                "writable copy"
+                f"with {why}; use access='r' (local_write=False), or register a writable copy"
             )
+        writes = arr.flags.writeable if local_write is None else local_write
+        core_bits = bits | (LOCAL_WRITE if writes else 0)
         addr, nbytes = _addr(arr), int(arr.nbytes)
         with self._lock:
             cached = self._by_range.get((addr, nbytes, bits))
-            if cached is not None and cached.registered:
+            if cached is not None and cached.registered and cached.core.local_write >= writes:
                 return cached
             owner = obj.numpy() if isinstance(obj, (Buffer, MemoryRegion)) else obj
             region = MemoryRegion(
-                self, self._core.register(addr, nbytes, bits), owner, byte_view(arr)
+                self, self._core.register(addr, nbytes, core_bits), owner, byte_view(arr)
             )
             self._regions[region.key] = region
             self._by_range[(addr, nbytes, bits)] = region
@@ -415,20 +446,28 @@ class Engine:
             self._by_range[(region.addr, nbytes, bits)] = region
         return region
 
-    def _local(self, arr: npt.NDArray[Any]) -> tuple[MemoryRegion, int, list[MemoryRegion]]:
-        """The registration covering ``arr`` (a live user region, else a new temporary one
-        with no remote access): (region, byte offset of arr in it, temporaries to release)."""
+    def _local(
+        self, arr: npt.NDArray[Any], *, writes: bool
+    ) -> tuple[MemoryRegion, int, list[MemoryRegion]]:
+        """The registration covering ``arr`` for a local use (``writes``: a READ or receive
+        lands in it): a live user region with the rights that use needs, else a new temporary
+        one with no remote access and local write only for a destination: (region, byte offset
+        of arr in it, temporaries to release)."""
         self._check_open()
         addr, nbytes = _addr(arr), int(arr.nbytes)
+
+        def usable(region: MemoryRegion | None) -> bool:
+            return region is not None and region.registered and region.core.local_write >= writes
+
         with self._lock:
             for bits in ACCESS.values():
                 hit = self._by_range.get((addr, nbytes, bits))
-                if hit is not None and hit.registered:
+                if hit is not None and usable(hit):
                     return hit, 0, []
             for region in self._by_range.values():
-                if region.registered and region.contains(addr, nbytes):
+                if usable(region) and region.contains(addr, nbytes):
                     return region, addr - region.addr, []
-            core = self._core.register(addr, nbytes, ACCESS["none"])
+            core = self._core.register(addr, nbytes, LOCAL_WRITE if writes else ACCESS["none"])
             temp = MemoryRegion(self, core, arr, byte_view(arr), temporary=True)
             self._regions[temp.key] = temp
         return temp, 0, [temp]
@@ -447,11 +486,29 @@ class Engine:
     _core_closed = False
 
     def _check_open(self) -> None:
+        if self._inherited():
+            raise EndpointClosedError(
+                f"this Engine was created by process {self._pid} before os.fork(): engines, "
+                "endpoints and regions inherited through fork are inert in the child (their "
+                "connections, registrations and threads belong to the parent); create a new "
+                "Engine in this process"
+            )
         if self._closed:
             raise EndpointClosedError("the engine is closed; create a new Engine")
 
+    def _inherited(self) -> bool:
+        """True in a child of os.fork(): the engine, its endpoints and regions are the parent's
+        and are left alone (no GOODBYE, no deregistration, no QP or socket change)."""
+        return self._pid != os.getpid()
+
     def close(self) -> None:
-        """Close every endpoint, deregister every region, stop the transport (idempotent)."""
+        """Close every endpoint, deregister every region, stop the transport (idempotent).
+
+        In a child of ``os.fork()`` an inherited engine is only marked closed: its connections
+        and registrations belong to the parent, which keeps using them."""
+        if self._inherited():
+            self._closed = True
+            return
         with self._lock:
             if self._closed:
                 return

@@ -9,6 +9,7 @@ that failed and the fix. Classes also derive from the matching built-in exceptio
 from __future__ import annotations
 
 import builtins
+from typing import NamedTuple
 
 __all__ = [
     "ChecksumError",
@@ -24,11 +25,34 @@ __all__ = [
     "TransferTimeoutError",
     "TransportError",
     "UnsupportedError",
+    "WcStatus",
 ]
 
 
+class WcStatus(NamedTuple):
+    """The status of a failed verbs work completion: ``ibv_wc_status`` number and name
+    (``WcStatus(10, "IBV_WC_REM_ACCESS_ERR")``)."""
+
+    number: int
+    name: str
+
+
 class RdmaxferError(Exception):
-    """Base class of every rdmaxfer error."""
+    """Base class of every rdmaxfer error.
+
+    Errors from the C++ core keep their cause as attributes (and in the message):
+
+    Attributes:
+        errno: the OS or verbs errno of the failed call (``ibv_reg_mr``, ``connect``...), or
+            None.
+        wc_status: for a failed verbs work completion, its :class:`WcStatus` (number and
+            name), else None.
+        vendor_err: the completion's ``vendor_err`` (device-specific), or None.
+    """
+
+    errno: int | None = None
+    wc_status: WcStatus | None = None
+    vendor_err: int | None = None
 
 
 class InvalidArgumentError(RdmaxferError, ValueError):

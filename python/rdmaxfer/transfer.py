@@ -254,17 +254,31 @@ class Transfer(Generic[T]):
                 )
             else:
                 moved = request.moved
+                hint = self._send_hint() if self._op == "send" else ""
                 self._endpoint._abort_core(
                     f"{self._op} of {self._nbytes} bytes timed out: {bound}", timed_out=True
                 )
                 request.wait(_CLEANUP_TIMEOUT_S)
                 error = TransferTimeoutError(
                     f"{self._op} of {self._nbytes} bytes {self._peer_text()} {bound}: "
-                    f"{moved} of {self._nbytes} bytes moved in {limits.elapsed():.3g} s; the "
-                    "endpoint was aborted (connect again to go on; is the peer alive and "
+                    f"{moved} of {self._nbytes} bytes moved in {limits.elapsed():.3g} s{hint}; "
+                    "the endpoint was aborted (connect again to go on; is the peer alive and "
                     "reading?)"
                 )
             self._finish(error)
+
+    def _send_hint(self) -> str:
+        """Why a send may wait: it completes once the receiver has placed it, and sends past
+        the flow-control window wait for the receiver's recv calls (verbs)."""
+        attrs = self._endpoint.core.attributes()
+        waiting = attrs.get("sends_waiting_for_credit")
+        if waiting:
+            return (
+                f": the receiver is not receiving (a send completes when the peer calls recv); "
+                f"{waiting} sends were waiting for flow-control credit, beyond the "
+                f"{attrs.get('credit_window')} messages the peer holds unreceived"
+            )
+        return ": a send completes when the receiver has received it; is the peer calling recv?"
 
     def _withdraw_header(self, request: _core.Request, reason: str) -> None:
         """Withdraw a pending header wait; a header that matched meanwhile is rejected so the

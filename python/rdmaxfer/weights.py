@@ -236,11 +236,18 @@ class WeightServer:
         header_raw, header, data_offset = read_safetensors_header(path)
         with path.open("rb") as f:
             size = os.fstat(f.fileno()).st_size
-            self._mmap = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
+            # Read-only and private: kernels before 6.2 pin an MR's pages for writing even when
+            # it is registered read-only, which a read-only *shared* file mapping refuses
+            # (EFAULT); a private one is pinned (its pages copied, on those kernels).
+            self._mmap = (
+                mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+                if size
+                else None
+            )
         if self._mmap is None:
             raise InvalidArgumentError(f"{str(path)!r} is empty; pass a .safetensors file")
         view = np.frombuffer(self._mmap, dtype=np.uint8)
-        self._regions.append(self._engine.register(view, access="r"))
+        self._regions.append(self._engine.register(view, access="r", local_write=False))
         self._header = header_raw
         for name, entry in header.items():
             if name == "__metadata__":
@@ -269,7 +276,7 @@ class WeightServer:
                     f"tensor {name!r} has dtype {arr.dtype}, which has no safetensors name; "
                     f"supported: {', '.join(str(d) for d in _NAMES)}"
                 )
-            self._regions.append(self._engine.register(arr, access="r"))
+            self._regions.append(self._engine.register(arr, access="r", local_write=False))
             self._tensors[name] = TensorInfo(name, dtype, tuple(arr.shape), index, 0)
 
     def _publish_device(self, index: int, name: str, obj: object, view: cuda.CudaArray) -> None:
@@ -279,12 +286,12 @@ class WeightServer:
                 f"tensor {name!r} has dtype {view.dtype}, which has no safetensors name"
             )
         try:  # GPUDirect RDMA: peers READ the GPU memory itself
-            region = self._engine.register(obj, access="r")
+            region = self._engine.register(obj, access="r", local_write=False)
         except (UnsupportedError, RegistrationError) as exc:
             log.info("tensor %r: GPU memory published through a host mirror (%s)", name, exc)
             host = cuda.copy_to_host(view)
             self._mirrors.append((view, host))
-            region = self._engine.register(host, access="r")
+            region = self._engine.register(host, access="r", local_write=False)
         self._regions.append(region)
         self._tensors[name] = TensorInfo(name, dtype, tuple(view.shape), index, 0)
 
@@ -614,7 +621,7 @@ def _fetch_device(
         base = buf._device_view()
         if direct:
             try:
-                registrations.append(ep.engine.register(buf, access="none"))
+                registrations.append(ep.engine.register(buf, access="none", local_write=True))
             except (RegistrationError, UnsupportedError) as exc:
                 log.info("pull into cuda:%d: staging instead of GPUDirect (%s)", device, exc)
                 direct = False

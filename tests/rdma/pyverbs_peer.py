@@ -38,6 +38,8 @@ TIMEOUT_S = 60.0
 CTRL_SIZE = 4096
 CTRL_DEPTH = 8
 ENGINE_ID = 0x5059564552425321  # arbitrary
+RESPONDER_RESOURCES = 1  # RDMA READs we serve at once (endpoint record byte 44)
+INITIATOR_DEPTH = 2  # RDMA READs we keep outstanding (byte 45)
 HEADER = struct.Struct("<HBBIQQQII8x")  # control message header, 48 bytes
 
 
@@ -100,9 +102,9 @@ def main() -> None:
 
     # Endpoint records: ours first (we connect), then rdmaxfer's.
     record = struct.pack(
-        "<4sHBBHBBB3x16sIIIB3xQQ",
+        "<4sHBBHBBB3x16sIIIBB2xQQ",
         b"RXEP",
-        1,
+        2,
         2,
         1,
         port_attr.lid,
@@ -113,7 +115,8 @@ def main() -> None:
         port_attr.max_msg_sz,
         CTRL_SIZE,
         CTRL_DEPTH,
-        1,
+        RESPONDER_RESOURCES,
+        INITIATOR_DEPTH,
         ENGINE_ID,
         0,
     ) + struct.pack("<II", qp.qp_num, psn)
@@ -132,11 +135,12 @@ def main() -> None:
         _max_msg,
         peer_ctrl_size,
         _depth,
-        rd_atomic,
+        peer_responder,
+        peer_initiator,
         _engine2,
         _res,
-    ) = struct.unpack("<4sHBBHBBB3x16sIIIB3xQQ", head)
-    assert magic == b"RXEP" and version == 1 and link == 2 and n_qps == 1, head
+    ) = struct.unpack("<4sHBBHBBB3x16sIIIBB2xQQ", head)
+    assert magic == b"RXEP" and version == 2 and link == 2 and n_qps == 1, head
     peer_qpn, peer_psn = struct.unpack("<II", recv_exact(sock, 8))
 
     attr = QPAttr(port_num=1)
@@ -144,8 +148,8 @@ def main() -> None:
     attr.dest_qp_num = peer_qpn
     attr.rq_psn = peer_psn
     attr.sq_psn = psn
-    attr.max_dest_rd_atomic = 1
-    attr.max_rd_atomic = min(1, rd_atomic)
+    attr.max_dest_rd_atomic = min(RESPONDER_RESOURCES, peer_initiator)
+    attr.max_rd_atomic = min(INITIATOR_DEPTH, peer_responder)
     attr.min_rnr_timer = 12
     attr.timeout = 16
     attr.retry_cnt = 7

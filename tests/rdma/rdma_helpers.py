@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
-from rdmaxfer import _core
+from rdmaxfer import Endpoint, Engine, _core
 
 SKIP_REASON = "no RDMA device (run inside tests/rxe/run-in-vm.sh)"
 #: Every bounded wait in these tests (TCG emulation is slow, but never this slow).
@@ -54,6 +56,20 @@ def connect_pair(streams: int = 0, **kwargs: object) -> RdmaPair:
     a = client.connect(addrs()[1], port, streams, WAIT_S)
     b = server.accept(WAIT_S)
     return RdmaPair(server, client, a, b, port)
+
+
+@contextmanager
+def api_pair(secret: str = "rxe-tests") -> Iterator[tuple[Engine, Engine, Endpoint, Endpoint]]:
+    """Python-API engines on rxe1 (server, listening on 10.77.0.2) and rxe0 (client), and the
+    client's and the server's endpoint of one connection; everything closed on exit."""
+    with (
+        Engine("rdma", rdma_device=devices()[1], secret=secret) as server,
+        Engine("rdma", rdma_device=devices()[0], secret=secret) as client,
+    ):
+        port = server.listen(addrs()[1], 0)
+        ep = client.connect(addrs()[1], port, timeout=WAIT_S)
+        peer = server.accept(timeout=WAIT_S)
+        yield server, client, ep, peer
 
 
 def random_bytes(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -7,7 +7,7 @@ import pytest
 
 from rdmaxfer.errors import ConnectionFailedError, ProtocolError
 
-from .rdma_helpers import RW, RdmaPair, connect_pair, random_bytes, region_array, wait_ok
+from .rdma_helpers import RW, RdmaPair, api_pair, connect_pair, random_bytes, region_array, wait_ok
 
 pytestmark = pytest.mark.rdma
 
@@ -24,6 +24,22 @@ def test_connection_set_up_and_capabilities(rdma_pair: RdmaPair) -> None:
     for word in ("rxe0", "port 1", "GID index", "active MTU", "link layer", "poll mode event"):
         assert word in text, text
     assert rdma_pair.a.streams == 1 and not rdma_pair.a.closed and not rdma_pair.b.closed
+
+
+def test_negotiated_rc_attributes_are_shown() -> None:
+    """path MTU, max_rd_atomic and max_dest_rd_atomic come from both endpoint records and show in
+    Endpoint.info and Endpoint.describe() (rxe: active MTU 4096 on the MTU-9000 veth pair,
+    READ depths clamped to 16)."""
+    with api_pair() as (_, _, ep, peer):
+        for side in (ep, peer):
+            info = side.info
+            assert info["transport"] == "rdma" and info["streams"] == 1, info
+            assert info["path_mtu"] == 4096, info
+            assert info["max_rd_atomic"] == info["max_dest_rd_atomic"] == 16, info
+            assert 0 < int(info["rnr_retry"]) < 7, info  # finite
+            text = side.describe()
+            assert text.startswith("rdma to ") and "path_mtu 4096" in text, text
+            assert "max_rd_atomic 16, max_dest_rd_atomic 16" in text, text
 
 
 def test_close_is_seen_by_the_peer(rdma_pair: RdmaPair) -> None:
@@ -166,3 +182,17 @@ def test_many_in_flight(rdma_pair: RdmaPair, rng: np.random.Generator) -> None:
     for r in recvs + sends:
         wait_ok(r)
     np.testing.assert_array_equal(region_array(out), data)
+
+
+def test_close_drains_the_flushes_before_releasing(rdma_pair: RdmaPair) -> None:
+    """close() moves the QPs to ERR, retires every flushed WR and receive, and only then lets
+    go of what they used: when it returns nothing is on the device and no region is in use."""
+    src = rdma_pair.client.alloc_pinned(1 << 20, 0)
+    dst = rdma_pair.server.alloc_pinned(1 << 20, RW)
+    assert rdma_pair.a.attributes()["posted_receives"] > 0
+    writes = [rdma_pair.a.post_write(src, 0, dst.descriptor(), 0, 1 << 20, 16384) for _ in range(4)]
+    rdma_pair.a.close()
+    attrs = rdma_pair.a.attributes()
+    assert attrs["outstanding_wrs"] == 0 and attrs["posted_receives"] == 0, attrs
+    assert all(w.done() for w in writes)
+    rdma_pair.client.deregister(src, 0.0)  # no operation holds it any more: no wait

@@ -100,6 +100,12 @@ def test_pyverbs_peer_interop(rng: np.random.Generator) -> None:
         )
         try:
             ep = engine.accept(WAIT_S)
+            # Negotiated from the endpoint records: our READ depth is the peer's responder
+            # resources (1), the READs we serve its initiator depth (2); MTU the smaller one.
+            attrs = ep.attributes()
+            assert attrs["max_rd_atomic"] == 1 and attrs["max_dest_rd_atomic"] == 2, attrs
+            assert attrs["path_mtu"] == 4096, attrs
+            assert "max_rd_atomic 1, max_dest_rd_atomic 2" in ep.describe()
             # 1. pyverbs RDMA-WROTE into our buffer.
             wrote = peer.read()
             assert wrote["step"] == "wrote"

@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "common/error.h"
+#include "common/fork_guard.h"
 
 namespace rdmaxfer {
 
@@ -35,7 +36,8 @@ CqPoller::CqPoller(std::shared_ptr<DeviceContext> context,
       busy_(busy),
       handlers_(std::move(handlers)),
       epoll_(epoll_create1(EPOLL_CLOEXEC)),
-      wake_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+      wake_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+      fork_generation_(fork_generation()) {
   if (!epoll_.valid()) throw_errno("epoll_create1");
   if (!wake_.valid()) throw_errno("eventfd");
   const int async_fd = context_->get()->async_fd;
@@ -88,6 +90,8 @@ class DispatchScope {
 };
 }  // namespace
 
+bool CqPoller::dispatching() { return t_dispatching; }
+
 int CqPoller::poll_once_locked() {
   ibv_wc wcs[kBatch];
   const int n = cq_->poll(kBatch, wcs);
@@ -109,7 +113,7 @@ void CqPoller::drain_cq() {
 }
 
 bool CqPoller::progress() {
-  if (t_dispatching) return false;
+  if (t_dispatching || fork_generation_ != fork_generation()) return false;
   std::unique_lock<std::mutex> lock(poll_mu_, std::try_to_lock);
   if (!lock.owns_lock() || stopped_ || failed_) return false;
   DispatchScope scope;

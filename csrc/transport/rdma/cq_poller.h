@@ -58,6 +58,11 @@ class CqPoller : public Progress {
   // thread; false when another thread is polling, nothing was there, or the poller stopped.
   bool progress() override;
 
+  // True on a thread that is dispatching completions (a handler): it must not wait for more.
+  static bool dispatching();
+  // False once stop() began: no completion is delivered any more.
+  bool running() const { return !stop_.load(); }
+
   // Reports readability / hang-up of `fd` as socket_ready(tag).
   void watch_socket(int fd, uint64_t tag);
   void unwatch_socket(int fd) noexcept;
@@ -80,6 +85,7 @@ class CqPoller : public Progress {
   std::thread thread_;
   std::mutex poll_mu_;     // serialises ibv_poll_cq + dispatch (thread and callers)
   bool stopped_ = false;   // under poll_mu_: no more dispatch
+  const uint64_t fork_generation_;  // in a child of fork() the CQ is the parent's: never poll
   bool failed_ = false;    // under poll_mu_: polling failed, the fatal handler ran
 };
 

@@ -30,7 +30,8 @@ std::string EndpointRecord::pack() const {
   store_le<uint32_t>(p + 32, max_message);
   store_le<uint32_t>(p + 36, ctrl_size);
   store_le<uint32_t>(p + 40, ctrl_depth);
-  p[44] = rd_atomic;
+  p[44] = responder_resources;
+  p[45] = initiator_depth;
   store_le<uint64_t>(p + 48, engine_id);
   for (size_t i = 0; i < qps.size(); ++i) {
     store_le<uint32_t>(p + kHeaderSize + 8 * i, qps[i].qpn);
@@ -67,7 +68,7 @@ EndpointRecord EndpointRecord::unpack(const uint8_t* in, size_t size) {
   if (r.active_mtu < 1 || r.active_mtu > 5) bad("MTU code " + std::to_string(r.active_mtu));
   r.port = in[11];
   r.gid_index = in[12];
-  for (int i : {13, 14, 15, 45, 46, 47}) {
+  for (int i : {13, 14, 15, 46, 47}) {
     if (in[i] != 0) bad("reserved bytes are not zero");
   }
   if (load_le<uint64_t>(in + 56) != 0) bad("reserved bytes are not zero");
@@ -75,7 +76,8 @@ EndpointRecord EndpointRecord::unpack(const uint8_t* in, size_t size) {
   r.max_message = load_le<uint32_t>(in + 32);
   r.ctrl_size = load_le<uint32_t>(in + 36);
   r.ctrl_depth = load_le<uint32_t>(in + 40);
-  r.rd_atomic = in[44];
+  r.responder_resources = in[44];
+  r.initiator_depth = in[45];
   r.engine_id = load_le<uint64_t>(in + 48);
   for (int i = 0; i < n; ++i) {
     Qp q;

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "common/error.h"
@@ -14,6 +15,8 @@ namespace rdmaxfer {
 
 namespace {
 constexpr uint8_t kGoodbyeByte = 'G';
+// How long close() and the destructor wait for the flush completions after QPs go to ERR.
+constexpr double kDrainTimeoutS = 5.0;
 
 ErrorKind kind_of(ibv_wc_status status) {
   switch (status) {
@@ -31,6 +34,7 @@ RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& set
                                RdmaShared shared, uint32_t tag, int n_qps)
     : transport_(transport), settings_(settings), shared_(std::move(shared)), tag_(tag) {
   lanes_.resize(static_cast<size_t>(n_qps));
+  posted_recvs_ = std::make_unique<std::atomic<int>[]>(static_cast<size_t>(n_qps));
   for (int i = 0; i < n_qps; ++i) {
     Lane& lane = lanes_[static_cast<size_t>(i)];
     lane.recv_slab =
@@ -45,7 +49,13 @@ RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& set
   }
 }
 
-RdmaConnection::~RdmaConnection() { abort(ErrorKind::kClosed, "the endpoint was destroyed"); }
+RdmaConnection::~RdmaConnection() {
+  abort(ErrorKind::kClosed, "the endpoint was destroyed");
+  // Dropped without close(): no wait here (the last owner may hold locks the completion path
+  // needs). ibv_destroy_qp of the QPs, in ERR, ends all DMA first; then the buffers, and the
+  // MRs and regions kept for the drain, go.
+  lanes_.clear();
+}
 
 EndpointRecord RdmaConnection::local_record() const {
   const DeviceContext& dc = shared_.pd->context();
@@ -59,7 +69,8 @@ EndpointRecord RdmaConnection::local_record() const {
   r.max_message = static_cast<uint32_t>(std::min<uint64_t>(settings_.max_message, 0xffffffffu));
   r.ctrl_size = settings_.ctrl_size;
   r.ctrl_depth = settings_.ctrl_depth;
-  r.rd_atomic = settings_.limits.rd_atomic;
+  r.responder_resources = settings_.limits.responder_resources;
+  r.initiator_depth = settings_.limits.initiator_depth;
   r.engine_id = transport_.engine_id();
   for (const Lane& lane : lanes_) r.qps.push_back({lane.qp->qp_num(), lane.qp->psn()});
   return r;
@@ -89,19 +100,26 @@ void RdmaConnection::connect_qps(const EndpointRecord& peer) {
   }
   const auto mtu = static_cast<ibv_mtu>(
       std::min<int>(peer.active_mtu, static_cast<int>(dc.port_attr().active_mtu)));
+  const QpLimits& own = settings_.limits;
+  negotiated_.path_mtu = mtu_bytes(mtu);
+  negotiated_.max_rd_atomic =
+      std::max<uint8_t>(1, std::min(own.initiator_depth, peer.responder_resources));
+  negotiated_.max_dest_rd_atomic =
+      std::max<uint8_t>(1, std::min(own.responder_resources, peer.initiator_depth));
   for (size_t i = 0; i < lanes_.size(); ++i) {
     QpAddress addr;
     addr.qpn = peer.qps[i].qpn;
     addr.psn = peer.qps[i].psn;
     addr.lid = peer.lid;
     std::memcpy(addr.gid.raw, peer.gid, 16);
-    lanes_[i].qp->to_rtr(addr, mtu);
-    lanes_[i].qp->to_rts();
+    lanes_[i].qp->to_rtr(addr, mtu, negotiated_.max_dest_rd_atomic);
+    lanes_[i].qp->to_rts(negotiated_.max_rd_atomic);
   }
   uint64_t peer_max = peer.max_message == 0 ? settings_.max_message : peer.max_message;
   max_chunk_ = std::min<uint64_t>({settings_.max_message, peer_max, 1ull << 30});
   peer_ctrl_size_ = peer.ctrl_size;
   std::lock_guard<std::mutex> lock(mu_);
+  window_ = std::max<uint32_t>(1, peer.ctrl_depth / 4);
   state_ = State::kConnected;
 }
 
@@ -124,6 +142,48 @@ std::string RdmaConnection::peer() const {
   return peer_;
 }
 
+std::string RdmaConnection::describe() const {
+  std::string s = "rdma to " + peer() + ", " + std::to_string(streams()) + " RC QP(s) on " +
+                  shared_.pd->context().name();
+  for (const auto& [name, value] : attributes()) s += ", " + name + " " + std::to_string(value);
+  return s;
+}
+
+uint64_t RdmaConnection::waiting_size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_.size();
+}
+
+uint64_t RdmaConnection::outstanding_wrs() const {
+  uint64_t n = 0;
+  for (const Lane& lane : lanes_) n += lane.sq->in_flight();
+  return n;
+}
+
+uint64_t RdmaConnection::posted_receives() const {
+  uint64_t n = 0;
+  for (size_t i = 0; i < lanes_.size(); ++i) n += static_cast<uint64_t>(posted_recvs_[i].load());
+  return n;
+}
+
+uint64_t RdmaConnection::announced_size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return inbox_.announced().size();
+}
+
+std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const {
+  return {{"path_mtu", negotiated_.path_mtu},
+          {"max_rd_atomic", negotiated_.max_rd_atomic},
+          {"max_dest_rd_atomic", negotiated_.max_dest_rd_atomic},
+          {"max_inline", lanes_.empty() ? 0 : lanes_[0].qp->limits().max_inline},
+          {"rnr_retry", kRnrRetries},
+          {"credit_window", window_},
+          {"sends_waiting_for_credit", waiting_size()},
+          {"messages_waiting_for_recv", announced_size()},
+          {"outstanding_wrs", outstanding_wrs()},
+          {"posted_receives", posted_receives()}};
+}
+
 RequestPtr RdmaConnection::new_request(OpKind op, uint64_t bytes) {
   auto req = std::make_shared<Request>(transport_.next_request_id(), op, bytes);
   req->set_progress(shared_.poller);
@@ -142,17 +202,14 @@ void RdmaConnection::check_open_locked() const {
 }
 
 void RdmaConnection::check_remote(const Descriptor& remote, uint64_t remote_offset,
-                                  const char* what) const {
+                                  uint64_t length, const char* what) const {
   if (remote.transport != TransportKind::kRdma) {
     throw Error(ErrorKind::kInvalidArgument,
                 std::string(what) + ": the descriptor comes from a " +
                     transport_kind_name(remote.transport) +
                     " engine; one-sided RDMA needs a descriptor from an rdma engine");
   }
-  if (remote.addr + remote_offset < remote.addr) {
-    throw Error(ErrorKind::kInvalidArgument,
-                std::string(what) + ": remote_offset overflows the remote address");
-  }
+  check_remote_range(remote, remote_offset, length, what);
 }
 
 int RdmaConnection::least_loaded(int among) const {
@@ -208,8 +265,9 @@ RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<Memor
                                           bool with_imm, uint32_t imm,
                                           const TransferOptions& options) {
   const char* what = op == OpKind::kWrite ? "WRITE" : "READ";
-  check_local_range(local, local_offset, length, what);
-  check_remote(remote, remote_offset, what);
+  check_local_range(local, local_offset, length, what,
+                    op == OpKind::kRead ? LocalUse::kDestination : LocalUse::kSource);
+  check_remote(remote, remote_offset, length, what);
   auto req = new_request(op, length);
   // With an immediate, every chunk goes on one QP so the WRITE_WITH_IMM lands last.
   const int available = with_imm ? 1 : streams();
@@ -264,42 +322,64 @@ void RdmaConnection::post_recv_slot(int lane, uint32_t slot) {
   ibv_recv_wr* bad = nullptr;
   const int rc = ibv_post_recv(l.qp->get(), &wr, &bad);
   if (rc != 0) throw_verbs("ibv_post_recv", rc);
+  posted_recvs_[static_cast<size_t>(lane)].fetch_add(1);
 }
 
 void RdmaConnection::finish_parts(const std::vector<RequestPtr>& parts) {
   std::vector<uint64_t> finished;
+  int sends = 0;
   for (const RequestPtr& r : parts) {
     r->part_done();
-    if (r->done()) finished.push_back(r->id());
+    if (r->done()) {
+      finished.push_back(r->id());
+      if (r->op() == OpKind::kSend) ++sends;  // a rendezvous message, all placed
+    }
   }
   if (finished.empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  for (uint64_t id : finished) active_.erase(id);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t id : finished) active_.erase(id);
+  }
+  for (int i = 0; i < sends; ++i) release_credit();
 }
 
 void RdmaConnection::fail_from_completion(const ibv_wc& wc, const RequestPtr& request,
                                           const std::string& op) {
   char vendor[32];
   snprintf(vendor, sizeof(vendor), "0x%x", wc.vendor_err);
-  const std::string text = op + " failed: " + wc_status_text(wc.status) + " (peer " + peer() +
-                           ", QP " + std::to_string(wc.qp_num) + ", vendor error " + vendor + ")";
+  std::string text = op + " failed: " + wc_status_text(wc.status) + ", vendor_err " + vendor +
+                     " (peer " + peer() + ", QP " + std::to_string(wc.qp_num) + ")";
+  if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) {
+    text += ": the peer had no receive buffer posted for " + std::to_string(kRnrRetries) +
+            " receiver-not-ready retries (it stopped reposting: hung or overloaded)";
+  }
   const ErrorKind kind = kind_of(wc.status);
+  const CompletionStatus status = completion_status(wc);
   // The connection is marked closed before the request fails, so that whoever the failure
   // wakes already sees the endpoint closed.
-  teardown(kind == ErrorKind::kRemoteAccess ? ErrorKind::kConnection : kind,
-           "connection to " + peer() + " torn down after a failed completion: " + text, request,
-           kind,
-           kind == ErrorKind::kRemoteAccess
-               ? text + "; check the descriptor, remote_offset and length"
-               : text);
+  teardown(Error(kind == ErrorKind::kRemoteAccess ? ErrorKind::kConnection : kind,
+                 "connection to " + peer() + " torn down after a failed completion: " + text, 0,
+                 status),
+           request,
+           Error(kind,
+                 kind == ErrorKind::kRemoteAccess
+                     ? text + "; check the descriptor, remote_offset and length"
+                     : text,
+                 0, status));
 }
 
 void RdmaConnection::on_completion(const ibv_wc& wc) {
   const int lane = static_cast<int>((wc.wr_id >> 33) & 0x7f);
   const bool is_recv = ((wc.wr_id >> 32) & 1) != 0;
   if (lane >= streams()) return;
+  if (is_recv) posted_recvs_[static_cast<size_t>(lane)].fetch_sub(1);  // consumed or flushed
+  if (state() == State::kClosed) {
+    // Flushed (or completed) after teardown began: retire it; the last one releases.
+    if (!is_recv) lanes_[static_cast<size_t>(lane)].sq->retire(wc);
+    release_if_drained();
+    return;
+  }
   if (wc.status != IBV_WC_SUCCESS) {
-    if (state() == State::kClosed) return;  // flushed after teardown began
     if (is_recv) {
       fail_from_completion(wc, nullptr, "receive");
       return;
@@ -355,36 +435,77 @@ void RdmaConnection::on_qp_event(const std::string& what) {
   abort(ErrorKind::kConnection, "connection to " + peer() + " aborted: " + what);
 }
 
-void RdmaConnection::close() {
+bool RdmaConnection::drained() const {
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (!lanes_[i].sq->idle() || posted_recvs_[i].load() > 0) return false;
+  }
+  return true;
+}
+
+bool RdmaConnection::release_if_drained() {
+  if (!drained()) return false;
+  std::vector<std::unique_ptr<VerbsMr>> mrs;
+  std::vector<RegionUse> holds;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (state_ == State::kClosed) return;
+    mrs = std::move(draining_mrs_);
+    holds = std::move(draining_holds_);
   }
+  mrs.clear();  // nothing is on the device any more: the MRs and regions can go
+  holds.clear();
+  std::lock_guard<std::mutex> lock(drain_mu_);
+  drain_cv_.notify_all();
+  return true;
+}
+
+void RdmaConnection::wait_drained(double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  while (!release_if_drained() && shared_.poller->running() &&
+         std::chrono::steady_clock::now() < deadline) {
+    if (shared_.poller->progress()) continue;
+    std::unique_lock<std::mutex> lock(drain_mu_);
+    drain_cv_.wait_for(lock, std::chrono::milliseconds(2));
+  }
+}
+
+void RdmaConnection::close() {
+  bool open = false;
   {
-    std::lock_guard<std::mutex> lock(socket_mu_);
-    if (socket_.valid()) {
-      const uint8_t bye = kGoodbyeByte;
-      if (send(socket_.get(), &bye, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-        // Best effort: the peer notices the EOF instead.
+    std::lock_guard<std::mutex> lock(mu_);
+    open = state_ != State::kClosed;
+  }
+  if (open) {
+    {
+      std::lock_guard<std::mutex> lock(socket_mu_);
+      if (socket_.valid()) {
+        const uint8_t bye = kGoodbyeByte;
+        if (send(socket_.get(), &bye, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+          // Best effort: the peer notices the EOF instead.
+        }
       }
     }
+    abort(ErrorKind::kClosed, "closed locally");
   }
-  abort(ErrorKind::kClosed, "closed locally");
+  // Closed here, by the peer or by an error: return once the flushes are drained.
+  if (!CqPoller::dispatching()) wait_drained(kDrainTimeoutS);
 }
 
 void RdmaConnection::abort(ErrorKind kind, const std::string& reason) {
-  teardown(kind, reason, nullptr, kind, "");
+  teardown(Error(kind, reason), nullptr, Error(kind, reason));
 }
 
-void RdmaConnection::teardown(ErrorKind kind, const std::string& reason, const RequestPtr& culprit,
-                              ErrorKind culprit_kind, const std::string& culprit_reason) {
+void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
+                              const Error& culprit_error) {
+  const ErrorKind kind = why.kind();
+  const std::string reason = why.what();
   std::vector<RequestPtr> failed;
-  std::vector<std::unique_ptr<VerbsMr>> temp_mrs;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (state_ == State::kClosed) {
       lock.unlock();
-      if (culprit) culprit->fail(culprit_kind, culprit_reason);
+      if (culprit) culprit->fail(culprit_error);
       return;
     }
     state_ = State::kClosed;
@@ -394,15 +515,19 @@ void RdmaConnection::teardown(ErrorKind kind, const std::string& reason, const R
     for (auto& [id, s] : sends_) failed.push_back(s.request);
     for (auto& [id, r] : recvs_) {
       failed.push_back(r.request);
-      if (r.temp_mr) temp_mrs.push_back(std::move(r.temp_mr));
+      // A rendezvous WRITE may still be landing: keep its MR and region until drained.
+      if (r.temp_mr) draining_mrs_.push_back(std::move(r.temp_mr));
+      draining_holds_.push_back(std::move(r.hold));
     }
     for (auto& r : inbox_.clear()) failed.push_back(r);
     active_.clear();
     sends_.clear();
+    waiting_.clear();
     recvs_.clear();
     recv_by_imm_.clear();
   }
-  // Phase 1: no more DMA. The QPs flush their WRs; the poller ignores the flushes.
+  // No more DMA: the QPs flush their WRs and receives; on_completion retires the flushes and
+  // the last one releases the MRs and regions they used (release_if_drained).
   for (Lane& lane : lanes_) {
     if (lane.qp) lane.qp->to_error();
   }
@@ -421,10 +546,10 @@ void RdmaConnection::teardown(ErrorKind kind, const std::string& reason, const R
       socket_.reset();
     }
   }
-  temp_mrs.clear();  // the QPs are in ERR: the peer can no longer write through these
-  if (culprit) culprit->fail(culprit_kind, culprit_reason);  // first: its own error wins
-  for (auto& r : failed) r->fail(kind, reason);
-  // Phase 2 (ibv_destroy_qp, buffers) happens when the last owner drops the connection.
+  if (culprit) culprit->fail(culprit_error);  // first: its own error wins
+  for (auto& r : failed) r->fail(why);
+  release_if_drained();  // nothing was in flight
+  // ibv_destroy_qp and the buffers go when the last owner drops the connection.
 }
 
 bool RdmaConnection::is_closed() const {

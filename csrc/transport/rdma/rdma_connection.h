@@ -8,10 +8,14 @@
 //               GOODBYE / EOF and operations may be posted.
 //   kClosed     close() (GOODBYE sent), the peer (GOODBYE or EOF on the bootstrap stream), a
 //               completion with an error status, an async QP error, or abort() after a timeout.
-//               Teardown is two-phase: QPs to ERR (outstanding WRs flush, no more DMA), every
-//               pending request fails with the reason; the QPs, their buffers and temporary MRs
-//               are destroyed with the object. A closed connection refuses new operations with
-//               an EndpointClosed/ConnectionFailed error; the engine keeps working.
+//               Teardown: QPs to ERR (no more DMA; every outstanding WR and posted receive is
+//               flushed), every pending request fails with the reason; the flush completions
+//               are drained, and only then are the regions the WRs used and the temporary MRs
+//               released (drained()); close() waits for that, bounded (kDrainTimeoutS). The
+//               QPs, then their buffers, are destroyed with the object (a connection dropped
+//               without close() destroys its QPs before anything the WRs used). A closed connection
+//               refuses new operations with an EndpointClosed/ConnectionFailed error; the
+//               engine keeps working.
 //
 // Operations (same semantics as TcpConnection):
 //   WRITE / READ    one-sided, chunked (chunking.h, capped at the smaller max message of the two
@@ -22,10 +26,22 @@
 //                   address and rkey -> the sender RDMA-WRITEs the chunks on one QP, the last as
 //                   WRITE_WITH_IMM (imm = low 32 bits of the message id), whose receive
 //                   completion completes the RECV. REJECT fails the sender with kProtocol.
-// Control messages have no credits: each QP keeps `ctrl_depth` receive buffers posted and the
-// QP retries forever on receiver-not-ready (rnr_retry 7) while the peer reposts them.
+// Flow control: messages are credited. A sender announces (RTS or EAGER) at most `window`
+// messages that the receiver has not answered yet (window = the peer's ctrl_depth / 4, from its
+// endpoint record); a message holds its credit until its send is terminal (CTS of an EAGER, the
+// WRITE_WITH_IMM's completion, or REJECT). Later sends wait in this process, in order, as
+// headers only (no payload copy), bounded by their caller's timeout. So a receiver that never
+// calls recv holds at most `window` announced messages (and at most `window` EAGER payloads) per
+// connection, and every control SEND (RTS/EAGER, CTS/REJECT answering the peer's credited
+// messages) and WRITE_WITH_IMM lands in a receive buffer that is there: each QP keeps
+// `ctrl_depth` of them posted, reposted as soon as they are consumed. rnr_retry is finite
+// (kRnrRetries): an RNR NAK means a peer that stopped reposting, and the send fails with
+// IBV_WC_RNR_RETRY_EXC_ERR saying so.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -106,7 +122,16 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   std::string error() const override;
   std::string peer() const override;
   int streams() const override { return static_cast<int>(lanes_.size()); }
+  std::string describe() const override;
+  uint64_t waiting_size() const;
+  uint64_t announced_size() const;
+  uint64_t outstanding_wrs() const;  // send-queue WRs on the device, all QPs
+  uint64_t posted_receives() const;  // receive WRs on the device, all QPs
+  std::vector<std::pair<std::string, uint64_t>> attributes() const override;
   State state() const;
+
+  // Every WR of the QPs completed or flushed (after teardown: nothing is on the device).
+  bool drained() const;
 
   // Completion thread.
   void on_completion(const ibv_wc& wc);
@@ -128,6 +153,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
     uint64_t length = 0;
     TransferOptions options;
     bool eager = false;
+    std::string meta;  // until announced
   };
   struct PendingRecv {
     RequestPtr request;
@@ -138,7 +164,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // A request of this connection; waiting on it drives the CQ (caller-driven progress).
   RequestPtr new_request(OpKind op, uint64_t bytes);
   void check_open_locked() const;
-  void check_remote(const Descriptor& remote, uint64_t remote_offset, const char* what) const;
+  void check_remote(const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                    const char* what) const;
   RequestPtr post_one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
                             uint64_t local_offset, const Descriptor& remote,
                             uint64_t remote_offset, uint64_t length, bool with_imm,
@@ -153,12 +180,19 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void on_recv(int lane, const ibv_wc& wc);
   void on_ctrl(const CtrlHeader& h, std::string meta, std::string data);
   void start_rendezvous(PendingSend send, uint64_t addr, uint32_t rkey);
+  // Sends the RTS or EAGER of a message that holds a credit.
+  void announce(uint64_t msg_id);
+  // A message's send is terminal: its credit goes to the next waiting message, if any.
+  void release_credit();
   void finish_parts(const std::vector<RequestPtr>& parts);
   // Closes the connection once (QPs to ERR, bootstrap socket closed); fails `culprit` with its
-  // own error first and every other pending request with (kind, reason).
-  void teardown(ErrorKind kind, const std::string& reason, const RequestPtr& culprit,
-                ErrorKind culprit_kind, const std::string& culprit_reason);
+  // own error first and every other pending request with `why`.
+  void teardown(const Error& why, const RequestPtr& culprit, const Error& culprit_error);
   void fail_from_completion(const ibv_wc& wc, const RequestPtr& request, const std::string& op);
+  // After teardown: releases what the flushed WRs used once drained(); true when drained.
+  bool release_if_drained();
+  // Waits (bounded) for drained(), polling the CQ from this thread when it can.
+  void wait_drained(double timeout_s);
 
   Transport& transport_;
   const RdmaConnSettings settings_;
@@ -171,6 +205,12 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   UniqueFd socket_;
   uint64_t max_chunk_ = 0;
   uint32_t peer_ctrl_size_ = 0;
+  // Negotiated with the peer's endpoint record in connect_qps (see endpoint_record.h).
+  struct Negotiated {
+    int path_mtu = 0;  // bytes
+    uint8_t max_rd_atomic = 0;
+    uint8_t max_dest_rd_atomic = 0;
+  } negotiated_;
 
   mutable std::mutex mu_;
   State state_ = State::kPrepared;
@@ -178,10 +218,20 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   ErrorKind error_kind_ = ErrorKind::kClosed;
   std::string error_;
   std::unordered_map<uint64_t, RequestPtr> active_;  // one-sided ops and rendezvous data
-  std::unordered_map<uint64_t, PendingSend> sends_;  // waiting for CTS / REJECT
+  std::unordered_map<uint64_t, PendingSend> sends_;  // waiting for credit, CTS or REJECT
+  uint32_t window_ = 1;       // credits: messages announced and not yet answered, at most
+  uint32_t credits_used_ = 0;
+  std::deque<uint64_t> waiting_;  // sends (by msg id) waiting for a credit, in post order
   MessageInbox inbox_;
   std::unordered_map<uint64_t, PendingRecv> recvs_;     // by msg id
   std::unordered_map<uint32_t, uint64_t> recv_by_imm_;  // low 32 bits -> msg id
+  // Receive WRs posted per QP (completions, flushes included, take them back).
+  std::unique_ptr<std::atomic<int>[]> posted_recvs_;
+  // Held from teardown until the flushes are drained: what in-flight WRs may still touch.
+  std::vector<std::unique_ptr<VerbsMr>> draining_mrs_;
+  std::vector<RegionUse> draining_holds_;
+  std::mutex drain_mu_;
+  std::condition_variable drain_cv_;
 };
 
 }  // namespace rdmaxfer

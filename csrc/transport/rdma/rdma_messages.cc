@@ -42,19 +42,61 @@ RequestPtr RdmaConnection::post_send(const std::shared_ptr<MemoryRegion>& local,
   }
   auto req = new_request(OpKind::kSend, length);
   const bool eager = length <= settings_.eager_limit && meta.size() + length <= room;
+  bool now = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     check_open_locked();
-    sends_[req->id()] = PendingSend{req, local, offset, length, options, eager};
+    sends_[req->id()] = PendingSend{req, local, offset, length, options, eager, meta};
+    now = waiting_.empty() && credits_used_ < window_;
+    if (now) {
+      ++credits_used_;
+    } else {
+      waiting_.push_back(req->id());  // announced when an earlier message's send ends
+    }
   }
-  CtrlHeader h;
-  h.type = eager ? CtrlType::kEager : CtrlType::kRts;
-  h.msg_id = req->id();
-  h.size = length;
-  h.meta_len = static_cast<uint32_t>(meta.size());
-  h.payload_len = eager ? static_cast<uint32_t>(length) : 0;
-  send_ctrl(h, meta, eager ? local->addr() + offset : nullptr, eager ? length : 0);
+  if (now) announce(req->id());
   return req;
+}
+
+void RdmaConnection::announce(uint64_t msg_id) {
+  CtrlHeader h;
+  std::string meta;
+  const uint8_t* data = nullptr;
+  uint64_t data_len = 0;
+  std::shared_ptr<MemoryRegion> region;  // alive until the payload is copied
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sends_.find(msg_id);
+    if (it == sends_.end()) return;  // failed meanwhile (teardown)
+    PendingSend& s = it->second;
+    meta = std::move(s.meta);
+    h.type = s.eager ? CtrlType::kEager : CtrlType::kRts;
+    h.msg_id = msg_id;
+    h.size = s.length;
+    h.meta_len = static_cast<uint32_t>(meta.size());
+    h.payload_len = s.eager ? static_cast<uint32_t>(s.length) : 0;
+    if (s.eager) {
+      region = s.region;
+      data = region->addr() + s.offset;
+      data_len = s.length;
+    }
+  }
+  send_ctrl(h, meta, data, data_len);  // copies the EAGER payload into the control message
+}
+
+void RdmaConnection::release_credit() {
+  uint64_t next = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kClosed) return;
+    if (waiting_.empty()) {
+      if (credits_used_ > 0) --credits_used_;
+      return;
+    }
+    next = waiting_.front();  // the credit passes to it
+    waiting_.pop_front();
+  }
+  announce(next);
 }
 
 RequestPtr RdmaConnection::post_recv_header() {
@@ -74,7 +116,7 @@ bool RdmaConnection::cancel_recv_header(const RequestPtr& request) {
 
 RequestPtr RdmaConnection::post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
                                      uint64_t offset, uint64_t length) {
-  check_local_range(local, offset, length, "RECV");
+  check_local_range(local, offset, length, "RECV", LocalUse::kDestination);
   auto req = new_request(OpKind::kRecv, length);
   auto validate = [&]() -> AnnouncedMessage& {
     check_open_locked();
@@ -231,8 +273,10 @@ void RdmaConnection::on_ctrl(const CtrlHeader& h, std::string meta, std::string 
       if (h.type == CtrlType::kReject) {
         send.request->fail(ErrorKind::kProtocol,
                            "the receiver " + peer() + " rejected the message: " + meta);
+        release_credit();
       } else if (send.eager) {
         send.request->complete();
+        release_credit();
       } else {
         if (h.size != send.length) {
           throw Error(ErrorKind::kProtocol, "CTS for message " + std::to_string(h.msg_id) +

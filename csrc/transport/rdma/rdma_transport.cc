@@ -52,8 +52,9 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
   settings_.limits.sq_depth = static_cast<uint32_t>(
       std::min(max_wr, config_.sq_depth > 0 ? config_.sq_depth : 256));
   settings_.limits.rq_depth = settings_.ctrl_depth;
-  settings_.limits.rd_atomic = static_cast<uint8_t>(
-      std::clamp(std::min(dev.max_qp_rd_atom, dev.max_qp_init_rd_atom), 1, 16));
+  settings_.limits.initiator_depth =
+      static_cast<uint8_t>(std::clamp(dev.max_qp_init_rd_atom, 1, 16));
+  settings_.limits.responder_resources = static_cast<uint8_t>(std::clamp(dev.max_qp_rd_atom, 1, 16));
   settings_.max_message = context_->port_attr().max_msg_sz > 0
                               ? context_->port_attr().max_msg_sz
                               : (1ull << 30);
@@ -332,6 +333,15 @@ void RdmaTransport::shutdown() {
   }
   acceptor.reset();
   abort_all(ErrorKind::kClosed, "the engine was closed");
+  // Drain every connection's flush completions before the completion thread stops.
+  std::vector<std::shared_ptr<RdmaConnection>> conns;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [tag, w] : connections_) {
+      if (auto c = w.lock()) conns.push_back(std::move(c));
+    }
+  }
+  for (auto& c : conns) c->close();  // closed already: waits (bounded) for the drain
   poller_->stop();
 }
 

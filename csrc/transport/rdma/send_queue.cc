@@ -126,6 +126,10 @@ Retired SendQueue::retire(const ibv_wc& wc) {
       }
     }
     if (out.failed_op.empty()) out.failed_op = "send-queue operation";
+    // The failed or flushed WR and those before it are off the QP: release them.
+    while (!in_flight_.empty() && static_cast<int32_t>(seq - in_flight_.front().seq) >= 0) {
+      in_flight_.pop_front();
+    }
     return out;
   }
   // Everything up to `seq` has completed (in order on an RC send queue).
@@ -151,10 +155,19 @@ std::vector<RequestPtr> SendQueue::take_all() {
   for (auto& w : backlog_) {
     if (w.request && seen.insert(w.request.get()).second) out.push_back(w.request);
   }
-  in_flight_.clear();
-  backlog_.clear();
+  backlog_.clear();  // never posted: nothing of it is on the device
   queued_bytes_ = 0;
   return out;
+}
+
+bool SendQueue::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_.empty();
+}
+
+size_t SendQueue::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_.size();
 }
 
 uint64_t SendQueue::queued_bytes() const {

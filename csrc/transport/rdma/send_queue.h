@@ -5,7 +5,8 @@
 // waits here (in software, not in the provider) -> retire() on each completion frees every WR
 // up to the completed one (RC completes a QP's send queue in order, so one signaled WR stands
 // for the unsignaled ones before it) and posts more -> take_all() on teardown hands back every
-// request still queued or in flight.
+// request still queued or in flight; the WRs in flight (and the regions they hold) stay until
+// their flush completions retire them (idle() then says so).
 //
 // Signaling: the last WR of a request and every control SEND are signaled; so is every
 // `signal_every`-th WR, so a long transfer frees slots while it runs. WRITEs and SENDs of at
@@ -62,8 +63,12 @@ class SendQueue {
   void submit(SendWork work);
   // A completion of this queue (`wc.status` may be an error). Posts queued work after freeing.
   Retired retire(const ibv_wc& wc);
-  // Teardown: every request that is queued or in flight (duplicates removed), queue emptied.
+  // Teardown: every request that is queued or in flight (duplicates removed); the backlog is
+  // dropped, the WRs in flight wait for their (flush) completions.
   std::vector<RequestPtr> take_all();
+  // No WR in flight (all completed or flushed).
+  bool idle() const;
+  size_t in_flight() const;
   uint64_t queued_bytes() const;
 
  private:

@@ -128,7 +128,7 @@ void throw_verbs(const std::string& op, int err) {
   throw_errno(ErrorKind::kTransport, op, err);
 }
 
-std::string wc_status_text(ibv_wc_status status) {
+std::string wc_status_name(ibv_wc_status status) {
   static const char* const kNames[] = {
       "IBV_WC_SUCCESS",          "IBV_WC_LOC_LEN_ERR",       "IBV_WC_LOC_QP_OP_ERR",
       "IBV_WC_LOC_EEC_OP_ERR",   "IBV_WC_LOC_PROT_ERR",      "IBV_WC_WR_FLUSH_ERR",
@@ -140,12 +140,19 @@ std::string wc_status_text(ibv_wc_status status) {
       "IBV_WC_GENERAL_ERR",
   };
   const unsigned idx = static_cast<unsigned>(status);
-  std::string name = idx < sizeof(kNames) / sizeof(kNames[0])
-                         ? kNames[idx]
-                         : "status " + std::to_string(idx);
+  return idx < sizeof(kNames) / sizeof(kNames[0]) ? kNames[idx]
+                                                  : "status " + std::to_string(idx);
+}
+
+std::string wc_status_text(ibv_wc_status status) {
   const VerbsApi* api = verbs_api(nullptr);
   std::string text = api != nullptr ? api->wc_status_str(status) : "completion error";
-  return text + " (" + name + ")";
+  return text + " (" + wc_status_name(status) + ", wc_status " +
+         std::to_string(static_cast<int>(status)) + ")";
+}
+
+CompletionStatus completion_status(const ibv_wc& wc) {
+  return CompletionStatus{static_cast<int>(wc.status), wc_status_name(wc.status), wc.vendor_err};
 }
 
 }  // namespace rdmaxfer

@@ -17,6 +17,8 @@
 
 #include <string>
 
+#include "common/error.h"
+
 namespace rdmaxfer {
 
 struct VerbsApi {
@@ -64,7 +66,11 @@ const VerbsApi& verbs();
 // "ibv_xxx: strerror (errno N)" as an Error of `kind` (errno taken from `err`).
 [[noreturn]] void throw_verbs(const std::string& op, int err);
 
-// "remote access error (IBV_WC_REM_ACCESS_ERR)".
+// "remote access error (IBV_WC_REM_ACCESS_ERR, wc_status 10)".
 std::string wc_status_text(ibv_wc_status status);
+// "IBV_WC_REM_ACCESS_ERR", ...
+std::string wc_status_name(ibv_wc_status status);
+// A failed completion's status, for Error (common/error.h).
+CompletionStatus completion_status(const ibv_wc& wc);
 
 }  // namespace rdmaxfer

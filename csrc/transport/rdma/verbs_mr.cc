@@ -1,11 +1,35 @@
 #include "transport/rdma/verbs_mr.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cerrno>
 
 #include "common/error.h"
 #include "cuda/gpudirect.h"
 
 namespace rdmaxfer {
+
+namespace {
+// With RDMAV_FORK_SAFE, libibverbs marks every page an MR touches MADV_DONTFORK, so a child of
+// fork() has none of them: for a buffer that is not page-aligned that also removes whatever
+// else shares its first and last page (other heap objects, malloc's chunk headers), and the
+// child crashes when it touches them. Those two pages are handed back to fork (MADV_DOFORK):
+// since Linux 5.9 fork() copies pinned pages for the child at once ("early COW"), so the
+// parent's pinned page stays where the device writes. The whole pages inside the buffer stay
+// out of the child, as libibverbs intends.
+void keep_edge_pages_in_child(const void* addr, uint64_t length) {
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uint64_t>(addr);
+  const uint64_t end = begin + length;
+  if (begin % page != 0) {
+    madvise(reinterpret_cast<void*>(begin / page * page), page, MADV_DOFORK);
+  }
+  if (end % page != 0 && end / page != begin / page) {
+    madvise(reinterpret_cast<void*>(end / page * page), page, MADV_DOFORK);
+  }
+}
+}  // namespace
 
 VerbsMr::VerbsMr(std::shared_ptr<ProtectionDomain> pd, void* addr, uint64_t length,
                  unsigned access)
@@ -24,8 +48,18 @@ VerbsMr::VerbsMr(std::shared_ptr<ProtectionDomain> pd, void* addr, uint64_t leng
               ": raise it (ulimit -l unlimited, or memlock in /etc/security/limits.conf, or "
               "--ulimit memlock=-1 for containers)";
     }
+    if (e == EFAULT && (access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)) == 0) {
+      text += "; the memory is registered read-only, but kernels before 6.2 pin every MR's "
+              "pages for writing, which a read-only shared mapping (mmap ACCESS_READ of a file) "
+              "refuses: map the file privately (mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, "
+              "prot=mmap.PROT_READ)) or use Linux >= 6.2";
+    } else if (e == EFAULT) {
+      text += "; registering with write access (LOCAL_WRITE or REMOTE_WRITE) needs writable "
+              "memory: register read-only memory as a source only (access='r')";
+    }
     throw Error(ErrorKind::kRegistration, text, e);
   }
+  if (length > 0) keep_edge_pages_in_child(addr, length);
 }
 
 VerbsMr::VerbsMr(std::shared_ptr<ProtectionDomain> pd, void* device_addr, uint64_t length,
@@ -58,7 +92,8 @@ VerbsMr::~VerbsMr() {
 }
 
 unsigned verbs_access(uint32_t access) {
-  unsigned flags = IBV_ACCESS_LOCAL_WRITE;
+  unsigned flags = 0;
+  if (access & kAccessLocalWrite) flags |= IBV_ACCESS_LOCAL_WRITE;
   if (access & kAccessRemoteRead) flags |= IBV_ACCESS_REMOTE_READ;
   if (access & kAccessRemoteWrite) flags |= IBV_ACCESS_REMOTE_WRITE;
   return flags;
@@ -69,6 +104,7 @@ RdmaRegion::RdmaRegion(std::shared_ptr<ProtectionDomain> pd, uint8_t* addr, uint
     : MemoryRegion(addr, length, access, std::move(owned)),
       mr_(std::make_unique<VerbsMr>(std::move(pd), addr, length, verbs_access(access))) {
   set_key(mr_->rkey());
+  lkey_ = mr_->lkey();
 }
 
 }  // namespace rdmaxfer
@@ -81,6 +117,7 @@ RdmaRegion::RdmaRegion(std::shared_ptr<ProtectionDomain> pd, uint8_t* device_add
       mr_(std::make_unique<VerbsMr>(std::move(pd), device_addr, length, verbs_access(access),
                                     dmabuf_fd, dmabuf_offset)) {
   set_key(mr_->rkey());
+  lkey_ = mr_->lkey();
 }
 
 }  // namespace rdmaxfer

@@ -5,8 +5,10 @@
 // its PD, so the PD outlives it.
 //
 // RdmaRegion is the engine-visible MemoryRegion: its key() is the rkey (what descriptors carry)
-// and lkey() the lkey. Access: IBV_ACCESS_LOCAL_WRITE always (a READ lands in it, a receive
-// writes it), REMOTE_READ / REMOTE_WRITE only when asked for.
+// and lkey() the lkey. Access from use (engine/region.h): IBV_ACCESS_LOCAL_WRITE only with
+// kAccessLocalWrite (a READ lands in it, a receive writes it; a read-only mapping refuses it with
+// EFAULT), REMOTE_READ / REMOTE_WRITE only when asked for. revoke() (at deregistration)
+// destroys the MR at once: the rkey is dead even while the object lives on.
 #pragma once
 
 #include <memory>
@@ -51,10 +53,14 @@ class RdmaRegion : public MemoryRegion {
   // GPU memory registered for GPUDirect RDMA (see VerbsMr's device constructor).
   RdmaRegion(std::shared_ptr<ProtectionDomain> pd, uint8_t* device_addr, uint64_t length,
              uint32_t access, int dmabuf_fd, uint64_t dmabuf_offset);
-  uint32_t lkey() const override { return mr_->lkey(); }
+  uint32_t lkey() const override { return lkey_; }
+
+ protected:
+  void release_handle() override { mr_.reset(); }
 
  private:
   std::unique_ptr<VerbsMr> mr_;
+  uint32_t lkey_ = 0;
 };
 
 }  // namespace rdmaxfer

@@ -12,10 +12,8 @@ namespace {
 // the QP within ~2 s; the bootstrap socket usually reports it sooner.
 constexpr uint8_t kTimeout = 16;
 constexpr uint8_t kRetryCount = 7;
-// 7 = retry forever on receiver-not-ready: control messages have no credits (see
-// rdma_connection.h), a burst waits for the peer to repost its receive buffers.
-constexpr uint8_t kRnrRetry = 7;
-constexpr uint8_t kMinRnrTimer = 12;  // 0.64 ms
+// The responder asks for 5.12 ms between receiver-not-ready retries (kRnrRetries of them).
+constexpr uint8_t kMinRnrTimer = 18;
 }  // namespace
 
 QueuePair::QueuePair(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<CompletionQueue> cq,
@@ -62,14 +60,14 @@ void QueuePair::to_init() {
   if (rc != 0) throw_verbs("ibv_modify_qp(RESET -> INIT)", rc);
 }
 
-void QueuePair::to_rtr(const QpAddress& peer, ibv_mtu path_mtu) {
+void QueuePair::to_rtr(const QpAddress& peer, ibv_mtu path_mtu, uint8_t max_dest_rd_atomic) {
   const DeviceContext& dc = pd_->context();
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTR;
   attr.path_mtu = path_mtu;
   attr.dest_qp_num = peer.qpn;
   attr.rq_psn = peer.psn;
-  attr.max_dest_rd_atomic = limits_.rd_atomic;
+  attr.max_dest_rd_atomic = max_dest_rd_atomic;
   attr.min_rnr_timer = kMinRnrTimer;
   attr.ah_attr.is_global = 0;
   attr.ah_attr.dlid = peer.lid;
@@ -96,14 +94,14 @@ void QueuePair::to_rtr(const QpAddress& peer, ibv_mtu path_mtu) {
   }
 }
 
-void QueuePair::to_rts() {
+void QueuePair::to_rts(uint8_t max_rd_atomic) {
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTS;
   attr.timeout = kTimeout;
   attr.retry_cnt = kRetryCount;
-  attr.rnr_retry = kRnrRetry;
+  attr.rnr_retry = kRnrRetries;
   attr.sq_psn = psn_;
-  attr.max_rd_atomic = limits_.rd_atomic;
+  attr.max_rd_atomic = max_rd_atomic;
   const int rc = verbs().modify_qp(qp_, &attr,
                                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                                        IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |

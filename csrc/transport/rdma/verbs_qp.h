@@ -6,8 +6,9 @@
 //   -> to_init()            port, pkey 0, remote READ/WRITE allowed (the MRs decide)
 //   -> receives posted      (allowed from INIT on, so nothing the peer sends is lost)
 //   -> to_rtr(peer)         path MTU, peer QPN/PSN, address (GRH with the peer's GID on RoCE,
-//                           the peer's LID on InfiniBand), responder resources
-//   -> to_rts()             timeouts, retry counts, our PSN, initiator depth: can post sends
+//                           the peer's LID on InfiniBand), max_dest_rd_atomic (negotiated)
+//   -> to_rts()             timeouts, retry counts (rnr_retry finite), our PSN, max_rd_atomic
+//                           (negotiated): can post sends
 //   -> to_error()           on teardown: every outstanding WR is flushed
 //   -> ibv_destroy_qp       on destruction, before the CQ and the buffers its WRs used.
 #pragma once
@@ -28,10 +29,19 @@ struct QpAddress {
   ibv_gid gid{};
 };
 
+// Receiver-not-ready retries of every QP (finite: 7 would mean forever). Control traffic is
+// flow-controlled by credits (rdma_connection.h), so an RNR NAK only means a peer that stopped
+// reposting its receive buffers; after these retries the send fails with
+// IBV_WC_RNR_RETRY_EXC_ERR.
+constexpr uint8_t kRnrRetries = 6;
+
 struct QpLimits {
   uint32_t sq_depth = 128;
   uint32_t rq_depth = 32;
-  uint8_t rd_atomic = 16;  // outstanding RDMA READs, each direction
+  // This side's RDMA READ depths (device maxima, clamped to 1..16); a connection uses the
+  // minimum of each with the peer's opposite number (see to_rtr / to_rts).
+  uint8_t initiator_depth = 16;      // READs this QP may have outstanding (max_qp_init_rd_atom)
+  uint8_t responder_resources = 16;  // READs this QP serves at once (max_qp_rd_atom)
   // Bytes a WR may carry inside itself (IBV_SEND_INLINE): asked for at creation, then what the
   // provider granted (0 when it refused inline data).
   uint32_t max_inline = 256;
@@ -52,8 +62,11 @@ class QueuePair {
   const QpLimits& limits() const { return limits_; }
 
   void to_init();
-  void to_rtr(const QpAddress& peer, ibv_mtu path_mtu);
-  void to_rts();
+  // max_dest_rd_atomic: READs served at once = min(our responder resources, the peer's
+  // initiator depth). max_rd_atomic: READs outstanding = min(our initiator depth, the peer's
+  // responder resources).
+  void to_rtr(const QpAddress& peer, ibv_mtu path_mtu, uint8_t max_dest_rd_atomic);
+  void to_rts(uint8_t max_rd_atomic);
   // Best effort (teardown path): never throws.
   void to_error() noexcept;
 

@@ -59,9 +59,7 @@ RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
                                      uint64_t remote_offset, uint64_t length,
                                      const TransferOptions& options) {
   check_local_range(local, local_offset, length, "WRITE");
-  if (remote.addr + remote_offset < remote.addr) {
-    throw Error(ErrorKind::kInvalidArgument, "WRITE: remote_offset overflows the remote address");
-  }
+  check_remote_range(remote, remote_offset, length, "WRITE");
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kWrite, length);
   const ChunkPlan plan = plan_chunks(length, streams(), options);
   req->set_parts(plan.count);
@@ -99,10 +97,8 @@ RequestPtr TcpConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
                                     uint64_t local_offset, const Descriptor& remote,
                                     uint64_t remote_offset, uint64_t length,
                                     const TransferOptions& options) {
-  check_local_range(local, local_offset, length, "READ");
-  if (remote.addr + remote_offset < remote.addr) {
-    throw Error(ErrorKind::kInvalidArgument, "READ: remote_offset overflows the remote address");
-  }
+  check_local_range(local, local_offset, length, "READ", LocalUse::kDestination);
+  check_remote_range(remote, remote_offset, length, "READ");
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRead, length);
   const ChunkPlan plan = plan_chunks(length, streams(), options);
   req->set_parts(plan.count);
@@ -177,7 +173,7 @@ bool TcpConnection::cancel_recv_header(const RequestPtr& request) {
 
 RequestPtr TcpConnection::post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
                                     uint64_t offset, uint64_t length) {
-  check_local_range(local, offset, length, "RECV");
+  check_local_range(local, offset, length, "RECV", LocalUse::kDestination);
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRecv, length);
   std::unique_lock<std::mutex> lock(mu_);
   check_open_locked();

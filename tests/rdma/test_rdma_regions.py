@@ -1,0 +1,63 @@
+"""Registrations on verbs: deregistration revokes the rkey at once, and one-sided requests are
+checked against the remote descriptor before any WR is posted."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from rdmaxfer.errors import InvalidArgumentError, RemoteAccessError
+
+from .rdma_helpers import RW, WAIT_S, RdmaPair, api_pair, random_bytes, region_array, wait_ok
+
+pytestmark = pytest.mark.rdma
+
+
+@pytest.mark.parametrize("how", ["deregister", "close"])
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_deregistration_revokes_the_rkey_at_once(
+    rng: np.random.Generator, how: str, op: str
+) -> None:
+    """The MR is destroyed by deregister()/close(), not when the object is collected: a WRITE or
+    READ with the old descriptor fails with RemoteAccessError and the memory is unchanged."""
+    with api_pair() as (server, _, ep, _):
+        target = random_bytes(rng, 8192)
+        before = target.copy()
+        region = server.register(target, "rw")
+        descriptor = region.descriptor()
+        source = random_bytes(rng, 8192)
+        ep.write(source[:16], descriptor, timeout=WAIT_S)  # the key works while registered
+        before[:16] = source[:16]
+        np.testing.assert_array_equal(target, before)
+        region.deregister(timeout=WAIT_S) if how == "deregister" else region.close()
+        assert not region.registered and region.core is not None  # the object lives on
+        with pytest.raises(RemoteAccessError, match=r"IBV_WC_REM_ACCESS_ERR"):
+            if op == "write":
+                ep.write(source, descriptor, timeout=WAIT_S)
+            else:
+                ep.read(np.zeros(8192, np.uint8), descriptor, timeout=WAIT_S)
+        np.testing.assert_array_equal(target, before)
+
+
+def test_out_of_bounds_is_refused_before_posting(
+    rdma_pair: RdmaPair, rng: np.random.Generator
+) -> None:
+    """A multi-WR WRITE or READ that reaches past the descriptor is refused whole with
+    InvalidArgumentError: no chunk lands and the connection stays up."""
+    src = rdma_pair.client.alloc_pinned(16384, 0)
+    region_array(src)[:] = random_bytes(rng, 16384)
+    dst = rdma_pair.server.alloc_pinned(8192, RW)
+    before = random_bytes(rng, 8192)
+    region_array(dst)[:] = before
+    desc = dst.descriptor()
+    with pytest.raises(InvalidArgumentError, match=r"outside the remote region"):
+        rdma_pair.a.post_write(src, 0, desc, 4096, 8192, 1024)  # 8 WRs, the last 4 outside
+    with pytest.raises(InvalidArgumentError, match=r"outside the remote region"):
+        rdma_pair.a.post_read(src, 0, desc, 1, 8192, 1024)
+    time.sleep(0.5)  # a WR that had been posted would have landed by now
+    np.testing.assert_array_equal(region_array(dst), before)
+    assert not rdma_pair.a.closed and not rdma_pair.b.closed
+    wait_ok(rdma_pair.a.post_write(src, 0, desc, 0, 8192, 1024))  # the same endpoint works
+    np.testing.assert_array_equal(region_array(dst), region_array(src)[:8192])
