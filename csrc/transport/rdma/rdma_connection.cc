@@ -353,8 +353,15 @@ void RdmaConnection::fail_from_completion(const ibv_wc& wc, const RequestPtr& re
     text += ": the peer had no receive buffer posted for " + std::to_string(kRnrRetries) +
             " receiver-not-ready retries (it stopped reposting: hung or overloaded)";
   }
-  const ErrorKind kind = kind_of(wc.status);
+  ErrorKind kind = kind_of(wc.status);
   const CompletionStatus status = completion_status(wc);
+  if (kind == ErrorKind::kRemoteAccess && request && request->op() == OpKind::kSend) {
+    // A rendezvous SEND writes only into the buffer the receiver itself granted (its CTS), so
+    // losing access means the receiver revoked it: its process died (the kernel destroys its
+    // MRs before its QPs) or it closed. That is a lost peer, not a bad descriptor.
+    kind = ErrorKind::kConnection;
+    text += ": the receiver revoked the buffer it granted for this message (it died or closed)";
+  }
   // The connection is marked closed before the request fails, so that whoever the failure
   // wakes already sees the endpoint closed.
   teardown(Error(kind == ErrorKind::kRemoteAccess ? ErrorKind::kConnection : kind,
