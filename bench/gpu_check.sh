@@ -68,7 +68,7 @@ rc=$?
 tail -3 "$OUTDIR/cmake.log"
 if [ $rc -ne 0 ]; then echo "FAIL: build (see $OUTDIR/cmake.log)"; exit 2; fi
 rm -rf "$STAGE" && mkdir -p "$STAGE/rdmaxfer"
-cp "$ROOT"/python/rdmaxfer/*.py "$ROOT"/python/rdmaxfer/py.typed "$STAGE/rdmaxfer/"
+cp -r "$ROOT"/python/rdmaxfer/. "$STAGE/rdmaxfer/"  # every subpackage, py.typed, _core.pyi
 cp "$BUILD"/_core*.so "$STAGE/rdmaxfer/"
 export PYTHONPATH="$STAGE"
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import _cuda_standin
 import rdmaxfer
 from _common import Pair
 from _peers import Peer
@@ -78,3 +79,39 @@ def _fresh_api() -> Iterator[None]:
     rdmaxfer.shutdown()
     yield
     rdmaxfer.shutdown()
+
+
+#: The stand-in's path, when pytest_configure installed it.
+_STANDIN = pytest.StashKey[str]()
+
+
+def _gpu_selected(config: pytest.Config) -> bool:
+    """True when ``-m`` asks for the GPU tests (``-m gpu``, ``-m "gpu and rdma"``...)."""
+    expr = str(config.getoption("markexpr") or "")
+    return "gpu" in expr and "not gpu" not in expr
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``pytest -m gpu`` on a machine without an NVIDIA driver runs the GPU tests over the
+    stand-in driver (tests/_cuda_standin.py). It is set before any test loads CUDA."""
+    if _gpu_selected(config):
+        path = _cuda_standin.install()
+        if path is not None:
+            config.stash[_STANDIN] = path
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    path = config.stash.get(_STANDIN, None)
+    return f"CUDA: stand-in driver {path} (no NVIDIA driver here)" if path else None
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """``-m gpu`` that ran no GPU test fails: a GPU run that only skipped proves nothing."""
+    if not _gpu_selected(session.config) or exitstatus != 0:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    passed = reporter.stats.get("passed", []) if reporter is not None else []
+    if not any("gpu" in report.keywords for report in passed):
+        if reporter is not None:
+            reporter.write_line("FAILED: -m gpu selected, but no GPU test passed", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

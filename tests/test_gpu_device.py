@@ -108,6 +108,7 @@ def test_pull_weights_into_gpu(rng: np.random.Generator) -> None:
         np.testing.assert_array_equal(host, ref)
 
 
+@pytest.mark.rdma
 def test_gpu_direct_registration_or_clear_reason() -> None:
     transports = _core.available_transports()
     if transports.get("rdma"):
@@ -122,3 +123,29 @@ def test_gpu_direct_registration_or_clear_reason() -> None:
             region = engine.register(buf, access="rw")
             assert region.device == 0 and region.key != 0
             region.close()
+
+
+def test_device_buffer_exports_cuda_interfaces(rng: np.random.Generator) -> None:
+    buf, host = _device_random(rng, (64, 48), np.float32)
+    cai = buf.__cuda_array_interface__
+    assert cai["data"] == (buf.addr, False)
+    assert cai["shape"] == (64, 48) and cai["typestr"] == "<f4" and cai["version"] == 3
+    assert buf.__dlpack_device__() == (2, 0)  # kDLCUDA, GPU 0
+    capsule = buf.__dlpack__(stream=None)
+    assert type(capsule).__name__ == "PyCapsule"
+    np.testing.assert_array_equal(buf.copy_to_host(), host)
+
+
+def test_weights_served_from_device_memory(rng: np.random.Generator) -> None:
+    host = {f"w{i}": rng.standard_normal((77, 31)).astype(np.float32) for i in range(3)}
+    device = {}
+    for name, ref in host.items():
+        buf = Buffer.empty(ref.shape, ref.dtype, device="cuda:0")
+        cuda.copy_from_host(buf._device_view(), ref)
+        device[name] = buf
+    with rdmaxfer.WeightServer(device, transport="tcp") as server:
+        server.start()
+        got = rdmaxfer.pull_weights(f"127.0.0.1:{server.port}", transport="tcp")
+    assert set(got) == set(host)
+    for name, ref in host.items():
+        np.testing.assert_array_equal(got[name], ref)

@@ -1,0 +1,542 @@
+// A stand-in for the CUDA driver (libcuda.so.1) over host memory, built only for the tests.
+//
+// rdmaxfer loads the driver at run time (csrc/cuda/cuda_api.cc); the tests point
+// RDMAXFER_CUDA_LIBRARY at this library instead, so every GPU code path (device buffers, CAI
+// and DLPack export, staging through pinned bounce buffers, device-to-device sends, weights
+// pulled into device memory) runs on machines without a GPU. It never ships in the wheel.
+//
+// What it keeps honest:
+// - Device memory is not host memory. cuMemAlloc maps one memfd twice: the address handed out
+//   is PROT_NONE, so a CPU load or store through a device pointer faults as it would on a real
+//   GPU (and ibv_reg_mr of it fails, as without nvidia-peermem); the copies go through a
+//   second, private read-write mapping of the same pages.
+// - Copies are asynchronous. Each stream is a worker thread that runs its copies in order;
+//   cuEventQuery answers CUDA_ERROR_NOT_READY until the work recorded before the event ran, so
+//   a missing synchronization shows up as wrong data. RDMAXFER_CUDA_STANDIN_DELAY_US delays
+//   every copy by that many microseconds to widen such races.
+// - Arguments are checked as the driver checks them: a copy that runs past a device
+//   allocation, or an unknown pointer, stream or event, fails with CUDA_ERROR_INVALID_VALUE.
+// - cuMemGetHandleForAddressRange fails with CUDA_ERROR_NOT_SUPPORTED, as on a driver without
+//   dmabuf; the device attributes say neither dmabuf nor GPUDirect RDMA is supported.
+//
+// The entry points and values are those of the CUDA Driver API reference
+// (docs.nvidia.com/cuda/cuda-driver-api); only the subset csrc/cuda loads is implemented.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+namespace {
+
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+
+constexpr CUresult kSuccess = 0;
+constexpr CUresult kInvalidValue = 1;
+constexpr CUresult kOutOfMemory = 2;
+constexpr CUresult kNotInitialized = 3;
+constexpr CUresult kInvalidDevice = 101;
+constexpr CUresult kInvalidHandle = 400;
+constexpr CUresult kNotReady = 600;
+constexpr CUresult kNotSupported = 801;
+
+constexpr int kPointerAttrMemoryType = 2;
+constexpr int kPointerAttrSyncMemops = 6;
+constexpr int kPointerAttrIsManaged = 8;
+constexpr int kPointerAttrDeviceOrdinal = 9;
+constexpr unsigned kMemoryTypeHost = 1;
+constexpr unsigned kMemoryTypeDevice = 2;
+
+constexpr uint64_t kTotalMemory = 16ULL << 30;  // what cuDeviceTotalMem reports, bytes
+
+struct DeviceAllocation {
+  uint8_t* shadow = nullptr;  // the read-write view the copies use
+  size_t mapped = 0;          // bytes mapped (the size rounded up to pages)
+  size_t size = 0;            // bytes asked for
+  int device = 0;
+  bool sync_memops = false;
+};
+
+// One stream: a worker thread that runs its tasks in order.
+struct Stream {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> tasks;
+  uint64_t queued = 0;  // tasks ever queued
+  uint64_t done = 0;    // tasks ever finished
+  bool stop = false;
+  std::thread worker;
+
+  Stream() : worker([this] { run(); }) {}
+  ~Stream() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    worker.join();
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [this] { return stop || !tasks.empty(); });
+      if (tasks.empty()) return;  // stopping and drained
+      std::function<void()> task = std::move(tasks.front());
+      tasks.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+      ++done;
+      cv.notify_all();
+    }
+  }
+  uint64_t push(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu);
+    tasks.push_back(std::move(task));
+    cv.notify_all();
+    return ++queued;
+  }
+  void wait_for(uint64_t ticket) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done >= ticket; });
+  }
+  bool reached(uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(mu);
+    return done >= ticket;
+  }
+  uint64_t last_ticket() {
+    std::lock_guard<std::mutex> lock(mu);
+    return queued;
+  }
+};
+
+// An event: the stream and the ticket of the work recorded before it.
+struct Event {
+  Stream* stream = nullptr;
+  uint64_t ticket = 0;
+};
+
+struct State {
+  std::mutex mu;
+  bool initialized = false;
+  int devices = 1;
+  long delay_us = 0;
+  std::map<uintptr_t, DeviceAllocation> device_allocations;  // by device address
+  std::set<uintptr_t> host_allocations;                     // cuMemHostAlloc'd, by address
+  std::map<uintptr_t, size_t> host_sizes;
+  std::set<Stream*> streams;
+  std::set<Event*> events;
+  Stream* default_stream = nullptr;
+  int contexts[8] = {};  // the primary contexts' addresses stand in for CUcontext handles
+};
+
+State& state() {
+  static State* s = new State();  // never destroyed: worker threads may outlive static dtors
+  return *s;
+}
+
+thread_local int current_device = 0;  // set by cuCtxSetCurrent
+
+size_t page_size() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+
+// The allocation holding [ptr, ptr+len), or nullptr. Caller holds state().mu.
+DeviceAllocation* find_device(uintptr_t ptr, size_t len, uintptr_t* base) {
+  State& s = state();
+  auto it = s.device_allocations.upper_bound(ptr);
+  if (it == s.device_allocations.begin()) return nullptr;
+  --it;
+  if (ptr < it->first || ptr - it->first > it->second.size ||
+      len > it->second.size - (ptr - it->first)) {
+    return nullptr;
+  }
+  if (base != nullptr) *base = it->first;
+  return &it->second;
+}
+
+// The read-write address for device address `ptr` spanning `len` bytes, or nullptr.
+uint8_t* shadow_of(CUdeviceptr ptr, size_t len) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  uintptr_t base = 0;
+  DeviceAllocation* a = find_device(static_cast<uintptr_t>(ptr), len, &base);
+  return a == nullptr ? nullptr : a->shadow + (static_cast<uintptr_t>(ptr) - base);
+}
+
+// The stream a handle names: 0, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) are the
+// default stream. nullptr for an unknown handle.
+Stream* stream_of(void* handle) {
+  State& s = state();
+  const auto h = reinterpret_cast<uintptr_t>(handle);
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (h <= 2) {
+    if (s.default_stream == nullptr) s.default_stream = new Stream();
+    return s.default_stream;
+  }
+  auto* stream = static_cast<Stream*>(handle);
+  return s.streams.count(stream) != 0 ? stream : nullptr;
+}
+
+bool event_known(Event* e) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().events.count(e) != 0;
+}
+
+CUresult enqueue_copy(void* dst, const void* src, size_t n, void* stream_handle) {
+  Stream* stream = stream_of(stream_handle);
+  if (stream == nullptr) return kInvalidHandle;
+  const long delay = state().delay_us;
+  stream->push([dst, src, n, delay] {
+    if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+    std::memcpy(dst, src, n);
+  });
+  return kSuccess;
+}
+
+// What an event waits for: its stream (nullptr when never recorded) and ticket.
+Event recorded(const Event* event) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return *event;
+}
+
+}  // namespace
+
+extern "C" {
+
+CUresult cuInit(unsigned flags) {
+  if (flags != 0) return kInvalidValue;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const char* gpus = std::getenv("RDMAXFER_CUDA_STANDIN_GPUS");
+  s.devices = gpus != nullptr && *gpus != '\0' ? std::atoi(gpus) : 1;
+  if (s.devices < 0 || s.devices > 8) s.devices = 1;
+  const char* delay = std::getenv("RDMAXFER_CUDA_STANDIN_DELAY_US");
+  s.delay_us = delay != nullptr ? std::atol(delay) : 0;
+  s.initialized = true;
+  return s.devices == 0 ? 100 /* CUDA_ERROR_NO_DEVICE */ : kSuccess;
+}
+
+CUresult cuDriverGetVersion(int* version) {
+  if (version == nullptr) return kInvalidValue;
+  *version = 12080;  // reports itself as a CUDA 12.8 driver
+  return kSuccess;
+}
+
+CUresult cuDeviceGetCount(int* count) {
+  if (count == nullptr) return kInvalidValue;
+  if (!state().initialized) return kNotInitialized;
+  *count = state().devices;
+  return kSuccess;
+}
+
+CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  if (device == nullptr) return kInvalidValue;
+  if (ordinal < 0 || ordinal >= state().devices) return kInvalidDevice;
+  *device = ordinal;
+  return kSuccess;
+}
+
+CUresult cuDeviceGetName(char* name, int len, CUdevice device) {
+  if (name == nullptr || len <= 0) return kInvalidValue;
+  if (device < 0 || device >= state().devices) return kInvalidDevice;
+  std::snprintf(name, static_cast<size_t>(len), "rdmaxfer CUDA stand-in (host memory)");
+  return kSuccess;
+}
+
+CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device) {
+  if (value == nullptr) return kInvalidValue;
+  if (device < 0 || device >= state().devices) return kInvalidDevice;
+  switch (attribute) {
+    case 33: *value = 0x40 + device; break;  // PCI_BUS_ID: 0000:4X:00.0, absent from sysfs
+    case 34: *value = 0; break;              // PCI_DEVICE_ID
+    case 41: *value = 1; break;              // UNIFIED_ADDRESSING
+    case 50: *value = 0; break;              // PCI_DOMAIN_ID
+    case 75: *value = 9; break;              // COMPUTE_CAPABILITY_MAJOR
+    case 76: *value = 0; break;              // COMPUTE_CAPABILITY_MINOR
+    case 116: *value = 0; break;             // GPU_DIRECT_RDMA_SUPPORTED
+    case 124: *value = 0; break;             // DMA_BUF_SUPPORTED
+    default: *value = 0; break;
+  }
+  return kSuccess;
+}
+
+CUresult cuDeviceGetPCIBusId(char* bus_id, int len, CUdevice device) {
+  if (bus_id == nullptr || len <= 0) return kInvalidValue;
+  if (device < 0 || device >= state().devices) return kInvalidDevice;
+  std::snprintf(bus_id, static_cast<size_t>(len), "0000:%02X:00.0", 0x40 + device);
+  return kSuccess;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
+  if (bytes == nullptr) return kInvalidValue;
+  if (device < 0 || device >= state().devices) return kInvalidDevice;
+  *bytes = kTotalMemory;
+  return kSuccess;
+}
+
+CUresult cuDevicePrimaryCtxRetain(void** context, CUdevice device) {
+  if (context == nullptr) return kInvalidValue;
+  if (device < 0 || device >= state().devices) return kInvalidDevice;
+  *context = &state().contexts[device];
+  return kSuccess;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+  return device < 0 || device >= state().devices ? kInvalidDevice : kSuccess;
+}
+
+CUresult cuCtxSetCurrent(void* context) {
+  if (context == nullptr) return kSuccess;
+  int* contexts = state().contexts;
+  const auto* c = static_cast<int*>(context);
+  if (c < contexts || c >= contexts + state().devices) return kInvalidValue;
+  current_device = static_cast<int>(c - contexts);
+  return kSuccess;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr* out, size_t size) {
+  if (out == nullptr || size == 0) return kInvalidValue;
+  const size_t page = page_size();
+  const size_t mapped = (size + page - 1) / page * page;
+  const int fd = memfd_create("rdmaxfer-cuda-standin", MFD_CLOEXEC);
+  if (fd < 0) return kOutOfMemory;
+  if (ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
+    close(fd);
+    return kOutOfMemory;
+  }
+  void* device = mmap(nullptr, mapped, PROT_NONE, MAP_SHARED, fd, 0);
+  void* shadow = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (device == MAP_FAILED || shadow == MAP_FAILED) {
+    if (device != MAP_FAILED) munmap(device, mapped);
+    if (shadow != MAP_FAILED) munmap(shadow, mapped);
+    return kOutOfMemory;
+  }
+  DeviceAllocation a;
+  a.shadow = static_cast<uint8_t*>(shadow);
+  a.mapped = mapped;
+  a.size = size;
+  a.device = current_device;
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().device_allocations[reinterpret_cast<uintptr_t>(device)] = a;
+  *out = reinterpret_cast<uintptr_t>(device);
+  return kSuccess;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr ptr) {
+  DeviceAllocation a;
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    auto it = state().device_allocations.find(static_cast<uintptr_t>(ptr));
+    if (it == state().device_allocations.end()) return kInvalidValue;
+    a = it->second;
+    state().device_allocations.erase(it);
+  }
+  munmap(reinterpret_cast<void*>(static_cast<uintptr_t>(ptr)), a.mapped);
+  munmap(a.shadow, a.mapped);
+  return kSuccess;
+}
+
+CUresult cuMemHostAlloc(void** out, size_t size, unsigned /*flags*/) {
+  if (out == nullptr || size == 0) return kInvalidValue;
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return kOutOfMemory;
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().host_allocations.insert(reinterpret_cast<uintptr_t>(p));
+  state().host_sizes[reinterpret_cast<uintptr_t>(p)] = size;
+  *out = p;
+  return kSuccess;
+}
+
+CUresult cuMemFreeHost(void* p) {
+  size_t size = 0;
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    const auto key = reinterpret_cast<uintptr_t>(p);
+    if (state().host_allocations.erase(key) == 0) return kInvalidValue;
+    size = state().host_sizes[key];
+    state().host_sizes.erase(key);
+  }
+  munmap(p, size);
+  return kSuccess;
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, void* stream) {
+  if (dst == nullptr) return kInvalidValue;
+  if (n == 0) return kSuccess;
+  uint8_t* from = shadow_of(src, n);
+  if (from == nullptr) return kInvalidValue;
+  return enqueue_copy(dst, from, n, stream);
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, void* stream) {
+  if (src == nullptr) return kInvalidValue;
+  if (n == 0) return kSuccess;
+  uint8_t* to = shadow_of(dst, n);
+  if (to == nullptr) return kInvalidValue;
+  return enqueue_copy(to, src, n, stream);
+}
+
+CUresult cuStreamCreate(void** out, unsigned /*flags*/) {
+  if (out == nullptr) return kInvalidValue;
+  auto* stream = new Stream();
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().streams.insert(stream);
+  *out = stream;
+  return kSuccess;
+}
+
+CUresult cuStreamDestroy_v2(void* handle) {
+  auto* stream = static_cast<Stream*>(handle);
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    if (state().streams.erase(stream) == 0) return kInvalidHandle;
+  }
+  delete stream;  // runs what is queued, then joins its worker
+  return kSuccess;
+}
+
+CUresult cuStreamSynchronize(void* handle) {
+  Stream* stream = stream_of(handle);
+  if (stream == nullptr) return kInvalidHandle;
+  stream->wait_for(stream->last_ticket());
+  return kSuccess;
+}
+
+CUresult cuEventCreate(void** out, unsigned /*flags*/) {
+  if (out == nullptr) return kInvalidValue;
+  auto* event = new Event();
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().events.insert(event);
+  *out = event;
+  return kSuccess;
+}
+
+CUresult cuEventRecord(void* handle, void* stream_handle) {
+  auto* event = static_cast<Event*>(handle);
+  if (!event_known(event)) return kInvalidHandle;
+  Stream* stream = stream_of(stream_handle);
+  if (stream == nullptr) return kInvalidHandle;
+  const uint64_t ticket = stream->last_ticket();
+  std::lock_guard<std::mutex> lock(state().mu);
+  event->stream = stream;
+  event->ticket = ticket;
+  return kSuccess;
+}
+
+CUresult cuEventQuery(void* handle) {
+  auto* event = static_cast<Event*>(handle);
+  if (!event_known(event)) return kInvalidHandle;
+  const Event e = recorded(event);
+  return e.stream == nullptr || e.stream->reached(e.ticket) ? kSuccess : kNotReady;
+}
+
+CUresult cuEventSynchronize(void* handle) {
+  auto* event = static_cast<Event*>(handle);
+  if (!event_known(event)) return kInvalidHandle;
+  const Event e = recorded(event);
+  if (e.stream != nullptr) e.stream->wait_for(e.ticket);
+  return kSuccess;
+}
+
+CUresult cuEventDestroy_v2(void* handle) {
+  auto* event = static_cast<Event*>(handle);
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    if (state().events.erase(event) == 0) return kInvalidHandle;
+  }
+  delete event;
+  return kSuccess;
+}
+
+CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr) {
+  if (data == nullptr) return kInvalidValue;
+  std::lock_guard<std::mutex> lock(state().mu);
+  DeviceAllocation* a = find_device(static_cast<uintptr_t>(ptr), 0, nullptr);
+  if (a == nullptr) {
+    // Host memory: only what cuMemHostAlloc returned is known to the driver.
+    const auto p = static_cast<uintptr_t>(ptr);
+    bool pinned = false;
+    for (const auto& [base, size] : state().host_sizes) {
+      if (p >= base && p - base < size) pinned = true;
+    }
+    if (!pinned) return kInvalidValue;
+    if (attribute == kPointerAttrMemoryType) {
+      *static_cast<unsigned*>(data) = kMemoryTypeHost;
+      return kSuccess;
+    }
+    if (attribute == kPointerAttrDeviceOrdinal) {
+      *static_cast<int*>(data) = 0;
+      return kSuccess;
+    }
+    return kInvalidValue;
+  }
+  switch (attribute) {
+    case kPointerAttrMemoryType: *static_cast<unsigned*>(data) = kMemoryTypeDevice; break;
+    case kPointerAttrDeviceOrdinal: *static_cast<int*>(data) = a->device; break;
+    case kPointerAttrIsManaged: *static_cast<int*>(data) = 0; break;
+    case kPointerAttrSyncMemops: *static_cast<int*>(data) = a->sync_memops ? 1 : 0; break;
+    default: return kInvalidValue;
+  }
+  return kSuccess;
+}
+
+CUresult cuPointerSetAttribute(const void* value, int attribute, CUdeviceptr ptr) {
+  if (value == nullptr || attribute != kPointerAttrSyncMemops) return kInvalidValue;
+  std::lock_guard<std::mutex> lock(state().mu);
+  DeviceAllocation* a = find_device(static_cast<uintptr_t>(ptr), 0, nullptr);
+  if (a == nullptr) return kInvalidValue;
+  a->sync_memops = *static_cast<const unsigned*>(value) != 0;
+  return kSuccess;
+}
+
+CUresult cuMemGetHandleForAddressRange(void* /*handle*/, CUdeviceptr /*ptr*/, size_t /*size*/,
+                                       int /*type*/, unsigned long long /*flags*/) {
+  return kNotSupported;  // a driver without dmabuf
+}
+
+CUresult cuGetErrorName(CUresult error, const char** out) {
+  if (out == nullptr) return kInvalidValue;
+  switch (error) {
+    case kSuccess: *out = "CUDA_SUCCESS"; break;
+    case kInvalidValue: *out = "CUDA_ERROR_INVALID_VALUE"; break;
+    case kOutOfMemory: *out = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case kNotInitialized: *out = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case 100: *out = "CUDA_ERROR_NO_DEVICE"; break;
+    case kInvalidDevice: *out = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case kInvalidHandle: *out = "CUDA_ERROR_INVALID_HANDLE"; break;
+    case kNotReady: *out = "CUDA_ERROR_NOT_READY"; break;
+    case kNotSupported: *out = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    default: *out = nullptr; return kInvalidValue;
+  }
+  return kSuccess;
+}
+
+CUresult cuGetErrorString(CUresult error, const char** out) {
+  if (out == nullptr) return kInvalidValue;
+  switch (error) {
+    case kSuccess: *out = "no error"; break;
+    case kInvalidValue: *out = "invalid argument"; break;
+    case kOutOfMemory: *out = "out of memory"; break;
+    case kNotInitialized: *out = "initialization error"; break;
+    case 100: *out = "no CUDA-capable device is detected"; break;
+    case kInvalidDevice: *out = "invalid device ordinal"; break;
+    case kInvalidHandle: *out = "invalid resource handle"; break;
+    case kNotReady: *out = "device not ready"; break;
+    case kNotSupported: *out = "operation not supported"; break;
+    default: *out = nullptr; return kInvalidValue;
+  }
+  return kSuccess;
+}
+
+}  // extern "C"
