@@ -1,6 +1,6 @@
 """GPU interop without a GPU: the "no CUDA" report, ``__cuda_array_interface__`` and DLPack
 parsing (over host memory, for the parsing only), and the whole GPU path of the Endpoint API
-with host memory standing in for the device (``rdmaxfer.staging.host_standin``: the real
+with host memory standing in for the device (``rdmaxfer.gpu.staging.host_standin``: the real
 staging pipeline and the real TCP transport, ``_core.HostCopier`` for the device copies)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 import rdmaxfer
 from _common import MARGIN_S, Pair
-from rdmaxfer import Buffer, _core, _dlpack, cuda, staging
+from rdmaxfer import Buffer, _core
 from rdmaxfer.errors import (
     InvalidArgumentError,
     ProtocolError,
@@ -28,6 +28,10 @@ from rdmaxfer.errors import (
     TransportError,
     UnsupportedError,
 )
+from rdmaxfer.gpu import staging
+from rdmaxfer.memory import cuda
+from rdmaxfer.memory import dlpack as _dlpack
+from rdmaxfer.memory.buffer import device_view
 
 NO_GPU = not cuda.available()
 
@@ -87,7 +91,7 @@ def test_gpu_requests_raise_unsupported_with_the_reason() -> None:
     with pytest.raises(UnsupportedError):
         rdmaxfer.pull_weights("127.0.0.1:1", device="cuda:0")
     with pytest.raises(UnsupportedError, match="CUDA memory"):
-        cuda.device_view(FakeCudaArray(np.zeros(4)), writable=False)
+        device_view(FakeCudaArray(np.zeros(4)), writable=False)
     with pytest.raises(UnsupportedError):
         _core.DeviceMemory(0, 1024)
 
@@ -104,7 +108,7 @@ def test_pointer_kind_of_host_memory() -> None:
 
 
 def test_info_reports_gpus_and_preflight(capsys: pytest.CaptureFixture[str]) -> None:
-    from rdmaxfer import cli
+    from rdmaxfer.tools import cli
 
     assert cli.main(["info", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -187,8 +191,8 @@ def test_dlpack_non_contiguous_is_refused() -> None:
 
 
 def test_host_dlpack_objects_are_not_device_memory() -> None:
-    assert cuda.device_view(np.zeros(3), writable=False) is None
-    assert cuda.device_view(Buffer.wrap(np.zeros(3)), writable=True) is None
+    assert device_view(np.zeros(3), writable=False) is None
+    assert device_view(Buffer.wrap(np.zeros(3)), writable=True) is None
 
 
 # -- the GPU path of the Endpoint API, host memory standing in for the device --------------
@@ -363,4 +367,4 @@ class _NoCaiForThisDtype:
 
 
 def test_inexpressible_cai_falls_through_to_dlpack() -> None:
-    assert cuda.device_view(_NoCaiForThisDtype(), writable=False) is None
+    assert device_view(_NoCaiForThisDtype(), writable=False) is None

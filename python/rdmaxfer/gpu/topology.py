@@ -1,36 +1,30 @@
-"""Where GPUs and RDMA NICs sit on the PCIe tree, and which GPUDirect registration can work.
+"""Where GPUs and RDMA NICs sit on the PCIe tree.
 
 Everything here reads sysfs under a root given as a parameter (``/sys`` by default), so tests
-build fake trees. Two pieces:
-
-* :func:`link` classifies the path between two PCI devices the way ``nvidia-smi topo -m``
-  does: ``PIX`` (through at most one PCIe switch), ``PXB`` (several bridges, no host bridge),
-  ``PHB`` (through the PCIe host bridge of one root complex), ``NODE`` (between root
-  complexes of one NUMA node), ``SYS`` (across NUMA nodes / sockets). :func:`nearest_nics`
-  ranks the RDMA devices (``/sys/class/infiniband``) by that distance from a GPU.
-* :func:`preflight` decides how GPU memory is registered for RDMA, in order of preference:
-  ``dmabuf``, ``peermem`` (nvidia-peermem), else ``staging``, and says why not the others.
+build fake trees. :func:`link` classifies the path between two PCI devices the way
+``nvidia-smi topo -m`` does: ``PIX`` (through at most one PCIe switch), ``PXB`` (several
+bridges, no host bridge), ``PHB`` (through the PCIe host bridge of one root complex), ``NODE``
+(between root complexes of one NUMA node), ``SYS`` (across NUMA nodes / sockets).
+:func:`nearest_nics` ranks the RDMA devices (``/sys/class/infiniband``) by that distance from a
+GPU. Which GPUDirect registration can work is decided by :mod:`rdmaxfer.gpu.gpudirect`.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 __all__ = [
     "LINK_ORDER",
-    "GpuDirectPreflight",
     "NicInfo",
-    "kernel_version",
+    "is_software_rdma",
     "link",
     "list_rdma_devices",
     "nearest_nics",
     "normalize_bdf",
     "pci_path",
-    "preflight",
 ]
 
 #: Link kinds from nearest to farthest.
@@ -154,116 +148,3 @@ def nearest_nics(gpu_bdf: str, sysfs_root: str | os.PathLike[str] = "/sys") -> l
         nics.append(NicInfo(name, bdf, kind, software=not bdf or name.startswith(("rxe", "siw"))))
     rank = {k: i for i, k in enumerate(LINK_ORDER)}
     return sorted(nics, key=lambda n: (n.link is None, rank.get(n.link or "", 99), n.name))
-
-
-def kernel_version(release: str | None = None) -> tuple[int, int]:
-    """``"5.15.0-91-generic"`` -> ``(5, 15)``; (0, 0) when unparseable. Default: this kernel."""
-    text = release if release is not None else os.uname().release
-    m = re.match(r"^(\d+)\.(\d+)", text)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
-
-@dataclass
-class GpuDirectPreflight:
-    """Which GPU memory registration to use, and why not the others.
-
-    ``method`` is ``"dmabuf"``, ``"peermem"`` or ``"staging"``; ``reasons[m]`` is "" when
-    method ``m`` is usable, else why not (staging is always usable).
-    """
-
-    method: str
-    reasons: dict[str, str] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        """One line per method: ``"dmabuf: unavailable: <why>"``."""
-        lines = []
-        for m in ("dmabuf", "peermem", "staging"):
-            why = self.reasons.get(m, "")
-            mark = "<- used" if m == self.method else ""
-            lines.append(
-                f"{m}: {'available' if not why else 'unavailable: ' + why} {mark}".rstrip()
-            )
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "reasons": dict(self.reasons)}
-
-
-def preflight(
-    transport: str,
-    *,
-    rdma_device: str | None = None,
-    cuda_status: dict[str, Any] | None = None,
-    gpu: int = 0,
-    sysfs_root: str | os.PathLike[str] = "/sys",
-    kernel_release: str | None = None,
-    verbs_dmabuf: str = "",
-) -> GpuDirectPreflight:
-    """Decide how GPU memory of GPU ``gpu`` is registered on ``transport``.
-
-    Args:
-        transport: ``"tcp"`` or ``"rdma"`` (the engine's transport).
-        rdma_device: the RDMA device in use (``"mlx5_0"``, ``"rxe0"``); None: unknown.
-        cuda_status: ``_core.cuda_status()`` (driver version, GPUs and their dmabuf support).
-        gpu: the GPU's ordinal.
-        sysfs_root: where sysfs is (tests pass a fake tree).
-        kernel_release: ``uname -r`` (default: this kernel); dmabuf MRs need >= 5.12.
-        verbs_dmabuf: "" when libibverbs has ``ibv_reg_dmabuf_mr``, else why not.
-
-    Returns:
-        The method to use and, per method, why it is not usable ("" when it is).
-    """
-    reasons: dict[str, str] = {"staging": ""}
-    status = cuda_status or {}
-    common = ""
-    if transport != "rdma":
-        common = (
-            f"the {transport} transport moves bytes with the CPU; GPUDirect RDMA needs an RDMA "
-            "NIC (use transport='rdma')"
-        )
-    elif status.get("unavailable"):
-        common = str(status["unavailable"])
-    elif rdma_device and is_software_rdma(rdma_device, sysfs_root):
-        common = (
-            f"{rdma_device} is a software RDMA device (rxe/siw): the CPU moves its bytes, so it "
-            "cannot DMA GPU memory"
-        )
-    gpus = status.get("gpus") or []
-    info = next((g for g in gpus if g.get("index") == gpu), None)
-    if not common and info is None:
-        common = f"cuda:{gpu} is not a GPU on this machine ({len(gpus)} GPU(s))"
-    if common:
-        reasons["dmabuf"] = common
-        reasons["peermem"] = common
-        return GpuDirectPreflight("staging", reasons)
-    assert info is not None
-
-    major, minor = kernel_version(kernel_release)
-    if (major, minor) < (5, 12):
-        reasons["dmabuf"] = (
-            f"kernel {major}.{minor} has no dmabuf memory regions for RDMA (needs Linux >= 5.12)"
-        )
-    elif verbs_dmabuf:
-        reasons["dmabuf"] = verbs_dmabuf
-    elif not status.get("get_handle_for_address_range"):
-        reasons["dmabuf"] = (
-            "the NVIDIA driver lacks cuMemGetHandleForAddressRange (CUDA 11.7+ drivers have it)"
-        )
-    elif not info.get("dma_buf"):
-        reasons["dmabuf"] = (
-            f"cuda:{gpu} reports CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED=0: dmabuf export needs the "
-            "open NVIDIA kernel modules (nvidia-open)"
-        )
-    else:
-        reasons["dmabuf"] = ""
-
-    module = Path(sysfs_root) / "module"
-    if (module / "nvidia_peermem").exists() or (module / "nv_peer_mem").exists():
-        reasons["peermem"] = ""
-    else:
-        reasons["peermem"] = (
-            "the nvidia-peermem kernel module is not loaded (modprobe nvidia-peermem; it ships "
-            "with the NVIDIA driver)"
-        )
-    method = next(m for m in ("dmabuf", "peermem", "staging") if not reasons[m])
-    return GpuDirectPreflight(method, reasons)
