@@ -280,6 +280,31 @@ def test_recv_into_mismatched_device_out_is_rejected(
         pair.a.post_recv(out=FakeCudaArray(out, readonly=True))
 
 
+def test_one_receive_step_for_host_and_device_memory(
+    standin: None, pair: Pair, rng: np.random.Generator
+) -> None:
+    """Host and GPU destinations go through the same receive step (issue 12): the same
+    mismatch is refused with the same words, the GPU one only naming the device array."""
+    src = rng.standard_normal(100).astype(np.float32)
+    errors = []
+    for out in (np.full(100, 7.0), FakeCudaArray(np.full(100, 7.0))):
+        sent = pair.b.post_send(src)
+        with pytest.raises(InvalidArgumentError) as caught:
+            pair.a.recv(out=out, timeout=30)
+        with pytest.raises(ProtocolError):
+            sent.wait(30)
+        errors.append(str(caught.value))
+    host, device = errors
+    assert "(400 bytes) but out is dtype <f8 shape (100,) (800 bytes)" in host
+    assert "or out=None to allocate one" in host
+    assert device == host.replace("but out is dtype", "but out is device array dtype")
+    sent = pair.b.post_send(src)  # the endpoint still works, and the bytes arrive
+    out = np.zeros(100, np.float32)
+    pair.a.recv(out=FakeCudaArray(out), timeout=30)
+    sent.wait(30)
+    assert _crc(out) == _crc(src)
+
+
 @pytest.mark.parametrize("size", [1, 4095, 5_000_011])
 def test_write_and_read_device_memory(
     standin: None, pair: Pair, rng: np.random.Generator, size: int
