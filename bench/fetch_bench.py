@@ -38,8 +38,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from _nginx import Nginx  # noqa: E402
-from rdmaxfer.bench import parse_size  # noqa: E402
-from rdmaxfer.fetch import fetch  # noqa: E402
+from rdmaxfer.tools.bench import parse_size  # noqa: E402
+from rdmaxfer.tools.fetch import fetch  # noqa: E402
 
 
 def make_file(path: Path, size: int) -> str:

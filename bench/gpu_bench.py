@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 import rdmaxfer
-from rdmaxfer import Buffer, _core, cuda
+from rdmaxfer import Buffer, _core
+from rdmaxfer.memory import cuda
 
 
 def _parse_size(text: str) -> int:
@@ -60,7 +61,7 @@ def bench_size(
     src_host = rng.integers(0, 256, size, dtype=np.uint8)
     wire = _best(lambda: a.write(src_host, region.descriptor(), timeout=600), iters)
 
-    stager = client._stagers.get(0) or rdmaxfer.staging.stager_for(client, 0)
+    stager = client._stager(0)
 
     def staged(op: str) -> None:
         post = stager.post_write if op == "write" else stager.post_read

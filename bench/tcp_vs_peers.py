@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from rdmaxfer import bench
+from rdmaxfer.tools import bench
 
 
 def _python_peer(conn: Connection, size: int) -> None:

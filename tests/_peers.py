@@ -167,7 +167,7 @@ def api_send_to(conn: Connection, address: str, specs: list[tuple[int, Any, str]
     """rdmaxfer.send(..., to=address) for each spec (one cached connection)."""
     for seed, shape, dtype in specs:
         rdmaxfer.send(make_array(seed, shape, DTYPES[dtype]), to=address, timeout=60)
-    conn.send(len(rdmaxfer.api._connected))
+    conn.send(len(rdmaxfer.transport.api._connected))
     conn.recv()
 
 

@@ -18,9 +18,9 @@ from rdmaxfer import (
     TransferTimeoutError,
     UnsupportedError,
     _core,
-    api,
 )
 from rdmaxfer._config import parse_address, resolve_timeout
+from rdmaxfer.transport import api
 
 
 def test_package_exports() -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rdmaxfer import bench
 from rdmaxfer.errors import InvalidArgumentError
+from rdmaxfer.tools import bench
 
 needs_iperf3 = pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 not installed")
 
@@ -68,7 +68,7 @@ def test_reference_fields_and_table() -> None:
 
 @needs_iperf3
 def test_iperf3_reference() -> None:
-    from rdmaxfer.bench_reference import iperf3_reference
+    from rdmaxfer.tools.bench_reference import iperf3_reference
 
     ref = iperf3_reference([4096, 1 << 20], iters=4)
     for size in (4096, 1 << 20):
@@ -78,7 +78,7 @@ def test_iperf3_reference() -> None:
 
 def test_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from rdmaxfer.bench_plot import plot_results
+    from rdmaxfer.tools.bench_plot import plot_results
 
     rows = [r.as_dict() for r in bench.run_bench(sizes=[64, 4096, 65536], iters=3)]
     for i, row in enumerate(rows):

@@ -13,7 +13,7 @@ import pytest
 
 from _peers import make_array, same_bytes
 from rdmaxfer import Buffer, Engine, InvalidArgumentError, MemoryRegion, ProtocolError, _core
-from rdmaxfer.buffer import as_array
+from rdmaxfer.memory.buffer import as_array
 
 
 class InterfaceOnly:

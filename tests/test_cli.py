@@ -15,8 +15,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from rdmaxfer import Engine, bench
-from rdmaxfer.cli import start_serve_process
 from rdmaxfer.errors import InvalidArgumentError
+from rdmaxfer.tools.cli import start_serve_process
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,8 @@ import torch
 
 from _common import Pair
 from _dlpack_cases import TORCH_TO_ML, one_sided, random_tensor, send_recv_both_ways, tensor_bytes
-from rdmaxfer import Buffer, InvalidArgumentError, _core, _dlpack, as_array
+from rdmaxfer import Buffer, InvalidArgumentError, _core, as_array
+from rdmaxfer.memory import dlpack as _dlpack
 
 
 def test_bfloat16_tensor_is_viewed_with_its_bits() -> None:

@@ -7,11 +7,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rdmaxfer import doctor
-from rdmaxfer.doctor import Finding, run_checks
+from rdmaxfer.gpu.report import gpu_report
+from rdmaxfer.tools import doctor
+from rdmaxfer.tools.doctor import Finding, run_checks
 
 GPU = "0000:03:00.0"
 NIC = "0000:04:00.0"
@@ -27,11 +29,29 @@ def write(path: Path, text: str) -> None:
 
 
 class Tree:
-    """A fake machine: one GPU and one RoCE NIC behind one PCIe switch, healthy settings."""
+    """A fake machine: one GPU and one RoCE NIC behind one PCIe switch, healthy settings; the
+    CUDA driver's and libibverbs' facts are fakes too (``cuda``, ``verbs_dmabuf``)."""
 
     def __init__(self, root: Path) -> None:
         self.sys = root / "sys"
         self.proc = root / "proc"
+        self.cuda: dict[str, Any] = {
+            "unavailable": "",
+            "driver_version": 12040,
+            "get_handle_for_address_range": True,
+            "gpus": [
+                {
+                    "index": 0,
+                    "name": "NVIDIA H100",
+                    "pci_bus_id": GPU,
+                    "total_memory": 80 << 30,
+                    "compute_capability": "9.0",
+                    "gpu_direct_rdma": True,
+                    "dma_buf": True,
+                }
+            ],
+        }
+        self.verbs_dmabuf = ""
         self.limits("unlimited")
         for key, value in {
             "net/core/rmem_max": "67108864",
@@ -107,7 +127,24 @@ class Tree:
             write(self.proc / "irq" / str(irq) / "smp_affinity_list", cpus)
 
     def run(self, need: int = 1 << 30) -> list[Finding]:
-        return run_checks(sysfs=self.sys, procfs=self.proc, need=need)
+        return run_checks(
+            sysfs=self.sys,
+            procfs=self.proc,
+            need=need,
+            cuda_status=self.cuda,
+            verbs_dmabuf=self.verbs_dmabuf,
+        )
+
+    def info(self) -> dict[str, Any]:
+        """What ``rdmaxfer info`` reports about GPUs on this machine (rdma usable)."""
+        return gpu_report(
+            {"rdma": ""},
+            self.sys,
+            rdma_device="mlx5_0",
+            procfs_root=self.proc,
+            cuda_status=self.cuda,
+            verbs_dmabuf=self.verbs_dmabuf,
+        )
 
 
 @pytest.fixture
@@ -128,7 +165,8 @@ def test_healthy_machine_is_all_ok(tree: Tree) -> None:
     checks = {f.check for f in findings}
     assert checks == {
         "memlock", "rdma.devices", "rdma.port", "rdma.mtu", "rdma.gid", "gpu.driver",
-        "gpu.dmabuf", "gpu.peermem", "pcie.affinity", "pcie.link", "irq.affinity", "sysctl",
+        "gpu.method", "gpu.dmabuf", "gpu.peermem", "pcie.affinity", "pcie.link", "irq.affinity",
+        "sysctl",
     }  # fmt: skip
     assert only(findings, "pcie.affinity").message.startswith("nearest NIC mlx5_0: PIX")
     assert "active MTU 4096" in only(findings, "rdma.mtu").message
@@ -196,12 +234,48 @@ def test_gpu_memory_paths(tree: Tree) -> None:
 def test_old_kernel_has_no_dmabuf(tree: Tree) -> None:
     write(tree.proc / "sys/kernel/osrelease", "5.4.0-150-generic")
     f = only(tree.run(), "gpu.dmabuf")
-    assert f.severity == "warn" and "5.4 < 5.12" in f.message
+    assert f.severity == "warn" and "kernel 5.4 has no dmabuf" in f.message
+    assert "Linux >= 5.12" in f.message
 
 
 def test_peermem_missing_is_info_when_dmabuf_works(tree: Tree) -> None:
     (tree.sys / "module/nvidia_peermem").rmdir()
     assert only(tree.run(), "gpu.peermem").severity == "info"
+
+
+@pytest.mark.parametrize(
+    ("variant", "method"),
+    [
+        ("healthy", "dmabuf"),
+        ("closed modules", "peermem"),
+        ("old kernel", "peermem"),
+        ("no ibv_reg_dmabuf_mr", "peermem"),
+        ("GPU without dmabuf", "peermem"),
+        ("closed modules, no peermem", "staging"),
+    ],
+)
+def test_info_and_doctor_make_one_gpudirect_decision(tree: Tree, variant: str, method: str) -> None:
+    """``rdmaxfer info`` and ``rdmaxfer doctor`` report the same registration, for the same
+    reasons, from the same facts (issue 12: the decision is made once)."""
+    if "closed" in variant:
+        write(tree.proc / "driver/nvidia/version", "NVRM version: NVIDIA UNIX Kernel Module 535")
+    if "no peermem" in variant:
+        (tree.sys / "module/nvidia_peermem").rmdir()
+    if variant == "old kernel":
+        write(tree.proc / "sys/kernel/osrelease", "5.4.0-150-generic")
+    if variant == "no ibv_reg_dmabuf_mr":
+        tree.verbs_dmabuf = "libibverbs 28 has no ibv_reg_dmabuf_mr"
+    if variant == "GPU without dmabuf":
+        tree.cuda["gpus"][0]["dma_buf"] = False
+    decision = tree.info()["gpudirect"]["rdma"]
+    findings = tree.run()
+    assert decision["method"] == method
+    assert only(findings, "gpu.method", "cuda:0").message.startswith(f"{method}: ")
+    dmabuf, peermem = only(findings, "gpu.dmabuf"), only(findings, "gpu.peermem")
+    assert (dmabuf.severity == "ok") == (decision["reasons"]["dmabuf"] == "")
+    assert (peermem.severity == "ok") == (decision["reasons"]["peermem"] == "")
+    if decision["reasons"]["dmabuf"]:
+        assert decision["reasons"]["dmabuf"] in dmabuf.message
 
 
 def test_no_gpu_driver(tree: Tree) -> None:

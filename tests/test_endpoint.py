@@ -42,8 +42,8 @@ from rdmaxfer import (
     Transfer,
     TransferTimeoutError,
     _core,
-    _meta,
 )
+from rdmaxfer.memory import meta as _meta
 
 MiB = 1 << 20
 SIZES = [0, 1, 4095, MiB + 3]

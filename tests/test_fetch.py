@@ -21,7 +21,7 @@ from safetensors.numpy import load_file, save_file
 
 from _nginx import Nginx, nginx_binary
 from rdmaxfer import Engine, FetchError, FetchIntegrityError, InvalidArgumentError
-from rdmaxfer.fetch import (
+from rdmaxfer.tools.fetch import (
     MAX_CHUNKS,
     STATE_SUFFIX,
     TokenBucket,

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rdmaxfer import Engine, ProtocolError, _core, _meta
+from rdmaxfer import Engine, ProtocolError, _core
+from rdmaxfer.memory import meta as _meta
 
 EXAMPLES = int(os.environ.get("RDMAXFER_FUZZ_EXAMPLES", "2000"))
 FUZZ = settings(

@@ -12,7 +12,8 @@ import pytest
 
 import rdmaxfer
 from _common import Pair
-from rdmaxfer import Buffer, _core, cuda
+from rdmaxfer import Buffer, _core
+from rdmaxfer.memory import cuda
 
 pytestmark = [
     pytest.mark.gpu,

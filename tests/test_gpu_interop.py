@@ -1,6 +1,6 @@
 """GPU interop without a GPU: the "no CUDA" report, ``__cuda_array_interface__`` and DLPack
 parsing (over host memory, for the parsing only), and the whole GPU path of the Endpoint API
-with host memory standing in for the device (``rdmaxfer.staging.host_standin``: the real
+with host memory standing in for the device (``rdmaxfer.gpu.staging.host_standin``: the real
 staging pipeline and the real TCP transport, ``_core.HostCopier`` for the device copies)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 import rdmaxfer
 from _common import MARGIN_S, Pair
-from rdmaxfer import Buffer, _core, _dlpack, cuda, staging
+from rdmaxfer import Buffer, _core
 from rdmaxfer.errors import (
     InvalidArgumentError,
     ProtocolError,
@@ -28,6 +28,10 @@ from rdmaxfer.errors import (
     TransportError,
     UnsupportedError,
 )
+from rdmaxfer.gpu import staging
+from rdmaxfer.memory import cuda
+from rdmaxfer.memory import dlpack as _dlpack
+from rdmaxfer.memory.buffer import device_view
 
 NO_GPU = not cuda.available()
 
@@ -87,7 +91,7 @@ def test_gpu_requests_raise_unsupported_with_the_reason() -> None:
     with pytest.raises(UnsupportedError):
         rdmaxfer.pull_weights("127.0.0.1:1", device="cuda:0")
     with pytest.raises(UnsupportedError, match="CUDA memory"):
-        cuda.device_view(FakeCudaArray(np.zeros(4)), writable=False)
+        device_view(FakeCudaArray(np.zeros(4)), writable=False)
     with pytest.raises(UnsupportedError):
         _core.DeviceMemory(0, 1024)
 
@@ -104,7 +108,7 @@ def test_pointer_kind_of_host_memory() -> None:
 
 
 def test_info_reports_gpus_and_preflight(capsys: pytest.CaptureFixture[str]) -> None:
-    from rdmaxfer import cli
+    from rdmaxfer.tools import cli
 
     assert cli.main(["info", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -187,8 +191,8 @@ def test_dlpack_non_contiguous_is_refused() -> None:
 
 
 def test_host_dlpack_objects_are_not_device_memory() -> None:
-    assert cuda.device_view(np.zeros(3), writable=False) is None
-    assert cuda.device_view(Buffer.wrap(np.zeros(3)), writable=True) is None
+    assert device_view(np.zeros(3), writable=False) is None
+    assert device_view(Buffer.wrap(np.zeros(3)), writable=True) is None
 
 
 # -- the GPU path of the Endpoint API, host memory standing in for the device --------------
@@ -274,6 +278,31 @@ def test_recv_into_mismatched_device_out_is_rejected(
     assert (out == 7.0).all()  # untouched
     with pytest.raises(InvalidArgumentError, match="read-only"):
         pair.a.post_recv(out=FakeCudaArray(out, readonly=True))
+
+
+def test_one_receive_step_for_host_and_device_memory(
+    standin: None, pair: Pair, rng: np.random.Generator
+) -> None:
+    """Host and GPU destinations go through the same receive step (issue 12): the same
+    mismatch is refused with the same words, the GPU one only naming the device array."""
+    src = rng.standard_normal(100).astype(np.float32)
+    errors = []
+    for out in (np.full(100, 7.0), FakeCudaArray(np.full(100, 7.0))):
+        sent = pair.b.post_send(src)
+        with pytest.raises(InvalidArgumentError) as caught:
+            pair.a.recv(out=out, timeout=30)
+        with pytest.raises(ProtocolError):
+            sent.wait(30)
+        errors.append(str(caught.value))
+    host, device = errors
+    assert "(400 bytes) but out is dtype <f8 shape (100,) (800 bytes)" in host
+    assert "or out=None to allocate one" in host
+    assert device == host.replace("but out is dtype", "but out is device array dtype")
+    sent = pair.b.post_send(src)  # the endpoint still works, and the bytes arrive
+    out = np.zeros(100, np.float32)
+    pair.a.recv(out=FakeCudaArray(out), timeout=30)
+    sent.wait(30)
+    assert _crc(out) == _crc(src)
 
 
 @pytest.mark.parametrize("size", [1, 4095, 5_000_011])
@@ -363,4 +392,4 @@ class _NoCaiForThisDtype:
 
 
 def test_inexpressible_cai_falls_through_to_dlpack() -> None:
-    assert cuda.device_view(_NoCaiForThisDtype(), writable=False) is None
+    assert device_view(_NoCaiForThisDtype(), writable=False) is None

@@ -15,17 +15,12 @@ import pytest
 
 #: Loaded only when used (each pulls in heavy dependencies or is rarely needed).
 LAZY_MODULES = [
-    "rdmaxfer.cuda",
-    "rdmaxfer.staging",
-    "rdmaxfer.topology",
+    "rdmaxfer.memory.cuda",
+    "rdmaxfer.memory.dlpack",
+    "rdmaxfer.gpu",
     "rdmaxfer.weights",
-    "rdmaxfer.fetch",
-    "rdmaxfer._ranges",
     "rdmaxfer.distributed",
-    "rdmaxfer.cli",
-    "rdmaxfer.bench",
-    "rdmaxfer.doctor",
-    "rdmaxfer._dlpack",
+    "rdmaxfer.tools",
     "asyncio",
     "importlib.metadata",
     "httpx",
@@ -57,7 +52,7 @@ def test_lazy_names_load_on_first_use() -> None:
         "import sys, rdmaxfer as rdma\n"
         "assert 'rdmaxfer.weights' not in sys.modules\n"
         "from rdmaxfer.weights import pull_weights, WeightServer\n"
-        "from rdmaxfer.fetch import fetch, fetch_weights, FetchResult\n"
+        "from rdmaxfer.tools.fetch import fetch, fetch_weights, FetchResult\n"
         "from rdmaxfer import cuda\n"
         "assert rdma.pull_weights is pull_weights and rdma.WeightServer is WeightServer\n"
         "assert rdma.fetch is fetch and rdma.fetch_weights is fetch_weights\n"

@@ -19,8 +19,8 @@ from rdmaxfer import (
     InvalidArgumentError,
     RegistrationError,
     _core,
-    _meta,
 )
+from rdmaxfer.memory import meta as _meta
 
 
 @pytest.mark.parametrize("nbytes", [1, 4095, 16384, 1 << 20])

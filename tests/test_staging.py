@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 from _common import MARGIN_S, Pair
-from rdmaxfer import _core, _meta
+from rdmaxfer import _core
 from rdmaxfer.errors import (
     InvalidArgumentError,
     RemoteAccessError,
     TransferTimeoutError,
     TransportError,
 )
+from rdmaxfer.memory import meta as _meta
 
 
 def _random(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rdmaxfer import topology
+from rdmaxfer.gpu import gpudirect, topology
 
 GPU = "0000:1b:00.0"
 
@@ -118,7 +118,7 @@ def _peermem(root: Path) -> None:
 
 def test_preflight_prefers_dmabuf(sysfs: Path) -> None:
     _peermem(sysfs)
-    p = topology.preflight(
+    p = gpudirect.preflight(
         "rdma",
         rdma_device="mlx5_0",
         cuda_status=_status(),
@@ -132,7 +132,7 @@ def test_preflight_prefers_dmabuf(sysfs: Path) -> None:
 
 def test_preflight_old_kernel_falls_back_to_peermem(sysfs: Path) -> None:
     _peermem(sysfs)
-    p = topology.preflight(
+    p = gpudirect.preflight(
         "rdma",
         rdma_device="mlx5_0",
         cuda_status=_status(),
@@ -154,7 +154,7 @@ def test_preflight_old_kernel_falls_back_to_peermem(sysfs: Path) -> None:
 def test_preflight_dmabuf_reasons(
     sysfs: Path, status: dict[str, Any], verbs: str, needle: str
 ) -> None:
-    p = topology.preflight(
+    p = gpudirect.preflight(
         "rdma",
         rdma_device="mlx5_0",
         cuda_status=status,
@@ -169,7 +169,7 @@ def test_preflight_dmabuf_reasons(
 
 def test_preflight_legacy_peer_mem_module(sysfs: Path) -> None:
     (sysfs / "module" / "nv_peer_mem").mkdir(parents=True)
-    p = topology.preflight(
+    p = gpudirect.preflight(
         "rdma",
         rdma_device="mlx5_0",
         cuda_status=_status(dma_buf=False),
@@ -191,7 +191,7 @@ def test_preflight_staging_only(
     sysfs: Path, transport: str, device: str | None, status: dict[str, Any], needle: str
 ) -> None:
     _peermem(sysfs)
-    p = topology.preflight(
+    p = gpudirect.preflight(
         transport,
         rdma_device=device,
         cuda_status=status,
@@ -204,12 +204,12 @@ def test_preflight_staging_only(
 
 
 def test_preflight_unknown_gpu(sysfs: Path) -> None:
-    p = topology.preflight("rdma", cuda_status=_status(), gpu=3, sysfs_root=sysfs)
+    p = gpudirect.preflight("rdma", cuda_status=_status(), gpu=3, sysfs_root=sysfs)
     assert p.method == "staging" and "cuda:3 is not a GPU" in p.reasons["peermem"]
 
 
 def test_kernel_version() -> None:
-    assert topology.kernel_version("5.15.0-91-generic") == (5, 15)
-    assert topology.kernel_version("6.8.12") == (6, 8)
-    assert topology.kernel_version("garbage") == (0, 0)
-    assert topology.kernel_version() >= (2, 6)
+    assert gpudirect.kernel_version("5.15.0-91-generic") == (5, 15)
+    assert gpudirect.kernel_version("6.8.12") == (6, 8)
+    assert gpudirect.kernel_version("garbage") == (0, 0)
+    assert gpudirect.kernel_version() >= (2, 6)

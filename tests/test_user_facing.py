@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 import rdmaxfer
 from rdmaxfer import Engine, TransferTimeoutError, TransportError, _core
 from rdmaxfer._config import parse_address
-from rdmaxfer.cli import build_parser, start_serve_process
+from rdmaxfer.tools.cli import build_parser, start_serve_process
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

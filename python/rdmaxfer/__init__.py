@@ -17,15 +17,9 @@ from __future__ import annotations
 import numpy as _numpy  # noqa: F401  (loaded for its side effect, see above)
 
 # isort: split
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from ._core import Descriptor
-from .api import accept, connect, default_engine, listen, recv, send, shutdown
-from .buffer import Buffer, MemoryRegion, as_array
-from .endpoint import Endpoint
-from .engine import Engine, resolve_transport
 from .errors import (
     ChecksumError,
     ConnectionFailedError,
@@ -41,28 +35,42 @@ from .errors import (
     TransportError,
     UnsupportedError,
 )
-from .transfer import Transfer
+from .memory.buffer import Buffer, as_array
+from .memory.region import MemoryRegion
+from .transport.api import accept, connect, default_engine, listen, recv, send, shutdown
+from .transport.endpoint import Endpoint
+from .transport.engine import Engine, resolve_transport
+from .transport.transfer import Transfer
 
 if TYPE_CHECKING:
-    from .fetch import FetchResult, fetch, fetch_weights
+    from .tools.fetch import FetchResult, fetch, fetch_weights
     from .weights import WeightServer, pull_weights, serve_weights
 
     __version__: str
 
 # Loaded on first use (module __getattr__, PEP 562), to keep `import rdmaxfer` fast: HTTP
-# downloads (httpx, asyncio) and the weights protocol, and the submodules that only some
-# programs need (GPU memory, torch.distributed-style collectives, the CLI's tools).
+# downloads (httpx, asyncio) and the weights protocol, and the modules that only some programs
+# need (GPU memory, torch.distributed-style collectives, the CLI's tools), under the short
+# names they had before the package was split into layers (``rdmaxfer.cuda``...).
 _LAZY = {
-    "FetchResult": "fetch",
-    "fetch": "fetch",
-    "fetch_weights": "fetch",
+    "FetchResult": "tools.fetch",
+    "fetch": "tools.fetch",
+    "fetch_weights": "tools.fetch",
     "WeightServer": "weights",
     "pull_weights": "weights",
     "serve_weights": "weights",
 }
-_SUBMODULES = frozenset(
-    {"bench", "cli", "cuda", "distributed", "doctor", "fetch", "staging", "topology", "weights"}
-)
+_SUBMODULES = {
+    "bench": "tools.bench",
+    "cli": "tools.cli",
+    "cuda": "memory.cuda",
+    "distributed": "distributed",
+    "doctor": "tools.doctor",
+    "gpudirect": "gpu.gpudirect",
+    "staging": "gpu.staging",
+    "topology": "gpu.topology",
+    "weights": "weights",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -71,7 +79,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     elif name in _SUBMODULES:
-        value = importlib.import_module(f".{name}", __name__)
+        value = importlib.import_module(f".{_SUBMODULES[name]}", __name__)
     elif name == "__version__":
         from importlib import metadata
 
@@ -86,21 +94,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__) | _SUBMODULES)
-
-
-class _Package(types.ModuleType):
-    """This package's module type: loading the submodule ``rdmaxfer.fetch`` binds it to the
-    name ``fetch`` on the package, which is the function of that name (loaded lazily, so the
-    binding can come first); that one binding is ignored."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name == "fetch" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
 
 
 __all__ = [

@@ -19,7 +19,7 @@ from safetensors.numpy import load_file
 
 import rdmaxfer
 from rdmaxfer import Engine, InvalidArgumentError, RegistrationError, pull_weights, serve_weights
-from rdmaxfer.cli import default_model_file, verify_against_file
+from rdmaxfer.tools.cli import default_model_file, verify_against_file
 
 from .rdma_helpers import WAIT_S, addrs, devices, random_bytes
 

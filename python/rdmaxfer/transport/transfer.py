@@ -10,27 +10,19 @@ and releases the temporary registrations it made then. Wait for it with :meth:`T
 from __future__ import annotations
 
 import contextlib
-import os
-import select
-import sys
+import itertools
 import threading
 import time
-import traceback
-import weakref
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from . import _core
-from ._config import resolve_deadline, resolve_timeout
-from .errors import EndpointClosedError, RdmaxferError, TransferTimeoutError
+from .. import _core
+from .._config import resolve_deadline, resolve_timeout
+from ..errors import EndpointClosedError, RdmaxferError, TransferTimeoutError
+from ..memory.region import MemoryRegion
+from .notifications import Notifications
 
-if TYPE_CHECKING:
-    import asyncio
-
-    from .buffer import MemoryRegion
-    from .endpoint import Endpoint
-
-__all__ = ["Notifications", "Transfer"]
+__all__ = ["HeaderStep", "Inflight", "Transfer", "TransferOwner"]
 
 T = TypeVar("T")
 
@@ -39,14 +31,38 @@ _CLEANUP_TIMEOUT_S = 5.0
 #: A bound with less than this left counts as run out (no wait of a few microseconds).
 _MIN_WAIT_S = 1e-4
 
+#: An endpoint's in-flight table polls every transfer once it holds this many (then twice as
+#: many as remain), so finished ones release their memory even when no one waits on them.
+_SWEEP_MIN = 64
+
 _DIRECTION = {"send": "to", "recv": "from", "write": "to", "read": "from"}
 
 # Called with the finished header request of a recv; posts and returns the data request.
 HeaderStep = Callable[["Transfer[Any]", _core.Request], _core.Request]
 
 
+class TransferOwner(Protocol):
+    """What a Transfer needs from the endpoint it was posted on (an
+    :class:`~rdmaxfer.transport.endpoint.Endpoint`, which sits above this module): the peer's
+    address, the ``_core.Endpoint``, the engine's notifications, aborting, and forgetting a
+    transfer once it is terminal."""
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def core(self) -> _core.Endpoint: ...
+
+    @property
+    def _notifications(self) -> Notifications: ...
+
+    def _abort_core(self, reason: str, *, timed_out: bool) -> None: ...
+
+    def _untrack(self, transfer: Transfer[Any]) -> None: ...
+
+
 class Transfer(Generic[T]):
-    """One posted operation on an :class:`~rdmaxfer.endpoint.Endpoint`.
+    """One posted operation on an :class:`~rdmaxfer.transport.endpoint.Endpoint`.
 
     Lifecycle: posted (in its endpoint's in-flight table; a recv first waits for the message
     header, then places the bytes) -> done or failed (terminal: resources released; ``wait()``
@@ -57,7 +73,7 @@ class Transfer(Generic[T]):
 
     def __init__(
         self,
-        endpoint: Endpoint,
+        endpoint: TransferOwner,
         op: str,
         nbytes: int,
         request: _core.Request,
@@ -94,7 +110,7 @@ class Transfer(Generic[T]):
         return self._nbytes
 
     @property
-    def endpoint(self) -> Endpoint:
+    def endpoint(self) -> TransferOwner:
         """The endpoint the operation was posted on."""
         return self._endpoint
 
@@ -162,7 +178,7 @@ class Transfer(Generic[T]):
 
         limits = _WaitLimits(resolve_timeout(timeout), resolve_deadline(deadline))
         loop = asyncio.get_running_loop()
-        hub = self._endpoint.engine._notifications
+        hub = self._endpoint._notifications
         while not self._advance():
             request = self._req
             left = limits.left(request)
@@ -314,7 +330,7 @@ class Transfer(Generic[T]):
                 self._finish(RdmaxferError("recv was cancelled before a message arrived"))
             else:  # bytes are moving: let it finish in the background, then release its memory
                 with contextlib.suppress(RdmaxferError):
-                    self._endpoint.engine._notifications.call_when_done(request, self.done)
+                    self._endpoint._notifications.call_when_done(request, self.done)
 
     def _settle(self, error: BaseException) -> None:
         """After the endpoint closed: finish with the request's own error or ``error``."""
@@ -373,154 +389,40 @@ class _WaitLimits:
         return f"made no progress for {self.timeout_s:g} s (timeout)"
 
 
-class Notifications:
-    """Acts on the engine's completion notifications (``notify_fd``).
+class Inflight:
+    """An endpoint's posted transfers not yet observed terminal, by id. Thread-safe."""
 
-    Two kinds of watchers: asyncio futures (resolved on their own loop) and callbacks (run in
-    the thread that reads the notifications). Per (engine, event loop) ``notify_fd`` is added
-    as a reader once; a progress thread, started on the first callback, reads it too, so that
-    a posted recv places its bytes as soon as its message is announced even when no one
-    waits on it (the sender waits for that). Whoever reads a notification dispatches it.
-
-    Lifecycle: open -> closed (engine close: every watcher resolved, readers removed, thread
-    stopped).
-    """
-
-    def __init__(self, core: _core.Engine) -> None:
-        self._core = core
-        self._fd = core.notify_fd
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
-        self._callbacks: dict[int, list[Callable[[], object]]] = {}
-        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._thread: threading.Thread | None = None
-        self._closed = False
+        self._table: dict[int, Transfer[Any]] = {}
+        self._ids = itertools.count(1)
+        self._sweep_at = _SWEEP_MIN
 
-    def watch(
-        self, request: _core.Request, loop: asyncio.AbstractEventLoop
-    ) -> asyncio.Future[None]:
-        """A future of ``loop`` resolved (with None) once ``request`` is terminal."""
-        future: asyncio.Future[None] = loop.create_future()
+    def __len__(self) -> int:
         with self._lock:
-            if self._closed:
-                raise EndpointClosedError("the engine is closed")
-            if loop not in self._loops:
-                loop.add_reader(self._fd, self._drain)
-                self._loops[loop] = self._fd
-            self._waiters.setdefault(request.id, []).append((loop, future))
-        request.watch(self._core)
-        if request.done() and not future.done():
-            future.set_result(None)
-        return future
+            return len(self._table)
 
-    def unwatch(self, request_id: int, future: asyncio.Future[None]) -> None:
-        """Forget a waiter (after it resolved, timed out or was cancelled)."""
+    def add(self, transfer: Transfer[Any]) -> None:
+        """Give ``transfer`` its id and hold it (polling all of them now and then)."""
         with self._lock:
-            waiters = self._waiters.get(request_id)
-            if waiters is None:
-                return
-            waiters[:] = [(lp, fut) for lp, fut in waiters if fut is not future]
-            if not waiters:
-                del self._waiters[request_id]
+            transfer.id = next(self._ids)
+            self._table[transfer.id] = transfer
+            sweep = len(self._table) >= self._sweep_at
+            candidates = list(self._table.values()) if sweep else []
+        for other in candidates:
+            other.done()
+        if sweep:
+            with self._lock:
+                self._sweep_at = max(_SWEEP_MIN, 2 * len(self._table))
 
-    def call_when_done(self, request: _core.Request, callback: Callable[[], object]) -> None:
-        """Run ``callback()`` once ``request`` is terminal, in whichever thread reads the
-        notification (it must not block)."""
+    def remove(self, transfer: Transfer[Any]) -> None:
+        """Forget ``transfer`` (it is terminal)."""
         with self._lock:
-            if self._closed:
-                raise EndpointClosedError("the engine is closed")
-            self._callbacks.setdefault(request.id, []).append(callback)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="rdmaxfer-progress", daemon=True
-                )
-                self._thread.start()
-        request.watch(self._core)
+            self._table.pop(transfer.id, None)
 
-    def _run(self) -> None:
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN)
-        while not self._closed:
-            try:
-                ready = poller.poll(1000)
-            except OSError:
-                return
-            if ready:
-                self._drain()
-
-    def _drain(self) -> None:
-        try:
-            ids = self._core.drain_notifications()
-        except RdmaxferError:
-            ids = []
-        ready: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        callbacks: list[Callable[[], object]] = []
+    def settle_all(self, error: BaseException) -> None:
+        """Fail every held transfer with ``error`` (the endpoint closed)."""
         with self._lock:
-            for request_id in ids:
-                ready.extend(self._waiters.pop(request_id, []))
-                callbacks.extend(self._callbacks.pop(request_id, []))
-        _run_callbacks(callbacks)
-        _resolve_all(ready)
-
-    def close(self) -> None:
-        """Dispatch what is pending (the endpoints are closed, so every watched request is
-        terminal), resolve the remaining waiters and stop reading."""
-        self._drain()
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            ready = [w for waiters in self._waiters.values() for w in waiters]
-            callbacks = [c for cbs in self._callbacks.values() for c in cbs]
-            self._waiters.clear()
-            self._callbacks.clear()
-            loops = list(self._loops.items())
-            self._loops = weakref.WeakKeyDictionary()
-        _run_callbacks(callbacks)
-        _resolve_all(ready)
-        with contextlib.suppress(OSError):
-            os.write(self._fd, (1).to_bytes(8, sys.byteorder))  # wake the progress thread
-        for loop, fd in loops:
-            if loop.is_closed():
-                continue
-            if _running_loop() is loop:
-                loop.remove_reader(fd)
-            else:
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(loop.remove_reader, fd)
-
-
-def _run_callbacks(callbacks: list[Callable[[], object]]) -> None:
-    for callback in callbacks:
-        try:
-            callback()
-        except Exception:  # a callback records its own errors; never kill the reader
-            traceback.print_exc()
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    if "asyncio" not in sys.modules:  # no event loop can be running without it
-        return None
-    import asyncio
-
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-def _set_none(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-def _resolve_all(ready: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
-    current = _running_loop()
-    for loop, future in ready:
-        if loop is current:
-            _set_none(future)
-        elif not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_set_none, future)
+            transfers = list(self._table.values())
+        for transfer in transfers:
+            transfer._settle(error)

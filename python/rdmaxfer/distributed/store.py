@@ -1,24 +1,21 @@
-"""The wire and store records of :mod:`rdmaxfer.distributed` (private; the protocol is
-described in that module's docstring): the store wrapper with bounded waits, the rank record,
-the hello, the broadcast metadata and layout, and the spans that map a layout onto arrays."""
+"""The rendezvous of :mod:`rdmaxfer.distributed` (the protocol is described in that package's
+docstring): the store wrapper with bounded waits, the rank record, the hello that opens every
+connection, and the checks of rank numbers."""
 
 from __future__ import annotations
 
-import bisect
 import datetime
 import json
-import math
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _meta
-from ._config import Deadline
-from .errors import (
+from .._config import Deadline
+from ..errors import (
     ConnectionFailedError,
     InvalidArgumentError,
     ProtocolError,
@@ -28,11 +25,8 @@ from .errors import (
 
 PROTOCOL_VERSION = 1
 HELLO_MAGIC = 0x52584447  # "RXDG"
-ALIGN = 64  # bytes: where each array of a broadcast layout starts
 MIN_STORE_WAIT_S = 0.001  # c10d reads a zero timeout as "wait forever"
-MAX_META_ITEMS = 1 << 20
 
-ArrayDict = dict[str, npt.NDArray[Any]]
 T = TypeVar("T")
 
 
@@ -160,112 +154,16 @@ def hello(rank: int, world_size: int, token: int) -> npt.NDArray[np.int64]:
     return np.array([HELLO_MAGIC, PROTOCOL_VERSION, rank, world_size, token], dtype=np.int64)
 
 
-@dataclass(frozen=True)
-class Item:
-    name: str
-    dtype: np.dtype[Any]
-    shape: tuple[int, ...]
-    offset: int  # in the virtual layout
+def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    """``value`` as an int in ``low..high-1`` (``high`` None: no upper bound).
 
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
-
-
-def layout(specs: Sequence[tuple[str, np.dtype[Any], tuple[int, ...]]]) -> tuple[list[Item], int]:
-    items: list[Item] = []
-    offset = 0
-    for name, dtype, shape in specs:
-        offset = -(-offset // ALIGN) * ALIGN
-        item = Item(name, dtype, shape, offset)
-        items.append(item)
-        offset += item.nbytes
-    return items, offset
-
-
-def encode_meta(kind: str, chunk: int, items: Sequence[Item]) -> npt.NDArray[np.uint8]:
-    doc = {
-        "v": PROTOCOL_VERSION,
-        "kind": kind,
-        "chunk": chunk,
-        "items": [[it.name, _meta.dtype_token(it.dtype), list(it.shape)] for it in items],
-    }
-    return np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8).copy()
-
-
-def decode_meta(raw: npt.NDArray[Any], peer: int) -> tuple[str, int, list[Item], int]:
-    where = f"broadcast metadata from rank {peer}"
-    if raw.dtype != np.uint8 or raw.ndim != 1:
-        raise ProtocolError(f"{where}: expected a 1-D uint8 message, got {raw.dtype} {raw.shape}")
-    try:
-        doc = json.loads(raw.tobytes().decode())
-        if doc.get("v") != PROTOCOL_VERSION:
-            raise ProtocolError(
-                f"{where}: protocol version {doc.get('v')!r}, this rank speaks "
-                f"{PROTOCOL_VERSION}: run the same rdmaxfer version on every rank"
-            )
-        kind, chunk, entries = doc["kind"], doc["chunk"], doc["items"]
-        if kind not in ("array", "dict") or not isinstance(chunk, int) or chunk <= 0:
-            raise ValueError(f"kind {kind!r}, chunk {chunk!r}")
-        if not isinstance(entries, list) or len(entries) > MAX_META_ITEMS:
-            raise ValueError("items is not a list of at most 2**20 entries")
-        if kind == "array" and len(entries) != 1:
-            raise ValueError(f"an array broadcast has 1 item, not {len(entries)}")
-        specs = []
-        for name, token, shape in entries:
-            dims = tuple(int(d) for d in shape)
-            if not isinstance(name, str) or any(d < 0 for d in dims):
-                raise ValueError(f"item {name!r} shape {shape!r}")
-            specs.append((name, _meta._dtype_from_token(str(token)), dims))
-    except ProtocolError:
-        raise
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"{where} is malformed: {exc}") from None
-    except InvalidArgumentError as exc:
-        raise ProtocolError(f"{where}: {exc}") from None
-    items, total = layout(specs)
-    return kind, chunk, items, total
-
-
-class Spans:
-    """Where this rank's bytes of the virtual layout live: (layout offset, uint8 view) spans."""
-
-    def __init__(self, spans: list[tuple[int, npt.NDArray[np.uint8]]]) -> None:
-        self.spans = [(off, view) for off, view in spans if view.nbytes > 0]
-        self.starts = [off for off, _ in self.spans]
-
-    def direct(self, start: int, end: int) -> npt.NDArray[np.uint8] | None:
-        """A view of [start, end) if one span holds all of it, else None."""
-        i = bisect.bisect_right(self.starts, start) - 1
-        if i >= 0:
-            off, view = self.spans[i]
-            if end <= off + view.nbytes:
-                return view[start - off : end - off]
-        return None
-
-    def overlaps(self, start: int, end: int) -> list[tuple[slice, npt.NDArray[np.uint8]]]:
-        """(slice of the piece, view of the span) for every span overlapping [start, end)."""
-        out = []
-        i = max(0, bisect.bisect_right(self.starts, start) - 1)
-        while i < len(self.spans) and self.spans[i][0] < end:
-            off, view = self.spans[i]
-            lo, hi = max(start, off), min(end, off + view.nbytes)
-            if lo < hi:
-                out.append((slice(lo - start, hi - start), view[lo - off : hi - off]))
-            i += 1
-        return out
-
-
-@dataclass
-class Source:
-    kind: str
-    items: list[Item]
-    total: int
-    spans: Spans
-    result: npt.NDArray[Any] | ArrayDict
-
-
-def aligned_empty(nbytes: int) -> npt.NDArray[np.uint8]:
-    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
-    shift = (-raw.ctypes.data) % ALIGN
-    return raw[shift : shift + nbytes]
+    Raises:
+        InvalidArgumentError: not an integer, or out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgumentError(f"{name}={value!r} must be an integer")
+    number = int(value)
+    if number < low or (high is not None and number >= high):
+        bound = f"in {low}..{high - 1}" if high is not None else f">= {low}"
+        raise InvalidArgumentError(f"{name}={number} must be {bound}")
+    return number

@@ -1,96 +1,79 @@
-"""Host memory that transfers read from and write into.
+"""Arrays that transfers read from and write into, in host or GPU memory.
 
 * :func:`as_array` turns anything that exposes its memory (an ndarray, the buffer protocol,
   ``__array_interface__`` or ``__dlpack__``) into a zero-copy :class:`numpy.ndarray`, refusing
   what a transfer cannot use (non-contiguous, object dtype, read-only destinations).
-* :class:`MemoryRegion` is memory registered with an :class:`~rdmaxfer.engine.Engine`: it keeps
-  the object that owns the memory alive while the region's key is live, and names the region to
-  a peer through :meth:`MemoryRegion.descriptor`.
+* :func:`device_view` is where the memory kind of an object is decided: a
+  :class:`~rdmaxfer.memory.cuda.CudaArray` for GPU memory, None for host memory.
 * :class:`Buffer` is one C-contiguous array in host memory (allocated pinned by an engine, or
-  wrapped), optionally registered; or in GPU memory (``Buffer.empty(..., device="cuda:0")``,
-  or a wrapped CuPy/PyTorch/``__cuda_array_interface__``/CUDA ``__dlpack__`` array), which
-  CuPy and PyTorch see through ``__cuda_array_interface__`` and ``__dlpack__`` (no copy).
+  wrapped), optionally registered (:class:`~rdmaxfer.memory.region.MemoryRegion`); or in GPU
+  memory (``Buffer.empty(..., device="cuda:0")``, or a wrapped CuPy/PyTorch/
+  ``__cuda_array_interface__``/CUDA ``__dlpack__`` array), which CuPy and PyTorch see through
+  ``__cuda_array_interface__`` and ``__dlpack__`` (no copy).
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _core
-from ._config import resolve_timeout
-from .errors import InvalidArgumentError, TransferTimeoutError
-
-if TYPE_CHECKING:
-    from .cuda import CudaArray
+from .. import _core
+from ..errors import InvalidArgumentError
+from .region import MemoryRegion, Registrar, access_bits
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from .engine import Engine
+    from .cuda import CudaArray
 
 __all__ = [
-    "ACCESS",
-    "LOCAL_WRITE",
     "Buffer",
-    "MemoryRegion",
-    "access_bits",
-    "access_name",
     "as_array",
+    "byte_view",
+    "device_view",
+    "set_default_registrar",
 ]
 
-#: Access names accepted by ``Engine.register`` -> the access bits a peer gets.
-ACCESS: dict[str, int] = {
-    "none": _core.ACCESS_LOCAL,
-    "r": _core.ACCESS_REMOTE_READ,
-    "w": _core.ACCESS_REMOTE_WRITE,
-    "rw": _core.ACCESS_REMOTE_READ | _core.ACCESS_REMOTE_WRITE,
-}
-
-#: The access bit that lets local operations write a region (a READ or RECV destination); the
-#: transport is asked for it only where a use needs it (see ``Engine.register``).
-LOCAL_WRITE: int = _core.ACCESS_LOCAL_WRITE
+#: Makes the engine that ``Buffer.empty(pinned=True)`` allocates from when none is given: the
+#: process-wide default engine, installed by :mod:`rdmaxfer.transport.api` (a layer above this
+#: one) when it is imported, which ``import rdmaxfer`` does.
+_default_registrar: Callable[[], Registrar] | None = None
 
 
-def access_bits(access: str) -> int:
-    """The access bits for ``"rw"``, ``"r"``, ``"w"`` or ``"none"`` (what a peer may do).
-
-    Raises:
-        InvalidArgumentError: any other value.
-    """
-    try:
-        return ACCESS[access]
-    except (KeyError, TypeError):
-        raise InvalidArgumentError(
-            f"access={access!r} is not one of 'rw', 'r', 'w', 'none' (what a peer may do with "
-            "the region: read it, write it, both, or nothing)"
-        ) from None
-
-
-def access_name(bits: int) -> str:
-    """The inverse of :func:`access_bits`."""
-    for name, value in ACCESS.items():
-        if value == bits:
-            return name
-    return f"0x{bits:x}"
+def set_default_registrar(factory: Callable[[], Registrar]) -> None:
+    """Install what makes the default engine of ``Buffer.empty`` (see ``_default_registrar``)."""
+    global _default_registrar
+    _default_registrar = factory
 
 
 def device_view(obj: object, *, writable: bool, what: str = "array") -> CudaArray | None:
-    """:func:`rdmaxfer.cuda.device_view` (a view of GPU memory, None for host memory), loading
-    :mod:`rdmaxfer.cuda` only for an object that may be GPU memory (not an ndarray, bytes or
-    host Buffer). Raises as that function does."""
+    """The memory kind of ``obj``, decided once: a view of its GPU memory, or None for host
+    memory. A device :class:`Buffer` is its own view; other objects are asked through
+    :func:`rdmaxfer.memory.cuda.array_view`, loaded only for an object that may be GPU memory
+    (not an ndarray, bytes or host Buffer), so host transfers never load the CUDA module.
+
+    Raises:
+        InvalidArgumentError: GPU memory that is read-only while ``writable``, non-contiguous
+            or malformed.
+        UnsupportedError: GPU memory but CUDA unusable here.
+    """
     if isinstance(obj, (np.ndarray, bytes, bytearray, memoryview)):
         return None
-    if isinstance(obj, Buffer) and obj._cuda is None:
-        return None
+    if isinstance(obj, Buffer):
+        view = obj._cuda
+        if view is not None and writable and view.readonly:
+            raise InvalidArgumentError(
+                f"the {what} (device array, shape {view.shape}, dtype {view.dtype}) is "
+                "read-only and cannot receive data"
+            )
+        return view
     from . import cuda
 
-    return cuda.device_view(obj, writable=writable, what=what)
+    return cuda.array_view(obj, writable=writable, what=what)
 
 
 def _exposes_buffer(obj: object) -> bool:
@@ -129,10 +112,10 @@ def as_array(obj: object, writable: bool, *, what: str = "buffer") -> npt.NDArra
         # Through a memoryview: np.asarray(b"...") would make a 0-d string array (a copy).
         arr = np.asarray(memoryview(obj))  # type: ignore[arg-type]
     elif hasattr(obj, "__dlpack__"):
-        from . import _dlpack
+        from . import dlpack
 
         try:
-            arr = _dlpack.host_array(obj, what=what)
+            arr = dlpack.host_array(obj, what=what)
         except (InvalidArgumentError, BufferError, RuntimeError, TypeError, ValueError) as exc:
             raise InvalidArgumentError(
                 f"cannot view the {what} ({type(obj).__name__}) through DLPack: {exc}; only "
@@ -165,179 +148,6 @@ def as_array(obj: object, writable: bool, *, what: str = "buffer") -> npt.NDArra
 def byte_view(arr: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
     """The bytes of a C-contiguous array as a 1-D uint8 view (no copy)."""
     return arr.reshape(-1).view(np.uint8)
-
-
-# (region, owner) pairs whose deregistration timed out: operations may still touch the memory,
-# so it must never be freed.
-_stranded: list[tuple[_core.Region, object]] = []
-
-
-class MemoryRegion:
-    """Memory registered with an engine: a key that names it to peers, and its owner kept alive.
-
-    Lifecycle: registered (by ``Engine.register`` or ``Engine.alloc_pinned``; the engine holds
-    it, so it cannot be freed while a peer may access it) -> deregistered (``deregister()``,
-    ``close()``, leaving a ``with`` block, or the engine's ``close()``; idempotent). After
-    deregistration peers that use the old descriptor get a RemoteAccessError; the memory itself
-    stays valid as long as this object (or an array viewing it) lives.
-    """
-
-    def __init__(
-        self,
-        engine: Engine,
-        region: _core.Region,
-        owner: object,
-        data: npt.NDArray[np.uint8],
-        *,
-        temporary: bool = False,
-        device: int | None = None,
-    ) -> None:
-        self._engine = engine
-        self._device = device
-        self._region = region
-        self._owner = owner
-        self._data = data
-        self._temporary = temporary
-        self._lock = threading.Lock()
-        self._registered = True
-
-    # -- properties ------------------------------------------------------------------------
-    @property
-    def engine(self) -> Engine:
-        """The engine this region is registered with."""
-        return self._engine
-
-    @property
-    def core(self) -> _core.Region:
-        """The underlying ``_core.Region`` (buffer protocol: the raw bytes, 1-D, writable)."""
-        return self._region
-
-    @property
-    def owner(self) -> object:
-        """The object that owns the memory (the registered array, or the pinned region)."""
-        return self._owner
-
-    @property
-    def addr(self) -> int:
-        """Virtual address of the first byte."""
-        return self._region.addr
-
-    @property
-    def nbytes(self) -> int:
-        """Length in bytes."""
-        return self._region.length
-
-    @property
-    def key(self) -> int:
-        """The key peers name the region by (an rkey on RDMA)."""
-        return self._region.key
-
-    @property
-    def access(self) -> str:
-        """What a peer may do: ``"rw"``, ``"r"``, ``"w"`` or ``"none"``."""
-        return access_name(self._region.access)
-
-    @property
-    def pinned(self) -> bool:
-        """True when the engine allocated (and mlock-ed) the memory."""
-        return self._region.pinned
-
-    @property
-    def registered(self) -> bool:
-        """False once deregistered."""
-        return self._registered
-
-    @property
-    def device(self) -> int | None:
-        """The GPU ordinal for GPU memory registered for GPUDirect RDMA, else None."""
-        return self._device
-
-    @property
-    def readonly(self) -> bool:
-        """True when the owner's memory is read-only for this process."""
-        return not self._data.flags.writeable
-
-    def numpy(self) -> npt.NDArray[np.uint8]:
-        """The region's bytes as a 1-D uint8 ndarray of ``nbytes`` elements (no copy).
-
-        Raises:
-            InvalidArgumentError: GPU memory (it has no host view).
-        """
-        if self._device is not None:
-            raise InvalidArgumentError(
-                f"region (key {self.key}) is GPU memory on cuda:{self._device}: no host view"
-            )
-        return self._data
-
-    def contains(self, addr: int, nbytes: int) -> bool:
-        """True when ``[addr, addr + nbytes)`` lies inside the region."""
-        base = self.addr
-        return base <= addr and addr + nbytes <= base + self.nbytes
-
-    def descriptor(self) -> _core.Descriptor:
-        """The descriptor a peer passes to ``Endpoint.write``/``read`` to access this region.
-
-        Send ``descriptor().pack()`` (40 bytes) to the peer; ``Descriptor.unpack`` reads it.
-
-        Raises:
-            InvalidArgumentError: the region was deregistered.
-        """
-        if not self._registered:
-            raise InvalidArgumentError(
-                f"region (key {self.key}, {self.nbytes} bytes) was deregistered; register the "
-                "memory again to get a descriptor"
-            )
-        return self._region.descriptor()
-
-    # -- lifecycle -------------------------------------------------------------------------
-    def deregister(self, timeout: float | None = None) -> None:
-        """Kill the region's key, then wait until no in-flight operation uses the memory.
-
-        Idempotent: a second call does nothing.
-
-        Args:
-            timeout: seconds to wait for in-flight operations (default: RDMAXFER_TIMEOUT or 60).
-
-        Raises:
-            TransferTimeoutError: operations still used the memory when the timeout ran out (the
-                key is dead regardless; the memory is then kept alive for good).
-        """
-        timeout_s = resolve_timeout(timeout)
-        if self._engine._inherited():  # a child of os.fork(): the registration is the parent's
-            self._registered = False
-            return
-        with self._lock:
-            if not self._registered:
-                return
-            self._registered = False
-        try:
-            self._engine._deregister_region(self, timeout_s)
-        except TransferTimeoutError:
-            _stranded.append((self._region, self._owner))
-            raise
-
-    def close(self) -> None:
-        """Deregister with the default timeout (see :meth:`deregister`); idempotent."""
-        self.deregister()
-
-    def __enter__(self) -> MemoryRegion:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "registered" if self._registered else "deregistered"
-        kind = "pinned" if self.pinned else "host"
-        return (
-            f"<MemoryRegion {state} {kind} addr=0x{self.addr:x} nbytes={self.nbytes} "
-            f"key={self.key} access={self.access!r}>"
-        )
 
 
 def _normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
@@ -389,7 +199,7 @@ class Buffer:
         dtype: npt.DTypeLike = np.uint8,
         *,
         pinned: bool = True,
-        engine: Engine | None = None,
+        engine: Registrar | None = None,
         access: str = "rw",
         device: str | int | None = None,
     ) -> Buffer:
@@ -402,7 +212,7 @@ class Buffer:
                 registered with ``access``; False allocates with numpy (registered with
                 ``access`` only when ``engine`` is given).
             engine: the engine to allocate/register with (default: the default engine of
-                :mod:`rdmaxfer.api` when ``pinned``).
+                :mod:`rdmaxfer.transport.api` when ``pinned``).
             access: what a peer may do with the memory: ``"rw"``, ``"r"``, ``"w"``, ``"none"``.
             device: ``None``/``"cpu"`` for host memory, or ``"cuda:N"`` (``"cuda"``, N) for GPU
                 memory (cuMemAlloc; ``pinned``/``engine``/``access`` do not apply: register it
@@ -426,9 +236,9 @@ class Buffer:
             region = engine.register(array, access) if engine is not None else None
             return cls(array, region)
         if engine is None:
-            from .api import default_engine
-
-            engine = default_engine()
+            if _default_registrar is None:
+                raise InvalidArgumentError("no engine given and no default engine: pass engine=")
+            engine = _default_registrar()
         nbytes = math.prod(dims) * dt.itemsize
         region = engine.alloc_pinned(nbytes, access)
         array = region.numpy().view(dt).reshape(dims)
@@ -450,8 +260,6 @@ class Buffer:
             return obj
         if isinstance(obj, MemoryRegion):
             return cls(obj.numpy(), obj)
-        from .cuda import device_view
-
         view = device_view(obj, writable=False, what="wrapped object")
         if view is not None:
             return cls._from_device(view)
@@ -576,23 +384,23 @@ class Buffer:
             BufferError: a dtype DLPack has no code for (ml_dtypes' one-byte int4, float4...),
                 or a read-only ml_dtypes array (a legacy capsule cannot say read-only).
         """
-        from . import _dlpack
+        from . import dlpack
 
         if self._cuda is not None:
-            return self._export(self._cuda.ptr, _dlpack.KDL_CUDA, self._cuda.device)
+            return self._export(self._cuda.ptr, dlpack.KDL_CUDA, self._cuda.device)
         if self._array.dtype.isbuiltin != 2:  # NumPy's own dtypes
             return self._array.__dlpack__(**kwargs)
         if not self._array.flags.writeable:
             raise BufferError(
                 f"a read-only {self._array.dtype} array cannot be exported through DLPack"
             )
-        return self._export(int(self._array.ctypes.data), _dlpack.KDL_CPU, 0)
+        return self._export(int(self._array.ctypes.data), dlpack.KDL_CPU, 0)
 
     def _export(self, ptr: int, device_type: int, device_id: int) -> Any:
-        from . import _dlpack
+        from . import dlpack
 
         try:
-            code, bits = _dlpack.dtype_code(self.dtype)
+            code, bits = dlpack.dtype_code(self.dtype)
         except InvalidArgumentError as exc:
             raise BufferError(str(exc)) from None
         return _core.dlpack_capsule(self, ptr, device_type, device_id, list(self.shape), code, bits)
@@ -612,7 +420,7 @@ class Buffer:
         return len(self._array)
 
     # -- registration ----------------------------------------------------------------------
-    def register(self, engine: Engine, access: str = "rw") -> MemoryRegion:
+    def register(self, engine: Registrar, access: str = "rw") -> MemoryRegion:
         """Register the buffer with ``engine`` (cached: registering again returns the same
         region) and remember the registration.
 

@@ -9,7 +9,7 @@ chunk's bytes go to their offset in the destination as they arrive:
   chunks so that an interrupted download resumes with only the missing ones (the sidecar is
   trusted only while the server's size, ``ETag`` and ``Last-Modified`` are unchanged);
 - memory: a new ``np.empty`` buffer, a caller's writable buffer (``into=``), or pinned
-  registered memory of an :class:`~rdmaxfer.engine.Engine` (``engine=``);
+  registered memory of an :class:`~rdmaxfer.transport.engine.Engine` (``engine=``);
 - ``.safetensors`` (:func:`fetch_weights`): the header is read first (the 8-byte length, then
   the JSON), then every tensor's bytes land in arrays of the right dtype and shape.
 
@@ -42,43 +42,45 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ._ranges import (
+from ..errors import FetchError, FetchIntegrityError, InvalidArgumentError
+from ..memory.buffer import as_array
+from .range_requests import (
+    _backoff,
+    _client,
+    _download_span,
+    _probe,
+    _Retry,
+    _sha256_fd,
+    _single_stream,
+    _verify,
+    _warn_no_ranges,
+)
+from .ranges import (
     _RETRY_STATUS,
     _STATE_VERSION,
     DEFAULT_RETRIES,
     MAX_CHUNKS,
     STATE_SUFFIX,
     TokenBucket,
-    _backoff,
     _check_sha256,
-    _client,
     _content_range,
-    _download_span,
     _FileSink,
     _GrowingSink,
     _MemorySink,
     _Options,
     _options,
-    _probe,
     _Remote,
     _remote_from,
-    _Retry,
-    _sha256_fd,
-    _single_stream,
     _State,
-    _verify,
-    _warn_no_ranges,
     choose_chunk_size,
     parse_rate,
     server_sha256,
 )
-from .buffer import as_array
-from .errors import FetchError, FetchIntegrityError, InvalidArgumentError
 
 if TYPE_CHECKING:
     import httpx
 
-    from .engine import Engine
+    from ..transport.engine import Engine
 
 __all__ = [
     "MAX_CHUNKS",
@@ -399,7 +401,7 @@ async def _get_range(
 def _parse_header(
     raw: bytes, url: str, data_len: int
 ) -> dict[str, tuple[np.dtype[Any], tuple[int, ...], int, int]]:
-    from .weights import DTYPES
+    from ..weights import DTYPES
 
     try:
         header = json.loads(raw)

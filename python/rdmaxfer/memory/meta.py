@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 import xxhash
 
-from .errors import InvalidArgumentError, ProtocolError
+from ..errors import InvalidArgumentError, ProtocolError
 
 __all__ = ["MAGIC", "VERSION", "checksum", "decode", "dtype_token", "encode", "payload_checksum"]
 

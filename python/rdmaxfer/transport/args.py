@@ -1,6 +1,8 @@
-"""The checks of an operation's arguments (private), made before anything is posted and, by
+"""The checks of an operation's arguments, made before anything is posted and, by
 ``rdmaxfer.send``/``recv``, before anything is connected: a wrong argument fails on this side
-with nothing on the wire."""
+with nothing on the wire. Here each operation decides the memory kind of its array, once:
+:func:`operand` (and :func:`sendable`/:func:`receivable`) return a
+:class:`~rdmaxfer.memory.cuda.CudaArray` for GPU memory, else a host ndarray."""
 
 from __future__ import annotations
 
@@ -8,14 +10,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
-from . import _core, _meta
-from .buffer import Buffer, MemoryRegion, as_array, device_view
-from .errors import InvalidArgumentError
+from .. import _core
+from ..errors import InvalidArgumentError
+from ..memory import meta as _meta
+from ..memory.buffer import Buffer, as_array, device_view
+from ..memory.region import MemoryRegion
 
 if TYPE_CHECKING:
-    from . import cuda
+    from ..memory import cuda
 
-__all__ = ["byte_range", "descriptor_of", "receivable", "sendable"]
+__all__ = [
+    "byte_range",
+    "descriptor_of",
+    "operand",
+    "receivable",
+    "remote_offset_of",
+    "sendable",
+]
 
 
 def descriptor_of(remote: object) -> _core.Descriptor:
@@ -36,6 +47,18 @@ def descriptor_of(remote: object) -> _core.Descriptor:
     )
 
 
+def operand(obj: object, *, writable: bool, what: str) -> cuda.CudaArray | npt.NDArray[Any]:
+    """``obj`` as an operation reads (or, ``writable``, writes) it: a CudaArray for GPU
+    memory, else a host ndarray (``what`` names it in errors).
+
+    Raises:
+        InvalidArgumentError: not contiguous, no memory exposed, read-only while ``writable``.
+        UnsupportedError: GPU memory but CUDA unusable here.
+    """
+    view = device_view(obj, writable=writable, what=what)
+    return view if view is not None else as_array(obj, writable=writable, what=what)
+
+
 def sendable(array: object) -> cuda.CudaArray | npt.NDArray[Any]:
     """``array`` as a message carries it: a CudaArray for GPU memory, else a host ndarray.
 
@@ -46,8 +69,7 @@ def sendable(array: object) -> cuda.CudaArray | npt.NDArray[Any]:
         InvalidArgumentError: not contiguous, no memory exposed, or a dtype (object,
             structured...) or rank (over 64 dimensions) a message cannot carry.
     """
-    view = device_view(array, writable=False, what="array to send")
-    arr = view if view is not None else as_array(array, writable=False, what="array to send")
+    arr = operand(array, writable=False, what="array to send")
     _meta.encode(arr.dtype, tuple(arr.shape))
     return arr
 
@@ -59,8 +81,7 @@ def receivable(out: object) -> cuda.CudaArray | npt.NDArray[Any]:
     Raises:
         InvalidArgumentError: read-only, not contiguous, or no memory exposed.
     """
-    view = device_view(out, writable=True, what="recv destination")
-    return view if view is not None else as_array(out, writable=True, what="recv destination")
+    return operand(out, writable=True, what="recv destination")
 
 
 def byte_range(total: int, offset: int, nbytes: int | None, what: str) -> int:
@@ -83,3 +104,14 @@ def byte_range(total: int, offset: int, nbytes: int | None, what: str) -> int:
             f"offset={offset} + nbytes={nbytes} is past the end of the {what} ({total} bytes)"
         )
     return nbytes
+
+
+def remote_offset_of(remote_offset: object) -> int:
+    """``remote_offset`` of a one-sided operation, checked.
+
+    Raises:
+        InvalidArgumentError: not an integer >= 0.
+    """
+    if isinstance(remote_offset, bool) or not isinstance(remote_offset, int) or remote_offset < 0:
+        raise InvalidArgumentError(f"remote_offset={remote_offset!r} must be an integer >= 0")
+    return remote_offset

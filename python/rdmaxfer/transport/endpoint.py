@@ -1,40 +1,44 @@
 """A connection to one peer: two-sided messages and one-sided READ/WRITE.
 
 Every operation comes in three forms: blocking (``send``), asyncio (``asend``) and posted
-(``post_send``, returning a :class:`~rdmaxfer.transfer.Transfer`). Two-sided messages carry the
-array's dtype and shape (see :mod:`rdmaxfer._meta`), so ``recv()`` can allocate the array or
-check ``out`` before any byte is written.
+(``post_send``, returning a :class:`~rdmaxfer.transport.transfer.Transfer`). Two-sided messages
+carry the array's dtype and shape (see :mod:`rdmaxfer.memory.meta`), so ``recv()`` can allocate
+the array or check ``out`` before any byte is written.
+
+Every operation decides the memory kind of its array once (:mod:`rdmaxfer.transport.args`):
+host memory goes through a registration of the engine (its own, or a temporary one), GPU
+memory straight from/into a GPUDirect registration or through the engine's staging pipeline;
+then one ``_core`` call posts it and one :class:`Transfer` tracks it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _core, _meta
-from ._args import byte_range, descriptor_of, receivable, sendable
-from .buffer import Buffer, MemoryRegion, as_array, device_view
-from .errors import ChecksumError, EndpointClosedError, InvalidArgumentError, RdmaxferError
-from .transfer import HeaderStep, Transfer
+from .. import _core
+from ..errors import EndpointClosedError, RdmaxferError
+from ..memory import meta as _meta
+from ..memory.buffer import Buffer
+from ..memory.region import MemoryRegion
+from .args import byte_range, descriptor_of, operand, receivable, remote_offset_of, sendable
+from .domain import MemoryDomain, staged_backstop_s
+from .notifications import Notifications
+from .receive import recv_step
+from .transfer import Inflight, Transfer
 
 if TYPE_CHECKING:
     from types import TracebackType
-
-    from .engine import Engine
 
 __all__ = ["Endpoint", "RemoteLike"]
 
 #: What names a peer's registered region: a Descriptor, its 40 packed bytes, or (same process)
 #: the MemoryRegion or registered Buffer itself.
 RemoteLike = _core.Descriptor | bytes | bytearray | memoryview | MemoryRegion | Buffer
-
-_SWEEP_MIN = 64
 
 T = TypeVar("T")
 
@@ -49,18 +53,23 @@ class Endpoint:
     Objects used by in-flight transfers stay alive until the transfers end. Thread-safe.
     """
 
-    def __init__(self, engine: Engine, core: _core.Endpoint) -> None:
+    def __init__(
+        self,
+        engine: MemoryDomain,
+        core: _core.Endpoint,
+        *,
+        on_close: Callable[[Endpoint], None] | None = None,
+    ) -> None:
         self._engine = engine
         self._core = core
-        self._lock = threading.Lock()
-        self._inflight: dict[int, Transfer[Any]] = {}
-        self._ids = itertools.count(1)
-        self._sweep_at = _SWEEP_MIN
+        self._on_close = on_close
+        self._inflight = Inflight()
 
     # -- properties ------------------------------------------------------------------------
     @property
-    def engine(self) -> Engine:
-        """The engine that made this endpoint."""
+    def engine(self) -> MemoryDomain:
+        """The engine that made this endpoint (an :class:`~rdmaxfer.transport.engine.Engine`,
+        seen here through its memory side)."""
         return self._engine
 
     @property
@@ -119,8 +128,7 @@ class Endpoint:
     @property
     def inflight(self) -> int:
         """Number of posted transfers not yet observed terminal."""
-        with self._lock:
-            return len(self._inflight)
+        return len(self._inflight)
 
     # -- two-sided -------------------------------------------------------------------------
     def post_send(
@@ -146,21 +154,29 @@ class Endpoint:
             EndpointClosedError: the endpoint is closed.
         """
         arr = sendable(array)
-        if not isinstance(arr, np.ndarray):  # GPU memory: staged through pinned host buffers
-            from . import staging
-
-            return staging.post_send(self, arr, chunk_size, streams)
-        digest = _meta.payload_checksum(arr) if checksum else None
-        meta = _meta.encode(arr.dtype, tuple(arr.shape), digest)
         nbytes = int(arr.nbytes)
-        region, offset, temps = self._engine._local(arr, writes=False)
-        try:
-            request = self._core.post_send(region.core, offset, nbytes, meta, chunk_size, streams)
-        except BaseException:
-            self._release(temps)
-            raise
+        temps: list[MemoryRegion] = []
+        if isinstance(arr, np.ndarray):
+            digest = _meta.payload_checksum(arr) if checksum else None
+            meta = _meta.encode(arr.dtype, tuple(arr.shape), digest)
+            region, offset, temps = self._engine._local(arr, writes=False)
+            keep: list[object] = [arr, region]
+            try:
+                request = self._core.post_send(
+                    region.core, offset, nbytes, meta, chunk_size, streams
+                )
+            except BaseException:
+                self._release(temps)
+                raise
+        else:  # GPU memory: copied into pinned message buffers by the staging pipeline
+            meta = _meta.encode(arr.dtype, arr.shape)
+            stager = self._engine._stager(arr.device)
+            request = stager.post_send(
+                self._core, arr.ptr, nbytes, meta, staged_backstop_s(), streams
+            )
+            keep = [arr]
         return self._track(
-            Transfer(self, "send", nbytes, request, keep=[arr, region], temps=temps, result=None)
+            Transfer(self, "send", nbytes, request, keep=keep, temps=temps, result=None)
         )
 
     def post_recv(
@@ -188,77 +204,29 @@ class Endpoint:
             ProtocolError: malformed message metadata (the message is rejected).
         """
         dest = None if out is None else receivable(out)
-        # GPU memory (``out`` on a GPU, or device="cuda:N"): see rdmaxfer.staging.post_recv.
+        gpu: int | None = None
+        result: object = np.empty(0, np.uint8) if dest is None else dest
         if dest is not None and not isinstance(dest, np.ndarray):
-            from . import staging
+            gpu, result = dest.device, out  # a GPU ``out`` is returned as given
+        elif dest is None and device is not None and device != "cpu":
+            from ..memory import cuda
 
-            return staging.post_recv(self, dest, out, dest.device)
-        if device is not None and device != "cpu":
-            from . import cuda, staging
-
-            return staging.post_recv(self, None, out, cuda.parse_device(device))
+            gpu, result = cuda.parse_device(device), None
         request = self._core.post_recv_header()
-        transfer: Transfer[npt.NDArray[Any]] = Transfer(
+        transfer: Transfer[Any] = Transfer(
             self,
             "recv",
             -1,
             request,
             keep=[] if dest is None else [dest],
             temps=[],
-            result=np.empty(0, np.uint8) if dest is None else dest,
-            on_header=self._make_recv_step(dest),
+            result=result,
+            on_header=recv_step(self._engine, self._core, dest, gpu),
         )
         self._track(transfer)
         # Place the bytes as soon as the message is announced, even if no one waits yet.
         self._engine._notifications.call_when_done(request, transfer.done)
         return transfer
-
-    def _make_recv_step(self, dest: npt.NDArray[Any] | None) -> HeaderStep:
-        def step(transfer: Transfer[Any], header: _core.Request) -> _core.Request:
-            msg_id, length, meta = header.message()
-            rejected = False
-
-            def reject(reason: str) -> None:
-                nonlocal rejected
-                rejected = True
-                with contextlib.suppress(RdmaxferError):
-                    self._core.reject(msg_id, reason)
-
-            try:
-                try:
-                    dtype, shape = _meta.decode(meta, length)
-                except RdmaxferError as exc:
-                    reject(f"receiver could not read the message metadata: {exc}")
-                    raise
-                if dest is not None:
-                    if dest.dtype != dtype or tuple(dest.shape) != shape:
-                        reason = (
-                            f"the message is dtype {_meta.dtype_token(dtype)} shape {shape} "
-                            f"({length} bytes) but out is dtype {_token(dest.dtype)} shape "
-                            f"{tuple(dest.shape)} ({dest.nbytes} bytes)"
-                        )
-                        reject(reason)
-                        raise InvalidArgumentError(
-                            f"recv from {self._core.peer}: {reason}; nothing was written to out "
-                            "and the message was rejected: pass an out of that dtype and shape, "
-                            "or out=None to allocate one"
-                        )
-                    target = dest
-                else:
-                    target = np.empty(shape, dtype=dtype)
-                region, offset, temps = self._engine._local(target, writes=True)
-                transfer._add_resources([target, region], temps)
-                transfer._set_result(target, length)
-                expected = _meta.checksum(meta)
-                if expected is not None:
-                    transfer._on_done = _checksum_verifier(target, expected, self._core.peer)
-                return self._core.post_recv(msg_id, region.core, offset, length)
-            except BaseException as exc:
-                if not rejected:
-                    reject(f"receiver failed: {exc}")
-                raise
-
-        return step
 
     def send(
         self,
@@ -363,40 +331,44 @@ class Endpoint:
     ) -> Transfer[None]:
         writable = op == "read"
         what = "destination of the read" if writable else "source of the write"
-        view = device_view(local, writable=writable, what=what)
-        if view is not None:  # GPU memory: GPUDirect if registered for it, else staged
-            from . import staging
-
-            return staging.post_one_sided(
-                self,
-                op,
-                view,
-                descriptor_of(remote),
-                offset,
-                remote_offset,
-                nbytes,
+        local_mem = operand(local, writable=writable, what=what)
+        descriptor = descriptor_of(remote)
+        length = byte_range(int(local_mem.nbytes), offset, nbytes, what)
+        remote_at = remote_offset_of(remote_offset)
+        temps: list[MemoryRegion] = []
+        if isinstance(local_mem, np.ndarray):
+            region, base, temps = self._engine._local(local_mem, writes=writable)
+            direct: tuple[MemoryRegion, int] | None = (region, base)
+        else:  # GPU memory: straight from/into it when registered for GPUDirect, else staged
+            direct = self._engine._device_local(local_mem)
+        if direct is not None:
+            region, base = direct
+            post = self._core.post_read if writable else self._core.post_write
+            keep: list[object] = [local_mem, region]
+            try:
+                request = post(
+                    region.core, base + offset, descriptor, remote_at, length, chunk_size, streams
+                )
+            except BaseException:
+                self._release(temps)
+                raise
+        else:
+            assert not isinstance(local_mem, np.ndarray)
+            stager = self._engine._stager(local_mem.device)
+            post_staged = stager.post_read if writable else stager.post_write
+            keep = [local_mem]
+            request = post_staged(
+                self._core,
+                local_mem.ptr + offset,
+                length,
+                descriptor,
+                remote_at,
                 chunk_size,
+                0,
+                staged_backstop_s(),
                 streams,
             )
-        arr = as_array(local, writable=writable, what=what)
-        descriptor = descriptor_of(remote)
-        length = byte_range(int(arr.nbytes), offset, nbytes, what)
-        if isinstance(remote_offset, bool) or not isinstance(remote_offset, int):
-            raise InvalidArgumentError(f"remote_offset={remote_offset!r} must be an integer")
-        if remote_offset < 0:
-            raise InvalidArgumentError(f"remote_offset={remote_offset} must be >= 0")
-        region, base, temps = self._engine._local(arr, writes=writable)
-        post = self._core.post_read if writable else self._core.post_write
-        try:
-            request = post(
-                region.core, base + offset, descriptor, remote_offset, length, chunk_size, streams
-            )
-        except BaseException:
-            self._release(temps)
-            raise
-        return self._track(
-            Transfer(self, op, length, request, keep=[arr, region], temps=temps, result=None)
-        )
+        return self._track(Transfer(self, op, length, request, keep=keep, temps=temps, result=None))
 
     def post_write(
         self,
@@ -569,13 +541,13 @@ class Endpoint:
         with contextlib.suppress(RdmaxferError):
             self._core.close()
         self._settle_all()
-        self._engine._forget_endpoint(self)
+        self._closed_now()
 
     def abort(self, reason: str = "aborted by the application") -> None:
         """Tear down at once: pending transfers fail with ``reason``."""
         self._abort_core(reason, timed_out=False)
         self._settle_all()
-        self._engine._forget_endpoint(self)
+        self._closed_now()
 
     def __enter__(self) -> Endpoint:
         return self
@@ -593,55 +565,30 @@ class Endpoint:
         return f"<Endpoint {state} peer={self.peer} streams={self.streams}>"
 
     # -- internals -------------------------------------------------------------------------
+    @property
+    def _notifications(self) -> Notifications:
+        return self._engine._notifications
+
+    def _closed_now(self) -> None:
+        if self._on_close is not None:
+            self._on_close(self)
+
     def _abort_core(self, reason: str, *, timed_out: bool) -> None:
         with contextlib.suppress(RdmaxferError):
             self._core.abort(reason, timed_out)
 
     def _settle_all(self) -> None:
-        with self._lock:
-            transfers = list(self._inflight.values())
-        for transfer in transfers:
-            transfer._settle(EndpointClosedError(f"endpoint to {self.peer} was closed"))
+        self._inflight.settle_all(EndpointClosedError(f"endpoint to {self.peer} was closed"))
 
     def _track(self, transfer: Transfer[T]) -> Transfer[T]:
-        with self._lock:
-            transfer.id = next(self._ids)
-            self._inflight[transfer.id] = transfer
-            sweep = len(self._inflight) >= self._sweep_at
-            candidates = list(self._inflight.values()) if sweep else []
-        for other in candidates:
-            other.done()
-        if sweep:
-            with self._lock:
-                self._sweep_at = max(_SWEEP_MIN, 2 * len(self._inflight))
+        self._inflight.add(transfer)
         return transfer
 
     def _untrack(self, transfer: Transfer[Any]) -> None:
-        with self._lock:
-            self._inflight.pop(transfer.id, None)
+        self._inflight.remove(transfer)
 
     @staticmethod
     def _release(temps: list[MemoryRegion]) -> None:
         for region in temps:
             with contextlib.suppress(RdmaxferError):
                 region.deregister()
-
-
-def _token(dtype: np.dtype[Any]) -> str:
-    try:
-        return _meta.dtype_token(dtype)
-    except InvalidArgumentError:
-        return str(dtype)
-
-
-def _checksum_verifier(target: npt.NDArray[Any], expected: int, peer: str) -> Callable[[], None]:
-    def verify() -> None:
-        got = _meta.payload_checksum(target)
-        if got != expected:
-            raise ChecksumError(
-                f"recv from {peer}: the {target.nbytes} bytes that arrived have XXH3-64 "
-                f"{got:016x} but the sender computed {expected:016x}; the data was corrupted "
-                "on the way (check the NIC/link, or retry)"
-            )
-
-    return verify

@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _core
-from ._config import format_address
-from .engine import Engine, resolve_transport
-from .errors import InvalidArgumentError
+from .. import _core
+from .._config import format_address
+from ..errors import InvalidArgumentError
+from ..transport.engine import Engine, resolve_transport
 
 __all__ = [
     "BenchResult",

@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy.typing as npt
 
-from ._args import receivable, sendable
-from ._config import CallLimits, format_address, parse_address
+from .._config import CallLimits, format_address, parse_address
+from ..errors import InvalidArgumentError, RdmaxferError
+from ..memory.buffer import set_default_registrar
+from .args import receivable, sendable
 from .endpoint import Endpoint
 from .engine import Engine
-from .errors import InvalidArgumentError, RdmaxferError
 
 __all__ = ["accept", "connect", "default_engine", "listen", "recv", "send", "shutdown"]
 
@@ -47,6 +48,9 @@ def default_engine() -> Engine:
         if _default is None or _default.closed:
             _default = Engine()
         return _default
+
+
+set_default_registrar(default_engine)  # Buffer.empty(pinned=True) without an engine
 
 
 def _listener(address: str | int) -> tuple[Engine, tuple[str, int]]:

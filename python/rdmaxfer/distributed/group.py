@@ -1,57 +1,6 @@
-"""Ranks of a ``torch.distributed`` job talking through rdmaxfer: rendezvous on the job's store.
-
-Training and inference jobs already run a ``torch.distributed`` store (a ``TCPStore``, a
-``FileStore``, or the default process group's store). :func:`init` uses it to find the other
-ranks; the bytes then move over rdmaxfer (RDMA verbs or TCP), not through the store or gloo::
-
-    import torch.distributed as dist
-    import rdmaxfer.distributed as rd
-
-    dist.init_process_group("gloo")                  # or any store you already have
-    group = rd.init()                                # the default group's store, rank, size
-    weights = group.broadcast(weights if group.rank == 0 else None, src=0)
-    group.send(grad_shard, dst=1); part = group.recv(src=0)
-    group.close()
-
-torch is imported only by :func:`init` when no store is passed (to find the default group);
-the rest of this module never imports it.
-
-Protocol (version 1). ``P`` is ``"<namespace>/<n>/"``, where ``n`` counts the ``init`` calls
-with that namespace in this process (every rank calls ``init`` the same number of times, so
-all ranks agree on ``n``):
-
-1. Every rank creates an :class:`~rdmaxfer.Engine`, listens on ``host:0`` and sets
-   ``P + "rank/<r>"`` to the UTF-8 JSON ``{"v": 1, "address": "host:port", "transport":
-   "tcp"|"rdma", "world_size": N, "token": T}``; ``T`` is a random 62-bit number.
-2. Connections are made lazily, the first time two ranks exchange data, and always by the
-   LOWER rank: it waits (bounded) for the higher rank's key, checks the record, connects and
-   sends a hello, a two-sided message holding ``int64[5] = [0x52584447 ("RXDG"), 1, its rank,
-   N, T of the higher rank]``. The higher rank's accept thread checks the hello (a stale
-   connection from an earlier ``init`` carries the wrong token and is closed). So there is at
-   most one connection per pair, and a missing peer is a bounded wait, never a hang.
-3. ``send``/``recv`` are the endpoint's two-sided messages (dtype and shape travel with them).
-   Messages on one connection are matched in the order they were sent.
-4. ``broadcast`` runs along a ring that starts at ``src`` and visits the other ranks of
-   ``ranks`` in increasing order, wrapping around (src=2 of 0..3: 2 -> 3 -> 0 -> 1). The
-   source sends a metadata message (UTF-8 JSON in a ``uint8`` array: ``{"v": 1, "kind":
-   "array"|"dict", "chunk": bytes, "items": [[name, dtype token, shape], ...]}``); every rank
-   forwards it, then the data follows as pieces of ``chunk`` bytes of a virtual layout in which
-   item ``i`` starts at the next multiple of 64 bytes. Each rank posts the receives of all
-   pieces at once and forwards piece ``k`` to its successor as soon as it has landed, while
-   pieces ``k+1...`` are still arriving: every link of the ring is busy at the same time.
-   A piece that lies inside one array moves straight from/into that array; a piece that
-   straddles small arrays goes through a staging copy of at most ``chunk`` bytes.
-5. ``barrier`` is a counter in the store: ``P + "barrier/<k>"``; the last rank to arrive sets
-   ``P + "barrier/<k>/done"``, which the others wait for (bounded).
-
-Failures: every wait is bounded by ``timeout`` seconds (the default from :func:`init`, itself
-``RDMAXFER_TIMEOUT`` or 60): a store key, a connection, a hello, each message and each piece.
-A rank that dies makes its neighbours' transfers fail at once (the connection resets) or
-within ``timeout`` (nothing arrives). A failed collective, or a transfer that closed its
-connection, breaks the group: every connection is aborted, so that the ranks downstream fail
-at once too instead of waiting, and later calls raise :class:`~rdmaxfer.ConnectionFailedError`
-(call :func:`init` again on every rank to start over).
-"""
+"""The group of ranks of :mod:`rdmaxfer.distributed`: its engine and listener, the
+connections made on first use (with the hello), point-to-point send/recv, barrier and the
+broadcast ring (:mod:`.broadcast`)."""
 
 from __future__ import annotations
 
@@ -66,13 +15,8 @@ from typing import Any, NoReturn, TypeVar, overload
 import numpy as np
 import numpy.typing as npt
 
-from . import _dist_protocol as _p
-from . import _meta
-from ._config import Deadline, format_address, parse_address, resolve_timeout
-from .buffer import as_array, byte_view
-from .endpoint import Endpoint
-from .engine import Engine, resolve_transport
-from .errors import (
+from .._config import Deadline, format_address, parse_address, resolve_timeout
+from ..errors import (
     ConnectionFailedError,
     EndpointClosedError,
     InvalidArgumentError,
@@ -80,17 +24,16 @@ from .errors import (
     RdmaxferError,
     TransferTimeoutError,
 )
-from .transfer import Transfer
+from ..transport.endpoint import Endpoint
+from ..transport.engine import Engine, resolve_transport
+from .broadcast import ArrayDict, Source, decode_meta, destination, encode_meta, relay
+from .broadcast import ring as broadcast_ring
+from .broadcast import source as broadcast_source
+from .store import PROTOCOL_VERSION, Record, Store, check_int, hello, reachable_host
 
-__all__ = [
-    "DEFAULT_CHUNK_BYTES",
-    "DEFAULT_NAMESPACE",
-    "PROTOCOL_VERSION",
-    "RdmaGroup",
-    "init",
-]
+__all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_NAMESPACE", "PROTOCOL_VERSION", "RdmaGroup"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("rdmaxfer.distributed")
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 """Broadcast piece size in bytes: large enough to amortise per-message costs, small enough
@@ -102,111 +45,7 @@ _CLOSE_JOIN_S = 5.0
 _generations: dict[str, int] = {}
 _generations_lock = threading.Lock()
 
-ArrayDict = _p.ArrayDict
-PROTOCOL_VERSION = _p.PROTOCOL_VERSION
 T = TypeVar("T")
-
-
-# -- the group ---------------------------------------------------------------------------------
-def init(
-    store: Any = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    *,
-    transport: str = "auto",
-    host: str | None = None,
-    timeout: float | None = None,
-    namespace: str = DEFAULT_NAMESPACE,
-    streams: int = 0,
-    io_threads: int = 0,
-    rdma_device: str | None = None,
-    gid_index: int | None = None,
-    secret: str | bytes | None = None,
-) -> RdmaGroup:
-    """Join the group of ranks sharing ``store``: create an engine, listen, publish the address.
-
-    Every rank of the job calls ``init`` with the same store, namespace and world size (and
-    the same number of times with that namespace); no connection is made yet.
-
-    Args:
-        store: a ``torch.distributed`` store shared by the ranks (``TCPStore``, ``FileStore``,
-            ``PrefixStore``...). None: the default process group's store, rank and world size
-            (``torch.distributed.init_process_group`` must have run).
-        rank: this rank, 0 <= rank < world_size.
-        world_size: number of ranks (>= 1).
-        transport: ``"auto"``, ``"tcp"`` or ``"rdma"``; every rank must end up with the same one.
-        host: the address this rank listens on and publishes (an IP or name the other ranks
-            reach it at). Default: the local address on the route to the TCPStore's host
-            (127.0.0.1 when the store is local or a FileStore).
-        timeout: seconds bounding every wait of the group (default ``RDMAXFER_TIMEOUT`` or 60).
-        namespace: prefix of the store keys (two groups on one store need two namespaces).
-        streams, io_threads, rdma_device, gid_index: passed to :class:`~rdmaxfer.Engine`.
-        secret: the shared secret that authenticates every connection (default: env
-            ``RDMAXFER_SECRET``); set it whenever ``host`` is not a loopback address.
-
-    Returns:
-        The :class:`RdmaGroup` of this rank.
-
-    Raises:
-        InvalidArgumentError: a bad rank, world size, transport or store; or store None
-            without an initialised default process group.
-        ConnectionFailedError: the store cannot be reached.
-        TransportError: the engine cannot listen on ``host``.
-    """
-    if store is None:
-        store, rank, world_size = _default_group(rank, world_size)
-    if world_size is None or rank is None:
-        raise InvalidArgumentError(
-            "pass rank= and world_size= with a store (or store=None to use the default "
-            "torch.distributed process group)"
-        )
-    return RdmaGroup(
-        store,
-        rank,
-        world_size,
-        transport=transport,
-        host=host,
-        timeout=timeout,
-        namespace=namespace,
-        streams=streams,
-        io_threads=io_threads,
-        rdma_device=rdma_device,
-        gid_index=gid_index,
-        secret=secret,
-    )
-
-
-def _default_group(rank: int | None, world_size: int | None) -> tuple[Any, int, int]:
-    try:
-        import torch.distributed as dist
-    except ImportError as exc:
-        raise InvalidArgumentError(
-            f"store=None uses torch.distributed's default group, but torch cannot be imported "
-            f"({exc}): pass a store, rank and world_size"
-        ) from None
-    if not dist.is_available() or not dist.is_initialized():
-        raise InvalidArgumentError(
-            "store=None: torch.distributed's default process group is not initialised; call "
-            "torch.distributed.init_process_group() first, or pass a store, rank and world_size"
-        )
-    from torch.distributed import distributed_c10d
-
-    store = distributed_c10d._get_default_store()
-    return (
-        store,
-        dist.get_rank() if rank is None else rank,
-        dist.get_world_size() if world_size is None else world_size,
-    )
-
-
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidArgumentError(f"{name}={value!r} must be an integer")
-    number = int(value)
-    if number < low or (high is not None and number >= high):
-        bound = f"in {low}..{high - 1}" if high is not None else f">= {low}"
-        raise InvalidArgumentError(f"{name}={number} must be {bound}")
-    return number
 
 
 class RdmaGroup:
@@ -235,19 +74,19 @@ class RdmaGroup:
         gid_index: int | None = None,
         secret: str | bytes | None = None,
     ) -> None:
-        self._world = _check_int("world_size", world_size, 1)
-        self._rank = _check_int("rank", rank, 0, self._world)
+        self._world = check_int("world_size", world_size, 1)
+        self._rank = check_int("rank", rank, 0, self._world)
         self._timeout = resolve_timeout(timeout)
         if not isinstance(namespace, str) or not namespace or "/" in namespace:
             raise InvalidArgumentError(
                 f"namespace={namespace!r} must be a non-empty string without '/'"
             )
-        self._store = _p.Store(store)
+        self._store = Store(store)
         with _generations_lock:
             generation = _generations.get(namespace, 0)
             _generations[namespace] = generation + 1
         self._prefix = f"{namespace}/{generation}/"
-        listen_host = host if host is not None else _p.reachable_host(store)
+        listen_host = host if host is not None else reachable_host(store)
         listen_host, _ = parse_address(listen_host, 0)
         self._engine = Engine(
             resolve_transport(transport),
@@ -263,14 +102,14 @@ class RdmaGroup:
         self._peer_locks = [threading.Lock() for _ in range(self._world)]
         self._endpoints: dict[int, Endpoint] = {}
         self._arrived: dict[int, Endpoint] = {}
-        self._records: dict[int, _p.Record] = {}
+        self._records: dict[int, Record] = {}
         self._broken: str | None = None
         self._closed = False
         self._barriers = 0
         try:
             port = self._engine.listen(listen_host, 0)
             self._address = format_address(listen_host, port)
-            record = _p.Record(self._address, self._engine.transport, self._world, self._token)
+            record = Record(self._address, self._engine.transport, self._world, self._token)
             self._store.set(self._key(f"rank/{self._rank}"), record.pack())
         except BaseException:
             self._engine.close()
@@ -334,7 +173,7 @@ class RdmaGroup:
             ConnectionFailedError: the peer cannot be reached, or the group is broken.
             ProtocolError: the peer's record is not an rdmaxfer record of this version.
         """
-        peer = _check_int("peer", peer, 0, self._world)
+        peer = check_int("peer", peer, 0, self._world)
         if peer == self._rank:
             raise InvalidArgumentError(f"rank {peer} is this rank: pick another peer")
         return self._peer(peer, Deadline(self._resolve(timeout)))
@@ -355,7 +194,7 @@ class RdmaGroup:
             TransferTimeoutError: ``dst`` did not connect or take the bytes in time.
             ConnectionFailedError: ``dst`` is gone (the group is then broken).
         """
-        dst = _check_int("dst", dst, 0, self._world)
+        dst = check_int("dst", dst, 0, self._world)
         if dst == self._rank:
             raise InvalidArgumentError(f"dst={dst} is this rank: send to another rank")
         timeout_s = self._resolve(timeout)
@@ -386,7 +225,7 @@ class RdmaGroup:
                 byte had arrived).
             ConnectionFailedError: ``src`` is gone (the group is then broken).
         """
-        src = _check_int("src", src, 0, self._world)
+        src = check_int("src", src, 0, self._world)
         if src == self._rank:
             raise InvalidArgumentError(f"src={src} is this rank: receive from another rank")
         timeout_s = self._resolve(timeout)
@@ -494,41 +333,41 @@ class RdmaGroup:
             ProtocolError: malformed metadata.
         After any failure the group is broken (every connection aborted).
         """
-        src = _check_int("src", src, 0, self._world)
-        chunk = _check_int("chunk_bytes", chunk_bytes, 1)
-        order = self._ring(src, ranks)
+        src = check_int("src", src, 0, self._world)
+        chunk = check_int("chunk_bytes", chunk_bytes, 1)
+        order = broadcast_ring(self._rank, self._world, src, ranks)
         timeout_s = self._resolve(timeout)
         self._check_usable()
         position = order.index(self._rank)
         prev = order[position - 1] if position > 0 else None
         nxt = order[position + 1] if position + 1 < len(order) else None
-        source: _p.Source | None = None
+        source: Source | None = None
         if prev is None:
-            source = self._source(obj)  # bad input raises before any connection
+            source = broadcast_source(self._rank, obj)  # bad input raises before any connection
         try:
             deadline = Deadline(timeout_s)
             ep_prev = None if prev is None else self._peer(prev, deadline)
             ep_next = None if nxt is None else self._peer(nxt, Deadline(timeout_s))
             if source is not None:
                 if ep_next is not None:
-                    ep_next.send(
-                        _p.encode_meta(source.kind, chunk, source.items), timeout=timeout_s
+                    ep_next.send(encode_meta(source.kind, chunk, source.items), timeout=timeout_s)
+                    relay(
+                        self._rank, None, ep_next, source.spans, source.total, chunk, timeout_s, nxt
                     )
-                    self._relay(None, ep_next, source.spans, source.total, chunk, timeout_s, nxt)
                 return source.result
             assert ep_prev is not None and prev is not None
             raw = ep_prev.recv(timeout=timeout_s)
             meta_send = None if ep_next is None else ep_next.post_send(raw)
-            kind, got_chunk, items, total = _p.decode_meta(raw, prev)
+            kind, got_chunk, items, total = decode_meta(raw, prev)
             if got_chunk != chunk:
                 raise InvalidArgumentError(
                     f"broadcast: rank {src} uses chunk_bytes={got_chunk}, rank {self._rank} "
                     f"chunk_bytes={chunk}: pass the same chunk_bytes on every rank"
                 )
-            result, spans = self._destination(obj, kind, items, total)
+            result, spans = destination(self._rank, obj, kind, items, total)
             if meta_send is not None:
                 meta_send.wait(timeout_s)
-            self._relay(ep_prev, ep_next, spans, total, chunk, timeout_s, nxt, prev)
+            relay(self._rank, ep_prev, ep_next, spans, total, chunk, timeout_s, nxt, prev)
             return result
         except RdmaxferError as exc:
             ring = " -> ".join(str(r) for r in order)
@@ -608,12 +447,12 @@ class RdmaGroup:
                 self._fail(f"{what}: {exc}")
             _reraise_in_context(exc, f"rank {self._rank}: {what}")
 
-    def _record(self, peer: int, deadline: Deadline) -> _p.Record:
+    def _record(self, peer: int, deadline: Deadline) -> Record:
         cached = self._records.get(peer)
         if cached is not None:
             return cached
         key = self._key(f"rank/{peer}")
-        record = _p.Record.unpack(
+        record = Record.unpack(
             self._store.get(key, deadline, f"rank {self._rank} looking for rank {peer}"), key
         )
         if record.world_size != self._world:
@@ -670,7 +509,7 @@ class RdmaGroup:
             ) from exc
         try:
             endpoint.send(
-                _p.hello(self._rank, self._world, record.token),
+                hello(self._rank, self._world, record.token),
                 timeout=max(deadline.remaining(), 0.001),
             )
         except BaseException:
@@ -695,11 +534,11 @@ class RdmaGroup:
 
     def _take_hello(self, endpoint: Endpoint) -> None:
         try:
-            hello = endpoint.recv(timeout=self._timeout)
-            expected = _p.hello(0, self._world, self._token)
-            if hello.dtype != np.int64 or hello.shape != (5,):
-                raise ProtocolError(f"hello is {hello.dtype} {hello.shape}, not int64 (5,)")
-            magic, version, peer, world, token = (int(v) for v in hello)
+            got = endpoint.recv(timeout=self._timeout)
+            expected = hello(0, self._world, self._token)
+            if got.dtype != np.int64 or got.shape != (5,):
+                raise ProtocolError(f"hello is {got.dtype} {got.shape}, not int64 (5,)")
+            magic, version, peer, world, token = (int(v) for v in got)
             if (magic, version, world, token) != (
                 int(expected[0]),
                 int(expected[1]),
@@ -707,7 +546,7 @@ class RdmaGroup:
                 self._token,
             ):
                 raise ProtocolError(
-                    f"hello {hello.tolist()} is not for this group (stale or foreign peer)"
+                    f"hello {got.tolist()} is not for this group (stale or foreign peer)"
                 )
             if not 0 <= peer < self._rank:
                 raise ProtocolError(
@@ -726,157 +565,6 @@ class RdmaGroup:
             self._lock.notify_all()
         if old is not None:
             old.abort("replaced by a new connection from the same rank")
-
-    # -- internals: broadcast ----------------------------------------------------------------------
-    def _ring(self, src: int, ranks: Sequence[int] | None) -> list[int]:
-        if ranks is None:
-            members = list(range(self._world))
-        else:
-            members = sorted({_check_int("ranks[i]", r, 0, self._world) for r in ranks})
-            if len(members) != len(ranks):
-                raise InvalidArgumentError(f"ranks={list(ranks)!r} holds a rank twice")
-        if src not in members:
-            raise InvalidArgumentError(f"src={src} is not in ranks={members}: add it")
-        if self._rank not in members:
-            raise InvalidArgumentError(
-                f"rank {self._rank} is not in ranks={members}: only those ranks call broadcast"
-            )
-        start = members.index(src)
-        return members[start:] + members[:start]
-
-    def _source(self, obj: object) -> _p.Source:
-        if isinstance(obj, Mapping):
-            kind = "dict"
-            arrays = []
-            for name, value in obj.items():
-                if not isinstance(name, str):
-                    raise InvalidArgumentError(
-                        f"broadcast: weights key {name!r} is a {type(name).__name__}; keys "
-                        "must be strings"
-                    )
-                arrays.append((name, as_array(value, writable=False, what=f"weights[{name!r}]")))
-        elif obj is None:
-            raise InvalidArgumentError(
-                f"broadcast: rank {self._rank} is src but passed None: pass the array or the "
-                "dict of arrays to broadcast"
-            )
-        else:
-            kind = "array"
-            arrays = [("", as_array(obj, writable=False, what="array to broadcast"))]
-        items, total = _p.layout([(name, arr.dtype, tuple(arr.shape)) for name, arr in arrays])
-        for item in items:
-            _meta.dtype_token(item.dtype)  # raises for dtypes that cannot travel
-        spans = _p.Spans(
-            [(it.offset, byte_view(arr)) for it, (_, arr) in zip(items, arrays, strict=True)]
-        )
-        result: npt.NDArray[Any] | ArrayDict = (
-            arrays[0][1] if kind == "array" else {name: arr for name, arr in arrays}
-        )
-        return _p.Source(kind, items, total, spans, result)
-
-    def _destination(
-        self, obj: object, kind: str, items: list[_p.Item], total: int
-    ) -> tuple[npt.NDArray[Any] | ArrayDict, _p.Spans]:
-        if obj is None:
-            flat = _p.aligned_empty(total)
-            arrays = [
-                flat[it.offset : it.offset + it.nbytes].view(it.dtype).reshape(it.shape)
-                for it in items
-            ]
-            spans = _p.Spans([(0, flat)])
-        else:
-            arrays = []
-            if kind == "array":
-                if isinstance(obj, Mapping):
-                    raise InvalidArgumentError(
-                        f"broadcast: rank {self._rank} passed a dict but the source sends one "
-                        "array: pass None or an array"
-                    )
-                targets = [as_array(obj, writable=True, what="broadcast destination")]
-            else:
-                if not isinstance(obj, Mapping):
-                    raise InvalidArgumentError(
-                        f"broadcast: rank {self._rank} passed a {type(obj).__name__} but the "
-                        "source sends a dict of arrays: pass None or a dict"
-                    )
-                names = [it.name for it in items]
-                if set(obj) != set(names) or len(obj) != len(names):
-                    missing = sorted(set(names) - set(obj))[:5]
-                    extra = sorted(str(k) for k in set(obj) - set(names))[:5]
-                    raise InvalidArgumentError(
-                        f"broadcast: the dict on rank {self._rank} does not hold the source's "
-                        f"names (missing {missing}, extra {extra}): pass None or matching arrays"
-                    )
-                targets = [
-                    as_array(obj[it.name], writable=True, what=f"out[{it.name!r}]") for it in items
-                ]
-            for it, target in zip(items, targets, strict=True):
-                if target.dtype != it.dtype or tuple(target.shape) != it.shape:
-                    label = "array" if kind == "array" else f"out[{it.name!r}]"
-                    raise InvalidArgumentError(
-                        f"broadcast: the source sends {label} as {_meta.dtype_token(it.dtype)} "
-                        f"{it.shape}; rank {self._rank} passed {target.dtype} "
-                        f"{tuple(target.shape)}: pass None or an array of that dtype and shape"
-                    )
-                arrays.append(target)
-            spans = _p.Spans(
-                [(it.offset, byte_view(a)) for it, a in zip(items, arrays, strict=True)]
-            )
-        if kind == "array":
-            return arrays[0], spans
-        return {it.name: a for it, a in zip(items, arrays, strict=True)}, spans
-
-    def _relay(
-        self,
-        ep_prev: Endpoint | None,
-        ep_next: Endpoint | None,
-        spans: _p.Spans,
-        total: int,
-        chunk: int,
-        timeout_s: float,
-        nxt: int | None,
-        prev: int | None = None,
-    ) -> None:
-        """Move the pieces: receive each from ``ep_prev`` (unless source) and forward it to
-        ``ep_next`` (unless last) as soon as it has landed."""
-        pieces = [(start, min(start + chunk, total)) for start in range(0, total, chunk)]
-        staged: list[npt.NDArray[np.uint8]] = []
-        for start, end in pieces:
-            view = spans.direct(start, end)
-            if view is None:
-                view = np.zeros(end - start, dtype=np.uint8)
-                if ep_prev is None:  # the source packs the piece
-                    for part, src_view in spans.overlaps(start, end):
-                        view[part] = src_view
-            staged.append(view)
-        recvs: list[Transfer[npt.NDArray[Any]]] = []
-        if ep_prev is not None:
-            recvs = [ep_prev.post_recv(view) for view in staged]
-        sends: list[Transfer[None]] = []
-        for k, view in enumerate(staged):
-            if ep_prev is not None:
-                try:
-                    recvs[k].wait(timeout_s)
-                except TransferTimeoutError as exc:
-                    raise TransferTimeoutError(
-                        f"broadcast: rank {self._rank} got no piece {k} of {len(staged)} from "
-                        f"rank {prev} within {timeout_s:g} s"
-                    ) from exc
-                if spans.direct(pieces[k][0], pieces[k][1]) is None:
-                    for part, dst_view in spans.overlaps(*pieces[k]):
-                        dst_view[...] = view[part]
-            if ep_next is not None:
-                sends.append(ep_next.post_send(view))
-                while sends and sends[0].done():  # surface a failure downstream early
-                    sends.pop(0).wait(timeout_s)
-        for send in sends:
-            try:
-                send.wait(timeout_s)
-            except TransferTimeoutError as exc:
-                raise TransferTimeoutError(
-                    f"broadcast: rank {nxt} did not take the pieces from rank {self._rank} "
-                    f"within {timeout_s:g} s"
-                ) from exc
 
 
 def _reraise_in_context(exc: RdmaxferError, where: str) -> NoReturn:

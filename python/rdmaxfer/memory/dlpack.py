@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 __all__ = [
     "HOST_DEVICES",

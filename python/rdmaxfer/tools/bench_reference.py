@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import UnsupportedError
+from ..errors import UnsupportedError
 
 __all__ = ["find_perftest_script", "iperf3_reference", "perftest_reference"]
 

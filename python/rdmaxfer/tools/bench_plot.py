@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import UnsupportedError
+from ..errors import UnsupportedError
 
 __all__ = ["plot_results"]
 

@@ -12,7 +12,6 @@ ordinal, read-only flag, and the object that owns the memory (kept alive by the 
 from __future__ import annotations
 
 import ctypes
-import importlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,25 +19,25 @@ from typing import Any
 
 import numpy as np
 
-from . import _core, _dlpack
-from ._dlpack import KDL_CUDA, KDL_CUDA_MANAGED, check_contiguous
-from .errors import InvalidArgumentError, UnsupportedError
+from .. import _core
+from ..errors import InvalidArgumentError, UnsupportedError
+from . import dlpack
+from .dlpack import KDL_CUDA, KDL_CUDA_MANAGED, check_contiguous
 
 __all__ = [
     "CudaArray",
+    "array_view",
     "available",
-    "device_view",
     "parse_cuda_array_interface",
     "parse_device",
     "status",
-    "to_user_array",
     "unavailable_reason",
 ]
 
 
 _status: dict[str, Any] | None = None
 
-#: Test hook (see rdmaxfer.staging.host_standin): host memory stands in for the device.
+#: Test hook (see rdmaxfer.gpu.staging.host_standin): host memory stands in for the device.
 _standin = False
 
 
@@ -207,26 +206,21 @@ def _cuda_array_interface(obj: object) -> Any:
         return None
 
 
-def device_view(obj: object, *, writable: bool, what: str = "array") -> CudaArray | None:
-    """A view of ``obj`` when it is device memory, else None (host memory: the caller's path).
+def array_view(obj: object, *, writable: bool, what: str = "array") -> CudaArray | None:
+    """A view of ``obj`` when it is another library's device array, else None (host memory:
+    the caller's path). rdmaxfer's own Buffers are seen by
+    :func:`rdmaxfer.memory.buffer.device_view`, the entry point that calls this one.
 
-    Recognises rdmaxfer device Buffers, ``__cuda_array_interface__`` (CuPy, PyTorch, Numba...;
-    its ``stream`` is synchronized on before returning), and ``__dlpack__`` with a CUDA
-    ``__dlpack_device__`` (asked for the legacy default stream, then synchronized).
+    Recognises ``__cuda_array_interface__`` (CuPy, PyTorch, Numba...; its ``stream`` is
+    synchronized on before returning), and ``__dlpack__`` with a CUDA ``__dlpack_device__``
+    (asked for the legacy default stream, then synchronized).
 
     Raises:
         InvalidArgumentError: non-contiguous, read-only while ``writable``, or malformed.
         UnsupportedError: device memory but CUDA unusable here.
     """
-    if isinstance(obj, np.ndarray):  # always host memory; the common case, so checked first
-        return None
-    from .buffer import Buffer
-
-    if isinstance(obj, Buffer):
-        view = obj._cuda
-        if view is None:
-            return None
-    elif (cai := _cuda_array_interface(obj)) is not None:
+    view: CudaArray
+    if (cai := _cuda_array_interface(obj)) is not None:
         if not available():
             raise UnsupportedError(f"the {what} is CUDA memory: {unavailable_reason()}")
         ptr, shape, dtype, readonly, stream = parse_cuda_array_interface(cai, what=what)
@@ -247,7 +241,7 @@ def device_view(obj: object, *, writable: bool, what: str = "array") -> CudaArra
             capsule = obj.__dlpack__(stream=1)  # the producer orders its work before stream 1
         except TypeError:  # a producer without the stream argument (DLPack < 0.6)
             capsule = obj.__dlpack__()
-        dl = _dlpack.parse(capsule, what=what)
+        dl = dlpack.parse(capsule, what=what)
         synchronize(dl.device_id, 1)
         view = CudaArray(dl.ptr, dl.shape, dl.dtype, dl.device_id, dl.readonly, (obj, capsule))
     else:
@@ -258,18 +252,6 @@ def device_view(obj: object, *, writable: bool, what: str = "array") -> CudaArra
             "and cannot receive data"
         )
     return view
-
-
-def to_user_array(buffer: Any) -> Any:
-    """A received device Buffer as a CuPy array (zero-copy) when CuPy is importable, else the
-    Buffer itself (``torch.from_dlpack(buf)`` / ``cupy.asarray(buf)`` also work on it)."""
-    if _standin:
-        return buffer
-    try:
-        cupy = importlib.import_module("cupy")
-    except ImportError:
-        return buffer
-    return cupy.asarray(buffer)
 
 
 def copy_to_host(view: CudaArray, out: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
@@ -309,49 +291,3 @@ def copy_from_host(view: CudaArray, host: np.ndarray[Any, Any]) -> None:
             ctypes.memmove(view.ptr, host.ctypes.data, view.nbytes)
         else:
             _core.cuda_copy_to_device(view.device, view.ptr, int(host.ctypes.data), view.nbytes)
-
-
-def gpu_report(
-    transports: Mapping[str, str], sysfs_root: str = "/sys", rdma_device: str | None = None
-) -> dict[str, Any]:
-    """What ``rdmaxfer info`` prints about GPUs: the driver, each GPU with its PCIe address and
-    nearest RDMA NICs (``nvidia-smi topo -m`` classes), and per usable transport the GPUDirect
-    preflight (which registration is used, and why not the others).
-
-    Args:
-        transports: ``_core.available_transports()`` (name -> "" when usable).
-        sysfs_root: sysfs (tests pass a fake tree).
-        rdma_device: the RDMA device the rdma transport uses, when known.
-    """
-    from . import topology
-
-    s = status()
-    gpus = []
-    for g in s["gpus"]:
-        nics = topology.nearest_nics(g["pci_bus_id"], sysfs_root) if g["pci_bus_id"] else []
-        gpus.append(
-            {
-                **g,
-                "nics": [
-                    {"name": n.name, "pci_bus_id": n.pci_bus_id, "link": n.link} for n in nics
-                ],
-            }
-        )
-    checks = {}
-    for name, reason in transports.items():
-        if reason:
-            continue
-        check = topology.preflight(
-            name,
-            rdma_device=rdma_device if name == "rdma" else None,
-            cuda_status=s,
-            sysfs_root=sysfs_root,
-            verbs_dmabuf=_core.verbs_dmabuf_unavailable(),
-        )
-        checks[name] = check.as_dict()
-    return {
-        "cuda": s["unavailable"] or "available",
-        "driver_version": driver_version_text(s["driver_version"]) if s["driver_version"] else None,
-        "gpus": gpus,
-        "gpudirect": checks,
-    }

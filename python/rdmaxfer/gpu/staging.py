@@ -1,0 +1,94 @@
+"""Device memory over any transport without GPUDirect: the C++ staging pipeline
+(csrc/cuda/staging.h) through pinned host bounce buffers.
+
+A :class:`StagerPool` holds an engine's pipelines: one ``_core.Stager`` per GPU, created on
+first use and closed with the engine. No Python runs per chunk: each operation is one call on
+a Stager that returns a ``_core.Request`` (the endpoint posts it: ``rdmaxfer.transport``).
+
+:func:`host_standin` is a test hook: inside it host memory stands in for device memory
+(``_core.HostCopier`` does the "device" copies), so the whole GPU path of the Endpoint API
+(send, recv into a device array, write, read) runs over the real transports without a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .. import _core
+from ..errors import RdmaxferError
+from ..memory import cuda
+
+__all__ = ["StagerPool", "host_standin", "to_user_array"]
+
+CopierFactory = Callable[[int], _core.DeviceCopier]
+
+_factory: CopierFactory | None = None
+
+
+@contextlib.contextmanager
+def host_standin(factory: CopierFactory | None = None) -> Iterator[None]:
+    """Test hook: treat host memory as device memory, with ``factory(device)`` (default: a
+    plain ``_core.HostCopier()``) doing the copies. Engines created inside should be closed
+    inside."""
+    global _factory
+    previous = (_factory, cuda._standin)
+    _factory = factory if factory is not None else (lambda _device: _core.HostCopier())
+    cuda._standin = True
+    try:
+        yield
+    finally:
+        _factory, cuda._standin = previous
+
+
+def _make_copier(device: int) -> _core.DeviceCopier:
+    if _factory is not None:
+        return _factory(device)
+    return _core.CudaCopier(device)
+
+
+class StagerPool:
+    """An engine's staging pipelines: one ``_core.Stager`` per GPU ordinal. Thread-safe."""
+
+    def __init__(self, engine: _core.Engine) -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._stagers: dict[int, _core.Stager] = {}
+
+    def get(self, device: int) -> _core.Stager:
+        """The Stager for GPU ``device`` (created on first use).
+
+        Raises:
+            UnsupportedError: CUDA is not usable here.
+        """
+        with self._lock:
+            stager = self._stagers.get(device)
+            if stager is None:
+                stager = _core.Stager(self._engine, _make_copier(device))
+                self._stagers[device] = stager
+            return stager
+
+    def close(self, timeout: float) -> None:
+        """Close every Stager (after the engine's endpoints: their operations then end at
+        once), waiting up to ``timeout`` seconds for each."""
+        with self._lock:
+            stagers = list(self._stagers.values())
+            self._stagers.clear()
+        for stager in stagers:
+            with contextlib.suppress(RdmaxferError):
+                stager.close(timeout)
+
+
+def to_user_array(buffer: Any) -> Any:
+    """A received device Buffer as a CuPy array (zero-copy) when CuPy is importable, else the
+    Buffer itself (``torch.from_dlpack(buf)`` / ``cupy.asarray(buf)`` also work on it)."""
+    if cuda._standin:
+        return buffer
+    try:
+        cupy = importlib.import_module("cupy")
+    except ImportError:
+        return buffer
+    return cupy.asarray(buffer)

@@ -1,0 +1,343 @@
+"""An engine's memory side: its registrations, GPU memory (GPUDirect or staged) and the
+completion notifications its transfers wait on.
+
+:class:`MemoryDomain` is what endpoints and transfers need from the engine that made them;
+:class:`~rdmaxfer.transport.engine.Engine` is a MemoryDomain that also listens and connects.
+Endpoints sit between the two modules, so they see only this one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import _core
+from .._config import resolve_timeout
+from ..errors import (
+    EndpointClosedError,
+    InvalidArgumentError,
+    RdmaxferError,
+    RegistrationError,
+    UnsupportedError,
+)
+from ..memory.buffer import Buffer, as_array, byte_view, device_view
+from ..memory.region import ACCESS, LOCAL_WRITE, MemoryRegion, access_bits
+from .notifications import Notifications
+
+if TYPE_CHECKING:
+    from ..gpu import gpudirect
+    from ..gpu.staging import StagerPool
+    from ..memory import cuda
+
+__all__ = ["MemoryDomain", "staged_backstop_s"]
+
+# Bound on deregistration waits when the engine closes (its endpoints are closed by then).
+CLOSE_TIMEOUT_S = 5.0
+
+
+class MemoryDomain:
+    """The registrations of one ``_core.Engine``, its staging pipelines and notifications.
+
+    Lifecycle: open -> closed (:meth:`_close_memory`, called by ``Engine.close`` once its
+    endpoints are closed). Thread-safe.
+    """
+
+    def __init__(self, core: _core.Engine) -> None:
+        self._core = core
+        self._lock = threading.RLock()
+        self._closed = False
+        self._pid = os.getpid()  # in a child of os.fork() this engine is the parent's: inert
+        # Every live registration by key (so none can be freed while its key is live), and the
+        # user registrations by exact range, so registering the same memory again is free.
+        self._regions: dict[int, MemoryRegion] = {}
+        self._by_range: dict[tuple[int, int, int], MemoryRegion] = {}
+        # GPU memory: the staging pipelines (rdmaxfer.gpu.staging), the GPUDirect preflight.
+        self._stagers: StagerPool | None = None
+        self._preflights: dict[int, gpudirect.GpuDirectPreflight] = {}
+        self._notifications = Notifications(core)
+
+    @property
+    def core(self) -> _core.Engine:
+        """The underlying ``_core.Engine``."""
+        return self._core
+
+    @property
+    def transport(self) -> str:
+        """``"tcp"`` or ``"rdma"``."""
+        return self._core.transport
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+        return self._closed
+
+    def register(
+        self, obj: object, access: str = "rw", *, local_write: bool | None = None
+    ) -> MemoryRegion:
+        """Register memory so that peers can READ/WRITE it (or so local transfers skip a
+        temporary registration).
+
+        Registrations are cached by (address, bytes, access): registering the same memory
+        again returns the same live MemoryRegion. Deregistering it (``close()``) ends it for
+        every holder.
+
+        The registration asks the transport only for the rights its uses need (on verbs, the
+        ``ibv_access_flags`` of the MR): ``IBV_ACCESS_LOCAL_WRITE`` only when the region may be
+        a local destination (a READ or a receive lands in it) or peers may write it. So
+        read-only memory (``mmap(ACCESS_READ)`` files, arrays with ``writeable=False``,
+        ``bytes``) registers fine as a source; receiving into it raises InvalidArgumentError
+        before anything is posted.
+
+        Args:
+            obj: a C-contiguous array, Buffer, or object exposing the buffer protocol,
+                ``__array_interface__`` or ``__dlpack__`` (host memory). It is kept alive
+                until the region is deregistered. GPU memory (CuPy, PyTorch, a device
+                Buffer...) is registered for GPUDirect RDMA, by dmabuf or nvidia-peermem as
+                :meth:`gpu_preflight` decides.
+            access: what a peer may do: ``"rw"``, ``"r"`` (read only), ``"w"`` or ``"none"``.
+            local_write: whether local operations may write the region (it is then a READ or
+                receive destination without a temporary registration). None (default): when
+                the memory is writable by this process; False: a source only (served, sent,
+                written from); True: required (read-only memory is refused). Implied by
+                ``"w"``/``"rw"``.
+
+        Raises:
+            InvalidArgumentError: unknown access, non-contiguous memory, or read-only memory
+                with ``"w"``/``"rw"`` or ``local_write=True``.
+            RegistrationError: the transport could not register it (for GPU memory the message
+                names the cause and the fix: nvidia-peermem, open kernel modules, memlock).
+            UnsupportedError: GPU memory on a transport or machine without GPUDirect RDMA
+                (the message says why; transfers of GPU memory are staged there instead).
+            EndpointClosedError: the engine is closed.
+        """
+        self._check_open()
+        bits = access_bits(access)
+        if isinstance(obj, MemoryRegion) and obj.engine is self and obj.registered:
+            if obj.core.access == bits and local_write in (None, obj.core.local_write):
+                return obj
+        view = device_view(obj, writable=False, what="memory to register")
+        if view is not None:
+            writes = not view.readonly if local_write is None else local_write
+            return self._register_device(obj, view, bits | (LOCAL_WRITE if writes else 0), access)
+        arr = as_array(obj, writable=False, what="memory to register")
+        if (bits & ACCESS["w"] or local_write) and not arr.flags.writeable:
+            why = (
+                f"access={access!r}: peers could write it"
+                if bits & ACCESS["w"]
+                else ("local_write=True: local operations could write it")
+            )
+            raise InvalidArgumentError(
+                f"read-only memory (shape {arr.shape}, dtype {arr.dtype}) cannot be registered "
+                f"with {why}; use access='r' (local_write=False), or register a writable copy"
+            )
+        writes = arr.flags.writeable if local_write is None else local_write
+        core_bits = bits | (LOCAL_WRITE if writes else 0)
+        addr, nbytes = _addr(arr), int(arr.nbytes)
+        with self._lock:
+            cached = self._by_range.get((addr, nbytes, bits))
+            if cached is not None and cached.registered and cached.core.local_write >= writes:
+                return cached
+            owner = obj.numpy() if isinstance(obj, (Buffer, MemoryRegion)) else obj
+            region = MemoryRegion(
+                self, self._core.register(addr, nbytes, core_bits), owner, byte_view(arr)
+            )
+            self._regions[region.key] = region
+            self._by_range[(addr, nbytes, bits)] = region
+        return region
+
+    def gpu_preflight(self, device: str | int = 0) -> gpudirect.GpuDirectPreflight:
+        """How this engine registers memory of GPU ``device`` for RDMA, and why not otherwise:
+        ``method`` is ``"dmabuf"``, ``"peermem"`` or ``"staging"`` (see
+        :func:`rdmaxfer.gpu.gpudirect.preflight`)."""
+        from ..gpu import gpudirect
+        from ..memory import cuda
+
+        ordinal = device if isinstance(device, int) else cuda.parse_device(device)
+        with self._lock:
+            cached = self._preflights.get(ordinal)
+        if cached is not None:
+            return cached
+        rdma_device = None
+        if self.transport == "rdma":
+            words = self._core.describe().split()  # "rdma: device mlx5_0 port 1, ..."
+            rdma_device = words[words.index("device") + 1] if "device" in words[:-1] else None
+        result = gpudirect.preflight(
+            self.transport,
+            rdma_device=rdma_device,
+            cuda_status=cuda.status(),
+            gpu=ordinal,
+            verbs_dmabuf=_core.verbs_dmabuf_unavailable(),
+        )
+        with self._lock:
+            self._preflights[ordinal] = result
+        return result
+
+    def _register_device(
+        self, obj: object, view: cuda.CudaArray, bits: int, access: str
+    ) -> MemoryRegion:
+        if bits & ACCESS["w"] and view.readonly:
+            raise InvalidArgumentError(
+                f"read-only GPU memory cannot be registered with access={access!r}"
+            )
+        check = self.gpu_preflight(view.device)
+        if check.method == "staging":
+            raise UnsupportedError(
+                f"GPU memory cannot be registered for RDMA on this engine: dmabuf: "
+                f"{check.reasons['dmabuf']}; nvidia-peermem: {check.reasons['peermem']}. "
+                "Transfers of GPU memory work without registering (they are staged through "
+                "pinned host buffers)"
+            )
+        with self._lock:
+            cached = self._by_range.get((view.ptr, view.nbytes, bits))
+            if cached is not None and cached.registered:
+                return cached
+        errors = []
+        for method in ("dmabuf", "peermem"):
+            if check.reasons.get(method):
+                continue
+            try:
+                core = self._core.register_device(view.ptr, view.nbytes, bits, method, view.device)
+            except (RegistrationError, UnsupportedError) as exc:
+                errors.append(f"{method}: {exc}")
+                continue
+            region = MemoryRegion(self, core, view, np.empty(0, np.uint8), device=view.device)
+            with self._lock:
+                self._regions[region.key] = region
+                self._by_range[(view.ptr, view.nbytes, bits)] = region
+            return region
+        raise RegistrationError("GPU memory registration failed: " + "; ".join(errors))
+
+    def _device_local(self, view: cuda.CudaArray) -> tuple[MemoryRegion, int] | None:
+        """The live GPUDirect registration covering ``view`` (region, byte offset of the view in
+        it), else None: the view's transfers are then staged (:meth:`_stager`)."""
+        with self._lock:
+            for region in self._regions.values():
+                if (
+                    region.registered
+                    and region.device is not None
+                    and region.contains(view.ptr, view.nbytes)
+                ):
+                    return region, view.ptr - region.addr
+        return None
+
+    def _stager(self, device: int) -> _core.Stager:
+        """The staging pipeline for GPU ``device`` (:mod:`rdmaxfer.gpu.staging`; made on
+        first use, so host-only programs never load it).
+
+        Raises:
+            UnsupportedError: CUDA is not usable here. EndpointClosedError: closed.
+        """
+        self._check_open()
+        with self._lock:
+            if self._stagers is None:
+                from ..gpu.staging import StagerPool
+
+                self._stagers = StagerPool(self._core)
+            stagers = self._stagers
+        return stagers.get(device)
+
+    def alloc_pinned(self, nbytes: int, access: str = "rw") -> MemoryRegion:
+        """Allocate ``nbytes`` of page-aligned host memory locked in RAM, registered.
+
+        The memory lives as long as the returned region (or an array viewing it) does.
+
+        Raises:
+            InvalidArgumentError: negative size or unknown access.
+            RegistrationError: mmap/mlock failed (the message gives the memlock limit and how
+                to raise it).
+        """
+        self._check_open()
+        bits = access_bits(access)
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise InvalidArgumentError(f"nbytes={nbytes!r} must be an integer >= 0")
+        with self._lock:
+            core = self._core.alloc_pinned(nbytes, bits)
+            data: npt.NDArray[np.uint8] = np.frombuffer(cast(Any, core), dtype=np.uint8)
+            region = MemoryRegion(self, core, core, data)
+            self._regions[region.key] = region
+            self._by_range[(region.addr, nbytes, bits)] = region
+        return region
+
+    def _local(
+        self, arr: npt.NDArray[Any], *, writes: bool
+    ) -> tuple[MemoryRegion, int, list[MemoryRegion]]:
+        """The registration covering ``arr`` for a local use (``writes``: a READ or receive
+        lands in it): a live user region with the rights that use needs, else a new temporary
+        one with no remote access and local write only for a destination: (region, byte offset
+        of arr in it, temporaries to release)."""
+        self._check_open()
+        addr, nbytes = _addr(arr), int(arr.nbytes)
+
+        def usable(region: MemoryRegion | None) -> bool:
+            return region is not None and region.registered and region.core.local_write >= writes
+
+        with self._lock:
+            for bits in ACCESS.values():
+                hit = self._by_range.get((addr, nbytes, bits))
+                if hit is not None and usable(hit):
+                    return hit, 0, []
+            for region in self._by_range.values():
+                if usable(region) and region.contains(addr, nbytes):
+                    return region, addr - region.addr, []
+            core = self._core.register(addr, nbytes, LOCAL_WRITE if writes else ACCESS["none"])
+            temp = MemoryRegion(self, core, arr, byte_view(arr), temporary=True)
+            self._regions[temp.key] = temp
+        return temp, 0, [temp]
+
+    def _deregister_region(self, region: MemoryRegion, timeout_s: float) -> None:
+        with self._lock:
+            self._regions.pop(region.key, None)
+            for key, value in list(self._by_range.items()):
+                if value is region:
+                    del self._by_range[key]
+            if self._closed and self._core_closed:
+                return
+        self._core.deregister(region.core, timeout_s)
+
+    _core_closed = False
+
+    def _check_open(self) -> None:
+        if self._inherited():
+            raise EndpointClosedError(
+                f"this Engine was created by process {self._pid} before os.fork(): engines, "
+                "endpoints and regions inherited through fork are inert in the child (their "
+                "connections, registrations and threads belong to the parent); create a new "
+                "Engine in this process"
+            )
+        if self._closed:
+            raise EndpointClosedError("the engine is closed; create a new Engine")
+
+    def _inherited(self) -> bool:
+        """True in a child of os.fork(): the engine, its endpoints and regions are the parent's
+        and are left alone (no GOODBYE, no deregistration, no QP or socket change)."""
+        return self._pid != os.getpid()
+
+    def _close_memory(self) -> None:
+        """Close the staging pipelines and the notifications, then deregister every region
+        (each wait bounded by CLOSE_TIMEOUT_S); the caller closes the ``_core.Engine``."""
+        if self._stagers is not None:
+            self._stagers.close(CLOSE_TIMEOUT_S)
+        self._notifications.close()
+        with self._lock:
+            regions = list(self._regions.values())
+        for region in regions:
+            with contextlib.suppress(RdmaxferError):
+                region.deregister(CLOSE_TIMEOUT_S)
+        with self._lock:
+            self._core_closed = True
+
+
+def staged_backstop_s() -> float:
+    """The staging pipeline's own inactivity bound, in seconds: a backstop behind
+    ``Transfer.wait(timeout)``, which aborts the endpoint when the caller's timeout runs out
+    (the pipeline then stops at once)."""
+    return max(600.0, 10.0 * resolve_timeout(None))
+
+
+def _addr(arr: npt.NDArray[Any]) -> int:
+    return int(arr.__array_interface__["data"][0])

@@ -1,0 +1,294 @@
+"""The engine: one transport (TCP or RDMA), its listener, its endpoints and its registrations.
+
+Example::
+
+    with Engine() as engine:
+        port = engine.listen("0.0.0.0", 5555)
+        with engine.accept(timeout=30) as ep:
+            weights = ep.recv()                # a new array of the sender's dtype and shape
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from .. import _core
+from .._config import ENV_SECRET, ENV_TRANSPORT, format_address, parse_address, resolve_timeout
+from .._warn import warn
+from ..errors import EndpointClosedError, InvalidArgumentError
+from .domain import MemoryDomain
+from .endpoint import Endpoint
+from .transfer import Transfer
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = ["Endpoint", "Engine", "Transfer", "resolve_transport"]
+
+_TRANSPORTS = ("tcp", "rdma")
+
+
+def resolve_transport(transport: str = "auto") -> str:
+    """The transport ``Engine(transport)`` uses.
+
+    ``"auto"`` picks ``RDMAXFER_TRANSPORT`` when set, else ``"rdma"`` when
+    ``_core.available_transports()`` says it is usable here, else ``"tcp"``.
+
+    Raises:
+        InvalidArgumentError: not "auto", "tcp" or "rdma" (or a bad RDMAXFER_TRANSPORT).
+    """
+    if transport == "auto":
+        env = os.environ.get(ENV_TRANSPORT, "").strip().lower()
+        if env and env != "auto":
+            if env not in _TRANSPORTS:
+                raise InvalidArgumentError(
+                    f"{ENV_TRANSPORT}={env!r} is not 'tcp', 'rdma' or 'auto'; fix or unset it"
+                )
+            return env
+        usable = _core.available_transports()
+        return "rdma" if usable.get("rdma") == "" else "tcp"
+    if transport not in _TRANSPORTS:
+        raise InvalidArgumentError(f"transport={transport!r} is not 'auto', 'tcp' or 'rdma'")
+    return transport
+
+
+class Engine(MemoryDomain):
+    """One transport instance: listens, connects, registers memory (see
+    :class:`~rdmaxfer.transport.domain.MemoryDomain` for the memory side).
+
+    Lifecycle: open (constructed) -> listening (optional, ``listen()``) -> closed (``close()``
+    or leaving a ``with`` block: every endpoint is closed and every region deregistered, then
+    the transport's threads stop; idempotent). Thread-safe.
+
+    Args:
+        transport: ``"auto"`` (see :func:`resolve_transport`), ``"tcp"`` or ``"rdma"``.
+        io_threads: I/O threads (0: the transport's default).
+        socket_buffer: SO_SNDBUF/SO_RCVBUF in bytes (0: the system's default).
+        streams: default parallel streams (TCP) or queue pairs per connection (0: default).
+        rdma_device: rdma only: the device ("mlx5_0", "rxe0"; default: env
+            ``RDMAXFER_RDMA_DEVICE``, else the first device with an active port).
+        gid_index: rdma only: the GID table index (default: env ``RDMAXFER_GID_INDEX``, else
+            the first RoCE v2 GID holding an IPv4-mapped address).
+        poll_mode: rdma only: ``"event"`` (default; the completion thread sleeps on the
+            completion channel) or ``"busy"`` (it spins on the CQ: lower latency, one core).
+        secret: a shared secret (default: env ``RDMAXFER_SECRET``). With one, every connection
+            starts with a mutual HMAC-SHA256 challenge-response and a peer without the same
+            secret is refused before any address, key or QP number is revealed; both sides
+            need it. Without one, :meth:`listen` warns when bound beyond loopback.
+
+    Raises:
+        InvalidArgumentError: an unknown transport or a bad value.
+        UnsupportedError: the transport cannot be used here (the message says why).
+    """
+
+    def __init__(
+        self,
+        transport: str = "auto",
+        io_threads: int = 0,
+        socket_buffer: int = 0,
+        streams: int = 0,
+        *,
+        rdma_device: str | None = None,
+        gid_index: int | None = None,
+        poll_mode: str | None = None,
+        secret: str | bytes | None = None,
+    ) -> None:
+        if secret is None:
+            secret = os.environ.get(ENV_SECRET, "")
+        if isinstance(secret, bytes):
+            secret = secret.decode("latin-1")
+        self._authenticated = bool(secret)
+        super().__init__(
+            _core.Engine(
+                resolve_transport(transport),
+                io_threads,
+                socket_buffer,
+                streams,
+                rdma_device=rdma_device or "",
+                gid_index=-1 if gid_index is None else gid_index,
+                poll_mode=poll_mode or "",
+                secret=secret,
+            )
+        )
+        self._port: int | None = None
+        # Endpoints are held until closed: dropping the last handle must not cut a connection
+        # that a peer still uses (e.g. for one-sided access to our memory).
+        self._endpoints: dict[int, Endpoint] = {}
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def engine_id(self) -> int:
+        """Random 64-bit id of this engine (it appears in descriptors)."""
+        return self._core.engine_id
+
+    @property
+    def notify_fd(self) -> int:
+        """File descriptor readable when a watched request finished (asyncio uses it)."""
+        return self._core.notify_fd
+
+    @property
+    def port(self) -> int | None:
+        """The listening port, or None before ``listen()``."""
+        return self._port
+
+    def capabilities(self) -> dict[str, int | bool | str]:
+        """What the transport can do (one-sided ops, max message size in bytes...)."""
+        return self._core.capabilities()
+
+    def describe(self) -> str:
+        """One line naming the transport and its devices/settings."""
+        return self._core.describe()
+
+    def registered_count(self) -> int:
+        """Number of live registrations in the transport (including temporary ones)."""
+        return self._core.registered_count()
+
+    # -- connections -----------------------------------------------------------------------
+    def listen(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Start accepting connections on ``host:port`` (port 0: any free port).
+
+        The default host is 127.0.0.1. Binding another address without a shared secret (see
+        the class docstring) warns (``UserWarning``): any host that can reach the port may then
+        connect and access the memory this engine exposes.
+
+        Returns:
+            The port actually bound.
+
+        Raises:
+            InvalidArgumentError: port outside 0..65535.
+            TransportError: bind/listen failed (e.g. the port is in use).
+        """
+        self._check_open()
+        host, port = parse_address(host, port, default_host="127.0.0.1")
+        if not self._authenticated and not _is_loopback(host):
+            warn(
+                f"rdmaxfer engine listening on {format_address(host, port)} without a shared "
+                f"secret: any host that reaches it can connect; set {ENV_SECRET} (or "
+                "Engine(secret=...)) on both sides, or listen on 127.0.0.1"
+            )
+        bound = self._core.listen(host, port)
+        self._port = bound
+        return bound
+
+    def accept(self, timeout: float | None = None) -> Endpoint:
+        """Wait for the next peer to connect (after ``listen()``).
+
+        Args:
+            timeout: seconds (default: ``RDMAXFER_TIMEOUT`` or 60).
+
+        Raises:
+            TransferTimeoutError: no peer connected in time.
+            InvalidArgumentError: not listening.
+            EndpointClosedError: the engine is closed.
+        """
+        self._check_open()
+        return self._adopt(self._core.accept(resolve_timeout(timeout)))
+
+    def connect(
+        self,
+        address: str,
+        port: int | None = None,
+        *,
+        streams: int = 0,
+        timeout: float | None = None,
+        retry_refused: bool = True,
+    ) -> Endpoint:
+        """Connect to a listening engine.
+
+        Args:
+            address: ``"host:port"`` (``"[::1]:5555"`` for IPv6), or a host with ``port``.
+            port: the port, when ``address`` is only a host.
+            streams: parallel streams / queue pairs (0: the engine's default).
+            timeout: seconds for connecting and the handshake (default: ``RDMAXFER_TIMEOUT``
+                or 60). A refused connection (the peer does not listen yet) is retried with
+                backoff (50 ms doubling to 1 s) until then, as torch.distributed's TCPStore
+                does; each handshake step of the accepting side has its own 5 s.
+            retry_refused: False fails at once when refused: for a peer known to listen
+                already (e.g. one whose address was published after it listened), where a
+                refusal means it is gone.
+
+        Raises:
+            ConnectionFailedError: still refused when ``timeout`` ran out (the message gives
+                the attempts and the seconds tried), unreachable, or the handshake failed.
+            TransferTimeoutError: no answer in time.
+            InvalidArgumentError: a malformed address.
+        """
+        self._check_open()
+        host, port_value = parse_address(address, port)
+        if port_value == 0:
+            raise InvalidArgumentError(f"address {address!r}: cannot connect to port 0")
+        timeout_s = resolve_timeout(timeout)
+        return self._adopt(self._core.connect(host, port_value, streams, timeout_s, retry_refused))
+
+    def _adopt(self, core: _core.Endpoint) -> Endpoint:
+        endpoint = Endpoint(self, core, on_close=self._forget_endpoint)
+        with self._lock:
+            if self._closed:
+                core.close()
+                raise EndpointClosedError("the engine was closed while connecting")
+            for key, known in list(self._endpoints.items()):
+                if known.closed:
+                    del self._endpoints[key]
+            self._endpoints[id(endpoint)] = endpoint
+        return endpoint
+
+    def _forget_endpoint(self, endpoint: Endpoint) -> None:
+        with self._lock:
+            self._endpoints.pop(id(endpoint), None)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close every endpoint, deregister every region, stop the transport (idempotent).
+
+        In a child of ``os.fork()`` an inherited engine is only marked closed: its connections
+        and registrations belong to the parent, which keeps using them."""
+        if self._inherited():
+            self._closed = True
+            return
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            endpoints = list(self._endpoints.values())
+        for endpoint in endpoints:
+            endpoint.close()
+        self._close_memory()
+        self._core.close()
+
+    def __del__(self) -> None:
+        # An engine dropped without close() must still stop its progress thread. No module
+        # globals here: they may already be gone at interpreter exit.
+        if getattr(self, "_closed", True):
+            return
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        listening = f" port={self._port}" if self._port is not None else ""
+        return f"<Engine {state} transport={self.transport!r}{listening}>"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    import ipaddress  # only when listening (and not imported by `import rdmaxfer`)
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

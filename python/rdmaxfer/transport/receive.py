@@ -1,0 +1,121 @@
+"""The receive step of a two-sided message, once for every memory kind.
+
+When a message's header has arrived, :func:`recv_step` reads its dtype and shape, checks them
+against ``out`` (rejecting the message, with ``out`` untouched, on a mismatch) or allocates the
+array (host memory, or GPU memory on the asked GPU), then places the bytes: into host memory
+through a registration of the engine, into GPU memory through the engine's staging pipeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import _core
+from ..errors import ChecksumError, InvalidArgumentError, RdmaxferError
+from ..memory import meta as _meta
+from ..memory.buffer import Buffer
+from .domain import MemoryDomain, staged_backstop_s
+from .transfer import HeaderStep, Transfer
+
+if TYPE_CHECKING:
+    from ..memory.cuda import CudaArray
+
+__all__ = ["recv_step"]
+
+
+def recv_step(
+    domain: MemoryDomain,
+    core: _core.Endpoint,
+    dest: npt.NDArray[Any] | CudaArray | None,
+    gpu: int | None,
+) -> HeaderStep:
+    """The step that places a message announced on ``core`` (an endpoint of the engine
+    ``domain``): into ``dest`` (host ndarray or GPU
+    view, checked against the message), or into a new array of the sender's dtype and shape,
+    on GPU ``gpu`` when it is not None (returned as a CuPy array when CuPy is importable, else
+    a device :class:`~rdmaxfer.memory.buffer.Buffer`), else in host memory."""
+
+    def step(transfer: Transfer[Any], header: _core.Request) -> _core.Request:
+        msg_id, length, meta = header.message()
+        rejected = False
+
+        def reject(reason: str) -> None:
+            nonlocal rejected
+            rejected = True
+            with contextlib.suppress(RdmaxferError):
+                core.reject(msg_id, reason)
+
+        try:
+            try:
+                dtype, shape = _meta.decode(meta, length)
+            except RdmaxferError as exc:
+                reject(f"receiver could not read the message metadata: {exc}")
+                raise
+            target: npt.NDArray[Any] | CudaArray
+            result: object = transfer._result
+            if dest is not None:
+                if dest.dtype != dtype or tuple(dest.shape) != shape:
+                    kind = "" if isinstance(dest, np.ndarray) else "device array "
+                    reason = (
+                        f"the message is dtype {_meta.dtype_token(dtype)} shape {shape} "
+                        f"({length} bytes) but out is {kind}dtype {_token(dest.dtype)} shape "
+                        f"{tuple(dest.shape)} ({dest.nbytes} bytes)"
+                    )
+                    reject(reason)
+                    raise InvalidArgumentError(
+                        f"recv from {core.peer}: {reason}; nothing was written to out and the "
+                        "message was rejected: pass an out of that dtype and shape, or "
+                        "out=None to allocate one"
+                    )
+                target = dest
+                if isinstance(dest, np.ndarray):
+                    result = dest
+            elif gpu is None:
+                target = result = np.empty(shape, dtype=dtype)
+            else:
+                from ..gpu.staging import to_user_array
+
+                buffer = Buffer.empty(shape, dtype, device=f"cuda:{gpu}")
+                target, result = buffer._device_view(), to_user_array(buffer)
+            transfer._set_result(result, length)
+            if isinstance(target, np.ndarray):
+                region, offset, temps = domain._local(target, writes=True)
+                transfer._add_resources([target, region], temps)
+                expected = _meta.checksum(meta)
+                if expected is not None:
+                    transfer._on_done = _checksum_verifier(target, expected, core.peer)
+                return core.post_recv(msg_id, region.core, offset, length)
+            transfer._add_resources([target], [])
+            stager = domain._stager(target.device)
+            return stager.post_recv(core, msg_id, target.ptr, length, staged_backstop_s())
+        except BaseException as exc:
+            if not rejected:
+                reject(f"receiver failed: {exc}")
+            raise
+
+    return step
+
+
+def _token(dtype: np.dtype[Any]) -> str:
+    try:
+        return _meta.dtype_token(dtype)
+    except InvalidArgumentError:
+        return str(dtype)
+
+
+def _checksum_verifier(target: npt.NDArray[Any], expected: int, peer: str) -> Callable[[], None]:
+    def verify() -> None:
+        got = _meta.payload_checksum(target)
+        if got != expected:
+            raise ChecksumError(
+                f"recv from {peer}: the {target.nbytes} bytes that arrived have XXH3-64 "
+                f"{got:016x} but the sender computed {expected:016x}; the data was corrupted "
+                "on the way (check the NIC/link, or retry)"
+            )
+
+    return verify

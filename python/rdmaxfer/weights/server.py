@@ -1,0 +1,323 @@
+"""The weights server: publishes tensors (a ``.safetensors`` file, or a dict of host or GPU
+arrays) for one-sided READs and answers the catalog (see :mod:`rdmaxfer.weights`)."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._config import resolve_timeout
+from ..errors import (
+    InvalidArgumentError,
+    ProtocolError,
+    RdmaxferError,
+    RegistrationError,
+    TransferTimeoutError,
+    UnsupportedError,
+)
+from ..memory import cuda
+from ..memory.buffer import as_array, device_view
+from ..memory.region import MemoryRegion
+from ..transport.endpoint import Endpoint
+from ..transport.engine import Engine
+from .format import (
+    DTYPES,
+    NAMES,
+    PROTOCOL_VERSION,
+    TensorInfo,
+    decode,
+    encode,
+    read_safetensors_header,
+)
+
+__all__ = ["WeightServer", "serve_weights"]
+
+log = logging.getLogger("rdmaxfer.weights")
+
+
+class WeightServer:
+    """Publishes tensors for :func:`pull_weights`.
+
+    Lifecycle: constructed (tensors registered, listening) -> :meth:`start` (a thread accepts
+    clients, one thread per client) or :meth:`serve_forever` -> :meth:`close` (endpoints and
+    registrations released, the file unmapped). A context manager.
+
+    Args:
+        source: a ``.safetensors`` path, or a mapping of names to C-contiguous host arrays.
+        host, port: where to listen (port 0 picks a free port; see :attr:`port`).
+        engine: an existing :class:`Engine` (default: a new one with ``transport``).
+        transport: ``"auto"``, ``"tcp"`` or ``"rdma"`` when creating the engine.
+        timeout: seconds each client may take for one step (default ``RDMAXFER_TIMEOUT``/60).
+        on_client: called as ``on_client(peer, outcome)`` when a client leaves, from its
+            thread: ``peer`` its address (``"10.0.0.2:41234"``, ``"[::1]:41234"``),
+            ``outcome`` ``"done"`` or the error that ended it (``rdmaxfer serve`` prints it).
+
+    Raises:
+        InvalidArgumentError: unreadable file, non-contiguous array, unsupported dtype.
+        RegistrationError: the memory could not be registered.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | Mapping[str, Any],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        engine: Engine | None = None,
+        transport: str = "auto",
+        timeout: float | None = None,
+        on_client: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self._on_client = on_client
+        self._own_engine = engine is None
+        self._engine = engine if engine is not None else Engine(transport)
+        self._timeout = resolve_timeout(timeout)
+        self._regions: list[MemoryRegion] = []
+        self._mmap: mmap.mmap | None = None
+        self._header: bytes | None = None
+        self._tensors: dict[str, TensorInfo] = {}
+        # GPU tensors published through a host mirror: (device view, host copy).
+        self._mirrors: list[tuple[cuda.CudaArray, npt.NDArray[Any]]] = []
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._clients: set[Endpoint] = set()  # connected now; close() ends their waits
+        self._clients_lock = threading.Lock()
+        self._clients_served = 0
+        try:
+            if isinstance(source, Mapping):
+                self._publish_arrays(source)
+            else:
+                self._publish_file(Path(source))
+            self._port = self._engine.listen(host, port)
+        except BaseException:
+            self.close()
+            raise
+        self._catalog = encode(
+            {
+                "v": PROTOCOL_VERSION,
+                "regions": [r.descriptor().pack().hex() for r in self._regions],
+                "header": None if self._header is None else self._header.hex(),
+                "tensors": {
+                    t.name: {
+                        "dtype": t.dtype,
+                        "shape": list(t.shape),
+                        "region": t.region,
+                        "offset": t.offset,
+                    }
+                    for t in self._tensors.values()
+                },
+            }
+        )
+
+    def _publish_file(self, path: Path) -> None:
+        header_raw, header, data_offset = read_safetensors_header(path)
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            # Read-only and private: kernels before 6.2 pin an MR's pages for writing even when
+            # it is registered read-only, which a read-only *shared* file mapping refuses
+            # (EFAULT); a private one is pinned (its pages copied, on those kernels).
+            self._mmap = (
+                mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+                if size
+                else None
+            )
+        if self._mmap is None:
+            raise InvalidArgumentError(f"{str(path)!r} is empty; pass a .safetensors file")
+        view = np.frombuffer(self._mmap, dtype=np.uint8)
+        self._regions.append(self._engine.register(view, access="r", local_write=False))
+        self._header = header_raw
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = entry["dtype"]
+            if dtype not in DTYPES:
+                raise InvalidArgumentError(
+                    f"tensor {name!r} has dtype {dtype!r}, which rdmaxfer does not map; "
+                    f"supported: {', '.join(DTYPES)}"
+                )
+            begin, _end = entry["data_offsets"]
+            self._tensors[name] = TensorInfo(
+                name, dtype, tuple(entry["shape"]), 0, data_offset + int(begin)
+            )
+
+    def _publish_arrays(self, arrays: Mapping[str, Any]) -> None:
+        for index, (name, obj) in enumerate(arrays.items()):
+            view = device_view(obj, writable=False, what=f"tensor {name!r}")
+            if view is not None:
+                self._publish_device(index, name, obj, view)
+                continue
+            arr = as_array(obj, writable=False, what=f"tensor {name!r}")
+            dtype = NAMES.get(arr.dtype)
+            if dtype is None:
+                raise InvalidArgumentError(
+                    f"tensor {name!r} has dtype {arr.dtype}, which has no safetensors name; "
+                    f"supported: {', '.join(str(d) for d in NAMES)}"
+                )
+            self._regions.append(self._engine.register(arr, access="r", local_write=False))
+            self._tensors[name] = TensorInfo(name, dtype, tuple(arr.shape), index, 0)
+
+    def _publish_device(self, index: int, name: str, obj: object, view: cuda.CudaArray) -> None:
+        dtype = NAMES.get(view.dtype)
+        if dtype is None:
+            raise InvalidArgumentError(
+                f"tensor {name!r} has dtype {view.dtype}, which has no safetensors name"
+            )
+        try:  # GPUDirect RDMA: peers READ the GPU memory itself
+            region = self._engine.register(obj, access="r", local_write=False)
+        except (UnsupportedError, RegistrationError) as exc:
+            log.info("tensor %r: GPU memory published through a host mirror (%s)", name, exc)
+            host = cuda.copy_to_host(view)
+            self._mirrors.append((view, host))
+            region = self._engine.register(host, access="r", local_write=False)
+        self._regions.append(region)
+        self._tensors[name] = TensorInfo(name, dtype, tuple(view.shape), index, 0)
+
+    def refresh(self) -> int:
+        """Copy the current contents of GPU tensors published through a host mirror into their
+        mirrors (after the trainer updated them in place); GPUDirect-registered tensors need
+        nothing. Clients pulling meanwhile may see a mix of old and new values.
+
+        Returns:
+            Bytes copied from the GPUs.
+        """
+        total = 0
+        for view, host in self._mirrors:
+            cuda.copy_to_host(view, host)
+            total += view.nbytes
+        return total
+
+    @property
+    def port(self) -> int:
+        """The TCP port the server listens on."""
+        return self._port
+
+    @property
+    def tensors(self) -> dict[str, TensorInfo]:
+        """What is published, by name."""
+        return dict(self._tensors)
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of all published tensors."""
+        return sum(t.nbytes for t in self._tensors.values())
+
+    @property
+    def clients_served(self) -> int:
+        """Clients that completed a pull (sent "done")."""
+        return self._clients_served
+
+    def start(self) -> WeightServer:
+        """Serve in a background thread; returns self."""
+        thread = threading.Thread(target=self.serve_forever, name="rdmaxfer-weights", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self
+
+    def serve_forever(self, max_clients: int | None = None) -> None:
+        """Accept clients until :meth:`close` (or ``max_clients`` clients were served)."""
+        accepted = 0
+        while not self._stop.is_set() and (max_clients is None or accepted < max_clients):
+            try:
+                endpoint = self._engine.accept(timeout=0.5)
+            except TransferTimeoutError:
+                continue
+            except RdmaxferError:
+                if self._stop.is_set():
+                    return
+                raise
+            accepted += 1
+            with self._clients_lock:
+                self._clients.add(endpoint)
+            worker = threading.Thread(
+                target=self._serve_client, args=(endpoint,), name="rdmaxfer-client", daemon=True
+            )
+            worker.start()
+            self._threads.append(worker)
+            if max_clients is not None and accepted >= max_clients:
+                worker.join()
+
+    def _serve_client(self, endpoint: Endpoint) -> None:
+        outcome = "stopped: the server is closing"
+        with endpoint:
+            try:
+                while not self._stop.is_set():
+                    request = decode(endpoint.recv(timeout=self._timeout), "request")
+                    op = request.get("op")
+                    if op == "catalog":
+                        endpoint.send(self._catalog, timeout=self._timeout)
+                    elif op == "done":
+                        self._clients_served += 1
+                        outcome = "done"
+                        return
+                    else:
+                        raise ProtocolError(f"unknown request op {op!r}")
+            except RdmaxferError as exc:
+                if not self._stop.is_set():  # close() ends the waits of clients still connected
+                    outcome = f"{type(exc).__name__}: {exc}"
+                    log.warning("client %s: %s", endpoint.peer, exc)
+            finally:
+                with self._clients_lock:
+                    self._clients.discard(endpoint)
+                if self._on_client is not None:
+                    self._on_client(endpoint.peer, outcome)
+
+    def close(self) -> None:
+        """Stop serving and release endpoints, registrations and the file mapping."""
+        self._stop.set()
+        with self._clients_lock:
+            clients = list(self._clients)
+        for endpoint in clients:  # each one's thread may be waiting for its next request
+            endpoint.close()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=5.0)
+        for region in self._regions:
+            region.close()
+        self._regions.clear()
+        if self._own_engine:
+            self._engine.close()
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                pass  # an array view is still alive; the mapping goes with it
+            self._mmap = None
+
+    def __enter__(self) -> WeightServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve_weights(
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    engine: Engine | None = None,
+    transport: str = "auto",
+    timeout: float | None = None,
+    on_client: Callable[[str, str], None] | None = None,
+) -> WeightServer:
+    """Publish ``source`` in a background thread and return the running :class:`WeightServer`
+    (close it, or use it as a context manager). Same arguments as :class:`WeightServer`
+    (``timeout``: seconds each client may take for one step)."""
+    server = WeightServer(
+        source,
+        host=host,
+        port=port,
+        engine=engine,
+        transport=transport,
+        timeout=timeout,
+        on_client=on_client,
+    )
+    return server.start()

@@ -1,0 +1,206 @@
+"""The Python package falls into layers with no import cycle (issue 12, item 4).
+
+The import graph is read from the source (``ast``): every ``import`` counts, at module level,
+inside functions and under ``if TYPE_CHECKING:`` alike, since each is a dependency of the
+importing module. A module may import its own layer or a lower one, never a higher one, and
+no set of modules may import each other in a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pytest
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent / "python" / "rdmaxfer"
+
+#: The floors of ``rdmaxfer``, lowest first; a module belongs to the floor of the longest
+#: prefix that names it. See the README's "How it works".
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("rdmaxfer._core", "rdmaxfer.errors", "rdmaxfer._config", "rdmaxfer._warn"),
+    ("rdmaxfer.memory",),
+    ("rdmaxfer.gpu",),
+    ("rdmaxfer.transport",),
+    ("rdmaxfer.weights",),
+    ("rdmaxfer.distributed",),
+    ("rdmaxfer.tools",),
+    ("rdmaxfer",),
+)
+
+
+def module_names(package_dir: Path, package: str) -> dict[str, Path]:
+    """Every module of the package (``.py`` sources and ``.pyi`` stubs of extensions) by its
+    dotted name; a package's ``__init__`` is named by the package."""
+    names: dict[str, Path] = {}
+    for path in sorted(package_dir.rglob("*.py*")):
+        if path.suffix not in (".py", ".pyi"):
+            continue
+        parts = list(path.relative_to(package_dir).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names.setdefault(".".join([package, *parts]), path)
+    return names
+
+
+def _imported(node: ast.AST, module: str, is_package: bool) -> Iterable[tuple[str, list[str]]]:
+    """(base module, names imported from it) for one import statement."""
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            yield alias.name, []
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            parts = module.split(".")
+            keep = len(parts) - node.level + (1 if is_package else 0)
+            base = ".".join(parts[:keep] + ([node.module] if node.module else []))
+        else:
+            base = node.module or ""
+        yield base, [alias.name for alias in node.names]
+
+
+def import_graph(package_dir: Path, package: str) -> dict[str, set[str]]:
+    """module -> the modules of the same package it imports (anywhere in its source)."""
+    modules = module_names(package_dir, package)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        is_package = path.stem == "__init__"
+        for node in ast.walk(tree):
+            for base, names in _imported(node, name, is_package):
+                targets = [f"{base}.{n}" for n in names if f"{base}.{n}" in modules]
+                if len(targets) < len(names) or not names:
+                    targets.append(base)  # names defined in ``base`` itself
+                graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def layer_of(module: str, layers: Sequence[Sequence[str]]) -> int:
+    best, best_len = -1, -1
+    for index, prefixes in enumerate(layers):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    if best < 0:
+        raise AssertionError(f"{module} belongs to no layer: add it to LAYERS")
+    return best
+
+
+def upward_imports(graph: dict[str, set[str]], layers: Sequence[Sequence[str]]) -> list[str]:
+    """``"a -> b"`` for every import of a higher layer."""
+    return sorted(
+        f"{src} -> {dst}"
+        for src, targets in graph.items()
+        for dst in targets
+        if layer_of(dst, layers) > layer_of(src, layers)
+    )
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), and modules that
+    import themselves; each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = import_graph(PACKAGE_DIR, "rdmaxfer")
+    assert len(graph) > 30, sorted(graph)  # the whole package was read
+    assert cycles(graph) == []
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    graph = import_graph(PACKAGE_DIR, "rdmaxfer")
+    assert upward_imports(graph, LAYERS) == []
+
+
+def test_every_module_sits_in_a_subpackage_of_a_layer() -> None:
+    """Only the floor (errors, _config, _warn, the _core stub) and the package's own entry
+    points stay at the top; everything else lives in a layer's subpackage."""
+    top = {m for m in module_names(PACKAGE_DIR, "rdmaxfer") if m.count(".") == 1}
+    floor = {"rdmaxfer._config", "rdmaxfer._core", "rdmaxfer._warn", "rdmaxfer.errors"}
+    layers = {prefix for prefixes in LAYERS[1:-1] for prefix in prefixes}
+    assert top == floor | layers | {"rdmaxfer.__main__"}
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = {
+        str(p.relative_to(PACKAGE_DIR)): n
+        for p in PACKAGE_DIR.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600
+    }
+    assert long == {}
+
+
+def _plant(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / "pkg" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return root / "pkg"
+
+
+def test_the_checker_finds_a_planted_cycle_and_an_upward_import(tmp_path: Path) -> None:
+    """The checks above can fail: on a tiny package whose low layer imports its high layer
+    (inside a function, and under TYPE_CHECKING), and whose two modules import each other."""
+    pkg = _plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "low/__init__.py": "",
+            "low/a.py": """
+                from typing import TYPE_CHECKING
+                if TYPE_CHECKING:
+                    from ..high import b
+                def f():
+                    from ..high.b import g
+                    return g
+            """,
+            "high/__init__.py": "",
+            "high/b.py": "from ..low import a\ndef g(): return a\n",
+            "high/c.py": "from . import b\nimport pkg.high.d\n",
+            "high/d.py": "from pkg.high.c import x\n",
+        },
+    )
+    graph = import_graph(pkg, "pkg")
+    assert graph["pkg.low.a"] == {"pkg.high.b"}
+    assert graph["pkg.high.b"] == {"pkg.low.a"}
+    assert graph["pkg.high.c"] == {"pkg.high.b", "pkg.high.d"}
+    layers = (("pkg.low",), ("pkg.high",), ("pkg",))
+    assert upward_imports(graph, layers) == ["pkg.low.a -> pkg.high.b"]
+    assert cycles(graph) == [["pkg.high.b", "pkg.low.a"], ["pkg.high.c", "pkg.high.d"]]
+
+
+def test_a_module_outside_every_layer_is_reported() -> None:
+    with pytest.raises(AssertionError, match=r"pkg\.other belongs to no layer"):
+        layer_of("pkg.other", (("pkg.low",),))
