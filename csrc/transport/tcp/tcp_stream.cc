@@ -177,13 +177,7 @@ double TcpStream::drive(const std::atomic<bool>& terminal, double timeout_s) {
     if (n <= 0) continue;
     if (p.revents & POLLOUT) flush();
     if (p.revents & POLLIN) {
-      auto conn = conn_.lock();
-      if (!conn) {
-        retire("the connection is gone");
-        continue;
-      }
-      std::lock_guard<std::mutex> lock(recv_mu_);
-      receive_locked(conn);
+      receive();
     } else if (p.revents & (POLLERR | POLLHUP)) {
       on_error();
     }
@@ -250,17 +244,16 @@ std::vector<RequestPtr> TcpStream::kill() {
 }
 
 void TcpStream::on_readable() {
-  if (borrowed_.load()) return;  // the borrowing thread reads (an event from before the loan)
+  if (!borrowed_.load()) receive();  // else the borrowing thread reads (an event from before)
+}
+
+void TcpStream::receive() {
   auto conn = conn_.lock();
   if (!conn) {
     retire("the connection is gone");
     return;
   }
   std::lock_guard<std::mutex> lock(recv_mu_);
-  receive_locked(conn);
-}
-
-void TcpStream::receive_locked(const std::shared_ptr<TcpConnection>& conn) {
   uint64_t budget = kReadBudget;
   try {
     while (!dead_.load() && budget > 0) {

@@ -96,8 +96,8 @@ class TcpStream : public IoHandler, public Progress, public std::enable_shared_f
   void update_watch_locked();
   // Writes what the socket takes (send_mu_ taken here); completes the frames' requests.
   void flush();
-  // Reads what the socket has and feeds the frames on (recv_mu_ held).
-  void receive_locked(const std::shared_ptr<TcpConnection>& conn);
+  // Reads what the socket has and feeds the frames on (takes recv_mu_).
+  void receive();
   // Feeds bytes from the staging buffer into the receive state machine; returns bytes used.
   size_t consume(const uint8_t* p, size_t n);
   void start_payload();
