@@ -116,8 +116,17 @@ inline void cpu_relax() {
 }  // namespace
 
 bool Request::wait_for(double timeout_s, int spin_us) const {
+  if (terminal_.load(std::memory_order_acquire)) return true;
+  const std::shared_ptr<Progress> progress = progress_.lock();
+  if (progress) {
+    const double left = progress->drive(terminal_, timeout_s);
+    if (terminal_.load(std::memory_order_acquire)) return true;
+    if (left < timeout_s) {  // it drove for a while: no spin after that
+      timeout_s = std::max(0.0, left);
+      spin_us = 0;
+    }
+  }
   if (spin_us > 0 && !terminal_.load(std::memory_order_acquire)) {
-    const std::shared_ptr<Progress> progress = progress_.lock();
     std::chrono::steady_clock::time_point until{};
     bool started = false;
     unsigned turns = 0;

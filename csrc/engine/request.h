@@ -28,10 +28,23 @@ class Notifier;
 // progress() looks once without blocking, dispatches what it found, and returns true when it
 // processed anything. It must be safe from any thread, concurrently with the background thread,
 // and must not block on locks that completion handlers hold (implementations use a try-lock).
+//
+// A transport that owns the socket a request's completion arrives on can do better than a spin:
+// drive() makes the waiting thread the I/O thread for that socket until the request is terminal
+// or the time is up (it blocks in poll(2), so the kernel wakes the waiter itself when the
+// completion arrives, not a background thread that then wakes the waiter).
 class Progress {
  public:
   virtual ~Progress() = default;
   virtual bool progress() = 0;
+  // Blocks up to `timeout_s` processing I/O on the calling thread until `terminal` is set.
+  // Returns the seconds of the wait it did not cover (0 when it covered it all): where it cannot
+  // drive (the default: at once; a stream that died meanwhile: the rest), the caller waits that
+  // long the usual way.
+  virtual double drive(const std::atomic<bool>& terminal, double timeout_s) {
+    (void)terminal;
+    return timeout_s;
+  }
 };
 
 enum class OpKind { kWrite, kRead, kSend, kRecv, kRecvHeader };
@@ -75,12 +88,13 @@ class Request {
   // Fails with `cause`'s kind and message, keeping its errno and completion status.
   void fail(const Error& cause);
 
-  // Blocks until terminal or the timeout; true when terminal. Spins for up to `spin_us`
-  // microseconds first (plus a few dozen polls), so a short transfer completes without a futex
-  // wake-up: with a Progress the spin polls it (caller-driven progress, no syscall per turn),
-  // without one it yields the CPU (sched_yield) each turn. The bound is the caller's; after it
-  // the thread sleeps on a condition variable and the transport's background thread completes
-  // the request.
+  // Blocks until terminal or the timeout; true when terminal. A Progress that can drive()
+  // (TCP: the request's stream) is driven by the waiting thread for the whole wait. Otherwise
+  // it spins for up to `spin_us` microseconds first (plus a few dozen polls), so a short
+  // transfer completes without a futex wake-up: with a Progress the spin polls it (caller-driven
+  // progress, no syscall per turn), without one it yields the CPU (sched_yield) each turn. The
+  // bound is the caller's; after it the thread sleeps on a condition variable and the
+  // transport's background thread completes the request.
   bool wait_for(double timeout_s, int spin_us = 0) const;
   // Set by the transport right after construction, before the request is shared. Held weakly:
   // a request that outlives its transport just stops driving it.

@@ -64,9 +64,9 @@ void IoLoop::remove(int fd) {
   handlers_.erase(it);
 }
 
-void IoLoop::want_write(int fd, bool on) {
+void IoLoop::watch(int fd, bool read, bool write) {
   epoll_event ev{};
-  ev.events = on ? (EPOLLIN | EPOLLOUT) : EPOLLIN;
+  ev.events = (read ? EPOLLIN : 0u) | (write ? EPOLLOUT : 0u);
   ev.data.fd = fd;
   // ENOENT: the handler was removed meanwhile; nothing to arm.
   epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, fd, &ev);

@@ -38,8 +38,9 @@ class IoLoop {
   void add(const std::shared_ptr<IoHandler>& handler);
   // Removes the handler from the loop (call on the loop thread, e.g. inside a handler/task).
   void remove(int fd);
-  // Turns interest in EPOLLOUT on or off (any thread).
-  void want_write(int fd, bool on);
+  // Sets which readiness of fd the loop reports (any thread): readable, writable, both or
+  // neither (errors and hang-ups are reported regardless).
+  void watch(int fd, bool read, bool write);
   bool in_loop_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
   void stop();
 

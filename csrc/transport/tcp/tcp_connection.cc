@@ -63,12 +63,14 @@ RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kWrite, length);
   const ChunkPlan plan = plan_chunks(length, streams(), options);
   req->set_parts(plan.count);
+  const int first = least_loaded(plan.streams).index();
+  // On one stream the waiting thread can drive it (TcpStream::drive): no hand-off to the loop.
+  if (plan.streams == 1) req->set_progress(streams_[static_cast<size_t>(first)]);
   {
     std::lock_guard<std::mutex> lock(mu_);
     check_open_locked();
     writes_[req->id()] = req;
   }
-  const int first = least_loaded(plan.streams).index();
   for (uint64_t i = 0; i < plan.count; ++i) {
     const uint64_t off = i * plan.chunk;
     const uint64_t n = std::min(plan.chunk, length - std::min(length, off));
@@ -102,12 +104,14 @@ RequestPtr TcpConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRead, length);
   const ChunkPlan plan = plan_chunks(length, streams(), options);
   req->set_parts(plan.count);
+  const int first = least_loaded(plan.streams).index();
+  // On one stream the waiting thread can drive it (TcpStream::drive): no hand-off to the loop.
+  if (plan.streams == 1) req->set_progress(streams_[static_cast<size_t>(first)]);
   {
     std::lock_guard<std::mutex> lock(mu_);
     check_open_locked();
     reads_[req->id()] = PendingRead{req, local, local->addr() + local_offset, length};
   }
-  const int first = least_loaded(plan.streams).index();
   for (uint64_t i = 0; i < plan.count; ++i) {
     const uint64_t off = i * plan.chunk;
     const uint64_t n = std::min(plan.chunk, length - std::min(length, off));

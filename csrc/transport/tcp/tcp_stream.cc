@@ -1,9 +1,13 @@
 #include "transport/tcp/tcp_stream.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "common/error.h"
@@ -16,6 +20,10 @@ constexpr int kMaxIov = 64;
 constexpr uint64_t kReadBudget = 16ull << 20;  // per wake-up, so other streams get a turn
 constexpr size_t kStage = 64 * 1024;
 constexpr uint64_t kInlineLimit = 1024 * 1024;
+// A driving thread looks at its request at least this often, even without socket events (a
+// completion processed by the loop just before the stream was borrowed, a frame another thread
+// queued meanwhile).
+constexpr double kDrivePollS = 0.002;
 }  // namespace
 
 OutFrame make_frame(const FrameHeader& header, std::string meta) {
@@ -44,7 +52,7 @@ bool TcpStream::enqueue(OutFrame frame) {
       if (small || loop_->in_loop_thread()) flush_locked(&completed);
       if (!queue_.empty() && !dead_.load()) {
         want_write_ = true;
-        loop_->want_write(fd_.get(), true);
+        update_watch_locked();
       }
     }
   }
@@ -108,17 +116,86 @@ void TcpStream::flush_locked(std::vector<RequestPtr>* completed) {
   }
 }
 
-void TcpStream::on_writable() {
+void TcpStream::update_watch_locked() {
+  const bool lent = borrowers_ > 0;
+  const int watching = (lent ? 0 : 1) | (!lent && want_write_ ? 2 : 0);
+  if (watching == watching_ || !fd_.valid()) return;
+  watching_ = watching;
+  loop_->watch(fd_.get(), (watching & 1) != 0, (watching & 2) != 0);
+}
+
+void TcpStream::flush() {
   std::vector<RequestPtr> completed;
   {
     std::lock_guard<std::mutex> lock(send_mu_);
     flush_locked(&completed);
     if (queue_.empty() && want_write_) {
       want_write_ = false;
-      loop_->want_write(fd_.get(), false);
+      update_watch_locked();
     }
   }
   for (auto& r : completed) r->part_done();
+}
+
+void TcpStream::on_writable() {
+  if (!borrowed_.load()) flush();  // else the borrowing thread writes
+}
+
+double TcpStream::drive(const std::atomic<bool>& terminal, double timeout_s) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point until =
+      Clock::now() +
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    if (dead_.load() || removed_) return timeout_s;
+    if (borrowers_++ == 0) {
+      borrowed_.store(true);
+      update_watch_locked();
+    }
+  }
+  bool alive = true;
+  while (!terminal.load(std::memory_order_acquire)) {
+    pollfd p{};
+    {
+      std::lock_guard<std::mutex> lock(send_mu_);
+      if (dead_.load()) {
+        alive = false;
+        break;
+      }
+      p.fd = fd_.get();
+      p.events = static_cast<short>(POLLIN | (queue_.empty() ? 0 : POLLOUT));
+    }
+    const double left = std::chrono::duration<double>(until - Clock::now()).count();
+    if (left <= 0) break;
+    const int ms = static_cast<int>(std::ceil(std::min(left, kDrivePollS) * 1000));
+    const int n = poll(&p, 1, ms);
+    if (n < 0 && errno != EINTR) {
+      alive = false;  // poll itself failed (no memory): let the loop serve the stream again
+      break;
+    }
+    if (n <= 0) continue;
+    if (p.revents & POLLOUT) flush();
+    if (p.revents & POLLIN) {
+      receive();
+    } else if (p.revents & (POLLERR | POLLHUP)) {
+      on_error();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    if (--borrowers_ == 0) {
+      borrowed_.store(false);
+      if (removed_) {
+        fd_.reset();
+      } else {
+        want_write_ = !queue_.empty();
+        update_watch_locked();
+      }
+    }
+  }
+  if (alive || terminal.load(std::memory_order_acquire)) return 0.0;
+  return std::max(0.0, std::chrono::duration<double>(until - Clock::now()).count());
 }
 
 void TcpStream::on_error() { fail("socket error", 0); }
@@ -152,22 +229,31 @@ std::vector<RequestPtr> TcpStream::kill() {
     queued_.store(0);
   }
   loop_->post([self = shared_from_this()] {
-    self->sink_ = RecvSink();
+    {
+      std::lock_guard<std::mutex> lock(self->recv_mu_);
+      self->sink_ = RecvSink();
+    }
     self->loop_->remove(self->fd_.get());
-    // Out of the loop for good: give the descriptor back now, not when the last handle to
-    // the connection goes away.
+    // Out of the loop for good: give the descriptor back now (or when the last thread driving
+    // the stream lets go of it), not when the last handle to the connection goes away.
     std::lock_guard<std::mutex> lock(self->send_mu_);
-    self->fd_.reset();
+    self->removed_ = true;
+    if (self->borrowers_ == 0) self->fd_.reset();
   });
   return orphans;
 }
 
 void TcpStream::on_readable() {
+  if (!borrowed_.load()) receive();  // else the borrowing thread reads (an event from before)
+}
+
+void TcpStream::receive() {
   auto conn = conn_.lock();
   if (!conn) {
     retire("the connection is gone");
     return;
   }
+  std::lock_guard<std::mutex> lock(recv_mu_);
   uint64_t budget = kReadBudget;
   try {
     while (!dead_.load() && budget > 0) {

@@ -7,8 +7,11 @@
 // from is released (RegionUse) only then.
 //
 // Sending: any thread may enqueue; when the queue was empty the caller writes inline, and the
-// loop finishes what the socket could not take (EPOLLOUT). Receiving happens on the loop thread
-// only: header -> metadata -> data straight into the destination the connection chose.
+// loop finishes what the socket could not take (EPOLLOUT). Receiving: header -> metadata ->
+// data straight into the destination the connection chose, on the loop thread, or on a thread
+// that waits for a request of this stream (drive(): it borrows the stream from the loop, which
+// then neither watches nor reads it, and polls the socket itself; one less thread hand-off per
+// completion, like a plain blocking socket). recv_mu_ serializes the two.
 #pragma once
 
 #include <atomic>
@@ -60,7 +63,7 @@ struct RecvSink {
   uint32_t status = 0;  // AccessStatus decided when the header arrived
 };
 
-class TcpStream : public IoHandler, public std::enable_shared_from_this<TcpStream> {
+class TcpStream : public IoHandler, public Progress, public std::enable_shared_from_this<TcpStream> {
  public:
   TcpStream(UniqueFd fd, int index, IoLoop* loop, std::weak_ptr<TcpConnection> conn);
   int fd() const override { return fd_.get(); }
@@ -80,8 +83,21 @@ class TcpStream : public IoHandler, public std::enable_shared_from_this<TcpStrea
   void on_writable() override;
   void on_error() override;
 
+  // Progress (engine/request.h), for a request whose completion arrives on this stream. A
+  // waiting thread drives the stream (borrowed from the loop) until the request is terminal or
+  // the time is up; it returns the time left only when the stream died first.
+  double drive(const std::atomic<bool>& terminal, double timeout_s) override;
+  // Nothing to poll without blocking: waits drive(), and a dead stream has nothing to do.
+  bool progress() override { return false; }
+
  private:
   void flush_locked(std::vector<RequestPtr>* completed);
+  // What the loop watches: nothing while borrowed, else readable (+ writable with a backlog).
+  void update_watch_locked();
+  // Writes what the socket takes (send_mu_ taken here); completes the frames' requests.
+  void flush();
+  // Reads what the socket has and feeds the frames on (takes recv_mu_).
+  void receive();
   // Feeds bytes from the staging buffer into the receive state machine; returns bytes used.
   size_t consume(const uint8_t* p, size_t n);
   void start_payload();
@@ -100,6 +116,12 @@ class TcpStream : public IoHandler, public std::enable_shared_from_this<TcpStrea
   std::deque<OutFrame> queue_;
   bool want_write_ = false;
   std::atomic<uint64_t> queued_{0};
+  int watching_ = 1;                   // what the loop watches: 1 read, 2 write (send_mu_)
+  int borrowers_ = 0;                  // threads in drive() (send_mu_)
+  std::atomic<bool> borrowed_{false};  // borrowers_ > 0, read by the loop without the lock
+  bool removed_ = false;               // out of the loop; the last borrower closes fd_ (send_mu_)
+
+  std::mutex recv_mu_;  // the receive state below
 
   enum class Phase { kHeader, kMeta, kData };
   Phase phase_ = Phase::kHeader;
