@@ -11,11 +11,11 @@
 #include "common/error.h"
 #include "common/fork_guard.h"
 #include "common/interrupt.h"
-#include "cuda/gpudirect.h"
+#include "core/region.h"
 #include "engine/engine.h"
-#include "engine/region.h"
-#include "transport/records.h"
 #include "engine/timed_loop.h"
+#include "transport/gpu_registration.h"
+#include "transport/records.h"
 
 namespace py = pybind11;
 using rdmaxfer::Connection;

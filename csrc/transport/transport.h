@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/descriptor.h"
-#include "engine/region.h"
-#include "engine/request.h"
+#include "core/descriptor.h"
+#include "core/region.h"
+#include "core/request.h"
 
 namespace rdmaxfer {
 
@@ -102,7 +102,7 @@ class Transport {
   // Registers GPU memory for GPUDirect RDMA (cuda/gpudirect.h): through a dmabuf fd when
   // dmabuf_fd >= 0 (the range starts dmabuf_offset bytes into the exported pages), else by
   // address (nvidia-peermem). Transports whose CPU moves the bytes (TCP) throw
-  // Error(kUnsupported): device memory goes through staging there (cuda/staging.h).
+  // Error(kUnsupported): device memory goes through staging there (protocol/staging.h).
   std::shared_ptr<MemoryRegion> register_device_memory(uint8_t* addr, uint64_t length,
                                                        uint32_t access, int dmabuf_fd,
                                                        uint64_t dmabuf_offset);

@@ -274,7 +274,7 @@ class CudaCopier(DeviceCopier):
     def __init__(self, device: int) -> None: ...
 
 class Stager:
-    """The staging pipeline (csrc/cuda/staging.h): device memory through pinned bounce
+    """The staging pipeline (csrc/protocol/staging.h): device memory through pinned bounce
     buffers, copies overlapped with the wire. Each post_* returns at once; its Request
     completes when the bytes are in place. ``chunk_size`` in bytes (0: 8 MiB), ``slots``
     bounce buffers (0: 3, at most 8), ``timeout`` in seconds for the whole operation."""

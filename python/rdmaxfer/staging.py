@@ -1,5 +1,5 @@
 """Device memory over any transport: GPUDirect when the memory is registered for it, else the
-C++ staging pipeline (csrc/cuda/staging.h) through pinned host bounce buffers.
+C++ staging pipeline (csrc/protocol/staging.h) through pinned host bounce buffers.
 
 This module is the glue between :class:`~rdmaxfer.endpoint.Endpoint` and ``_core.Stager``:
 one Stager per (engine, GPU), created on first use and closed with the engine. No Python

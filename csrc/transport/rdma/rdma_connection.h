@@ -49,7 +49,7 @@
 #include <vector>
 
 #include "common/unique_fd.h"
-#include "engine/message_inbox.h"
+#include "transport/message_inbox.h"
 #include "transport/rdma/buffer_slab.h"
 #include "transport/rdma/control_msg.h"
 #include "transport/rdma/cq_poller.h"

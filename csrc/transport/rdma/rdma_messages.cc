@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "engine/chunking.h"
+#include "transport/chunking.h"
 #include "transport/rdma/rdma_connection.h"
 
 namespace rdmaxfer {

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "engine/chunking.h"
+#include "transport/chunking.h"
 
 namespace rdmaxfer {
 

@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/message_inbox.h"
+#include "transport/message_inbox.h"
 #include "transport/tcp/tcp_stream.h"
 #include "transport/transport.h"
 

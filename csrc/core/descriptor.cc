@@ -1,8 +1,8 @@
-#include "engine/descriptor.h"
+#include "core/descriptor.h"
 
 #include "common/bytes.h"
 #include "common/error.h"
-#include "engine/region.h"
+#include "core/region.h"
 
 namespace rdmaxfer {
 

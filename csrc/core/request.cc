@@ -1,11 +1,11 @@
-#include "engine/request.h"
+#include "core/request.h"
 
 #include <sched.h>
 
 #include <algorithm>
 #include <chrono>
 
-#include "engine/notifier.h"
+#include "core/notifier.h"
 
 namespace rdmaxfer {
 
