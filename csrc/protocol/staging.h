@@ -33,7 +33,7 @@
 #include "core/descriptor.h"
 #include "core/request.h"
 #include "cuda/device_copier.h"
-#include "transport/transport.h"
+#include "protocol/connection.h"
 
 namespace rdmaxfer {
 

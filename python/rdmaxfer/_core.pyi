@@ -174,9 +174,11 @@ class Engine:
         poll_mode: str = "",
         secret: str = "",
     ) -> None:
-        """``transport``: "tcp" or "rdma". ``default_streams``: TCP streams or RC QPs per
-        connection (0: 4 on TCP, 1 on rdma). ``secret``: shared secret for the bootstrap's
-        HMAC-SHA256 challenge-response ("" = none; see csrc/transport/auth.h).
+        """``transport``: "tcp" or "rdma" (or "loopback": the internal in-process test
+        transport, csrc/transport/loopback/, not listed by ``rdmaxfer info``).
+        ``default_streams``: TCP streams or RC QPs per connection (0: 4 on TCP, 1 on rdma).
+        ``secret``: shared secret for the bootstrap's HMAC-SHA256 challenge-response ("" =
+        none; see csrc/transport/auth.h).
 
         rdma only: ``rdma_device`` ("" -> env RDMAXFER_RDMA_DEVICE -> the first device with an
         active port); ``gid_index`` (-1 -> env RDMAXFER_GID_INDEX -> auto: the first RoCE v2 GID
