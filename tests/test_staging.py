@@ -1,4 +1,4 @@
-"""The staging pipeline (csrc/cuda/staging.*) with host memory standing in for the device.
+"""The staging pipeline (csrc/protocol/staging.*) with host memory standing in for the device.
 
 ``_core.HostCopier`` does the "device" copies as memcpy on a worker thread (in order, like a
 CUDA stream); the wire is the real TCP transport between two engines over loopback. Every test

@@ -23,7 +23,7 @@ RATE = 8e6  # bytes/s through the relay
 SIZE = 16 << 20  # about 2 s at RATE
 TIMEOUT_S = 1.0
 #: A WRITE progresses as the peer acknowledges its chunks: 16 MiB over 4 streams is 16 chunks of
-#: 1 MiB (engine/chunking.h), one round of 4 acknowledged every 0.5 s or so.
+#: 1 MiB (transport/chunking.h), one round of 4 acknowledged every 0.5 s or so.
 PAUSE_AT_S = 1.2
 
 

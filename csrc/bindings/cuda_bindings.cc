@@ -9,10 +9,10 @@
 #include "cuda/cuda_copier.h"
 #include "cuda/cuda_memory.h"
 #include "cuda/cuda_stream.h"
-#include "cuda/gpudirect.h"
 #include "cuda/host_copier.h"
-#include "cuda/staging.h"
 #include "engine/engine.h"
+#include "protocol/staging.h"
+#include "transport/gpu_registration.h"
 
 namespace py = pybind11;
 

@@ -11,11 +11,12 @@
 #include "common/error.h"
 #include "common/fork_guard.h"
 #include "common/interrupt.h"
-#include "cuda/gpudirect.h"
+#include "core/region.h"
 #include "engine/engine.h"
-#include "engine/region.h"
-#include "transport/records.h"
 #include "engine/timed_loop.h"
+#include "protocol/connection.h"
+#include "transport/gpu_registration.h"
+#include "transport/records.h"
 
 namespace py = pybind11;
 using rdmaxfer::Connection;
@@ -401,7 +402,7 @@ PYBIND11_MODULE(_core, m) {
             auto& t = e.transport();
             rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
             py::gil_scoped_release release;
-            return kept_in_child(t.accept(timeout));
+            return kept_in_child(std::make_shared<Connection>(t.accept(timeout)));
           },
           py::arg("timeout"), py::keep_alive<0, 1>())
       .def(
@@ -421,7 +422,8 @@ PYBIND11_MODULE(_core, m) {
             o.retry_refused = retry_refused;
             rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
             py::gil_scoped_release release;
-            return kept_in_child(t.connect(host, static_cast<uint16_t>(port), o));
+            return kept_in_child(
+                std::make_shared<Connection>(t.connect(host, static_cast<uint16_t>(port), o)));
           },
           py::arg("host"), py::arg("port"), py::arg("streams"), py::arg("timeout"),
           py::arg("retry_refused") = true, py::keep_alive<0, 1>())

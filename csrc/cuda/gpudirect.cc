@@ -3,7 +3,7 @@
 #include <cerrno>
 
 #include "common/error.h"
-#include "engine/region.h"
+#include "core/region.h"
 
 namespace rdmaxfer {
 
@@ -46,44 +46,6 @@ std::string gpu_registration_error(GpuRegistration method, uint64_t length, int 
       break;
   }
   return text;
-}
-
-}  // namespace rdmaxfer
-
-#include "cuda/cuda_memory.h"
-#include "transport/transport.h"
-#include "transport/rdma/verbs_api.h"
-
-namespace rdmaxfer {
-
-std::shared_ptr<MemoryRegion> register_gpu_memory(Transport& transport, uint64_t addr,
-                                                  uint64_t length, uint32_t access,
-                                                  const std::string& method, int ordinal) {
-  uint8_t* ptr = reinterpret_cast<uint8_t*>(addr);
-  if (method == "peermem") {
-    return transport.register_device_memory(ptr, length, access, -1, 0);
-  }
-  if (method == "dmabuf") {
-    if (transport.capabilities().kind != TransportKind::kRdma) {
-      // Refuse before exporting anything (the transport would refuse too).
-      return transport.register_device_memory(ptr, length, access, -1, 0);
-    }
-    DmabufFd fd(CudaContext::get(ordinal), addr, length);
-    // The MR holds its own reference to the dmabuf; our fd is closed on return.
-    return transport.register_device_memory(ptr, length, access, fd.fd(), fd.offset());
-  }
-  throw Error(ErrorKind::kInvalidArgument,
-              "GPU registration method '" + method + "' must be 'dmabuf' or 'peermem'");
-}
-
-std::string verbs_dmabuf_unavailable() {
-  std::string why;
-  const VerbsApi* api = verbs_api(&why);
-  if (api == nullptr) return why;
-  if (api->reg_dmabuf_mr == nullptr) {
-    return "libibverbs.so.1 lacks ibv_reg_dmabuf_mr@IBVERBS_1.12 (rdma-core >= 34 has it)";
-  }
-  return "";
 }
 
 }  // namespace rdmaxfer

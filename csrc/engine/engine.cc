@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/fork_guard.h"
+#include "protocol/connection.h"
 
 namespace rdmaxfer {
 
@@ -19,7 +20,9 @@ Engine::Engine(const std::string& transport, const TransportConfig& config)
       engine_id_(random_engine_id()),
       transport_(make_transport(transport, engine_id_, config)),
       notifier_(std::make_shared<Notifier>()),
-      fork_generation_(fork_generation()) {}
+      fork_generation_(fork_generation()) {
+  transport_->set_protocol(make_message_protocol);
+}
 
 Engine::~Engine() { close(); }
 

@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/notifier.h"
+#include "core/notifier.h"
 #include "transport/registry.h"
 
 namespace rdmaxfer {

@@ -9,7 +9,7 @@
 #endif
 
 #include "common/error.h"
-#include "transport/transport.h"
+#include "protocol/connection.h"
 
 namespace rdmaxfer {
 

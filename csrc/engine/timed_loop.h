@@ -10,9 +10,9 @@
 #include <memory>
 #include <vector>
 
-#include "engine/descriptor.h"
-#include "engine/region.h"
-#include "engine/request.h"
+#include "core/descriptor.h"
+#include "core/region.h"
+#include "core/request.h"
 
 namespace rdmaxfer {
 

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "common/unique_fd.h"
-#include "engine/descriptor.h"
+#include "core/descriptor.h"
 #include "transport/socket.h"
 
 namespace rdmaxfer {

@@ -1,11 +1,11 @@
 #include "transport/records.h"
 
 #include "common/error.h"
-#include "engine/descriptor.h"
+#include "core/descriptor.h"
 #include "transport/bootstrap.h"
-#include "transport/tcp/wire.h"
 #include "transport/rdma/control_msg.h"
 #include "transport/rdma/endpoint_record.h"
+#include "transport/tcp/wire.h"
 
 namespace rdmaxfer {
 

@@ -1,6 +1,6 @@
 // Every wire record parser behind one entry point, for fuzzing and tests: feeds `data` to the
 // parser named by `kind` and reports what it accepted, or throws Error(kProtocol).
-//   kind: "descriptor" (engine/descriptor.h), "hello", "hello_ack" (transport/bootstrap.h),
+//   kind: "descriptor" (core/descriptor.h), "hello", "hello_ack" (transport/bootstrap.h),
 //         "frame" (transport/tcp/wire.h), and with verbs: "endpoint_record", "control"
 //         (transport/rdma/endpoint_record.h, control_msg.h).
 #pragma once

@@ -1,8 +1,9 @@
 #include "transport/registry.h"
 
 #include "common/error.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/loopback/loopback_transport.h"
 #include "transport/rdma/rdma_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace rdmaxfer {
 
@@ -18,6 +19,8 @@ std::unique_ptr<Transport> make_transport(const std::string& name, uint64_t engi
                                           const TransportConfig& config) {
   if (name == "tcp") return std::make_unique<TcpTransport>(engine_id, config.tcp);
   if (name == "rdma") return std::make_unique<RdmaTransport>(engine_id, config.rdma);
+  // Internal (not in available_transports): the in-process test transport.
+  if (name == "loopback") return std::make_unique<LoopbackTransport>(engine_id);
   auto available = available_transports();
   auto it = available.find(name);
   if (it == available.end()) {

@@ -67,8 +67,16 @@ void Transport::deregister(const std::shared_ptr<MemoryRegion>& region, double t
   region->revoke();
 }
 
-std::string Connection::describe() const {
+std::string Channel::describe() const {
   return "to " + peer() + ", " + std::to_string(streams()) + " stream(s)";
+}
+
+void Transport::attach_protocol(const std::shared_ptr<Channel>& channel) const {
+  if (!protocol_) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "the transport has no protocol for its connections (set_protocol)");
+  }
+  channel->attach(protocol_(channel));
 }
 
 Descriptor Transport::describe_region(const MemoryRegion& region) const {

@@ -1,8 +1,8 @@
-// The transport interface: what the engine needs from TCP and from verbs alike.
+// The transport interface: what the protocol and the engine need from TCP and from verbs alike.
 //
-// A Transport owns memory registration, listening and connecting; a Connection (one peer)
-// posts operations and returns Requests. The interface never names an implementation: the
-// engine picks one through make_transport() (transport/registry.h).
+// A Transport owns memory registration, listening and connecting; a Channel (one peer,
+// channel.h) offers the primitives and returns Requests. The interface never names an
+// implementation: the engine picks one through make_transport() (transport/registry.h).
 //
 // Matched lifecycle pairs: register_memory/alloc_pinned -> deregister; listen -> accept;
 // connect/accept -> close (or abort); post_* -> Request terminal.
@@ -10,72 +10,30 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "engine/descriptor.h"
-#include "engine/region.h"
-#include "engine/request.h"
+#include "core/descriptor.h"
+#include "core/region.h"
+#include "core/request.h"
+#include "transport/channel.h"
 
 namespace rdmaxfer {
 
 struct Capabilities {
   TransportKind kind = TransportKind::kTcp;
   bool one_sided = true;         // WRITE/READ into a peer's registered memory
-  bool write_with_imm = false;   // WRITE that also notifies the target
+  bool write_with_imm = false;   // WRITE that also notifies the target in hardware
   bool gpu_direct = false;       // registers device memory directly
   uint64_t max_message = 0;      // largest single transfer in bytes (0: unlimited)
 };
 
-// Per-transfer knobs; 0 means "choose from the transfer size".
-struct TransferOptions {
-  uint64_t chunk_size = 0;  // bytes per wire chunk / work request
-  int streams = 0;          // how many of the connection's streams (or QPs) to spread over
-};
-
-class Connection {
- public:
-  virtual ~Connection() = default;
-
-  // One-sided: copy `length` bytes between local[local_offset:] and the peer's region named by
-  // `remote` at remote.addr + remote_offset. Completes when the bytes are placed remotely
-  // (WRITE) or locally (READ).
-  virtual RequestPtr post_write(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
-                                const Descriptor& remote, uint64_t remote_offset,
-                                uint64_t length, const TransferOptions& options) = 0;
-  virtual RequestPtr post_read(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
-                               const Descriptor& remote, uint64_t remote_offset, uint64_t length,
-                               const TransferOptions& options) = 0;
-
-  // Two-sided: a message of `length` bytes with opaque `meta` (dtype, shape...). The receiver
-  // first gets the header (post_recv_header), then places the bytes (post_recv) or refuses them
-  // (reject), so a mismatch is caught before any byte is written.
-  virtual RequestPtr post_send(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                               uint64_t length, const std::string& meta,
-                               const TransferOptions& options) = 0;
-  virtual RequestPtr post_recv_header() = 0;
-  virtual RequestPtr post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
-                               uint64_t offset, uint64_t length) = 0;
-  virtual void reject(uint64_t msg_id, const std::string& reason) = 0;
-  // Withdraws a header wait that has not matched a message yet; true when withdrawn.
-  virtual bool cancel_recv_header(const RequestPtr& request) = 0;
-
-  // Graceful close: tell the peer, fail what is still pending, release sockets/QPs.
-  virtual void close() = 0;
-  // Immediate teardown after an error or timeout: every pending request fails with `reason`.
-  virtual void abort(ErrorKind kind, const std::string& reason) = 0;
-  virtual bool is_closed() const = 0;
-  virtual std::string error() const = 0;
-  virtual std::string peer() const = 0;
-  virtual int streams() const = 0;
-  // One line naming the peer, the streams and what was negotiated with the peer.
-  virtual std::string describe() const;
-  // What was negotiated, by name (verbs: path_mtu in bytes, max_rd_atomic,
-  // max_dest_rd_atomic, ...); empty where nothing is.
-  virtual std::vector<std::pair<std::string, uint64_t>> attributes() const { return {}; }
-};
+// Makes the events target (the protocol) of a new channel, before the channel starts.
+using ProtocolFactory =
+    std::function<std::shared_ptr<ChannelEvents>(const std::shared_ptr<Channel>&)>;
 
 struct ConnectOptions {
   int streams = 0;  // parallel streams (TCP) or QPs (verbs); 0: the transport's default
@@ -102,7 +60,7 @@ class Transport {
   // Registers GPU memory for GPUDirect RDMA (cuda/gpudirect.h): through a dmabuf fd when
   // dmabuf_fd >= 0 (the range starts dmabuf_offset bytes into the exported pages), else by
   // address (nvidia-peermem). Transports whose CPU moves the bytes (TCP) throw
-  // Error(kUnsupported): device memory goes through staging there (cuda/staging.h).
+  // Error(kUnsupported): device memory goes through staging there (protocol/staging.h).
   std::shared_ptr<MemoryRegion> register_device_memory(uint8_t* addr, uint64_t length,
                                                        uint32_t access, int dmabuf_fd,
                                                        uint64_t dmabuf_offset);
@@ -115,14 +73,16 @@ class Transport {
   const RegionTable& regions() const { return regions_; }
 
   virtual uint16_t listen(const std::string& host, uint16_t port) = 0;
-  virtual std::shared_ptr<Connection> accept(double timeout_s) = 0;
-  virtual std::shared_ptr<Connection> connect(const std::string& host, uint16_t port,
-                                              const ConnectOptions& options) = 0;
+  virtual std::shared_ptr<Channel> accept(double timeout_s) = 0;
+  virtual std::shared_ptr<Channel> connect(const std::string& host, uint16_t port,
+                                           const ConnectOptions& options) = 0;
   // Aborts every connection and stops the transport's threads.
   virtual void shutdown() = 0;
 
   uint64_t engine_id() const { return engine_id_; }
   uint64_t next_request_id() { return next_request_id_.fetch_add(1); }
+  // Set once by the engine, before any connection (protocol/connection.h).
+  void set_protocol(ProtocolFactory factory) { protocol_ = std::move(factory); }
 
  protected:
   // Builds the transport's region object (a verbs MR, or plain bookkeeping on TCP).
@@ -133,9 +93,12 @@ class Transport {
   virtual std::shared_ptr<MemoryRegion> make_device_region(uint8_t* addr, uint64_t length,
                                                            uint32_t access, int dmabuf_fd,
                                                            uint64_t dmabuf_offset);
+  // Gives a new channel its protocol; throws when the engine set none.
+  void attach_protocol(const std::shared_ptr<Channel>& channel) const;
   RegionTable regions_;
 
  private:
+  ProtocolFactory protocol_;
   const uint64_t engine_id_;
   std::atomic<uint64_t> next_request_id_{1};
 };

@@ -174,9 +174,11 @@ class Engine:
         poll_mode: str = "",
         secret: str = "",
     ) -> None:
-        """``transport``: "tcp" or "rdma". ``default_streams``: TCP streams or RC QPs per
-        connection (0: 4 on TCP, 1 on rdma). ``secret``: shared secret for the bootstrap's
-        HMAC-SHA256 challenge-response ("" = none; see csrc/transport/auth.h).
+        """``transport``: "tcp" or "rdma" (or "loopback": the internal in-process test
+        transport, csrc/transport/loopback/, not listed by ``rdmaxfer info``).
+        ``default_streams``: TCP streams or RC QPs per connection (0: 4 on TCP, 1 on rdma).
+        ``secret``: shared secret for the bootstrap's HMAC-SHA256 challenge-response ("" =
+        none; see csrc/transport/auth.h).
 
         rdma only: ``rdma_device`` ("" -> env RDMAXFER_RDMA_DEVICE -> the first device with an
         active port); ``gid_index`` (-1 -> env RDMAXFER_GID_INDEX -> auto: the first RoCE v2 GID
@@ -274,7 +276,7 @@ class CudaCopier(DeviceCopier):
     def __init__(self, device: int) -> None: ...
 
 class Stager:
-    """The staging pipeline (csrc/cuda/staging.h): device memory through pinned bounce
+    """The staging pipeline (csrc/protocol/staging.h): device memory through pinned bounce
     buffers, copies overlapped with the wire. Each post_* returns at once; its Request
     completes when the bytes are in place. ``chunk_size`` in bytes (0: 8 MiB), ``slots``
     bounce buffers (0: 3, at most 8), ``timeout`` in seconds for the whole operation."""

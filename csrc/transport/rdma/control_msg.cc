@@ -1,6 +1,7 @@
 #include "transport/rdma/control_msg.h"
 
 #include <cstring>
+#include <string>
 
 #include "common/bytes.h"
 #include "common/error.h"
@@ -11,14 +12,28 @@ namespace {
 constexpr uint16_t kMagic = 0x4352;
 }
 
-const char* ctrl_type_name(CtrlType type) {
-  switch (type) {
-    case CtrlType::kRts: return "RTS";
-    case CtrlType::kEager: return "EAGER";
-    case CtrlType::kCts: return "CTS";
-    case CtrlType::kReject: return "REJECT";
-  }
-  return "unknown";
+CtrlHeader CtrlHeader::of(const CtrlMessage& message, uint64_t payload_len) {
+  CtrlHeader h;
+  h.type = message.type;
+  h.msg_id = message.msg_id;
+  h.size = message.size;
+  h.addr = message.addr;
+  h.rkey = message.key;
+  h.meta_len = static_cast<uint32_t>(message.meta.size());
+  h.payload_len = static_cast<uint32_t>(payload_len);
+  return h;
+}
+
+CtrlMessage CtrlHeader::message(const uint8_t* body) const {
+  CtrlMessage m;
+  m.type = type;
+  m.msg_id = msg_id;
+  m.size = size;
+  m.addr = addr;
+  m.key = rkey;
+  m.meta.assign(reinterpret_cast<const char*>(body), meta_len);
+  m.data.assign(reinterpret_cast<const char*>(body + meta_len), payload_len);
+  return m;
 }
 
 void CtrlHeader::encode(uint8_t* out) const {

@@ -1,5 +1,5 @@
-// Control messages of the verbs transport: the two-sided protocol, carried by SENDs into the
-// peer's pre-posted control receive buffers (one ring per QP).
+// Control messages (transport/ctrl_message.h) on the verbs transport: SENDs into the peer's
+// pre-posted control receive buffers (one ring per QP).
 //
 // Header, 48 bytes, little-endian, version 1, then `meta_len` bytes of metadata, then
 // `payload_len` bytes of data (EAGER only); the whole SEND fits the peer's ctrl_size:
@@ -8,21 +8,18 @@
 //   24 addr u64 (CTS: where to write)         32 rkey u32 (CTS)   36 payload_len u32
 //   40 reserved u64 (0)
 //
-//   RTS     msg_id, size, meta: a message waits at the sender (rendezvous)
-//   EAGER   like RTS with the data attached (size <= eager limit)
-//   CTS     msg_id; for rendezvous addr + rkey of the receiver's buffer. The sender RDMA-WRITEs
-//           the message there, the last chunk as WRITE_WITH_IMM with imm = low 32 bits of
-//           msg_id, which completes the receive. For EAGER the CTS only acknowledges.
-//   REJECT  msg_id, meta = reason: the receiver refused the message.
+// The types are ctrl_message.h's; a rendezvous CTS carries the receiver's grant as addr + rkey,
+// and the sender RDMA-WRITEs the message there, the last chunk as WRITE_WITH_IMM with imm =
+// low 32 bits of msg_id, which completes the receive.
 // Closing uses the bootstrap TCP stream (one GOODBYE byte, or EOF), not a control message.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <string>
+
+#include "transport/ctrl_message.h"
 
 namespace rdmaxfer {
-
-enum class CtrlType : uint8_t { kRts = 1, kEager = 2, kCts = 3, kReject = 4 };
 
 struct CtrlHeader {
   static constexpr size_t kSize = 48;
@@ -36,11 +33,14 @@ struct CtrlHeader {
   uint32_t rkey = 0;
   uint32_t payload_len = 0;
 
+  // The header of `message` carrying `payload_len` bytes of data after its metadata.
+  static CtrlHeader of(const CtrlMessage& message, uint64_t payload_len);
+  // The message whose header this is; `body` is what follows the header.
+  CtrlMessage message(const uint8_t* body) const;
+
   void encode(uint8_t* out) const;
   // Throws Error(kProtocol) on a bad magic, version, type, or lengths past `available` bytes.
   static CtrlHeader decode(const uint8_t* in, size_t available);
 };
-
-const char* ctrl_type_name(CtrlType type);
 
 }  // namespace rdmaxfer

@@ -11,7 +11,7 @@
 // ibv_poll_cq in a loop, looking at the other fds every few hundred empty polls.
 // The thread never touches Python; handlers run on it and must not block.
 //
-// Caller-driven progress (engine/request.h Progress): a thread waiting on a request may call
+// Caller-driven progress (core/request.h Progress): a thread waiting on a request may call
 // progress(), which polls the CQ once and dispatches what it found on the calling thread. Every
 // ibv_poll_cq and the dispatch of its completions happen under one mutex (poll_mu_), so
 // completions are handed to the connections in CQ order whichever thread polls. The completion
@@ -30,7 +30,7 @@
 #include <thread>
 
 #include "common/unique_fd.h"
-#include "engine/request.h"
+#include "core/request.h"
 #include "transport/rdma/verbs_cq.h"
 
 namespace rdmaxfer {

@@ -1,5 +1,5 @@
-// RdmaConnection: set-up, one-sided operations, completions and teardown. The two-sided
-// protocol is in rdma_messages.cc.
+// RdmaConnection: set-up, one-sided operations, completions and teardown. The protocol's
+// primitives (control SENDs, grants, WRITE_WITH_IMM) are in rdma_messages.cc.
 #include "transport/rdma/rdma_connection.h"
 
 #include <sys/socket.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "engine/chunking.h"
+#include "transport/chunking.h"
 
 namespace rdmaxfer {
 
@@ -149,11 +149,6 @@ std::string RdmaConnection::describe() const {
   return s;
 }
 
-uint64_t RdmaConnection::waiting_size() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return waiting_.size();
-}
-
 uint64_t RdmaConnection::outstanding_wrs() const {
   uint64_t n = 0;
   for (const Lane& lane : lanes_) n += lane.sq->in_flight();
@@ -166,20 +161,12 @@ uint64_t RdmaConnection::posted_receives() const {
   return n;
 }
 
-uint64_t RdmaConnection::announced_size() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return inbox_.announced().size();
-}
-
 std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const {
   return {{"path_mtu", negotiated_.path_mtu},
           {"max_rd_atomic", negotiated_.max_rd_atomic},
           {"max_dest_rd_atomic", negotiated_.max_dest_rd_atomic},
           {"max_inline", lanes_.empty() ? 0 : lanes_[0].qp->limits().max_inline},
           {"rnr_retry", kRnrRetries},
-          {"credit_window", window_},
-          {"sends_waiting_for_credit", waiting_size()},
-          {"messages_waiting_for_recv", announced_size()},
           {"outstanding_wrs", outstanding_wrs()},
           {"posted_receives", posted_receives()}};
 }
@@ -239,36 +226,37 @@ RequestPtr RdmaConnection::post_write(const std::shared_ptr<MemoryRegion>& local
                                       uint64_t local_offset, const Descriptor& remote,
                                       uint64_t remote_offset, uint64_t length,
                                       const TransferOptions& options) {
-  return post_one_sided(OpKind::kWrite, local, local_offset, remote, remote_offset, length, false,
-                        0, options);
-}
-
-RequestPtr RdmaConnection::post_write_imm(const std::shared_ptr<MemoryRegion>& local,
-                                          uint64_t local_offset, const Descriptor& remote,
-                                          uint64_t remote_offset, uint64_t length, uint32_t imm,
-                                          const TransferOptions& options) {
-  return post_one_sided(OpKind::kWrite, local, local_offset, remote, remote_offset, length, true,
-                        imm, options);
+  return post_one_sided(OpKind::kWrite, local, local_offset, remote, remote_offset, length,
+                        options);
 }
 
 RequestPtr RdmaConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
                                      uint64_t local_offset, const Descriptor& remote,
                                      uint64_t remote_offset, uint64_t length,
                                      const TransferOptions& options) {
-  return post_one_sided(OpKind::kRead, local, local_offset, remote, remote_offset, length, false,
-                        0, options);
+  return post_one_sided(OpKind::kRead, local, local_offset, remote, remote_offset, length,
+                        options);
 }
 
 RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
                                           uint64_t local_offset, const Descriptor& remote,
                                           uint64_t remote_offset, uint64_t length,
-                                          bool with_imm, uint32_t imm,
                                           const TransferOptions& options) {
   const char* what = op == OpKind::kWrite ? "WRITE" : "READ";
   check_local_range(local, local_offset, length, what,
                     op == OpKind::kRead ? LocalUse::kDestination : LocalUse::kSource);
   check_remote(remote, remote_offset, length, what);
   auto req = new_request(op, length);
+  post_chunks(op, req, local, local_offset, remote.addr + remote_offset, remote.key, length,
+              false, 0, options);
+  return req;
+}
+
+void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
+                                 const std::shared_ptr<MemoryRegion>& local,
+                                 uint64_t local_offset, uint64_t remote_addr, uint32_t rkey,
+                                 uint64_t length, bool with_imm, uint32_t imm,
+                                 const TransferOptions& options) {
   // With an immediate, every chunk goes on one QP so the WRITE_WITH_IMM lands last.
   const int available = with_imm ? 1 : streams();
   const ChunkPlan plan = plan_chunks(length, available, options, max_chunk());
@@ -295,8 +283,8 @@ RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<Memor
     w.local_addr = reinterpret_cast<uint64_t>(local->addr() + local_offset + off);
     w.length = static_cast<uint32_t>(n);
     w.lkey = local->lkey();
-    w.remote_addr = remote.addr + remote_offset + off;
-    w.rkey = remote.key;
+    w.remote_addr = remote_addr + off;
+    w.rkey = rkey;
     w.request = req;
     w.hold = RegionUse(local);
     per_lane[static_cast<size_t>(lane)].push_back(std::move(w));
@@ -306,7 +294,6 @@ RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<Memor
     per_lane[l].back().last = true;
     submit(static_cast<int>(l), std::move(per_lane[l]));
   }
-  return req;
 }
 
 void RdmaConnection::post_recv_slot(int lane, uint32_t slot) {
@@ -327,20 +314,13 @@ void RdmaConnection::post_recv_slot(int lane, uint32_t slot) {
 
 void RdmaConnection::finish_parts(const std::vector<RequestPtr>& parts) {
   std::vector<uint64_t> finished;
-  int sends = 0;
   for (const RequestPtr& r : parts) {
     r->part_done();
-    if (r->done()) {
-      finished.push_back(r->id());
-      if (r->op() == OpKind::kSend) ++sends;  // a rendezvous message, all placed
-    }
+    if (r->done()) finished.push_back(r->id());
   }
   if (finished.empty()) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (uint64_t id : finished) active_.erase(id);
-  }
-  for (int i = 0; i < sends; ++i) release_credit();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint64_t id : finished) active_.erase(id);
 }
 
 void RdmaConnection::fail_from_completion(const ibv_wc& wc, const RequestPtr& request,
@@ -519,19 +499,14 @@ void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
     error_kind_ = kind;
     error_ = reason;
     for (auto& [id, r] : active_) failed.push_back(r);
-    for (auto& [id, s] : sends_) failed.push_back(s.request);
-    for (auto& [id, r] : recvs_) {
-      failed.push_back(r.request);
-      // A rendezvous WRITE may still be landing: keep its MR and region until drained.
-      if (r.temp_mr) draining_mrs_.push_back(std::move(r.temp_mr));
-      draining_holds_.push_back(std::move(r.hold));
+    for (auto& [id, g] : grants_) {
+      // The peer's WRITE into a grant may still be landing: keep its MR and region until
+      // drained.
+      if (g.temp_mr) draining_mrs_.push_back(std::move(g.temp_mr));
+      draining_holds_.push_back(std::move(g.hold));
     }
-    for (auto& r : inbox_.clear()) failed.push_back(r);
     active_.clear();
-    sends_.clear();
-    waiting_.clear();
-    recvs_.clear();
-    recv_by_imm_.clear();
+    grants_.clear();
   }
   // No more DMA: the QPs flush their WRs and receives; on_completion retires the flushes and
   // the last one releases the MRs and regions they used (release_if_drained).
@@ -555,6 +530,7 @@ void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
   }
   if (culprit) culprit->fail(culprit_error);  // first: its own error wins
   for (auto& r : failed) r->fail(why);
+  if (events()) events()->on_closed(why);  // the protocol's messages, headers and receives
   release_if_drained();  // nothing was in flight
   // ibv_destroy_qp and the buffers go when the last owner drops the connection.
 }

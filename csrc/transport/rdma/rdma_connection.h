@@ -20,20 +20,15 @@
 // Operations (same semantics as TcpConnection):
 //   WRITE / READ    one-sided, chunked (chunking.h, capped at the smaller max message of the two
 //                   ports) and spread over the QPs; done when every chunk's WR completed.
-//   SEND / RECV     two-sided, see control_msg.h: EAGER (data inside the SEND, done at CTS) or
-//                   RTS -> header to the receiver -> post_recv places a buffer (a temporary MR
-//                   with REMOTE_WRITE over it if its region lacks that access) -> CTS with its
-//                   address and rkey -> the sender RDMA-WRITEs the chunks on one QP, the last as
-//                   WRITE_WITH_IMM (imm = low 32 bits of the message id), whose receive
-//                   completion completes the RECV. REJECT fails the sender with kProtocol.
-// Flow control: messages are credited. A sender announces (RTS or EAGER) at most `window`
-// messages that the receiver has not answered yet (window = the peer's ctrl_depth / 4, from its
-// endpoint record); a message holds its credit until its send is terminal (CTS of an EAGER, the
-// WRITE_WITH_IMM's completion, or REJECT). Later sends wait in this process, in order, as
-// headers only (no payload copy), bounded by their caller's timeout. So a receiver that never
-// calls recv holds at most `window` announced messages (and at most `window` EAGER payloads) per
-// connection, and every control SEND (RTS/EAGER, CTS/REJECT answering the peer's credited
-// messages) and WRITE_WITH_IMM lands in a receive buffer that is there: each QP keeps
+//   control         SENDs of control_msg.h into the peer's control receive buffers (lane 0).
+//   grant           the destination's region, or a temporary MR with REMOTE_WRITE over it if
+//                   its region lacks that access; its address and rkey go out in the CTS.
+//   write_notify    RDMA WRITEs on one QP, the last as WRITE_WITH_IMM (imm = the value): RC
+//                   delivers them in order, so the immediate's receive completion (on_notify
+//                   at the peer) means every byte is in place.
+// The protocol above (protocol/message_protocol.h) bounds the control SENDs by credits: at most
+// `window` messages unanswered (the peer's ctrl_depth / 4, from its endpoint record), so every
+// control SEND and WRITE_WITH_IMM lands in a receive buffer that is there: each QP keeps
 // `ctrl_depth` of them posted, reposted as soon as they are consumed. rnr_retry is finite
 // (kRnrRetries): an RNR NAK means a peer that stopped reposting, and the send fails with
 // IBV_WC_RNR_RETRY_EXC_ERR saying so.
@@ -41,7 +36,6 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,7 +43,6 @@
 #include <vector>
 
 #include "common/unique_fd.h"
-#include "engine/message_inbox.h"
 #include "transport/rdma/buffer_slab.h"
 #include "transport/rdma/control_msg.h"
 #include "transport/rdma/cq_poller.h"
@@ -84,7 +77,7 @@ inline uint64_t wr_prefix(uint32_t tag, int qp_index, bool recv) {
 }
 inline uint32_t wr_tag(uint64_t wr_id) { return static_cast<uint32_t>(wr_id >> 40); }
 
-class RdmaConnection : public Connection, public std::enable_shared_from_this<RdmaConnection> {
+class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaConnection> {
  public:
   enum class State { kPrepared, kConnected, kClosed };
 
@@ -101,21 +94,19 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   RequestPtr post_write(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
                         const Descriptor& remote, uint64_t remote_offset, uint64_t length,
                         const TransferOptions& options) override;
-  // WRITE whose last WR carries `imm` (WRITE_WITH_IMM): the peer's QP consumes a receive.
-  RequestPtr post_write_imm(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
-                            const Descriptor& remote, uint64_t remote_offset, uint64_t length,
-                            uint32_t imm, const TransferOptions& options);
   RequestPtr post_read(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
                        const Descriptor& remote, uint64_t remote_offset, uint64_t length,
                        const TransferOptions& options) override;
-  RequestPtr post_send(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                       uint64_t length, const std::string& meta,
-                       const TransferOptions& options) override;
-  RequestPtr post_recv_header() override;
-  RequestPtr post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
-                       uint64_t offset, uint64_t length) override;
-  void reject(uint64_t msg_id, const std::string& reason) override;
-  bool cancel_recv_header(const RequestPtr& request) override;
+  void send_ctrl(const CtrlMessage& message, CtrlPayload payload) override;
+  Grant grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset, uint64_t length,
+              uint32_t value, const RequestPtr& progress) override;
+  void release_grant(uint64_t id) override;
+  void post_write_notify(const RequestPtr& request, const std::shared_ptr<MemoryRegion>& local,
+                         uint64_t offset, uint64_t length, uint64_t addr, uint32_t key,
+                         uint32_t value, const TransferOptions& options) override;
+  RequestPtr new_request(OpKind op, uint64_t bytes) override;
+  ChannelLimits limits() const override;
+  void check_open() const override;
   void close() override;
   void abort(ErrorKind kind, const std::string& reason) override;
   bool is_closed() const override;
@@ -123,8 +114,6 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   std::string peer() const override;
   int streams() const override { return static_cast<int>(lanes_.size()); }
   std::string describe() const override;
-  uint64_t waiting_size() const;
-  uint64_t announced_size() const;
   uint64_t outstanding_wrs() const;  // send-queue WRs on the device, all QPs
   uint64_t posted_receives() const;  // receive WRs on the device, all QPs
   std::vector<std::pair<std::string, uint64_t>> attributes() const override;
@@ -146,44 +135,31 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
     std::unique_ptr<QueuePair> qp;
     std::unique_ptr<SendQueue> sq;
   };
-  struct PendingSend {
-    RequestPtr request;
-    std::shared_ptr<MemoryRegion> region;
-    uint64_t offset = 0;
-    uint64_t length = 0;
-    TransferOptions options;
-    bool eager = false;
-    std::string meta;  // until announced
-  };
-  struct PendingRecv {
-    RequestPtr request;
+  // What a grant holds until released (or, after teardown, until the flushes are drained).
+  struct GrantHold {
     RegionUse hold;
     std::unique_ptr<VerbsMr> temp_mr;  // REMOTE_WRITE over the destination, when needed
   };
 
   // A request of this connection; waiting on it drives the CQ (caller-driven progress).
-  RequestPtr new_request(OpKind op, uint64_t bytes);
   void check_open_locked() const;
   void check_remote(const Descriptor& remote, uint64_t remote_offset, uint64_t length,
                     const char* what) const;
   RequestPtr post_one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
                             uint64_t local_offset, const Descriptor& remote,
-                            uint64_t remote_offset, uint64_t length, bool with_imm,
-                            uint32_t imm, const TransferOptions& options);
+                            uint64_t remote_offset, uint64_t length,
+                            const TransferOptions& options);
+  // Registers `req` as active and posts its WRs: striped over the lanes, or (with_imm) all on
+  // one lane with the last one a WRITE_WITH_IMM carrying `imm`.
+  void post_chunks(OpKind op, const RequestPtr& req, const std::shared_ptr<MemoryRegion>& local,
+                   uint64_t local_offset, uint64_t remote_addr, uint32_t rkey, uint64_t length,
+                   bool with_imm, uint32_t imm, const TransferOptions& options);
   int least_loaded(int among) const;
   uint64_t max_chunk() const;
   // Posts on a lane; a failed ibv_post_send aborts the connection.
   void submit(int lane, std::vector<SendWork> works);
-  void send_ctrl(const CtrlHeader& header, const std::string& meta, const uint8_t* data,
-                 size_t data_len);
   void post_recv_slot(int lane, uint32_t slot);
   void on_recv(int lane, const ibv_wc& wc);
-  void on_ctrl(const CtrlHeader& h, std::string meta, std::string data);
-  void start_rendezvous(PendingSend send, uint64_t addr, uint32_t rkey);
-  // Sends the RTS or EAGER of a message that holds a credit.
-  void announce(uint64_t msg_id);
-  // A message's send is terminal: its credit goes to the next waiting message, if any.
-  void release_credit();
   void finish_parts(const std::vector<RequestPtr>& parts);
   // Closes the connection once (QPs to ERR, bootstrap socket closed); fails `culprit` with its
   // own error first and every other pending request with `why`.
@@ -217,14 +193,10 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   std::string peer_;
   ErrorKind error_kind_ = ErrorKind::kClosed;
   std::string error_;
-  std::unordered_map<uint64_t, RequestPtr> active_;  // one-sided ops and rendezvous data
-  std::unordered_map<uint64_t, PendingSend> sends_;  // waiting for credit, CTS or REJECT
-  uint32_t window_ = 1;       // credits: messages announced and not yet answered, at most
-  uint32_t credits_used_ = 0;
-  std::deque<uint64_t> waiting_;  // sends (by msg id) waiting for a credit, in post order
-  MessageInbox inbox_;
-  std::unordered_map<uint64_t, PendingRecv> recvs_;     // by msg id
-  std::unordered_map<uint32_t, uint64_t> recv_by_imm_;  // low 32 bits -> msg id
+  std::unordered_map<uint64_t, RequestPtr> active_;  // one-sided ops and write_notify data
+  uint32_t window_ = 1;  // the credit window the peer's receive buffers allow
+  std::unordered_map<uint64_t, GrantHold> grants_;
+  uint64_t next_grant_ = 1;
   // Receive WRs posted per QP (completions, flushes included, take them back).
   std::unique_ptr<std::atomic<int>[]> posted_recvs_;
   // Held from teardown until the flushes are drained: what in-flight WRs may still touch.

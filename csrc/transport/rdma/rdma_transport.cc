@@ -160,6 +160,7 @@ std::shared_ptr<RdmaConnection> RdmaTransport::prepare(int n_qps) {
   try {
     auto conn = std::make_shared<RdmaConnection>(*this, settings_,
                                                  RdmaShared{pd_, cq_, poller_}, tag, n_qps);
+    attach_protocol(conn);
     std::lock_guard<std::mutex> lock(mu_);
     connections_[tag] = conn;
     return conn;
@@ -229,7 +230,7 @@ void RdmaTransport::listener_loop() {
   }
 }
 
-std::shared_ptr<Connection> RdmaTransport::accept(double timeout_s) {
+std::shared_ptr<Channel> RdmaTransport::accept(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!acceptor_) throw Error(ErrorKind::kInvalidArgument, "accept: call listen() first");
   if (!wait_interruptible(accepted_cv_, lock, Deadline(timeout_s),
@@ -245,7 +246,7 @@ std::shared_ptr<Connection> RdmaTransport::accept(double timeout_s) {
   return conn;
 }
 
-std::shared_ptr<Connection> RdmaTransport::connect(const std::string& host, uint16_t port,
+std::shared_ptr<Channel> RdmaTransport::connect(const std::string& host, uint16_t port,
                                                    const ConnectOptions& options) {
   const int n = options.streams > 0 ? options.streams : config_.default_qps;
   if (n > EndpointRecord::kMaxQps) {

@@ -39,8 +39,8 @@ class RdmaTransport : public Transport {
   Capabilities capabilities() const override;
   std::string describe() const override;
   uint16_t listen(const std::string& host, uint16_t port) override;
-  std::shared_ptr<Connection> accept(double timeout_s) override;
-  std::shared_ptr<Connection> connect(const std::string& host, uint16_t port,
+  std::shared_ptr<Channel> accept(double timeout_s) override;
+  std::shared_ptr<Channel> connect(const std::string& host, uint16_t port,
                                       const ConnectOptions& options) override;
   void shutdown() override;
 

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/request.h"
+#include "core/request.h"
 #include "transport/rdma/buffer_slab.h"
 #include "transport/rdma/verbs_qp.h"
 

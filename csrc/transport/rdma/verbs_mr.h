@@ -5,7 +5,7 @@
 // its PD, so the PD outlives it.
 //
 // RdmaRegion is the engine-visible MemoryRegion: its key() is the rkey (what descriptors carry)
-// and lkey() the lkey. Access from use (engine/region.h): IBV_ACCESS_LOCAL_WRITE only with
+// and lkey() the lkey. Access from use (core/region.h): IBV_ACCESS_LOCAL_WRITE only with
 // kAccessLocalWrite (a READ lands in it, a receive writes it; a read-only mapping refuses it with
 // EFAULT), REMOTE_READ / REMOTE_WRITE only when asked for. revoke() (at deregistration)
 // destroys the MR at once: the rkey is dead even while the object lives on.
@@ -13,7 +13,7 @@
 
 #include <memory>
 
-#include "engine/region.h"
+#include "core/region.h"
 #include "transport/rdma/verbs_pd.h"
 
 namespace rdmaxfer {

@@ -1,15 +1,12 @@
 #include "transport/tcp/tcp_connection.h"
 
-#include <cstring>
-
 #include "common/error.h"
-#include "engine/chunking.h"
+#include "transport/chunking.h"
 
 namespace rdmaxfer {
 
 namespace {
 constexpr uint64_t kMaxEagerAccepted = 1ull << 20;
-constexpr size_t kMaxReason = 1024;
 
 std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
 }  // namespace
@@ -130,117 +127,89 @@ RequestPtr TcpConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
   return req;
 }
 
-RequestPtr TcpConnection::post_send(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                                    uint64_t length, const std::string& meta,
-                                    const TransferOptions& options) {
-  check_local_range(local, offset, length, "SEND");
-  if (meta.size() > FrameHeader::kMaxMeta) {
-    throw Error(ErrorKind::kInvalidArgument, "SEND: metadata of " + bytes_text(meta.size()) +
-                                                 " exceeds " + bytes_text(FrameHeader::kMaxMeta));
-  }
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kSend, length);
-  const bool eager = length <= config_.eager_limit;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    check_open_locked();
-    sends_[req->id()] = PendingSend{req, local, local->addr() + offset, length, options};
-  }
+RequestPtr TcpConnection::new_request(OpKind op, uint64_t bytes) {
+  return std::make_shared<Request>(transport_.next_request_id(), op, bytes);
+}
+
+ChannelLimits TcpConnection::limits() const {
+  ChannelLimits l;
+  l.eager_limit = config_.eager_limit;
+  l.ctrl_room = FrameHeader::kMaxMeta;
+  l.credit_window = 0;  // TCP's own flow control bounds what the peer holds
+  return l;
+}
+
+void TcpConnection::check_open() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open_locked();
+}
+
+void TcpConnection::send_ctrl(const CtrlMessage& m, CtrlPayload payload) {
   FrameHeader h;
-  h.type = eager ? FrameType::kMsgEager : FrameType::kMsgRts;
-  h.req_id = req->id();
-  h.size = length;
-  h.payload_len = eager ? length : 0;
-  OutFrame f = make_frame(h, meta);
-  if (eager) {
-    f.data = local->addr() + offset;
-    f.data_len = length;
-    f.hold = RegionUse(local);
+  h.req_id = m.msg_id;
+  h.size = m.size;
+  switch (m.type) {
+    case CtrlType::kRts: h.type = FrameType::kMsgRts; break;
+    case CtrlType::kEager: h.type = FrameType::kMsgEager; break;
+    case CtrlType::kCts:
+      h.type = FrameType::kMsgCts;
+      h.addr = m.addr;
+      h.key = m.key;
+      break;
+    case CtrlType::kReject: h.type = FrameType::kMsgReject; break;
+  }
+  h.payload_len = payload.length;
+  OutFrame f = make_frame(h, m.meta);
+  if (payload.length > 0) {
+    f.data = payload.data;
+    f.data_len = payload.length;
+    f.hold = std::move(payload.hold);
   }
   send_on(*streams_[0], std::move(f));
-  return req;
 }
 
-RequestPtr TcpConnection::post_recv_header() {
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRecvHeader, 0);
-  std::unique_lock<std::mutex> lock(mu_);
-  check_open_locked();
-  std::optional<MessageInfo> info = inbox_.next_or_wait(req);
-  lock.unlock();
-  if (info) req->complete_with_message(std::move(*info));
-  return req;
-}
-
-bool TcpConnection::cancel_recv_header(const RequestPtr& request) {
+Grant TcpConnection::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                           uint64_t length, uint32_t value, const RequestPtr& progress) {
   std::lock_guard<std::mutex> lock(mu_);
-  return inbox_.cancel(request);
-}
-
-RequestPtr TcpConnection::post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
-                                    uint64_t offset, uint64_t length) {
-  check_local_range(local, offset, length, "RECV", LocalUse::kDestination);
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRecv, length);
-  std::unique_lock<std::mutex> lock(mu_);
   check_open_locked();
-  auto& announced = inbox_.announced();
-  auto it = announced.find(msg_id);
-  if (it == announced.end()) {
-    throw Error(ErrorKind::kInvalidArgument,
-                "RECV: message " + std::to_string(msg_id) +
-                    " was not announced by the peer or was already received");
-  }
-  if (it->second.length != length) {
-    throw Error(ErrorKind::kInvalidArgument,
-                "RECV: the message has " + bytes_text(it->second.length) +
-                    " but the destination has " + bytes_text(length));
-  }
-  AnnouncedMessage ann = std::move(it->second);
-  announced.erase(it);
-  uint8_t* dst = local->addr() + offset;
-  if (!ann.eager) recvs_[msg_id] = PendingRecv{req, local, dst, length, 0};
-  lock.unlock();
-  if (ann.eager && length > 0) std::memcpy(dst, ann.data.data(), length);
-  FrameHeader h;
-  h.type = FrameType::kMsgCts;
-  h.req_id = msg_id;
-  send_on(*streams_[0], make_frame(h));
-  if (ann.eager) req->complete();
-  return req;
+  uint32_t key = next_grant_++;
+  while (key == 0 || grants_.count(key) != 0) key = next_grant_++;
+  uint8_t* base = local->addr() + offset;
+  grants_[key] = PendingGrant{local, base, length, 0, value, progress};
+  return Grant{key, reinterpret_cast<uint64_t>(base), key};
 }
 
-void TcpConnection::reject(uint64_t msg_id, const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    check_open_locked();
-    if (inbox_.announced().erase(msg_id) == 0) {
-      throw Error(ErrorKind::kInvalidArgument,
-                  "reject: message " + std::to_string(msg_id) + " is not waiting to be received");
-    }
-  }
-  FrameHeader h;
-  h.type = FrameType::kMsgReject;
-  h.req_id = msg_id;
-  send_on(*streams_[0], make_frame(h, reason.substr(0, kMaxReason)));
+void TcpConnection::release_grant(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  grants_.erase(static_cast<uint32_t>(id));
 }
 
-void TcpConnection::send_data_chunks(PendingSend send) {
-  const ChunkPlan plan = plan_chunks(send.length, streams(), send.options);
-  send.request->set_parts(plan.count);
+void TcpConnection::post_write_notify(const RequestPtr& request,
+                                      const std::shared_ptr<MemoryRegion>& local,
+                                      uint64_t offset, uint64_t length, uint64_t addr,
+                                      uint32_t key, uint32_t value,
+                                      const TransferOptions& options) {
+  const ChunkPlan plan = plan_chunks(length, streams(), options);
+  request->set_parts(plan.count);
   const int first = least_loaded(plan.streams).index();
   for (uint64_t i = 0; i < plan.count; ++i) {
     const uint64_t off = i * plan.chunk;
-    const uint64_t n = std::min(plan.chunk, send.length - std::min(send.length, off));
+    const uint64_t n = std::min(plan.chunk, length - std::min(length, off));
     FrameHeader h;
     h.type = FrameType::kMsgData;
-    h.req_id = send.request->id();
+    h.req_id = value;
+    h.addr = addr + off;
+    h.key = key;
     h.aux = off;
     h.size = n;
     h.payload_len = n;
+    h.total = length;
     OutFrame f = make_frame(h);
-    f.data = send.base + off;
+    f.data = local->addr() + offset + off;
     f.data_len = n;
-    f.hold = RegionUse(send.region);
-    f.on_sent = send.request;
-    f.progress = send.request;
+    f.hold = RegionUse(local);
+    f.on_sent = request;
+    f.progress = request;
     send_on(*streams_[static_cast<size_t>((first + static_cast<int>(i % plan.streams)) %
                                           plan.streams)],
             std::move(f));
@@ -301,15 +270,17 @@ void TcpConnection::choose_sink(TcpStream& /*stream*/, const FrameHeader& h,
       return;
     case FrameType::kMsgData: {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = recvs_.find(h.req_id);
-      if (it == recvs_.end()) protocol("data for a message that is not being received");
-      const PendingRecv& r = it->second;
-      if (h.aux > r.length || h.payload_len > r.length - h.aux) {
+      auto it = grants_.find(h.key);
+      if (it == grants_.end()) protocol("data for a message that is not being received");
+      const PendingGrant& g = it->second;
+      if (h.aux > g.length || h.payload_len > g.length - h.aux || h.total != g.length ||
+          h.addr != reinterpret_cast<uint64_t>(g.base) + h.aux) {
         protocol("data outside the message");
       }
-      sink->dst = r.base + h.aux;
-      sink->hold = RegionUse(r.region);
-      sink->progress = r.request;
+      if (h.req_id != g.value) protocol("data with another message's notification");
+      sink->dst = g.base + h.aux;
+      sink->hold = RegionUse(g.region);
+      sink->progress = g.progress;
       return;
     }
     default:
@@ -390,55 +361,34 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
       return;
     }
     case FrameType::kMsgRts:
-    case FrameType::kMsgEager: {
-      RequestPtr waiter;
-      MessageInfo info{h.req_id, h.size, std::move(meta)};
-      AnnouncedMessage ann;
-      ann.length = h.size;
-      ann.eager = h.type == FrameType::kMsgEager;
-      ann.data = std::move(sink.owned);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        waiter = inbox_.announce(peer_, info, std::move(ann));
-      }
-      if (!waiter) return;
-      waiter->complete_with_message(std::move(info));
-      return;
-    }
+    case FrameType::kMsgEager:
     case FrameType::kMsgCts:
     case FrameType::kMsgReject: {
-      PendingSend send;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = sends_.find(h.req_id);
-        if (it == sends_.end()) return;
-        send = std::move(it->second);
-        sends_.erase(it);
-      }
-      if (h.type == FrameType::kMsgReject) {
-        send.request->fail(ErrorKind::kProtocol,
-                           "the receiver " + peer_ + " rejected the message: " + meta);
-      } else if (send.length <= config_.eager_limit) {
-        send.request->complete();
-      } else {
-        send_data_chunks(std::move(send));
-      }
+      CtrlMessage m;
+      m.type = h.type == FrameType::kMsgRts     ? CtrlType::kRts
+               : h.type == FrameType::kMsgEager ? CtrlType::kEager
+               : h.type == FrameType::kMsgCts   ? CtrlType::kCts
+                                                : CtrlType::kReject;
+      m.msg_id = h.req_id;
+      m.size = h.size;
+      m.addr = h.addr;
+      m.key = h.key;
+      m.meta = std::move(meta);
+      m.data = std::move(sink.owned);
+      events()->on_ctrl(std::move(m));
       return;
     }
     case FrameType::kMsgData: {
-      RequestPtr done;
+      bool landed = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        auto it = recvs_.find(h.req_id);
-        if (it == recvs_.end()) return;
+        auto it = grants_.find(h.key);
+        if (it == grants_.end()) return;
         it->second.received += h.payload_len;
-        if (it->second.received == it->second.length) {
-          done = it->second.request;
-          recvs_.erase(it);
-        }
+        landed = it->second.received == it->second.length;
       }
       sink.hold = RegionUse();
-      if (done) done->complete();
+      if (landed) events()->on_notify(static_cast<uint32_t>(h.req_id));
       return;
     }
     case FrameType::kGoodbye:
@@ -466,13 +416,9 @@ void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye
     error_ = reason;
     for (auto& [id, r] : writes_) failed.push_back(r);
     for (auto& [id, r] : reads_) failed.push_back(r.request);
-    for (auto& [id, r] : sends_) failed.push_back(r.request);
-    for (auto& [id, r] : recvs_) failed.push_back(r.request);
-    for (auto& r : inbox_.clear()) failed.push_back(r);
     writes_.clear();
     reads_.clear();
-    sends_.clear();
-    recvs_.clear();
+    grants_.clear();
   }
   if (goodbye) {
     FrameHeader h;
@@ -483,6 +429,7 @@ void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye
     for (auto& r : s->kill()) failed.push_back(std::move(r));
   }
   for (auto& r : failed) r->fail(kind, reason);
+  if (events()) events()->on_closed(Error(kind, reason));
 }
 
 bool TcpConnection::is_closed() const {

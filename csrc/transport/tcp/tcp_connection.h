@@ -8,8 +8,11 @@
 //
 // One-sided WRITE/READ are served here, on the loop thread, against the transport's
 // RegionTable: an access outside a registered region is refused and changes nothing.
-// Two-sided messages use eager (small: data travels with the header) or rendezvous (RTS ->
-// receiver places a buffer -> CTS -> DATA chunks straight into it).
+// The protocol's primitives (channel.h): control messages are MSG_* frames on stream 0; a
+// grant is an entry of this connection's grant table, named by its key, and a
+// post_write_notify is MSG_DATA chunks into it over the streams; the last byte to land fires
+// on_notify. A chunk outside its grant, or for no grant, is a protocol error that closes the
+// connection.
 #pragma once
 
 #include <memory>
@@ -18,7 +21,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/message_inbox.h"
 #include "transport/tcp/tcp_stream.h"
 #include "transport/transport.h"
 
@@ -32,7 +34,7 @@ struct TcpConfig {
   std::string secret;             // shared secret for the bootstrap (transport/auth.h)
 };
 
-class TcpConnection : public Connection, public std::enable_shared_from_this<TcpConnection> {
+class TcpConnection : public Channel, public std::enable_shared_from_this<TcpConnection> {
  public:
   TcpConnection(Transport& transport, const TcpConfig& config, std::string peer);
   // Creates the streams and adds them to the loops (one fd per stream, in index order).
@@ -44,14 +46,16 @@ class TcpConnection : public Connection, public std::enable_shared_from_this<Tcp
   RequestPtr post_read(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
                        const Descriptor& remote, uint64_t remote_offset, uint64_t length,
                        const TransferOptions& options) override;
-  RequestPtr post_send(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                       uint64_t length, const std::string& meta,
-                       const TransferOptions& options) override;
-  RequestPtr post_recv_header() override;
-  RequestPtr post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
-                       uint64_t offset, uint64_t length) override;
-  void reject(uint64_t msg_id, const std::string& reason) override;
-  bool cancel_recv_header(const RequestPtr& request) override;
+  void send_ctrl(const CtrlMessage& message, CtrlPayload payload) override;
+  Grant grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset, uint64_t length,
+              uint32_t value, const RequestPtr& progress) override;
+  void release_grant(uint64_t id) override;
+  void post_write_notify(const RequestPtr& request, const std::shared_ptr<MemoryRegion>& local,
+                         uint64_t offset, uint64_t length, uint64_t addr, uint32_t key,
+                         uint32_t value, const TransferOptions& options) override;
+  RequestPtr new_request(OpKind op, uint64_t bytes) override;
+  ChannelLimits limits() const override;
+  void check_open() const override;
   void close() override;
   void abort(ErrorKind kind, const std::string& reason) override;
   bool is_closed() const override;
@@ -71,19 +75,14 @@ class TcpConnection : public Connection, public std::enable_shared_from_this<Tcp
     uint8_t* base = nullptr;
     uint64_t length = 0;
   };
-  struct PendingSend {
-    RequestPtr request;
-    std::shared_ptr<MemoryRegion> region;
-    const uint8_t* base = nullptr;
-    uint64_t length = 0;
-    TransferOptions options;
-  };
-  struct PendingRecv {
-    RequestPtr request;
+  // A destination the peer may write one message into (MSG_DATA frames naming its key).
+  struct PendingGrant {
     std::shared_ptr<MemoryRegion> region;
     uint8_t* base = nullptr;
     uint64_t length = 0;
     uint64_t received = 0;
+    uint32_t value = 0;  // the notification every chunk must carry
+    RequestPtr progress;
   };
 
   AccessStatus acquire_request_range(const FrameHeader& h, uint32_t access,
@@ -94,7 +93,6 @@ class TcpConnection : public Connection, public std::enable_shared_from_this<Tcp
   void check_open_locked() const;
   TcpStream& least_loaded(int among) const;
   void send_on(TcpStream& stream, OutFrame frame);
-  void send_data_chunks(PendingSend send);
 
   Transport& transport_;
   const TcpConfig config_;
@@ -106,9 +104,8 @@ class TcpConnection : public Connection, public std::enable_shared_from_this<Tcp
   std::string error_;
   std::unordered_map<uint64_t, RequestPtr> writes_;
   std::unordered_map<uint64_t, PendingRead> reads_;
-  std::unordered_map<uint64_t, PendingSend> sends_;
-  MessageInbox inbox_;
-  std::unordered_map<uint64_t, PendingRecv> recvs_;
+  std::unordered_map<uint32_t, PendingGrant> grants_;
+  uint32_t next_grant_ = 1;
 };
 
 }  // namespace rdmaxfer

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "common/unique_fd.h"
-#include "engine/region.h"
-#include "engine/request.h"
+#include "core/region.h"
+#include "core/request.h"
 #include "transport/tcp/io_loop.h"
 #include "transport/tcp/wire.h"
 

@@ -66,7 +66,7 @@ uint16_t TcpTransport::listen(const std::string& host, uint16_t port) {
   return acceptor_->port();
 }
 
-std::shared_ptr<Connection> TcpTransport::accept(double timeout_s) {
+std::shared_ptr<Channel> TcpTransport::accept(double timeout_s) {
   Acceptor* acceptor = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -79,7 +79,7 @@ std::shared_ptr<Connection> TcpTransport::accept(double timeout_s) {
   return adopt(std::move(group.fds), group.peer);
 }
 
-std::shared_ptr<Connection> TcpTransport::connect(const std::string& host, uint16_t port,
+std::shared_ptr<Channel> TcpTransport::connect(const std::string& host, uint16_t port,
                                                   const ConnectOptions& options) {
   const int streams = options.streams > 0 ? options.streams : config_.default_streams;
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -91,9 +91,10 @@ std::shared_ptr<Connection> TcpTransport::connect(const std::string& host, uint1
   return adopt(std::move(fds), host_port(host, port));
 }
 
-std::shared_ptr<Connection> TcpTransport::adopt(std::vector<UniqueFd> fds,
+std::shared_ptr<Channel> TcpTransport::adopt(std::vector<UniqueFd> fds,
                                                 const std::string& peer) {
   auto conn = std::make_shared<TcpConnection>(*this, config_, peer);
+  attach_protocol(conn);
   std::vector<IoLoop*> loops;
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) throw Error(ErrorKind::kClosed, "the engine is closed");

@@ -23,8 +23,8 @@ class TcpTransport : public Transport {
   Capabilities capabilities() const override;
   std::string describe() const override;
   uint16_t listen(const std::string& host, uint16_t port) override;
-  std::shared_ptr<Connection> accept(double timeout_s) override;
-  std::shared_ptr<Connection> connect(const std::string& host, uint16_t port,
+  std::shared_ptr<Channel> accept(double timeout_s) override;
+  std::shared_ptr<Channel> connect(const std::string& host, uint16_t port,
                                       const ConnectOptions& options) override;
   void shutdown() override;
 
@@ -33,7 +33,7 @@ class TcpTransport : public Transport {
                                             std::unique_ptr<PinnedAllocation> owned) override;
 
  private:
-  std::shared_ptr<Connection> adopt(std::vector<UniqueFd> fds, const std::string& peer);
+  std::shared_ptr<Channel> adopt(std::vector<UniqueFd> fds, const std::string& peer);
   SocketOptions socket_options() const;
 
   TcpConfig config_;

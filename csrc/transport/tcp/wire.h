@@ -14,9 +14,13 @@
 //   READ_RESP  req_id, aux, status; data follows when status is 0
 //   MSG_RTS    req_id (message id), size (message bytes), meta (sender's metadata)
 //   MSG_EAGER  like MSG_RTS with the data attached (small messages)
-//   MSG_CTS    req_id: the receiver has placed a buffer; send the data
+//   MSG_CTS    req_id, size, addr, key: the receiver granted its buffer (key names the grant;
+//              0 for an EAGER message, which is only acknowledged)
 //   MSG_REJECT req_id, meta (reason): the receiver refused the message
-//   MSG_DATA   req_id, aux (offset in the message); data follows
+//   MSG_DATA   req_id (the notification value), key (the grant), addr, aux (offset in the
+//              message), total (message bytes); data follows. Checked against the grant: a
+//              chunk outside it, or for no grant, closes the connection.
+// The MSG_* frames carry the control messages of transport/ctrl_message.h.
 //   GOODBYE    the peer closes the connection on purpose
 #pragma once
 

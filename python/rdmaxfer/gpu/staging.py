@@ -1,5 +1,5 @@
 """Device memory over any transport without GPUDirect: the C++ staging pipeline
-(csrc/cuda/staging.h) through pinned host bounce buffers.
+(csrc/protocol/staging.h) through pinned host bounce buffers.
 
 A :class:`StagerPool` holds an engine's pipelines: one ``_core.Stager`` per GPU, created on
 first use and closed with the engine. No Python runs per chunk: each operation is one call on

@@ -1,11 +1,11 @@
-#include "engine/request.h"
+#include "core/request.h"
 
 #include <sched.h>
 
 #include <algorithm>
 #include <chrono>
 
-#include "engine/notifier.h"
+#include "core/notifier.h"
 
 namespace rdmaxfer {
 
@@ -96,7 +96,9 @@ void Request::finish_locked(State state, std::unique_lock<std::mutex>& lock) {
   state_ = state;
   terminal_.store(true, std::memory_order_release);
   std::shared_ptr<Notifier> notifier = notifier_;
+  std::function<void(const Request&)> on_terminal = std::move(on_terminal_);
   lock.unlock();
+  if (on_terminal) on_terminal(*this);
   cv_.notify_all();
   if (notifier) notifier->push(id_);
 }

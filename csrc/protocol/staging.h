@@ -30,10 +30,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/descriptor.h"
+#include "core/request.h"
 #include "cuda/device_copier.h"
-#include "engine/descriptor.h"
-#include "engine/request.h"
-#include "transport/transport.h"
+#include "protocol/connection.h"
 
 namespace rdmaxfer {
 

@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/request.h"
+#include "core/request.h"
 
 namespace rdmaxfer {
 

@@ -1,8 +1,8 @@
-#include "engine/descriptor.h"
+#include "core/descriptor.h"
 
 #include "common/bytes.h"
 #include "common/error.h"
-#include "engine/region.h"
+#include "core/region.h"
 
 namespace rdmaxfer {
 
@@ -14,6 +14,7 @@ const char* transport_kind_name(TransportKind kind) {
   switch (kind) {
     case TransportKind::kTcp: return "tcp";
     case TransportKind::kRdma: return "rdma";
+    case TransportKind::kLoopback: return "loopback";
   }
   return "unknown";
 }
@@ -60,8 +61,8 @@ Descriptor Descriptor::unpack(const uint8_t* p, size_t size) {
         std::to_string(kVersion) + ")");
   }
   Descriptor d;
-  if (p[6] != static_cast<uint8_t>(TransportKind::kTcp) &&
-      p[6] != static_cast<uint8_t>(TransportKind::kRdma)) {
+  if (p[6] < static_cast<uint8_t>(TransportKind::kTcp) ||
+      p[6] > static_cast<uint8_t>(TransportKind::kLoopback)) {
     bad("unknown transport " + std::to_string(p[6]));
   }
   d.transport = static_cast<TransportKind>(p[6]);

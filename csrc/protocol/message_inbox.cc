@@ -1,4 +1,4 @@
-#include "engine/message_inbox.h"
+#include "protocol/message_inbox.h"
 
 #include "common/error.h"
 

@@ -1,4 +1,4 @@
-#include "engine/region.h"
+#include "core/region.h"
 
 #include <sys/mman.h>
 #include <sys/resource.h>

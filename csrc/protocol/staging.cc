@@ -1,4 +1,4 @@
-#include "cuda/staging.h"
+#include "protocol/staging.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "engine/notifier.h"
+#include "core/notifier.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -105,6 +106,9 @@ class Request {
   std::string error_message() const;
 
   void watch(const std::shared_ptr<Notifier>& notifier);
+  // Called once, on the thread that makes the request terminal, right after (the protocol
+  // passes a message's credit on there). Set before the request is handed out.
+  void set_on_terminal(std::function<void(const Request&)> fn) { on_terminal_ = std::move(fn); }
 
  private:
   void finish_locked(State state, std::unique_lock<std::mutex>& lock);
@@ -127,6 +131,7 @@ class Request {
   MessageInfo message_;
   std::shared_ptr<Notifier> notifier_;
   std::weak_ptr<Progress> progress_;
+  std::function<void(const Request&)> on_terminal_;
 };
 
 using RequestPtr = std::shared_ptr<Request>;

@@ -1,0 +1,28 @@
+#include "protocol/connection.h"
+
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+Connection::Connection(std::shared_ptr<Channel> channel)
+    : channel_(std::move(channel)),
+      protocol_(std::dynamic_pointer_cast<MessageProtocol>(channel_->events())) {
+  if (!protocol_) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "the channel to " + channel_->peer() + " carries no message protocol");
+  }
+}
+
+std::vector<std::pair<std::string, uint64_t>> Connection::attributes() const {
+  std::vector<std::pair<std::string, uint64_t>> all = channel_->attributes();
+  for (auto& entry : protocol_->attributes()) all.push_back(std::move(entry));
+  return all;
+}
+
+std::shared_ptr<ChannelEvents> make_message_protocol(const std::shared_ptr<Channel>& channel) {
+  auto protocol = std::make_shared<MessageProtocol>();
+  protocol->bind(channel);
+  return protocol;
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,313 @@
+#include "protocol/message_protocol.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+namespace {
+constexpr size_t kMaxReason = 1024;
+std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
+}  // namespace
+
+std::shared_ptr<Channel> MessageProtocol::channel() const {
+  std::shared_ptr<Channel> channel = channel_.lock();
+  if (!channel) throw Error(ErrorKind::kClosed, "the endpoint was destroyed");
+  return channel;
+}
+
+void MessageProtocol::check_open_locked(const Channel& channel) const {
+  if (!closed_) return;
+  channel.check_open();  // throws the transport's own closed error
+  throw Error(ErrorKind::kClosed, "endpoint to " + channel.peer() + " is closed");
+}
+
+void MessageProtocol::finished(const Request& /*request*/) {}
+
+void MessageProtocol::credit_stall(uint64_t /*msg_id*/) {}
+
+void MessageProtocol::protocol_error(const std::string& what) {
+  throw Error(ErrorKind::kProtocol, what);
+}
+
+RequestPtr MessageProtocol::post_send(const std::shared_ptr<MemoryRegion>& local,
+                                      uint64_t offset, uint64_t length, const std::string& meta,
+                                      const TransferOptions& options) {
+  check_local_range(local, offset, length, "SEND");
+  std::shared_ptr<Channel> ch = channel();
+  const ChannelLimits limits = ch->limits();
+  if (meta.size() > limits.ctrl_room) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "SEND: metadata of " + bytes_text(meta.size()) + " exceeds the " +
+                    bytes_text(limits.ctrl_room) + " a control message can carry");
+  }
+  RequestPtr req = ch->new_request(OpKind::kSend, length);
+  const bool eager = length <= limits.eager_limit && meta.size() + length <= limits.ctrl_room;
+  const uint64_t id = req->id();
+  std::weak_ptr<MessageProtocol> weak = weak_from_this();
+  req->set_on_terminal([weak, id](const Request& done) {
+    if (auto self = weak.lock()) {
+      self->finished(done);
+      self->release_credit(id);
+    }
+  });
+  bool now = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_open_locked(*ch);
+    now = limits.credit_window == 0 ||
+          (waiting_.empty() && credits_used_ < limits.credit_window);
+    sends_[id] = PendingSend{req, local, offset, length, options, eager, now, meta};
+    if (!now) {
+      waiting_.push_back(id);  // announced when an earlier message's send ends
+    } else if (limits.credit_window != 0) {
+      ++credits_used_;
+    }
+  }
+  if (now) {
+    announce(id);
+  } else {
+    credit_stall(id);
+  }
+  return req;
+}
+
+void MessageProtocol::announce(uint64_t msg_id) {
+  CtrlMessage m;
+  CtrlPayload payload;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sends_.find(msg_id);
+    if (it == sends_.end()) return;  // failed meanwhile (teardown)
+    PendingSend& s = it->second;
+    m.type = s.eager ? CtrlType::kEager : CtrlType::kRts;
+    m.msg_id = msg_id;
+    m.size = s.length;
+    m.meta = std::move(s.meta);
+    if (s.eager) {
+      payload.data = s.region->addr() + s.offset;
+      payload.length = s.length;
+      payload.hold = RegionUse(s.region);
+    }
+  }
+  if (auto ch = channel_.lock()) ch->send_ctrl(m, std::move(payload));
+}
+
+void MessageProtocol::release_credit(uint64_t msg_id) {
+  uint64_t next = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sends_.find(msg_id);
+    if (it != sends_.end() && !it->second.credited) return;  // still waiting: holds none
+    if (closed_ || credits_used_ == 0) return;  // closing, or no window
+    if (waiting_.empty()) {
+      --credits_used_;
+      return;
+    }
+    next = waiting_.front();  // the credit passes to it
+    waiting_.pop_front();
+    auto nit = sends_.find(next);
+    if (nit != sends_.end()) nit->second.credited = true;
+  }
+  announce(next);
+}
+
+RequestPtr MessageProtocol::post_recv_header() {
+  std::shared_ptr<Channel> ch = channel();
+  RequestPtr req = ch->new_request(OpKind::kRecvHeader, 0);
+  std::unique_lock<std::mutex> lock(mu_);
+  check_open_locked(*ch);
+  std::optional<MessageInfo> info = inbox_.next_or_wait(req);
+  lock.unlock();
+  if (info) req->complete_with_message(std::move(*info));
+  return req;
+}
+
+bool MessageProtocol::cancel_recv_header(const RequestPtr& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return inbox_.cancel(request);
+}
+
+RequestPtr MessageProtocol::post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
+                                      uint64_t offset, uint64_t length) {
+  check_local_range(local, offset, length, "RECV", LocalUse::kDestination);
+  std::shared_ptr<Channel> ch = channel();
+  RequestPtr req = ch->new_request(OpKind::kRecv, length);
+  auto validate = [&]() -> AnnouncedMessage& {
+    check_open_locked(*ch);
+    auto it = inbox_.announced().find(msg_id);
+    if (it == inbox_.announced().end()) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "RECV: message " + std::to_string(msg_id) +
+                      " was not announced by the peer or was already received");
+    }
+    if (it->second.length != length) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "RECV: the message has " + bytes_text(it->second.length) +
+                      " but the destination has " + bytes_text(length));
+    }
+    return it->second;
+  };
+  uint8_t* dst = local->addr() + offset;
+  CtrlMessage cts;
+  cts.type = CtrlType::kCts;
+  cts.msg_id = msg_id;
+  bool eager = false;
+  std::string data;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    AnnouncedMessage& ann = validate();
+    eager = ann.eager;
+    if (eager) {
+      data = std::move(ann.data);
+      inbox_.announced().erase(msg_id);
+    }
+  }
+  if (eager) {
+    if (length > 0) std::memcpy(dst, data.data(), length);
+    ch->send_ctrl(cts, CtrlPayload());
+    req->complete();
+    finished(*req);
+    return req;
+  }
+  // Rendezvous: the peer writes straight into the destination, granted for this message.
+  const uint32_t value = static_cast<uint32_t>(msg_id);
+  const Grant grant = ch->grant(local, offset, length, value, req);
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    validate();
+    if (recv_by_value_.count(value) != 0) {
+      protocol_error("RECV: two messages in flight share notification value " + std::to_string(value));
+    }
+    inbox_.announced().erase(msg_id);
+    recv_by_value_[value] = msg_id;
+    recvs_[msg_id] = PendingRecv{req, grant.id};
+  } catch (...) {
+    ch->release_grant(grant.id);
+    throw;
+  }
+  cts.addr = grant.addr;
+  cts.key = grant.key;
+  cts.size = length;
+  ch->send_ctrl(cts, CtrlPayload());
+  return req;
+}
+
+void MessageProtocol::reject(uint64_t msg_id, const std::string& reason) {
+  std::shared_ptr<Channel> ch = channel();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_open_locked(*ch);
+    if (inbox_.announced().erase(msg_id) == 0) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "reject: message " + std::to_string(msg_id) + " is not waiting to be received");
+    }
+  }
+  CtrlMessage m;
+  m.type = CtrlType::kReject;
+  m.msg_id = msg_id;
+  m.meta = reason.substr(0, std::min<uint64_t>(kMaxReason, ch->limits().ctrl_room));
+  ch->send_ctrl(m, CtrlPayload());
+}
+
+void MessageProtocol::on_ctrl(CtrlMessage message) {
+  if (message.type == CtrlType::kCts || message.type == CtrlType::kReject) {
+    on_answer(message);
+    return;
+  }
+  RequestPtr waiter;
+  MessageInfo info{message.msg_id, message.size, std::move(message.meta)};
+  AnnouncedMessage ann;
+  ann.length = message.size;
+  ann.eager = message.type == CtrlType::kEager;
+  ann.data = std::move(message.data);
+  std::string peer;
+  if (auto ch = channel_.lock()) peer = ch->peer();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    waiter = inbox_.announce(peer, info, std::move(ann));
+  }
+  if (waiter) waiter->complete_with_message(std::move(info));
+}
+
+void MessageProtocol::on_answer(const CtrlMessage& message) {
+  PendingSend send;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sends_.find(message.msg_id);
+    if (it == sends_.end()) return;
+    send = std::move(it->second);
+    sends_.erase(it);
+  }
+  std::shared_ptr<Channel> ch = channel_.lock();
+  if (message.type == CtrlType::kReject) {
+    send.request->fail(ErrorKind::kProtocol, "the receiver " + (ch ? ch->peer() : "") +
+                                                 " rejected the message: " + message.meta);
+  } else if (send.eager) {
+    send.request->complete();
+  } else {
+    if (message.size != send.length) {
+      const std::string what = "CTS for message " + std::to_string(message.msg_id) + " names " +
+                               bytes_text(message.size) + ", not " + bytes_text(send.length);
+      send.request->fail(ErrorKind::kProtocol, what);
+      protocol_error(what);
+    }
+    if (!ch) return;
+    ch->post_write_notify(send.request, send.region, send.offset, send.length, message.addr,
+                          message.key, static_cast<uint32_t>(message.msg_id), send.options);
+  }
+}
+
+void MessageProtocol::on_notify(uint32_t value) {
+  PendingRecv done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = recv_by_value_.find(value);
+    if (it == recv_by_value_.end()) {
+      if (closed_) return;
+      protocol_error("a WRITE with notification value " + std::to_string(value) +
+             " matches no message being received");
+    }
+    auto rit = recvs_.find(it->second);
+    recv_by_value_.erase(it);
+    if (rit == recvs_.end()) return;
+    done = std::move(rit->second);
+    recvs_.erase(rit);
+  }
+  if (auto ch = channel_.lock()) ch->release_grant(done.grant);
+  done.request->complete();
+  finished(*done.request);
+}
+
+void MessageProtocol::on_closed(const Error& why) {
+  std::vector<RequestPtr> failed_requests;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    for (auto& [id, s] : sends_) failed_requests.push_back(s.request);
+    for (auto& [id, r] : recvs_) failed_requests.push_back(r.request);
+    for (auto& r : inbox_.clear()) failed_requests.push_back(r);
+    sends_.clear();
+    waiting_.clear();
+    recvs_.clear();
+    recv_by_value_.clear();
+  }
+  // The channel releases the grants itself (verbs: once the flushes are drained).
+  for (auto& r : failed_requests) r->fail(why);
+}
+
+std::vector<std::pair<std::string, uint64_t>> MessageProtocol::attributes() const {
+  std::shared_ptr<Channel> ch = channel_.lock();
+  const uint32_t window = ch ? ch->limits().credit_window : 0;
+  if (window == 0) return {};
+  std::lock_guard<std::mutex> lock(mu_);
+  return {{"credit_window", window},
+          {"sends_waiting_for_credit", waiting_.size()},
+          {"messages_waiting_for_recv", inbox_.announced().size()}};
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,102 @@
+// The two-sided protocol, once for every transport (UCX's UCP level over a Channel's
+// primitives, transport/channel.h): messages of `length` bytes with opaque metadata (dtype,
+// shape...), eager or rendezvous, flow-controlled by credits.
+//
+//   sender                                   receiver
+//   post_send: EAGER (data in the control    on_ctrl: the header is announced (MessageInbox);
+//     message) if it fits the channel's        post_recv_header hands it out
+//     eager limit and control room, else     post_recv: EAGER -> copy, CTS;
+//     RTS (size + meta)                        rendezvous -> grant the destination, CTS with
+//   CTS: EAGER -> done; rendezvous ->           the grant's addr + key
+//     post_write_notify into the grant       on_notify(value): the bytes are in place, the
+//     (chunked, striped by the channel),       grant is released, the RECV completes
+//     done when the bytes left
+//   REJECT: the send fails (kProtocol)       reject: REJECT with the reason
+//
+// Credits: at most `credit_window` messages (ChannelLimits; 0 = no limit) are announced and not
+// yet terminal at the sender; later sends wait here, in order, as headers only. A message
+// holds its credit until its send is terminal (CTS of an EAGER, its data written, REJECT,
+// failure). When the channel closes (on_closed) every pending request fails with its reason.
+//
+// Counting points (for the stats of every connection): finished() for a SEND or RECV that
+// is terminal (done or failed), credit_stall() when a send starts waiting for credit,
+// protocol_error() where a protocol error is raised (the channel then closes).
+//
+// Thread safety: one mutex guards the tables; channel calls and request completions happen
+// outside it. Lock order: this mutex before the channel's.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "protocol/message_inbox.h"
+#include "transport/channel.h"
+
+namespace rdmaxfer {
+
+class MessageProtocol : public ChannelEvents,
+                        public std::enable_shared_from_this<MessageProtocol> {
+ public:
+  // Bound to its channel once the channel exists (held weakly: the channel owns the protocol).
+  void bind(const std::shared_ptr<Channel>& channel) { channel_ = channel; }
+
+  RequestPtr post_send(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                       uint64_t length, const std::string& meta, const TransferOptions& options);
+  RequestPtr post_recv_header();
+  RequestPtr post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
+                       uint64_t offset, uint64_t length);
+  void reject(uint64_t msg_id, const std::string& reason);
+  // Withdraws a header wait that has not matched a message yet; true when withdrawn.
+  bool cancel_recv_header(const RequestPtr& request);
+  // credit_window, sends_waiting_for_credit, messages_waiting_for_recv (with a window only).
+  std::vector<std::pair<std::string, uint64_t>> attributes() const;
+
+  void on_ctrl(CtrlMessage message) override;
+  void on_notify(uint32_t value) override;
+  void on_closed(const Error& why) override;
+
+ private:
+  struct PendingSend {
+    RequestPtr request;
+    std::shared_ptr<MemoryRegion> region;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    TransferOptions options;
+    bool eager = false;
+    bool credited = false;  // holds a credit (announced)
+    std::string meta;       // until announced
+  };
+  struct PendingRecv {
+    RequestPtr request;
+    uint64_t grant = 0;
+  };
+
+  std::shared_ptr<Channel> channel() const;
+  void check_open_locked(const Channel& channel) const;
+  // Sends the RTS or EAGER of a message that holds a credit.
+  void announce(uint64_t msg_id);
+  // A send is terminal: its credit goes to the next waiting message, if any.
+  void release_credit(uint64_t msg_id);
+  void on_answer(const CtrlMessage& message);
+  // The counting points (see the header comment).
+  void finished(const Request& request);
+  void credit_stall(uint64_t msg_id);
+  [[noreturn]] void protocol_error(const std::string& what);
+
+  std::weak_ptr<Channel> channel_;
+  mutable std::mutex mu_;
+  bool closed_ = false;
+  std::unordered_map<uint64_t, PendingSend> sends_;  // waiting for credit, CTS or REJECT
+  uint32_t credits_used_ = 0;
+  std::deque<uint64_t> waiting_;  // sends (by msg id) waiting for a credit, in post order
+  MessageInbox inbox_;
+  std::unordered_map<uint64_t, PendingRecv> recvs_;     // by msg id
+  std::unordered_map<uint32_t, uint64_t> recv_by_value_;  // notify value -> msg id
+};
+
+}  // namespace rdmaxfer

@@ -1,0 +1,15 @@
+#include "transport/ctrl_message.h"
+
+namespace rdmaxfer {
+
+const char* ctrl_type_name(CtrlType type) {
+  switch (type) {
+    case CtrlType::kRts: return "RTS";
+    case CtrlType::kEager: return "EAGER";
+    case CtrlType::kCts: return "CTS";
+    case CtrlType::kReject: return "REJECT";
+  }
+  return "unknown";
+}
+
+}  // namespace rdmaxfer

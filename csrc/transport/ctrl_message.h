@@ -1,0 +1,46 @@
+// The control messages of the two-sided protocol (protocol/message_protocol.h), as every
+// transport carries them (verbs: a SEND into the peer's control receive buffers, control_msg.h;
+// TCP: a frame, wire.h):
+//   RTS     msg_id, size, meta: a message waits at the sender (rendezvous)
+//   EAGER   like RTS with the data attached (size <= the channel's eager limit)
+//   CTS     msg_id; for rendezvous addr + key of the receiver's grant, which the sender
+//           WRITEs with notification (value = low 32 bits of msg_id). For EAGER the CTS only
+//           acknowledges.
+//   REJECT  msg_id, meta = reason: the receiver refused the message.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/region.h"
+
+namespace rdmaxfer {
+
+enum class CtrlType : uint8_t { kRts = 1, kEager = 2, kCts = 3, kReject = 4 };
+const char* ctrl_type_name(CtrlType type);
+
+struct CtrlMessage {
+  CtrlType type = CtrlType::kRts;
+  uint64_t msg_id = 0;  // the sender's request id
+  uint64_t size = 0;    // message bytes
+  uint64_t addr = 0;    // CTS of a rendezvous: where to write
+  uint32_t key = 0;     // CTS of a rendezvous: the grant's key (the rkey on verbs)
+  std::string meta;     // RTS/EAGER: the sender's metadata; REJECT: the reason
+  std::string data;     // a received EAGER message's bytes
+};
+
+// An outgoing EAGER message's bytes, in registered memory kept in use until sent or copied.
+struct CtrlPayload {
+  const uint8_t* data = nullptr;
+  uint64_t length = 0;
+  RegionUse hold;
+};
+
+// A buffer the receiver lets the peer write for one message (rendezvous).
+struct Grant {
+  uint64_t id = 0;    // the channel's handle, for release_grant
+  uint64_t addr = 0;  // where the peer writes
+  uint32_t key = 0;   // what the peer names it by (the rkey on verbs)
+};
+
+}  // namespace rdmaxfer

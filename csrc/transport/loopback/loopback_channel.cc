@@ -1,0 +1,199 @@
+#include "transport/loopback/loopback_channel.h"
+
+#include <cstring>
+
+#include "common/error.h"
+#include "transport/loopback/loopback_transport.h"
+
+namespace rdmaxfer {
+
+LoopbackChannel::LoopbackChannel(LoopbackTransport& transport, int lanes, std::string peer)
+    : transport_(transport), lanes_(lanes), peer_name_(std::move(peer)) {}
+
+RequestPtr LoopbackChannel::new_request(OpKind op, uint64_t bytes) {
+  return std::make_shared<Request>(transport_.next_request_id(), op, bytes);
+}
+
+ChannelLimits LoopbackChannel::limits() const {
+  ChannelLimits l;
+  l.eager_limit = kEagerLimit;
+  l.ctrl_room = kCtrlRoom;
+  l.credit_window = kCreditWindow;
+  return l;
+}
+
+void LoopbackChannel::check_open() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) {
+    throw Error(ErrorKind::kClosed, "endpoint to " + peer_name_ + " is closed (" + error_ +
+                                        "); connect again to open a new endpoint");
+  }
+}
+
+void LoopbackChannel::to_peer(std::function<void(LoopbackChannel&)> fn) {
+  std::shared_ptr<LoopbackChannel> peer = peer_.lock();
+  if (!peer) return;
+  std::lock_guard<std::mutex> lock(peer->mu_);
+  if (peer->closed_) return;
+  std::weak_ptr<LoopbackChannel> weak = peer;
+  peer->transport_.deliver([weak, fn = std::move(fn)] {
+    if (auto p = weak.lock()) {
+      try {
+        fn(*p);
+      } catch (const Error& e) {
+        p->abort(e.kind(), "connection to " + p->peer() + " failed: " + e.what());
+      }
+    }
+  });
+}
+
+RequestPtr LoopbackChannel::one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
+                                      uint64_t local_offset, const Descriptor& remote,
+                                      uint64_t remote_offset, uint64_t length) {
+  const bool write = op == OpKind::kWrite;
+  const char* what = write ? "WRITE" : "READ";
+  check_local_range(local, local_offset, length, what,
+                    write ? LocalUse::kSource : LocalUse::kDestination);
+  check_remote_range(remote, remote_offset, length, what);
+  check_open();
+  RequestPtr req = new_request(op, length);
+  std::shared_ptr<LoopbackChannel> peer = peer_.lock();
+  bool open = false;
+  AccessStatus status = AccessStatus::kOk;
+  RegionUse use;
+  if (peer) {
+    std::lock_guard<std::mutex> lock(peer->mu_);
+    open = !peer->closed_;
+    if (open) {
+      status = peer->transport_.regions().acquire(
+          remote.key, remote.addr + remote_offset, length,
+          write ? kAccessRemoteWrite : kAccessRemoteRead, &use);
+    }
+  }
+  if (!open) {
+    req->fail(ErrorKind::kConnection, "connection to " + peer_name_ + " is closed");
+    return req;
+  }
+  if (status != AccessStatus::kOk) {
+    req->fail(ErrorKind::kRemoteAccess,
+              "peer " + peer_name_ + " refused access to " + std::to_string(length) +
+                  " bytes: " + access_status_text(status) +
+                  " (check the descriptor, remote_offset and length)");
+    return req;
+  }
+  auto* remote_bytes = reinterpret_cast<uint8_t*>(remote.addr + remote_offset);
+  uint8_t* local_bytes = local->addr() + local_offset;
+  if (length > 0) {
+    std::memmove(write ? remote_bytes : local_bytes, write ? local_bytes : remote_bytes, length);
+  }
+  req->complete();
+  return req;
+}
+
+RequestPtr LoopbackChannel::post_write(const std::shared_ptr<MemoryRegion>& local,
+                                       uint64_t local_offset, const Descriptor& remote,
+                                       uint64_t remote_offset, uint64_t length,
+                                       const TransferOptions& /*options*/) {
+  return one_sided(OpKind::kWrite, local, local_offset, remote, remote_offset, length);
+}
+
+RequestPtr LoopbackChannel::post_read(const std::shared_ptr<MemoryRegion>& local,
+                                      uint64_t local_offset, const Descriptor& remote,
+                                      uint64_t remote_offset, uint64_t length,
+                                      const TransferOptions& /*options*/) {
+  return one_sided(OpKind::kRead, local, local_offset, remote, remote_offset, length);
+}
+
+void LoopbackChannel::send_ctrl(const CtrlMessage& message, CtrlPayload payload) {
+  CtrlMessage copy = message;
+  if (payload.length > 0) copy.data.assign(reinterpret_cast<const char*>(payload.data),
+                                           payload.length);
+  to_peer([copy = std::move(copy)](LoopbackChannel& peer) mutable {
+    peer.events()->on_ctrl(std::move(copy));
+  });
+}
+
+Grant LoopbackChannel::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                             uint64_t length, uint32_t value, const RequestPtr& /*progress*/) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw Error(ErrorKind::kClosed, "endpoint to " + peer_name_ + " is closed");
+  uint32_t key = next_grant_++;
+  while (key == 0 || grants_.count(key) != 0) key = next_grant_++;
+  uint8_t* base = local->addr() + offset;
+  grants_[key] = GrantEntry{local, base, length, value};
+  return Grant{key, reinterpret_cast<uint64_t>(base), key};
+}
+
+void LoopbackChannel::release_grant(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  grants_.erase(static_cast<uint32_t>(id));
+}
+
+bool LoopbackChannel::land(uint32_t key, uint64_t addr, uint32_t value, const uint8_t* data,
+                           uint64_t length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = grants_.find(key);
+  if (it == grants_.end()) return false;
+  const GrantEntry& g = it->second;
+  if (addr != reinterpret_cast<uint64_t>(g.base) || length != g.length || value != g.value) {
+    return false;
+  }
+  RegionUse use(g.region);
+  if (length > 0) std::memcpy(g.base, data, length);
+  return true;
+}
+
+void LoopbackChannel::post_write_notify(const RequestPtr& request,
+                                        const std::shared_ptr<MemoryRegion>& local,
+                                        uint64_t offset, uint64_t length, uint64_t addr,
+                                        uint32_t key, uint32_t value,
+                                        const TransferOptions& /*options*/) {
+  std::shared_ptr<LoopbackChannel> peer = peer_.lock();
+  if (!peer) {
+    request->fail(ErrorKind::kConnection, "connection to " + peer_name_ + " is closed");
+    return;
+  }
+  if (!peer->land(key, addr, value, local->addr() + offset, length)) {
+    const std::string why = "a write with notification outside the grant it names";
+    request->fail(ErrorKind::kProtocol, why);
+    peer->abort(ErrorKind::kProtocol, "connection to " + peer->peer() + " failed: " + why);
+    abort(ErrorKind::kProtocol, "connection to " + peer_name_ + " failed: " + why);
+    return;
+  }
+  to_peer([value](LoopbackChannel& p) { p.events()->on_notify(value); });
+  request->complete();
+}
+
+void LoopbackChannel::close() { shut(ErrorKind::kClosed, "closed locally", true); }
+
+void LoopbackChannel::abort(ErrorKind kind, const std::string& reason) {
+  shut(kind, reason, true);
+}
+
+void LoopbackChannel::shut(ErrorKind kind, const std::string& reason, bool tell_peer) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    error_ = reason;
+    grants_.clear();
+  }
+  if (tell_peer) {
+    to_peer([](LoopbackChannel& p) {
+      p.shut(ErrorKind::kConnection, "peer " + p.peer() + " closed the endpoint", false);
+    });
+  }
+  if (events()) events()->on_closed(Error(kind, reason));
+}
+
+bool LoopbackChannel::is_closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+std::string LoopbackChannel::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+}  // namespace rdmaxfer

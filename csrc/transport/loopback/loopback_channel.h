@@ -1,0 +1,75 @@
+// One end of a loopback connection (loopback_transport.h); the other end is a LoopbackChannel
+// of another (or the same) loopback transport in this process.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "transport/channel.h"
+
+namespace rdmaxfer {
+
+class LoopbackTransport;
+
+class LoopbackChannel : public Channel, public std::enable_shared_from_this<LoopbackChannel> {
+ public:
+  LoopbackChannel(LoopbackTransport& transport, int lanes, std::string peer);
+  void pair(const std::shared_ptr<LoopbackChannel>& peer) { peer_ = peer; }
+
+  RequestPtr post_write(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
+                        const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                        const TransferOptions& options) override;
+  RequestPtr post_read(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
+                       const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                       const TransferOptions& options) override;
+  void send_ctrl(const CtrlMessage& message, CtrlPayload payload) override;
+  Grant grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset, uint64_t length,
+              uint32_t value, const RequestPtr& progress) override;
+  void release_grant(uint64_t id) override;
+  void post_write_notify(const RequestPtr& request, const std::shared_ptr<MemoryRegion>& local,
+                         uint64_t offset, uint64_t length, uint64_t addr, uint32_t key,
+                         uint32_t value, const TransferOptions& options) override;
+  RequestPtr new_request(OpKind op, uint64_t bytes) override;
+  ChannelLimits limits() const override;
+  void check_open() const override;
+  void close() override;
+  void abort(ErrorKind kind, const std::string& reason) override;
+  bool is_closed() const override;
+  std::string error() const override;
+  std::string peer() const override { return peer_name_; }
+  int streams() const override { return lanes_; }
+
+  static constexpr uint64_t kEagerLimit = 4096;
+  static constexpr uint64_t kCtrlRoom = 8192;
+  static constexpr uint32_t kCreditWindow = 4;
+
+ private:
+  struct GrantEntry {
+    std::shared_ptr<MemoryRegion> region;
+    uint8_t* base = nullptr;
+    uint64_t length = 0;
+    uint32_t value = 0;
+  };
+  // Copies into this side's grant `key` for the peer; false when the write is outside it.
+  bool land(uint32_t key, uint64_t addr, uint32_t value, const uint8_t* data, uint64_t length);
+  // Runs `fn(peer)` on the peer's delivery thread, if the peer is still there.
+  void to_peer(std::function<void(LoopbackChannel&)> fn);
+  RequestPtr one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
+                       uint64_t local_offset, const Descriptor& remote, uint64_t remote_offset,
+                       uint64_t length);
+  void shut(ErrorKind kind, const std::string& reason, bool tell_peer);
+
+  LoopbackTransport& transport_;
+  const int lanes_;
+  const std::string peer_name_;
+  std::weak_ptr<LoopbackChannel> peer_;
+  mutable std::mutex mu_;
+  bool closed_ = false;
+  std::string error_;
+  std::unordered_map<uint32_t, GrantEntry> grants_;
+  uint32_t next_grant_ = 1;
+};
+
+}  // namespace rdmaxfer
