@@ -430,7 +430,7 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "register",
           [](Engine& e, uint64_t addr, long long length, uint32_t access) {
-            auto region = e.transport().register_memory(reinterpret_cast<uint8_t*>(addr),
+            auto region = e.transport().domain().register_memory(reinterpret_cast<uint8_t*>(addr),
                                                         checked_size(length, "length"), access);
             return std::make_shared<RegionHandle>(RegionHandle{kept_in_child(region), &e, true});
           },
@@ -443,7 +443,7 @@ PYBIND11_MODULE(_core, m) {
             std::shared_ptr<MemoryRegion> region;
             {
               py::gil_scoped_release release;
-              region = t.alloc_pinned(n, access);
+              region = t.domain().alloc_pinned(n, access);
             }
             return std::make_shared<RegionHandle>(RegionHandle{kept_in_child(region), &e, true});
           },
@@ -459,7 +459,7 @@ PYBIND11_MODULE(_core, m) {
             auto& t = e.transport();
             h.registered = false;
             py::gil_scoped_release release;
-            t.deregister(h.region, timeout);
+            t.domain().deregister(h.region, timeout);
           },
           py::arg("region"), py::arg("timeout"))
       .def(
@@ -478,7 +478,7 @@ PYBIND11_MODULE(_core, m) {
           py::arg("addr"), py::arg("length"), py::arg("access"), py::arg("method"),
           py::arg("device"), py::keep_alive<0, 1>())
       .def("drain_notifications", [](Engine& e) { return e.notifier()->drain(); })
-      .def("registered_count", [](Engine& e) { return e.transport().registered_count(); })
+      .def("registered_count", [](Engine& e) { return e.transport().domain().registered_count(); })
       .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
 
   rdmaxfer::bind_cuda(m);

@@ -416,7 +416,7 @@ std::unique_ptr<Stager::Bounce> Stager::acquire(uint64_t length) {
   auto bounce = std::make_unique<Bounce>();
   bounce->memory = copier_->alloc_host(need);
   try {
-    bounce->region = transport_.register_memory(bounce->data(), need, kAccessLocalWrite);
+    bounce->region = transport_.domain().register_memory(bounce->data(), need, kAccessLocalWrite);
   } catch (const Error& e) {
     throw Error(e.kind(), "registering a " + mib(need) + " staging bounce buffer: " + e.what(),
                 e.err_no());
@@ -446,7 +446,7 @@ void Stager::release(std::unique_ptr<Bounce> bounce, bool in_use) {
   }
   for (auto& b : evict) {
     try {
-      transport_.deregister(b->region, kCleanupWaitS);
+      transport_.domain().deregister(b->region, kCleanupWaitS);
     } catch (const Error&) {
       std::lock_guard<std::mutex> lock(mu_);
       stranded_.push_back(std::move(b));
@@ -484,7 +484,7 @@ void Stager::close(double timeout_s) {
   }
   for (auto& b : pool) {
     try {
-      transport_.deregister(b->region, timeout_s);
+      transport_.domain().deregister(b->region, timeout_s);
     } catch (const Error&) {
       std::lock_guard<std::mutex> lock(mu_);
       stranded_.push_back(std::move(b));

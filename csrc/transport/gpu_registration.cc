@@ -12,16 +12,16 @@ std::shared_ptr<MemoryRegion> register_gpu_memory(Transport& transport, uint64_t
                                                   const std::string& method, int ordinal) {
   uint8_t* ptr = reinterpret_cast<uint8_t*>(addr);
   if (method == "peermem") {
-    return transport.register_device_memory(ptr, length, access, -1, 0);
+    return transport.domain().register_device_memory(ptr, length, access, -1, 0);
   }
   if (method == "dmabuf") {
     if (transport.capabilities().kind != TransportKind::kRdma) {
       // Refuse before exporting anything (the transport would refuse too).
-      return transport.register_device_memory(ptr, length, access, -1, 0);
+      return transport.domain().register_device_memory(ptr, length, access, -1, 0);
     }
     DmabufFd fd(CudaContext::get(ordinal), addr, length);
     // The MR holds its own reference to the dmabuf; our fd is closed on return.
-    return transport.register_device_memory(ptr, length, access, fd.fd(), fd.offset());
+    return transport.domain().register_device_memory(ptr, length, access, fd.fd(), fd.offset());
   }
   throw Error(ErrorKind::kInvalidArgument,
               "GPU registration method '" + method + "' must be 'dmabuf' or 'peermem'");

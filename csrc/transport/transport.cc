@@ -4,67 +4,12 @@
 
 namespace rdmaxfer {
 
-namespace {
-// Validates Access bits; remote write implies local write (verbs requires it).
-uint32_t checked_access(uint32_t access) {
-  if ((access & ~(kAccessRemoteMask | kAccessLocalWrite)) != 0) {
-    throw Error(ErrorKind::kInvalidArgument, "unknown access bits " + std::to_string(access));
-  }
-  return (access & kAccessRemoteWrite) != 0 ? access | kAccessLocalWrite : access;
-}
-}  // namespace
-
-std::shared_ptr<MemoryRegion> Transport::register_memory(uint8_t* addr, uint64_t length,
-                                                         uint32_t access) {
-  if (addr == nullptr && length > 0) {
-    throw Error(ErrorKind::kInvalidArgument, "cannot register a null address");
-  }
-  auto region = make_region(addr, length, checked_access(access), nullptr);
-  regions_.insert(region);
-  return region;
-}
-
-std::shared_ptr<MemoryRegion> Transport::alloc_pinned(uint64_t length, uint32_t access) {
-  auto owned = std::make_unique<PinnedAllocation>(length);
-  uint8_t* data = owned->data();
-  // The engine's own memory is writable: it may always be a destination.
-  auto region = make_region(data, length, checked_access(access) | kAccessLocalWrite,
-                            std::move(owned));
-  regions_.insert(region);
-  return region;
-}
-
-std::shared_ptr<MemoryRegion> Transport::register_device_memory(uint8_t* addr, uint64_t length,
-                                                                 uint32_t access, int dmabuf_fd,
-                                                                 uint64_t dmabuf_offset) {
-  if (addr == nullptr) throw Error(ErrorKind::kInvalidArgument, "cannot register a null address");
-  auto region = make_device_region(addr, length, checked_access(access), dmabuf_fd,
-                                   dmabuf_offset);
-  regions_.insert(region);
-  return region;
-}
-
 std::shared_ptr<MemoryRegion> Transport::make_device_region(uint8_t*, uint64_t, uint32_t, int,
                                                             uint64_t) {
   throw Error(ErrorKind::kUnsupported,
               std::string("the ") + transport_kind_name(capabilities().kind) +
                   " transport moves bytes with the CPU and cannot register GPU memory; device "
                   "memory goes through staging (host bounce buffers)");
-}
-
-void Transport::deregister(const std::shared_ptr<MemoryRegion>& region, double timeout_s) {
-  if (!regions_.erase(region->key())) {
-    throw Error(ErrorKind::kInvalidArgument,
-                "region with key " + std::to_string(region->key()) +
-                    " is not registered (already deregistered?)");
-  }
-  if (!region->wait_unused(timeout_s)) {
-    throw Error(ErrorKind::kTimeout,
-                "deregister: " + std::to_string(region->uses()) +
-                    " operations still use the region after " + std::to_string(timeout_s) +
-                    " s; wait for or close the endpoints that use it");
-  }
-  region->revoke();
 }
 
 std::string Channel::describe() const {

@@ -1,10 +1,10 @@
 // The transport interface: what the protocol and the engine need from TCP and from verbs alike.
 //
-// A Transport owns memory registration, listening and connecting; a Channel (one peer,
-// channel.h) offers the primitives and returns Requests. The interface never names an
+// A Transport owns listening and connecting, and its MemoryDomain (memory_domain.h: every
+// registration); a Channel (one peer, channel.h) offers the primitives and returns Requests. The interface never names an
 // implementation: the engine picks one through make_transport() (transport/registry.h).
 //
-// Matched lifecycle pairs: register_memory/alloc_pinned -> deregister; listen -> accept;
+// Matched lifecycle pairs: listen -> accept;
 // connect/accept -> close (or abort); post_* -> Request terminal.
 #pragma once
 
@@ -20,6 +20,7 @@
 #include "core/region.h"
 #include "core/request.h"
 #include "transport/channel.h"
+#include "transport/memory_domain.h"
 
 namespace rdmaxfer {
 
@@ -41,9 +42,9 @@ struct ConnectOptions {
   bool retry_refused = true;  // retry a refused connection until the timeout (see socket.h)
 };
 
-class Transport {
+class Transport : public RegistrationBackend {
  public:
-  explicit Transport(uint64_t engine_id) : engine_id_(engine_id) {}
+  explicit Transport(uint64_t engine_id) : domain_(*this), engine_id_(engine_id) {}
   virtual ~Transport() = default;
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
@@ -51,26 +52,10 @@ class Transport {
   virtual Capabilities capabilities() const = 0;
   virtual std::string describe() const = 0;
 
-  // Registers [addr, addr+length) with the given Access bits (remote rights, and
-  // kAccessLocalWrite when local operations write it; remote write implies local write).
-  std::shared_ptr<MemoryRegion> register_memory(uint8_t* addr, uint64_t length, uint32_t access);
-  // Allocates page-aligned host memory, locks it (mlock) and registers it (always with local
-  // write: the memory is the engine's own).
-  std::shared_ptr<MemoryRegion> alloc_pinned(uint64_t length, uint32_t access);
-  // Registers GPU memory for GPUDirect RDMA (cuda/gpudirect.h): through a dmabuf fd when
-  // dmabuf_fd >= 0 (the range starts dmabuf_offset bytes into the exported pages), else by
-  // address (nvidia-peermem). Transports whose CPU moves the bytes (TCP) throw
-  // Error(kUnsupported): device memory goes through staging there (protocol/staging.h).
-  std::shared_ptr<MemoryRegion> register_device_memory(uint8_t* addr, uint64_t length,
-                                                       uint32_t access, int dmabuf_fd,
-                                                       uint64_t dmabuf_offset);
-  // Kills the region's key for new remote accesses, waits (bounded) for in-flight uses, then
-  // revokes the region at once (verbs: ibv_dereg_mr), whoever still holds the object. On a
-  // timeout (Error kTimeout) the region stays registered with the transport's handle alive.
-  void deregister(const std::shared_ptr<MemoryRegion>& region, double timeout_s);
+  // Every registration of this transport (register, alloc_pinned, device memory, deregister).
+  MemoryDomain& domain() { return domain_; }
+  const MemoryDomain& domain() const { return domain_; }
   Descriptor describe_region(const MemoryRegion& region) const;
-  size_t registered_count() const { return regions_.size(); }
-  const RegionTable& regions() const { return regions_; }
 
   virtual uint16_t listen(const std::string& host, uint16_t port) = 0;
   virtual std::shared_ptr<Channel> accept(double timeout_s) = 0;
@@ -85,19 +70,16 @@ class Transport {
   void set_protocol(ProtocolFactory factory) { protocol_ = std::move(factory); }
 
  protected:
-  // Builds the transport's region object (a verbs MR, or plain bookkeeping on TCP).
-  virtual std::shared_ptr<MemoryRegion> make_region(uint8_t* addr, uint64_t length,
-                                                    uint32_t access,
-                                                    std::unique_ptr<PinnedAllocation> owned) = 0;
-  // The device-memory twin of make_region; the default refuses (kUnsupported).
-  virtual std::shared_ptr<MemoryRegion> make_device_region(uint8_t* addr, uint64_t length,
-                                                           uint32_t access, int dmabuf_fd,
-                                                           uint64_t dmabuf_offset);
+  // RegistrationBackend: make_region is the transport's; device memory is refused by default
+  // (kUnsupported: the CPU moves the bytes, so device memory goes through staging).
+  std::shared_ptr<MemoryRegion> make_device_region(uint8_t* addr, uint64_t length,
+                                                   uint32_t access, int dmabuf_fd,
+                                                   uint64_t dmabuf_offset) override;
   // Gives a new channel its protocol; throws when the engine set none.
   void attach_protocol(const std::shared_ptr<Channel>& channel) const;
-  RegionTable regions_;
 
  private:
+  MemoryDomain domain_;
   ProtocolFactory protocol_;
   const uint64_t engine_id_;
   std::atomic<uint64_t> next_request_id_{1};

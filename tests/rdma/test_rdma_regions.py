@@ -61,3 +61,27 @@ def test_out_of_bounds_is_refused_before_posting(
     assert not rdma_pair.a.closed and not rdma_pair.b.closed
     wait_ok(rdma_pair.a.post_write(src, 0, desc, 0, 8192, 1024))  # the same endpoint works
     np.testing.assert_array_equal(region_array(dst), region_array(src)[:8192])
+
+
+def test_repeated_writes_reuse_one_temporary_mr(rng: np.random.Generator) -> None:
+    """An unregistered source array gets one temporary MR (the registration cache) for every
+    write of it; registering the memory drops that MR, and after deregistration a write
+    registers it again."""
+    with api_pair() as (server, client, ep, _):
+        target = server.register(np.zeros(8192, np.uint8), "rw")
+        source = random_bytes(rng, 8192)
+        base = client.registered_count()
+        for _ in range(20):
+            source[:] = random_bytes(rng, 8192)
+            ep.write(source, target.descriptor(), timeout=WAIT_S)
+            np.testing.assert_array_equal(target.numpy(), source)
+            assert client.registered_count() == base + 1
+        cached = client._temps._entries[(source.ctypes.data, 8192)].region
+        user = client.register(source, "r")
+        assert not cached.registered
+        user.deregister(timeout=WAIT_S)
+        assert client.registered_count() == base
+        source[:] = random_bytes(rng, 8192)
+        ep.write(source, target.descriptor(), timeout=WAIT_S)
+        np.testing.assert_array_equal(target.numpy(), source)
+        assert client.registered_count() == base + 1

@@ -65,7 +65,7 @@ RequestPtr LoopbackChannel::one_sided(OpKind op, const std::shared_ptr<MemoryReg
     std::lock_guard<std::mutex> lock(peer->mu_);
     open = !peer->closed_;
     if (open) {
-      status = peer->transport_.regions().acquire(
+      status = peer->transport_.domain().regions().acquire(
           remote.key, remote.addr + remote_offset, length,
           write ? kAccessRemoteWrite : kAccessRemoteRead, &use);
     }

@@ -224,7 +224,7 @@ AccessStatus TcpConnection::acquire_request_range(const FrameHeader& h, uint32_t
   if (h.aux > h.addr || h.aux > h.total || len > h.total - h.aux) {
     return AccessStatus::kOutOfBounds;
   }
-  return transport_.regions().acquire(h.key, h.addr - h.aux, h.total, access, use);
+  return transport_.domain().regions().acquire(h.key, h.addr - h.aux, h.total, access, use);
 }
 
 void TcpConnection::choose_sink(TcpStream& /*stream*/, const FrameHeader& h,

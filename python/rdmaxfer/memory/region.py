@@ -167,6 +167,12 @@ class MemoryRegion:
         return self._registered
 
     @property
+    def temporary(self) -> bool:
+        """True for a registration the engine made for one or more transfers of unregistered
+        memory (never shown to peers)."""
+        return self._temporary
+
+    @property
     def device(self) -> int | None:
         """The GPU ordinal for GPU memory registered for GPUDirect RDMA, else None."""
         return self._device

@@ -28,6 +28,7 @@ from ..errors import (
 from ..memory.buffer import Buffer, as_array, byte_view, device_view
 from ..memory.region import ACCESS, LOCAL_WRITE, MemoryRegion, access_bits
 from .notifications import Notifications
+from .regcache import RegistrationCache
 
 if TYPE_CHECKING:
     from ..gpu import gpudirect
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from ..memory import cuda
 
 __all__ = ["MemoryDomain", "staged_backstop_s"]
+
+_NO_BYTES: npt.NDArray[np.uint8] = np.empty(0, np.uint8)
 
 # Bound on deregistration waits when the engine closes (its endpoints are closed by then).
 CLOSE_TIMEOUT_S = 5.0
@@ -60,6 +63,8 @@ class MemoryDomain:
         self._stagers: StagerPool | None = None
         self._preflights: dict[int, gpudirect.GpuDirectPreflight] = {}
         self._notifications = Notifications(core)
+        # Temporary registrations of unregistered host memory, reused across transfers.
+        self._temps = RegistrationCache()
 
     @property
     def core(self) -> _core.Engine:
@@ -138,6 +143,7 @@ class MemoryDomain:
         writes = arr.flags.writeable if local_write is None else local_write
         core_bits = bits | (LOCAL_WRITE if writes else 0)
         addr, nbytes = _addr(arr), int(arr.nbytes)
+        self._temps.invalidate(addr, nbytes)
         with self._lock:
             cached = self._by_range.get((addr, nbytes, bits))
             if cached is not None and cached.registered and cached.core.local_write >= writes:
@@ -267,9 +273,10 @@ class MemoryDomain:
         self, arr: npt.NDArray[Any], *, writes: bool
     ) -> tuple[MemoryRegion, int, list[MemoryRegion]]:
         """The registration covering ``arr`` for a local use (``writes``: a READ or receive
-        lands in it): a live user region with the rights that use needs, else a new temporary
-        one with no remote access and local write only for a destination: (region, byte offset
-        of arr in it, temporaries to release)."""
+        lands in it): a live user region with the rights that use needs, else a temporary one
+        with no remote access and local write only for a destination, from the registration
+        cache (:mod:`.regcache`): (region, byte offset of arr in it, temporaries to hand back
+        with :meth:`_release_temps` when the operation is done)."""
         self._check_open()
         addr, nbytes = _addr(arr), int(arr.nbytes)
 
@@ -284,12 +291,33 @@ class MemoryDomain:
             for region in self._by_range.values():
                 if usable(region) and region.contains(addr, nbytes):
                     return region, addr - region.addr, []
+
+        def register(cached: bool) -> MemoryRegion:
             core = self._core.register(addr, nbytes, LOCAL_WRITE if writes else ACCESS["none"])
-            temp = MemoryRegion(self, core, arr, byte_view(arr), temporary=True)
-            self._regions[temp.key] = temp
+            # A cached one must not keep arr alive (regcache: the entry dies with the owner);
+            # each transfer keeps arr alive while it runs.
+            owner, data = (None, _NO_BYTES) if cached else (arr, byte_view(arr))
+            temp = MemoryRegion(self, core, owner, data, temporary=True)
+            with self._lock:
+                self._regions[temp.key] = temp
+            return temp
+
+        temp, _ = self._temps.acquire(arr, addr, writes, register)
         return temp, 0, [temp]
 
+    def _release_temps(
+        self, temps: list[MemoryRegion], timeout_s: float, *, failed: bool = False
+    ) -> None:
+        """Hand back the temporaries of a finished operation: cached ones stay registered for
+        the next operation on the same memory unless it ``failed``; the rest are deregistered."""
+        for region in temps:
+            if not self._temps.release(region, keep=not failed):
+                with contextlib.suppress(RdmaxferError):
+                    region.deregister(timeout_s)
+
     def _deregister_region(self, region: MemoryRegion, timeout_s: float) -> None:
+        if not region.temporary and region.device is None:
+            self._temps.invalidate(region.addr, region.nbytes)
         with self._lock:
             self._regions.pop(region.key, None)
             for key, value in list(self._by_range.items()):
@@ -323,6 +351,7 @@ class MemoryDomain:
         if self._stagers is not None:
             self._stagers.close(CLOSE_TIMEOUT_S)
         self._notifications.close()
+        self._temps.clear()
         with self._lock:
             regions = list(self._regions.values())
         for region in regions:

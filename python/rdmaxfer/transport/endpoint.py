@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
+from .._config import resolve_timeout
 from ..errors import EndpointClosedError, RdmaxferError
 from ..memory import meta as _meta
 from ..memory.buffer import Buffer
@@ -587,8 +588,8 @@ class Endpoint:
     def _untrack(self, transfer: Transfer[Any]) -> None:
         self._inflight.remove(transfer)
 
-    @staticmethod
-    def _release(temps: list[MemoryRegion]) -> None:
-        for region in temps:
-            with contextlib.suppress(RdmaxferError):
-                region.deregister()
+    def _release(
+        self, temps: list[MemoryRegion], timeout_s: float | None = None, *, failed: bool = True
+    ) -> None:
+        """Hand back an operation's temporary registrations (kept cached after a success)."""
+        self._engine._release_temps(temps, resolve_timeout(timeout_s), failed=failed)

@@ -44,8 +44,8 @@ HeaderStep = Callable[["Transfer[Any]", _core.Request], _core.Request]
 class TransferOwner(Protocol):
     """What a Transfer needs from the endpoint it was posted on (an
     :class:`~rdmaxfer.transport.endpoint.Endpoint`, which sits above this module): the peer's
-    address, the ``_core.Endpoint``, the engine's notifications, aborting, and forgetting a
-    transfer once it is terminal."""
+    address, the ``_core.Endpoint``, the engine's notifications, aborting, handing back the
+    temporary registrations and forgetting a transfer once it is terminal."""
 
     @property
     def peer(self) -> str: ...
@@ -59,6 +59,10 @@ class TransferOwner(Protocol):
     def _abort_core(self, reason: str, *, timed_out: bool) -> None: ...
 
     def _untrack(self, transfer: Transfer[Any]) -> None: ...
+
+    def _release(
+        self, temps: list[MemoryRegion], timeout_s: float | None = ..., *, failed: bool = ...
+    ) -> None: ...
 
 
 class Transfer(Generic[T]):
@@ -348,9 +352,7 @@ class Transfer(Generic[T]):
             self._error = error
             temps, self._temps = self._temps, []
             self._on_header = None
-        for region in temps:
-            with contextlib.suppress(RdmaxferError):
-                region.deregister(_CLEANUP_TIMEOUT_S)
+        self._endpoint._release(temps, _CLEANUP_TIMEOUT_S, failed=error is not None)
         self._keep = []
         self._endpoint._untrack(self)
 
