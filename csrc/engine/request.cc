@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/log.h"
 #include "engine/notifier.h"
 
 namespace rdmaxfer {
@@ -96,9 +97,22 @@ void Request::finish_locked(State state, std::unique_lock<std::mutex>& lock) {
   state_ = state;
   terminal_.store(true, std::memory_order_release);
   std::shared_ptr<Notifier> notifier = notifier_;
+  const ErrorKind error_kind = error_kind_;
   lock.unlock();
   cv_.notify_all();
   if (notifier) notifier->push(id_);
+  if (state == State::kDone) {
+    if (stats_ && op_ != OpKind::kRecvHeader) stats_->add_op(stats_kind_, bytes_);
+    return;
+  }
+  if (stats_ && error_kind != ErrorKind::kClosed) stats_->add_error(stats_kind_);
+  // A failure that ends with the connection (lost peer, timeout, close) is logged once by the
+  // connection with its cause; one that leaves the connection open is worth a warning here.
+  const bool with_connection = error_kind == ErrorKind::kConnection ||
+                               error_kind == ErrorKind::kTimeout ||
+                               error_kind == ErrorKind::kClosed;
+  const log::Level level = with_connection ? log::Level::kDebug : log::Level::kWarning;
+  if (log::enabled(level)) log::write(level, error_message());
 }
 
 namespace {

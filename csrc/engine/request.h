@@ -18,6 +18,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "core/stats.h"
 
 namespace rdmaxfer {
 
@@ -85,6 +86,13 @@ class Request {
   // Set by the transport right after construction, before the request is shared. Held weakly:
   // a request that outlives its transport just stops driving it.
   void set_progress(std::weak_ptr<Progress> progress) { progress_ = std::move(progress); }
+  // Set by the transport right after construction: the request counts into `stats` as an
+  // operation of `kind` (core/stats.h) once done, or as an error of `kind` once failed (a
+  // failure of the caller's own making, kClosed, is not counted). A failure is also logged.
+  void set_stats(std::shared_ptr<Stats> stats, const char* kind) {
+    stats_ = std::move(stats);
+    stats_kind_ = kind;
+  }
   // Throws the stored Error when failed; no-op otherwise.
   void rethrow() const;
   MessageInfo message() const;
@@ -113,6 +121,8 @@ class Request {
   MessageInfo message_;
   std::shared_ptr<Notifier> notifier_;
   std::weak_ptr<Progress> progress_;
+  std::shared_ptr<Stats> stats_;
+  const char* stats_kind_ = nullptr;
 };
 
 using RequestPtr = std::shared_ptr<Request>;

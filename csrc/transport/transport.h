@@ -10,16 +10,23 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/log.h"
+#include "core/stats.h"
 #include "engine/descriptor.h"
 #include "engine/region.h"
 #include "engine/request.h"
 
 namespace rdmaxfer {
+
+// How loudly a connection that ends with `kind` is logged: a local close at DEBUG, a lost peer
+// or a timeout at WARNING, anything else (transport or protocol error) at ERROR.
+log::Level connection_end_level(ErrorKind kind);
 
 struct Capabilities {
   TransportKind kind = TransportKind::kTcp;
@@ -37,6 +44,9 @@ struct TransferOptions {
 
 class Connection {
  public:
+  // `engine_stats`: the engine's counters, which also receive every count of this connection.
+  explicit Connection(std::shared_ptr<Stats> engine_stats = nullptr)
+      : stats_(std::make_shared<Stats>(std::move(engine_stats))) {}
   virtual ~Connection() = default;
 
   // One-sided: copy `length` bytes between local[local_offset:] and the peer's region named by
@@ -75,6 +85,16 @@ class Connection {
   // What was negotiated, by name (verbs: path_mtu in bytes, max_rd_atomic,
   // max_dest_rd_atomic, ...); empty where nothing is.
   virtual std::vector<std::pair<std::string, uint64_t>> attributes() const { return {}; }
+  // This connection's counters (core/stats.h).
+  const Stats& stats() const { return *stats_; }
+  // Counts the refused attempts that the connect which made this connection retried.
+  void count_retries(int retries) {
+    for (int i = 0; i < retries; ++i) stats_->add_retry();
+  }
+
+ protected:
+  // Shared with the requests and streams that count into it (they may outlive the connection).
+  const std::shared_ptr<Stats> stats_;
 };
 
 struct ConnectOptions {
@@ -122,9 +142,23 @@ class Transport {
   virtual void shutdown() = 0;
 
   uint64_t engine_id() const { return engine_id_; }
+  // The engine's counters: every connection's, plus set-ups that failed (core/stats.h).
+  const std::shared_ptr<Stats>& stats() const { return stats_; }
   uint64_t next_request_id() { return next_request_id_.fetch_add(1); }
 
  protected:
+  // Runs a connect to `peer` through `attempt` (which counts refused, retried tries in
+  // *retries): counts the retries, logs and counts ("errors.connect") a failure before
+  // rethrowing it, and logs the new endpoint at DEBUG.
+  std::shared_ptr<Connection> counted_connect(
+      const std::string& peer,
+      const std::function<std::shared_ptr<Connection>(int* retries)>& attempt);
+  // Logs an accepted endpoint at DEBUG.
+  void log_accepted(const Connection& conn) const;
+  // Logs (WARNING) and counts ("errors.accept") an incoming connection from `peer` whose
+  // set-up failed.
+  void accept_failed(const std::string& peer, const std::string& cause) const;
+
   // Builds the transport's region object (a verbs MR, or plain bookkeeping on TCP).
   virtual std::shared_ptr<MemoryRegion> make_region(uint8_t* addr, uint64_t length,
                                                     uint32_t access,
@@ -137,6 +171,7 @@ class Transport {
 
  private:
   const uint64_t engine_id_;
+  const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
   std::atomic<uint64_t> next_request_id_{1};
 };
 

@@ -161,8 +161,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
     std::unique_ptr<VerbsMr> temp_mr;  // REMOTE_WRITE over the destination, when needed
   };
 
-  // A request of this connection; waiting on it drives the CQ (caller-driven progress).
-  RequestPtr new_request(OpKind op, uint64_t bytes);
+  // A request of this connection, counted in its stats as `kind`; waiting on it drives the CQ
+  // (caller-driven progress).
+  RequestPtr new_request(OpKind op, uint64_t bytes, const char* kind);
   void check_open_locked() const;
   void check_remote(const Descriptor& remote, uint64_t remote_offset, uint64_t length,
                     const char* what) const;
@@ -186,8 +187,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void release_credit();
   void finish_parts(const std::vector<RequestPtr>& parts);
   // Closes the connection once (QPs to ERR, bootstrap socket closed); fails `culprit` with its
-  // own error first and every other pending request with `why`.
-  void teardown(const Error& why, const RequestPtr& culprit, const Error& culprit_error);
+  // own error first and every other pending request with `why`; logs the cause at `level`.
+  void teardown(const Error& why, const RequestPtr& culprit, const Error& culprit_error,
+                log::Level level);
   void fail_from_completion(const ibv_wc& wc, const RequestPtr& request, const std::string& op);
   // After teardown: releases what the flushed WRs used once drained(); true when drained.
   bool release_if_drained();

@@ -40,7 +40,7 @@ RequestPtr RdmaConnection::post_send(const std::shared_ptr<MemoryRegion>& local,
                 "SEND: metadata of " + bytes_text(meta.size()) + " exceeds the " +
                     bytes_text(room) + " an rdma control message can carry");
   }
-  auto req = new_request(OpKind::kSend, length);
+  auto req = new_request(OpKind::kSend, length, "send");
   const bool eager = length <= settings_.eager_limit && meta.size() + length <= room;
   bool now = false;
   {
@@ -54,7 +54,11 @@ RequestPtr RdmaConnection::post_send(const std::shared_ptr<MemoryRegion>& local,
       waiting_.push_back(req->id());  // announced when an earlier message's send ends
     }
   }
-  if (now) announce(req->id());
+  if (now) {
+    announce(req->id());
+  } else {
+    stats_->add_credit_stall();  // waits for the peer to answer an earlier message
+  }
   return req;
 }
 
@@ -100,7 +104,7 @@ void RdmaConnection::release_credit() {
 }
 
 RequestPtr RdmaConnection::post_recv_header() {
-  auto req = new_request(OpKind::kRecvHeader, 0);
+  auto req = new_request(OpKind::kRecvHeader, 0, "recv");
   std::unique_lock<std::mutex> lock(mu_);
   check_open_locked();
   std::optional<MessageInfo> info = inbox_.next_or_wait(req);
@@ -117,7 +121,7 @@ bool RdmaConnection::cancel_recv_header(const RequestPtr& request) {
 RequestPtr RdmaConnection::post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
                                      uint64_t offset, uint64_t length) {
   check_local_range(local, offset, length, "RECV", LocalUse::kDestination);
-  auto req = new_request(OpKind::kRecv, length);
+  auto req = new_request(OpKind::kRecv, length, "recv");
   auto validate = [&]() -> AnnouncedMessage& {
     check_open_locked();
     auto it = inbox_.announced().find(msg_id);
@@ -151,6 +155,7 @@ RequestPtr RdmaConnection::post_recv(uint64_t msg_id, const std::shared_ptr<Memo
     }
     if (length > 0) std::memcpy(dst, data.data(), length);
     send_ctrl(cts, "", nullptr, 0);
+    stats_->add_lane(0, length);  // the EAGER came on QP 0 (send_ctrl)
     req->complete();
     return req;
   }
@@ -225,6 +230,7 @@ void RdmaConnection::on_recv(int lane, const ibv_wc& wc) {
     }
     done.temp_mr.reset();
     done.hold = RegionUse();
+    stats_->add_lane(lane, done.request->bytes());  // every chunk came on this QP
     done.request->complete();
     return;
   }
@@ -275,6 +281,7 @@ void RdmaConnection::on_ctrl(const CtrlHeader& h, std::string meta, std::string 
                            "the receiver " + peer() + " rejected the message: " + meta);
         release_credit();
       } else if (send.eager) {
+        stats_->add_lane(0, send.length);  // inside the EAGER control SEND on QP 0
         send.request->complete();
         release_credit();
       } else {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "engine/chunking.h"
 
 namespace rdmaxfer {
@@ -15,13 +16,13 @@ std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
 }  // namespace
 
 TcpConnection::TcpConnection(Transport& transport, const TcpConfig& config, std::string peer)
-    : transport_(transport), config_(config), peer_(std::move(peer)) {}
+    : Connection(transport.stats()), transport_(transport), config_(config), peer_(std::move(peer)) {}
 
 void TcpConnection::start(std::vector<UniqueFd> fds, const std::vector<IoLoop*>& loops) {
   for (size_t i = 0; i < fds.size(); ++i) {
     IoLoop* loop = loops[i % loops.size()];
     streams_.push_back(std::make_shared<TcpStream>(std::move(fds[i]), static_cast<int>(i), loop,
-                                                   weak_from_this()));
+                                                   weak_from_this(), stats_));
   }
   for (auto& s : streams_) s->loop()->add(s);
 }
@@ -54,13 +55,25 @@ void TcpConnection::send_on(TcpStream& stream, OutFrame frame) {
   }
 }
 
+void TcpConnection::send_ctrl(OutFrame frame) {
+  const uint64_t bytes = frame.total();
+  send_on(*streams_[0], std::move(frame));
+  stats_->add_op("ctrl", bytes);
+}
+
+RequestPtr TcpConnection::new_request(OpKind op, uint64_t bytes, const char* kind) {
+  auto req = std::make_shared<Request>(transport_.next_request_id(), op, bytes);
+  req->set_stats(stats_, kind);
+  return req;
+}
+
 RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
                                      uint64_t local_offset, const Descriptor& remote,
                                      uint64_t remote_offset, uint64_t length,
                                      const TransferOptions& options) {
   check_local_range(local, local_offset, length, "WRITE");
   check_remote_range(remote, remote_offset, length, "WRITE");
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kWrite, length);
+  auto req = new_request(OpKind::kWrite, length, "write");
   const ChunkPlan plan = plan_chunks(length, streams(), options);
   req->set_parts(plan.count);
   {
@@ -99,7 +112,7 @@ RequestPtr TcpConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
                                     const TransferOptions& options) {
   check_local_range(local, local_offset, length, "READ", LocalUse::kDestination);
   check_remote_range(remote, remote_offset, length, "READ");
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRead, length);
+  auto req = new_request(OpKind::kRead, length, "read");
   const ChunkPlan plan = plan_chunks(length, streams(), options);
   req->set_parts(plan.count);
   {
@@ -134,7 +147,7 @@ RequestPtr TcpConnection::post_send(const std::shared_ptr<MemoryRegion>& local, 
     throw Error(ErrorKind::kInvalidArgument, "SEND: metadata of " + bytes_text(meta.size()) +
                                                  " exceeds " + bytes_text(FrameHeader::kMaxMeta));
   }
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kSend, length);
+  auto req = new_request(OpKind::kSend, length, "send");
   const bool eager = length <= config_.eager_limit;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -152,12 +165,12 @@ RequestPtr TcpConnection::post_send(const std::shared_ptr<MemoryRegion>& local, 
     f.data_len = length;
     f.hold = RegionUse(local);
   }
-  send_on(*streams_[0], std::move(f));
+  send_ctrl(std::move(f));
   return req;
 }
 
 RequestPtr TcpConnection::post_recv_header() {
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRecvHeader, 0);
+  auto req = new_request(OpKind::kRecvHeader, 0, "recv");
   std::unique_lock<std::mutex> lock(mu_);
   check_open_locked();
   std::optional<MessageInfo> info = inbox_.next_or_wait(req);
@@ -174,7 +187,7 @@ bool TcpConnection::cancel_recv_header(const RequestPtr& request) {
 RequestPtr TcpConnection::post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
                                     uint64_t offset, uint64_t length) {
   check_local_range(local, offset, length, "RECV", LocalUse::kDestination);
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRecv, length);
+  auto req = new_request(OpKind::kRecv, length, "recv");
   std::unique_lock<std::mutex> lock(mu_);
   check_open_locked();
   auto& announced = inbox_.announced();
@@ -198,8 +211,11 @@ RequestPtr TcpConnection::post_recv(uint64_t msg_id, const std::shared_ptr<Memor
   FrameHeader h;
   h.type = FrameType::kMsgCts;
   h.req_id = msg_id;
-  send_on(*streams_[0], make_frame(h));
-  if (ann.eager) req->complete();
+  send_ctrl(make_frame(h));
+  if (ann.eager) {
+    stats_->add_lane(0, length);
+    req->complete();
+  }
   return req;
 }
 
@@ -215,7 +231,7 @@ void TcpConnection::reject(uint64_t msg_id, const std::string& reason) {
   FrameHeader h;
   h.type = FrameType::kMsgReject;
   h.req_id = msg_id;
-  send_on(*streams_[0], make_frame(h, reason.substr(0, kMaxReason)));
+  send_ctrl(make_frame(h, reason.substr(0, kMaxReason)));
 }
 
 void TcpConnection::send_data_chunks(PendingSend send) {
@@ -354,6 +370,7 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
                       " (check the descriptor, remote_offset and length)");
         return;
       }
+      stats_->add_lane(stream.index(), h.size);
       req->part_done();
       if (req->done()) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -415,6 +432,7 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
         send.request->fail(ErrorKind::kProtocol,
                            "the receiver " + peer_ + " rejected the message: " + meta);
       } else if (send.length <= config_.eager_limit) {
+        stats_->add_lane(0, send.length);
         send.request->complete();
       } else {
         send_data_chunks(std::move(send));
@@ -434,11 +452,13 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
         }
       }
       sink.hold = RegionUse();
+      stats_->add_lane(stream.index(), h.payload_len);
       if (done) done->complete();
       return;
     }
     case FrameType::kGoodbye:
-      abort(ErrorKind::kConnection, "peer " + peer_ + " closed the endpoint");
+      shut(ErrorKind::kConnection, "peer " + peer_ + " closed the endpoint", false,
+           log::Level::kInfo);
       return;
   }
 }
@@ -446,14 +466,15 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
 void TcpConnection::close() {
   // GOODBYE goes out after the connection is marked closed, so that the peer's reaction to it
   // (its EOF) cannot overtake our own, local reason for failing what is pending.
-  shut(ErrorKind::kClosed, "closed locally", true);
+  shut(ErrorKind::kClosed, "closed locally", true, log::Level::kDebug);
 }
 
 void TcpConnection::abort(ErrorKind kind, const std::string& reason) {
-  shut(kind, reason, false);
+  shut(kind, reason, false, connection_end_level(kind));
 }
 
-void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye) {
+void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye,
+                         log::Level level) {
   std::vector<RequestPtr> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -473,10 +494,16 @@ void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye
   if (goodbye) {
     FrameHeader h;
     h.type = FrameType::kGoodbye;
-    send_on(*streams_[0], make_frame(h));
+    send_ctrl(make_frame(h));
   }
   for (auto& s : streams_) {
     for (auto& r : s->kill()) failed.push_back(std::move(r));
+  }
+  if (level >= log::Level::kWarning) stats_->add_error("connection");
+  if (log::enabled(level)) {
+    log::write(level, "tcp endpoint to " + peer_ + " closed (" + error_kind_name(kind) +
+                          "): " + reason + "; " + std::to_string(failed.size()) +
+                          " pending operation(s) failed");
   }
   for (auto& r : failed) r->fail(kind, reason);
 }

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/log.h"
 #include "engine/message_inbox.h"
 #include "transport/tcp/tcp_stream.h"
 #include "transport/transport.h"
@@ -89,8 +90,12 @@ class TcpConnection : public Connection, public std::enable_shared_from_this<Tcp
   AccessStatus acquire_request_range(const FrameHeader& h, uint32_t access,
                                      RegionUse* use) const;
   // Closes the connection once: fails every pending request with (kind, reason), optionally
-  // sends GOODBYE, and kills the streams.
-  void shut(ErrorKind kind, const std::string& reason, bool goodbye);
+  // sends GOODBYE, kills the streams, and logs the cause at `level`.
+  void shut(ErrorKind kind, const std::string& reason, bool goodbye, log::Level level);
+  // A request of this connection, counted in its stats as `kind`.
+  RequestPtr new_request(OpKind op, uint64_t bytes, const char* kind);
+  // A control frame (RTS, EAGER, CTS, REJECT, GOODBYE) on stream 0, counted as "ctrl".
+  void send_ctrl(OutFrame frame);
   void check_open_locked() const;
   TcpStream& least_loaded(int among) const;
   void send_on(TcpStream& stream, OutFrame frame);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/unique_fd.h"
+#include "core/stats.h"
 #include "engine/region.h"
 #include "engine/request.h"
 #include "transport/tcp/io_loop.h"
@@ -62,7 +63,10 @@ struct RecvSink {
 
 class TcpStream : public IoHandler, public std::enable_shared_from_this<TcpStream> {
  public:
-  TcpStream(UniqueFd fd, int index, IoLoop* loop, std::weak_ptr<TcpConnection> conn);
+  // `stats`: the connection's counters; the stream counts the message data it sends (lane =
+  // its index) and every time the socket refuses more bytes (a credit stall).
+  TcpStream(UniqueFd fd, int index, IoLoop* loop, std::weak_ptr<TcpConnection> conn,
+            std::shared_ptr<Stats> stats);
   int fd() const override { return fd_.get(); }
   int index() const { return index_; }
   IoLoop* loop() const { return loop_; }
@@ -94,11 +98,13 @@ class TcpStream : public IoHandler, public std::enable_shared_from_this<TcpStrea
   const int index_;
   IoLoop* const loop_;
   std::weak_ptr<TcpConnection> conn_;
+  const std::shared_ptr<Stats> stats_;
   std::atomic<bool> dead_{false};
 
   std::mutex send_mu_;
   std::deque<OutFrame> queue_;
   bool want_write_ = false;
+  bool blocked_ = false;  // the socket refused bytes (EAGAIN) and the queue has not emptied
   std::atomic<uint64_t> queued_{0};
 
   enum class Phase { kHeader, kMeta, kData };
