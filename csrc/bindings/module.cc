@@ -305,12 +305,13 @@ PYBIND11_MODULE(_core, m) {
             return c.cancel_recv_header(request);
           },
           py::arg("request"))
-      .def(
-          "close",
-          [](Connection& c) {
-            if (!rdmaxfer::inherited(&c)) c.close();  // inherited: the parent's, left alone
-          },
-          py::call_guard<py::gil_scoped_release>())
+      .def("close",
+           [](Connection& c) {
+             if (rdmaxfer::inherited(&c)) return;  // inherited: the parent's, left alone
+             rdmaxfer::refresh_log_level();
+             py::gil_scoped_release release;
+             c.close();
+           })
       .def(
           "abort",
           [](Connection& c, const std::string& reason, bool timed_out) {

@@ -16,7 +16,10 @@ std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
 }  // namespace
 
 TcpConnection::TcpConnection(Transport& transport, const TcpConfig& config, std::string peer)
-    : Connection(transport.stats()), transport_(transport), config_(config), peer_(std::move(peer)) {}
+    : Connection(transport.stats()),
+      transport_(transport),
+      config_(config),
+      peer_(std::move(peer)) {}
 
 void TcpConnection::start(std::vector<UniqueFd> fds, const std::vector<IoLoop*>& loops) {
   for (size_t i = 0; i < fds.size(); ++i) {
