@@ -16,12 +16,18 @@
 #include <utility>
 #include <vector>
 
+#include "common/log.h"
 #include "core/descriptor.h"
 #include "core/region.h"
 #include "core/request.h"
+#include "core/stats.h"
 #include "transport/channel.h"
 
 namespace rdmaxfer {
+
+// How loudly a connection that ends with `kind` is logged: a local close at DEBUG, a lost peer
+// or a timeout at WARNING, anything else (transport or protocol error) at ERROR.
+log::Level connection_end_level(ErrorKind kind);
 
 struct Capabilities {
   TransportKind kind = TransportKind::kTcp;
@@ -80,11 +86,25 @@ class Transport {
   virtual void shutdown() = 0;
 
   uint64_t engine_id() const { return engine_id_; }
+  // The engine's counters: every connection's, plus set-ups that failed (core/stats.h).
+  const std::shared_ptr<Stats>& stats() const { return stats_; }
   uint64_t next_request_id() { return next_request_id_.fetch_add(1); }
   // Set once by the engine, before any connection (protocol/connection.h).
   void set_protocol(ProtocolFactory factory) { protocol_ = std::move(factory); }
 
  protected:
+  // Runs a connect to `peer` through `attempt` (which counts refused, retried tries in
+  // *retries): counts the retries, logs and counts ("errors.connect") a failure before
+  // rethrowing it, and logs the new endpoint at DEBUG.
+  std::shared_ptr<Channel> counted_connect(
+      const std::string& peer,
+      const std::function<std::shared_ptr<Channel>(int* retries)>& attempt);
+  // Logs an accepted endpoint at DEBUG.
+  void log_accepted(const Channel& channel) const;
+  // Logs (WARNING) and counts ("errors.accept") an incoming connection from `peer` whose
+  // set-up failed.
+  void accept_failed(const std::string& peer, const std::string& cause) const;
+
   // Builds the transport's region object (a verbs MR, or plain bookkeeping on TCP).
   virtual std::shared_ptr<MemoryRegion> make_region(uint8_t* addr, uint64_t length,
                                                     uint32_t access,
@@ -100,6 +120,7 @@ class Transport {
  private:
   ProtocolFactory protocol_;
   const uint64_t engine_id_;
+  const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
   std::atomic<uint64_t> next_request_id_{1};
 };
 
