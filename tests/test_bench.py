@@ -106,3 +106,23 @@ def test_cli_reference_and_plot(tmp_path: Path) -> None:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "#bytes" in out.stdout and "BW ratio" in out.stdout and "iperf3" in out.stdout
+
+
+def test_stats_count_each_size_and_print_after_the_table() -> None:
+    rows = bench.run_bench(op="send", sizes=[100, 70000], iters=3, warmup=2, stats=True)
+    for r in rows:
+        assert r.stats is not None
+        assert (r.stats["send.ops"], r.stats["send.bytes"]) == (5, 5 * r.bytes)
+        assert r.stats["errors.send"] == 0
+        assert r.as_dict()["stats"] == r.stats
+    assert "stats" not in bench.run_bench(sizes=[64], iters=1)[0].as_dict()
+    out = subprocess.run(
+        [sys.executable, "-m", "rdmaxfer", "bench", "--size", "4K", "--iters", "2", "--stats"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    table = out.split("# counters of this side's endpoint per size", 1)[1].splitlines()
+    assert table[1].split() == ["#counter", "4096"]
+    assert ["write.bytes", str(4 * 4096)] in [line.split() for line in table]

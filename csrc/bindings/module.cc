@@ -8,6 +8,7 @@
 
 #include "bindings/cuda_bindings.h"
 #include "bindings/errors.h"
+#include "bindings/log_bridge.h"
 #include "common/error.h"
 #include "common/fork_guard.h"
 #include "common/interrupt.h"
@@ -94,6 +95,23 @@ std::shared_ptr<T> kept_in_child(std::shared_ptr<T> obj) {
   return obj;
 }
 
+// Counters (core/stats.h) as a dict of str -> int.
+py::dict stats_dict(const rdmaxfer::Stats& stats) {
+  py::dict d;
+  for (const auto& [name, value] : stats.snapshot()) d[py::str(name)] = value;
+  return d;
+}
+
+// Destroys an Engine without the GIL: its shutdown joins I/O threads that may be waiting for the
+// GIL to log (bindings/log_bridge.h).
+struct ReleaseGilDelete {
+  void operator()(Engine* engine) const {
+    py::gil_scoped_release release;
+    delete engine;
+  }
+};
+using EnginePtr = std::unique_ptr<Engine, ReleaseGilDelete>;
+
 Descriptor unpack_descriptor(const py::bytes& data) {
   std::string_view view = data;
   return Descriptor::unpack(reinterpret_cast<const uint8_t*>(view.data()), view.size());
@@ -104,6 +122,7 @@ Descriptor unpack_descriptor(const py::bytes& data) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "rdmaxfer C++ core (see python/rdmaxfer/_core.pyi)";
   rdmaxfer::register_error_translator(m);
+  rdmaxfer::install_log_bridge(m);
 
   m.attr("ACCESS_LOCAL") = static_cast<uint32_t>(rdmaxfer::kAccessLocal);
   m.attr("ACCESS_REMOTE_READ") = static_cast<uint32_t>(rdmaxfer::kAccessRemoteRead);
@@ -205,6 +224,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("closed", &Connection::is_closed)
       .def_property_readonly("error", &Connection::error)
       .def("describe", &Connection::describe)
+      .def("stats", [](const Connection& c) { return stats_dict(c.stats()); })
       .def("attributes",
            [](const Connection& c) {
              py::dict d;
@@ -286,12 +306,13 @@ PYBIND11_MODULE(_core, m) {
             return c.cancel_recv_header(request);
           },
           py::arg("request"))
-      .def(
-          "close",
-          [](Connection& c) {
-            if (!rdmaxfer::inherited(&c)) c.close();  // inherited: the parent's, left alone
-          },
-          py::call_guard<py::gil_scoped_release>())
+      .def("close",
+           [](Connection& c) {
+             if (rdmaxfer::inherited(&c)) return;  // inherited: the parent's, left alone
+             rdmaxfer::refresh_log_level();
+             py::gil_scoped_release release;
+             c.close();
+           })
       .def(
           "abort",
           [](Connection& c, const std::string& reason, bool timed_out) {
@@ -335,7 +356,7 @@ PYBIND11_MODULE(_core, m) {
           py::arg("remote_offset"), py::arg("length"), py::arg("iters"), py::arg("warmup"),
           py::arg("inflight"), py::arg("timeout") = 60.0);
 
-  py::class_<Engine>(m, "Engine")
+  py::class_<Engine, EnginePtr>(m, "Engine")
       .def(py::init([](const std::string& transport, int io_threads, int socket_buffer,
                        int default_streams, const std::string& rdma_device, int gid_index,
                        const std::string& poll_mode, const std::string& secret) {
@@ -364,8 +385,9 @@ PYBIND11_MODULE(_core, m) {
              config.tcp.secret = secret;
              config.rdma.secret = secret;
              config.rdma.default_qps = default_streams;
+             rdmaxfer::refresh_log_level();
              py::gil_scoped_release release;
-             return std::make_unique<Engine>(transport, config);
+             return EnginePtr(new Engine(transport, config));
            }),
            py::arg("transport") = "tcp", py::arg("io_threads") = 0, py::arg("socket_buffer") = 0,
            py::arg("default_streams") = 0, py::arg("rdma_device") = "",
@@ -385,6 +407,7 @@ PYBIND11_MODULE(_core, m) {
              return d;
            })
       .def("describe", [](Engine& e) { return e.transport().describe(); })
+      .def("stats", [](const Engine& e) { return stats_dict(e.stats()); })
       .def(
           "listen",
           [](Engine& e, const std::string& host, int port) {
@@ -400,6 +423,7 @@ PYBIND11_MODULE(_core, m) {
           [](Engine& e, double timeout) {
             checked_timeout(timeout, "accept");
             auto& t = e.transport();
+            rdmaxfer::refresh_log_level();
             rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
             py::gil_scoped_release release;
             return kept_in_child(std::make_shared<Connection>(t.accept(timeout)));
@@ -416,6 +440,7 @@ PYBIND11_MODULE(_core, m) {
             }
             if (streams < 0) throw Error(ErrorKind::kInvalidArgument, "streams must be >= 0");
             auto& t = e.transport();
+            rdmaxfer::refresh_log_level();
             rdmaxfer::ConnectOptions o;
             o.streams = streams;
             o.timeout_s = timeout;

@@ -164,6 +164,11 @@ MessageInfo Request::message() const {
   return message_;
 }
 
+ErrorKind Request::error_kind() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_kind_;
+}
+
 std::string Request::error_message() const {
   std::lock_guard<std::mutex> lock(mu_);
   return error_;

@@ -104,6 +104,8 @@ class Request {
   void rethrow() const;
   MessageInfo message() const;
   std::string error_message() const;
+  // The kind of the stored error (meaningful once failed).
+  ErrorKind error_kind() const;
 
   void watch(const std::shared_ptr<Notifier>& notifier);
   // Called once, on the thread that makes the request terminal, right after (the protocol

@@ -19,6 +19,7 @@ Engine::Engine(const std::string& transport, const TransportConfig& config)
     : transport_name_(transport),
       engine_id_(random_engine_id()),
       transport_(make_transport(transport, engine_id_, config)),
+      stats_(transport_->stats()),
       notifier_(std::make_shared<Notifier>()),
       fork_generation_(fork_generation()) {
   transport_->set_protocol(make_message_protocol);

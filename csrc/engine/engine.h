@@ -27,6 +27,9 @@ class Engine {
   const std::string& transport_name() const { return transport_name_; }
   uint64_t engine_id() const { return engine_id_; }
   const std::shared_ptr<Notifier>& notifier() const { return notifier_; }
+  // The counters of every connection the engine made, and of failed set-ups; readable after
+  // close().
+  const Stats& stats() const { return *stats_; }
   void close();
   bool closed() const { return closed_.load(); }
 
@@ -34,6 +37,7 @@ class Engine {
   std::string transport_name_;
   uint64_t engine_id_;
   std::unique_ptr<Transport> transport_;
+  std::shared_ptr<Stats> stats_;
   std::shared_ptr<Notifier> notifier_;
   std::atomic<bool> closed_{false};
   uint64_t fork_generation_;  // an engine from before a fork() is inert in the child

@@ -62,6 +62,8 @@ class Connection {
   // The channel's negotiated values, then the protocol's (credit window and queues).
   std::vector<std::pair<std::string, uint64_t>> attributes() const;
   Channel& channel() { return *channel_; }
+  // This endpoint's counters (core/stats.h), kept by its channel.
+  const Stats& stats() const { return *channel_->stats(); }
 
  private:
   std::shared_ptr<Channel> channel_;

@@ -24,9 +24,17 @@ void MessageProtocol::check_open_locked(const Channel& channel) const {
   throw Error(ErrorKind::kClosed, "endpoint to " + channel.peer() + " is closed");
 }
 
-void MessageProtocol::finished(const Request& /*request*/) {}
+void MessageProtocol::finished(const Request& request) {
+  // A header wait counts only when it fails (its message counts once received).
+  if (request.op() == OpKind::kRecvHeader && request.state() == Request::State::kDone) return;
+  if (auto ch = channel_.lock()) {
+    count_terminal(*ch->stats(), request, request.op() == OpKind::kSend ? "send" : "recv");
+  }
+}
 
-void MessageProtocol::credit_stall(uint64_t /*msg_id*/) {}
+void MessageProtocol::credit_stall(uint64_t /*msg_id*/) {
+  if (auto ch = channel_.lock()) ch->stats()->add_credit_stall();
+}
 
 void MessageProtocol::protocol_error(const std::string& what) {
   throw Error(ErrorKind::kProtocol, what);
@@ -168,6 +176,7 @@ RequestPtr MessageProtocol::post_recv(uint64_t msg_id, const std::shared_ptr<Mem
   if (eager) {
     if (length > 0) std::memcpy(dst, data.data(), length);
     ch->send_ctrl(cts, CtrlPayload());
+    ch->stats()->add_lane(0, length);  // the EAGER came inside a control message, on lane 0
     req->complete();
     finished(*req);
     return req;
@@ -247,6 +256,7 @@ void MessageProtocol::on_answer(const CtrlMessage& message) {
     send.request->fail(ErrorKind::kProtocol, "the receiver " + (ch ? ch->peer() : "") +
                                                  " rejected the message: " + message.meta);
   } else if (send.eager) {
+    if (ch) ch->stats()->add_lane(0, send.length);  // inside the EAGER, on lane 0
     send.request->complete();
   } else {
     if (message.size != send.length) {
@@ -283,12 +293,13 @@ void MessageProtocol::on_notify(uint32_t value) {
 }
 
 void MessageProtocol::on_closed(const Error& why) {
-  std::vector<RequestPtr> failed_requests;
+  std::vector<RequestPtr> failed_sends;     // counted by their on_terminal
+  std::vector<RequestPtr> failed_requests;  // receives and header waits: counted here
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
     closed_ = true;
-    for (auto& [id, s] : sends_) failed_requests.push_back(s.request);
+    for (auto& [id, s] : sends_) failed_sends.push_back(s.request);
     for (auto& [id, r] : recvs_) failed_requests.push_back(r.request);
     for (auto& r : inbox_.clear()) failed_requests.push_back(r);
     sends_.clear();
@@ -297,7 +308,11 @@ void MessageProtocol::on_closed(const Error& why) {
     recv_by_value_.clear();
   }
   // The channel releases the grants itself (verbs: once the flushes are drained).
-  for (auto& r : failed_requests) r->fail(why);
+  for (auto& r : failed_sends) r->fail(why);
+  for (auto& r : failed_requests) {
+    r->fail(why);
+    finished(*r);
+  }
 }
 
 std::vector<std::pair<std::string, uint64_t>> MessageProtocol::attributes() const {

@@ -140,7 +140,8 @@ void answer_challenge(int fd, const std::string& secret, const uint8_t* hello,
 std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
                                         TransportKind transport, int n_streams,
                                         uint64_t engine_id, uint64_t conn_id,
-                                        const SocketOptions& options, const Deadline& deadline) {
+                                        const SocketOptions& options, const Deadline& deadline,
+                                        int* retries) {
   if (n_streams < 1 || n_streams > Hello::kMaxStreams) {
     throw Error(ErrorKind::kInvalidArgument,
                 "streams=" + std::to_string(n_streams) + " is outside 1.." +
@@ -149,7 +150,7 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
   check_secret_usable(options);
   std::vector<UniqueFd> fds;
   for (int i = 0; i < n_streams; ++i) {
-    UniqueFd fd = connect_tcp(host, port, deadline, options.retry_refused);
+    UniqueFd fd = connect_tcp(host, port, deadline, options.retry_refused, retries);
     tune_socket(fd.get(), options);
     Hello hello;
     hello.transport = transport;
@@ -191,12 +192,14 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
 }
 
 Acceptor::Acceptor(const std::string& host, uint16_t port, TransportKind transport,
-                   uint64_t engine_id, SocketOptions options)
+                   uint64_t engine_id, SocketOptions options,
+                   std::function<void(const std::string&, const std::string&)> on_refused)
     : listen_fd_(listen_tcp(host, port, 128)),
       port_(local_port(listen_fd_.get())),
       transport_(transport),
       engine_id_(engine_id),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      on_refused_(std::move(on_refused)) {
   check_secret_usable(options_);
   thread_ = std::thread([this] { run(); });
 }
@@ -228,10 +231,12 @@ void Acceptor::run() {
     for (;;) {
       int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) break;
+      const std::string peer = peer_name(fd);
       try {
         handshake(UniqueFd(fd));
-      } catch (const Error&) {
+      } catch (const Error& e) {
         // A peer that sends garbage or stalls loses its own connection, nothing else.
+        on_refused_(peer, e.what());
       }
     }
   }
@@ -273,13 +278,19 @@ void Acceptor::handshake(UniqueFd fd) {
     ack.status = ok ? HelloStatus::kOk : HelloStatus::kAuthFailed;
     ack.pack(ack_buf);
     send_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: verdict");
-    if (!ok) return;
+    if (!ok) {
+      on_refused_(peer_name(fd.get()), hello_status_text(ack.status));
+      return;
+    }
     const Digest mine = server_proof(options_.secret, client_nonce, server_nonce);
     send_exact(fd.get(), mine.data(), mine.size(), deadline, "handshake: our proof");
   } else {
     ack.pack(ack_buf);
     send_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: replying");
-    if (ack.status != HelloStatus::kOk) return;
+    if (ack.status != HelloStatus::kOk) {
+      on_refused_(peer_name(fd.get()), hello_status_text(ack.status));
+      return;
+    }
   }
   tune_socket(fd.get(), options_);
 

@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -70,17 +71,22 @@ struct AcceptedGroup {
   std::string peer;
 };
 
-// Opens `n_streams` TCP streams to host:port and performs the handshake on each.
+// Opens `n_streams` TCP streams to host:port and performs the handshake on each; counts
+// refused, retried connection attempts in *retries (connect_tcp).
 std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
                                         TransportKind transport, int n_streams,
                                         uint64_t engine_id, uint64_t conn_id,
-                                        const SocketOptions& options, const Deadline& deadline);
+                                        const SocketOptions& options, const Deadline& deadline,
+                                        int* retries);
 
 // Listens and runs the handshake on its own thread; accept() hands out complete groups.
 class Acceptor {
  public:
+  // `on_refused(peer, cause)`: called on the acceptor's thread for a peer whose handshake
+  // failed (the transport logs and counts it).
   Acceptor(const std::string& host, uint16_t port, TransportKind transport, uint64_t engine_id,
-           SocketOptions options);
+           SocketOptions options,
+           std::function<void(const std::string&, const std::string&)> on_refused);
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;
   ~Acceptor();
@@ -98,6 +104,7 @@ class Acceptor {
   TransportKind transport_;
   uint64_t engine_id_;
   SocketOptions options_;
+  std::function<void(const std::string&, const std::string&)> on_refused_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;

@@ -19,6 +19,7 @@
 #include "core/descriptor.h"
 #include "core/region.h"
 #include "core/request.h"
+#include "core/stats.h"
 #include "transport/ctrl_message.h"
 
 namespace rdmaxfer {
@@ -50,6 +51,9 @@ class ChannelEvents {
 
 class Channel {
  public:
+  // `engine_stats`: the engine's counters, which also receive every count of this channel.
+  explicit Channel(std::shared_ptr<Stats> engine_stats = nullptr)
+      : stats_(std::make_shared<Stats>(std::move(engine_stats))) {}
   virtual ~Channel() = default;
 
   // One-sided: copy `length` bytes between local[local_offset:] and the peer's region named by
@@ -100,6 +104,24 @@ class Channel {
   // Set once by the transport before the channel starts (transport.h: ProtocolFactory).
   void attach(std::shared_ptr<ChannelEvents> events) { events_ = std::move(events); }
   const std::shared_ptr<ChannelEvents>& events() const { return events_; }
+
+  // This channel's counters (core/stats.h): its one-sided operations and lane bytes, and the
+  // protocol's messages (protocol/message_protocol.h counts there).
+  const std::shared_ptr<Stats>& stats() const { return stats_; }
+  // Counts the refused attempts that the connect which made this channel retried.
+  void count_retries(int retries) {
+    for (int i = 0; i < retries; ++i) stats_->add_retry();
+  }
+
+ protected:
+  // Counts `request` (a one-sided operation of `kind`: "write", "read") once it is terminal.
+  void count_when_terminal(const RequestPtr& request, const char* kind) {
+    request->set_on_terminal(
+        [stats = stats_, kind](const Request& done) { count_terminal(*stats, done, kind); });
+  }
+
+  // Shared with the streams that count into it (they may outlive the channel).
+  const std::shared_ptr<Stats> stats_;
 
  private:
   std::shared_ptr<ChannelEvents> events_;

@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/interrupt.h"
+#include "common/log.h"
 
 namespace rdmaxfer {
 
@@ -143,7 +144,7 @@ std::string host_port(const std::string& host, unsigned port) {
 }
 
 UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline,
-                     bool retry_refused) {
+                     bool retry_refused, int* retries) {
   AddrInfoPtr ai = resolve(host, port, false);
   const auto started = Deadline::Clock::now();
   std::string last_error = "no address";
@@ -157,6 +158,11 @@ UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& dea
     // Refused: the peer may not listen yet (started a moment later). Retry with backoff until
     // the deadline, as torch.distributed's TCPStore does.
     if (!refused || !retry_refused || deadline.expired()) break;
+    if (retries != nullptr) ++*retries;
+    if (log::enabled(log::Level::kDebug)) {
+      log::write(log::Level::kDebug, "connect to " + host_port(host, port) + ": " + last_error +
+                                         "; retrying in " + seconds_text(backoff_s) + " s");
+    }
     sleep_interruptible(backoff_s, deadline);
     backoff_s = std::min(backoff_s * 2, kMaxRetryS);
   }

@@ -32,9 +32,10 @@ std::string peer_name(int fd);
 std::string host_port(const std::string& host, unsigned port);
 
 // Connects with a deadline (non-blocking connect + poll); throws kConnection / kTimeout. A
-// refused connection is retried with backoff until the deadline when `retry_refused`.
+// refused connection is retried with backoff until the deadline when `retry_refused`; each
+// retry is logged (DEBUG) and counted in *retries when given.
 UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline,
-                     bool retry_refused);
+                     bool retry_refused, int* retries = nullptr);
 
 void tune_socket(int fd, const SocketOptions& options);
 void set_nonblocking(int fd, bool on);

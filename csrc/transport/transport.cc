@@ -4,6 +4,56 @@
 
 namespace rdmaxfer {
 
+log::Level connection_end_level(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kClosed: return log::Level::kDebug;
+    case ErrorKind::kConnection:
+    case ErrorKind::kTimeout: return log::Level::kWarning;
+    default: return log::Level::kError;
+  }
+}
+
+std::shared_ptr<Channel> Transport::counted_connect(
+    const std::string& peer,
+    const std::function<std::shared_ptr<Channel>(int* retries)>& attempt) {
+  int retries = 0;
+  std::shared_ptr<Channel> conn;
+  try {
+    conn = attempt(&retries);
+  } catch (const Error& e) {
+    for (int i = 0; i < retries; ++i) stats_->add_retry();
+    stats_->add_error("connect");
+    const log::Level level = e.kind() == ErrorKind::kInvalidArgument ? log::Level::kDebug
+                                                                      : log::Level::kWarning;
+    if (log::enabled(level)) {
+      log::write(level, "connect to " + peer + " failed (" + error_kind_name(e.kind()) +
+                            "): " + e.what());
+    }
+    throw;
+  }
+  conn->count_retries(retries);
+  if (log::enabled(log::Level::kDebug)) {
+    log::write(log::Level::kDebug, std::string("endpoint connected over ") +
+                                       transport_kind_name(capabilities().kind) + ": " +
+                                       conn->describe() + ", after " +
+                                       std::to_string(retries) + " retried attempt(s)");
+  }
+  return conn;
+}
+
+void Transport::log_accepted(const Channel& conn) const {
+  if (log::enabled(log::Level::kDebug)) {
+    log::write(log::Level::kDebug, std::string("endpoint accepted over ") +
+                                       transport_kind_name(capabilities().kind) + ": " +
+                                       conn.describe());
+  }
+}
+
+void Transport::accept_failed(const std::string& peer, const std::string& cause) const {
+  stats_->add_error("accept");
+  log::write(log::Level::kWarning, "incoming connection from " + peer + " refused: " + cause);
+}
+
 std::shared_ptr<MemoryRegion> Transport::make_device_region(uint8_t*, uint64_t, uint32_t, int,
                                                             uint64_t) {
   throw Error(ErrorKind::kUnsupported,

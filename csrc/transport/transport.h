@@ -16,13 +16,19 @@
 #include <utility>
 #include <vector>
 
+#include "common/log.h"
 #include "core/descriptor.h"
 #include "core/region.h"
 #include "core/request.h"
+#include "core/stats.h"
 #include "transport/channel.h"
 #include "transport/memory_domain.h"
 
 namespace rdmaxfer {
+
+// How loudly a connection that ends with `kind` is logged: a local close at DEBUG, a lost peer
+// or a timeout at WARNING, anything else (transport or protocol error) at ERROR.
+log::Level connection_end_level(ErrorKind kind);
 
 struct Capabilities {
   TransportKind kind = TransportKind::kTcp;
@@ -65,6 +71,8 @@ class Transport : public RegistrationBackend {
   virtual void shutdown() = 0;
 
   uint64_t engine_id() const { return engine_id_; }
+  // The engine's counters: every connection's, plus set-ups that failed (core/stats.h).
+  const std::shared_ptr<Stats>& stats() const { return stats_; }
   uint64_t next_request_id() { return next_request_id_.fetch_add(1); }
   // Set once by the engine, before any connection (protocol/connection.h).
   void set_protocol(ProtocolFactory factory) { protocol_ = std::move(factory); }
@@ -75,6 +83,18 @@ class Transport : public RegistrationBackend {
   std::shared_ptr<MemoryRegion> make_device_region(uint8_t* addr, uint64_t length,
                                                    uint32_t access, int dmabuf_fd,
                                                    uint64_t dmabuf_offset) override;
+  // Runs a connect to `peer` through `attempt` (which counts refused, retried tries in
+  // *retries): counts the retries, logs and counts ("errors.connect") a failure before
+  // rethrowing it, and logs the new endpoint at DEBUG.
+  std::shared_ptr<Channel> counted_connect(
+      const std::string& peer,
+      const std::function<std::shared_ptr<Channel>(int* retries)>& attempt);
+  // Logs an accepted endpoint at DEBUG.
+  void log_accepted(const Channel& channel) const;
+  // Logs (WARNING) and counts ("errors.accept") an incoming connection from `peer` whose
+  // set-up failed.
+  void accept_failed(const std::string& peer, const std::string& cause) const;
+
   // Gives a new channel its protocol; throws when the engine set none.
   void attach_protocol(const std::shared_ptr<Channel>& channel) const;
 
@@ -82,6 +102,7 @@ class Transport : public RegistrationBackend {
   MemoryDomain domain_;
   ProtocolFactory protocol_;
   const uint64_t engine_id_;
+  const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
   std::atomic<uint64_t> next_request_id_{1};
 };
 

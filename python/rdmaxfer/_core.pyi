@@ -22,6 +22,11 @@ def parse_record(kind: str, data: bytes) -> str:
     """Parse ``data`` as the wire record ``kind`` (for fuzzing and tests); a summary of what
     was accepted, or ProtocolError."""
 
+def refresh_log_level() -> None:
+    """Re-read the "rdmaxfer" logger's effective level into the core, which forwards its
+    messages (connection set-up, teardown, failures) to that logger; also done at every
+    Engine(), connect() and accept()."""
+
 def memlock_limit() -> str:
     """The RLIMIT_MEMLOCK soft limit as ``ulimit -l`` prints it ("unlimited" or "N KiB")."""
 
@@ -104,6 +109,8 @@ class Endpoint:
         """One line: the peer, the streams/QPs and what was negotiated with the peer."""
     def attributes(self) -> dict[str, int]:
         """Negotiated numbers by name (verbs: path_mtu, max_rd_atomic, max_dest_rd_atomic...)."""
+    def stats(self) -> dict[str, int]:
+        """This connection's counters by name (keys in rdmaxfer/transport/stats.py)."""
     def post_write(
         self,
         local: Region,
@@ -193,6 +200,8 @@ class Engine:
     def notify_fd(self) -> int: ...
     def capabilities(self) -> dict[str, int | bool | str]: ...
     def describe(self) -> str: ...
+    def stats(self) -> dict[str, int]:
+        """Counters of every connection made, open or closed, and of failed set-ups."""
     def listen(self, host: str, port: int) -> int: ...
     def accept(self, timeout: float) -> Endpoint: ...
     def connect(

@@ -8,7 +8,10 @@
 namespace rdmaxfer {
 
 LoopbackChannel::LoopbackChannel(LoopbackTransport& transport, int lanes, std::string peer)
-    : transport_(transport), lanes_(lanes), peer_name_(std::move(peer)) {}
+    : Channel(transport.stats()),
+      transport_(transport),
+      lanes_(lanes),
+      peer_name_(std::move(peer)) {}
 
 RequestPtr LoopbackChannel::new_request(OpKind op, uint64_t bytes) {
   return std::make_shared<Request>(transport_.next_request_id(), op, bytes);
@@ -57,6 +60,7 @@ RequestPtr LoopbackChannel::one_sided(OpKind op, const std::shared_ptr<MemoryReg
   check_remote_range(remote, remote_offset, length, what);
   check_open();
   RequestPtr req = new_request(op, length);
+  count_when_terminal(req, write ? "write" : "read");
   std::shared_ptr<LoopbackChannel> peer = peer_.lock();
   bool open = false;
   AccessStatus status = AccessStatus::kOk;
@@ -86,6 +90,7 @@ RequestPtr LoopbackChannel::one_sided(OpKind op, const std::shared_ptr<MemoryReg
   if (length > 0) {
     std::memmove(write ? remote_bytes : local_bytes, write ? local_bytes : remote_bytes, length);
   }
+  stats_->add_lane(0, length);
   req->complete();
   return req;
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "transport/chunking.h"
 
 namespace rdmaxfer {
@@ -32,7 +33,11 @@ ErrorKind kind_of(ibv_wc_status status) {
 
 RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& settings,
                                RdmaShared shared, uint32_t tag, int n_qps)
-    : transport_(transport), settings_(settings), shared_(std::move(shared)), tag_(tag) {
+    : Channel(transport.stats()),
+      transport_(transport),
+      settings_(settings),
+      shared_(std::move(shared)),
+      tag_(tag) {
   lanes_.resize(static_cast<size_t>(n_qps));
   posted_recvs_ = std::make_unique<std::atomic<int>[]>(static_cast<size_t>(n_qps));
   for (int i = 0; i < n_qps; ++i) {
@@ -247,6 +252,7 @@ RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<Memor
                     op == OpKind::kRead ? LocalUse::kDestination : LocalUse::kSource);
   check_remote(remote, remote_offset, length, what);
   auto req = new_request(op, length);
+  count_when_terminal(req, op == OpKind::kRead ? "read" : "write");
   post_chunks(op, req, local, local_offset, remote.addr + remote_offset, remote.key, length,
               false, 0, options);
   return req;
@@ -352,7 +358,8 @@ void RdmaConnection::fail_from_completion(const ibv_wc& wc, const RequestPtr& re
                  kind == ErrorKind::kRemoteAccess
                      ? text + "; check the descriptor, remote_offset and length"
                      : text,
-                 0, status));
+                 0, status),
+           connection_end_level(kind));
 }
 
 void RdmaConnection::on_completion(const ibv_wc& wc) {
@@ -391,6 +398,8 @@ void RdmaConnection::on_completion(const ibv_wc& wc) {
     abort(ErrorKind::kTransport, std::string("connection to ") + peer() + " aborted: " + e.what());
     return;
   }
+  if (!r.parts_done.empty()) stats_->add_lane(lane, r.part_bytes);
+  if (r.ctrl_bytes > 0) stats_->add_op("ctrl", r.ctrl_bytes);
   finish_parts(r.parts_done);
 }
 
@@ -407,7 +416,8 @@ void RdmaConnection::on_socket_ready() {
   errno = err;
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
   if (n > 0 && std::memchr(buf, kGoodbyeByte, static_cast<size_t>(n)) != nullptr) {
-    abort(ErrorKind::kConnection, "peer " + peer() + " closed the endpoint");
+    const Error bye(ErrorKind::kConnection, "peer " + peer() + " closed the endpoint");
+    teardown(bye, nullptr, bye, log::Level::kInfo);
   } else if (n == 0) {
     abort(ErrorKind::kConnection,
           "peer " + peer() + " went away (its bootstrap connection closed: the process exited "
@@ -480,11 +490,11 @@ void RdmaConnection::close() {
 }
 
 void RdmaConnection::abort(ErrorKind kind, const std::string& reason) {
-  teardown(Error(kind, reason), nullptr, Error(kind, reason));
+  teardown(Error(kind, reason), nullptr, Error(kind, reason), connection_end_level(kind));
 }
 
 void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
-                              const Error& culprit_error) {
+                              const Error& culprit_error, log::Level level) {
   const ErrorKind kind = why.kind();
   const std::string reason = why.what();
   std::vector<RequestPtr> failed;
@@ -527,6 +537,12 @@ void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
       ::shutdown(socket_.get(), SHUT_WR);
       socket_.reset();
     }
+  }
+  if (level >= log::Level::kWarning) stats_->add_error("connection");
+  if (log::enabled(level)) {
+    log::write(level, "rdma endpoint to " + peer() + " closed (" + error_kind_name(kind) +
+                          "): " + reason + "; " + std::to_string(failed.size()) +
+                          " pending operation(s) failed");
   }
   if (culprit) culprit->fail(culprit_error);  // first: its own error wins
   for (auto& r : failed) r->fail(why);

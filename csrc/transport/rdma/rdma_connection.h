@@ -139,6 +139,8 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
   struct GrantHold {
     RegionUse hold;
     std::unique_ptr<VerbsMr> temp_mr;  // REMOTE_WRITE over the destination, when needed
+    uint32_t value = 0;                // the IMM the peer's last WRITE carries
+    uint64_t length = 0;               // bytes the peer writes (counted on landing)
   };
 
   // A request of this connection; waiting on it drives the CQ (caller-driven progress).
@@ -163,7 +165,9 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
   void finish_parts(const std::vector<RequestPtr>& parts);
   // Closes the connection once (QPs to ERR, bootstrap socket closed); fails `culprit` with its
   // own error first and every other pending request with `why`.
-  void teardown(const Error& why, const RequestPtr& culprit, const Error& culprit_error);
+  // Logs the cause at `level`.
+  void teardown(const Error& why, const RequestPtr& culprit, const Error& culprit_error,
+                log::Level level);
   void fail_from_completion(const ibv_wc& wc, const RequestPtr& request, const std::string& op);
   // After teardown: releases what the flushed WRs used once drained(); true when drained.
   bool release_if_drained();

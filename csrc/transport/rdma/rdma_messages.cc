@@ -42,7 +42,7 @@ void RdmaConnection::send_ctrl(const CtrlMessage& m, CtrlPayload payload) {
 }
 
 Grant RdmaConnection::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                            uint64_t length, uint32_t /*value: the IMM names the message*/,
+                            uint64_t length, uint32_t value,
                             const RequestPtr& /*progress: the CQ drives it*/) {
   uint8_t* dst = local->addr() + offset;
   // The peer writes straight into dst, which needs REMOTE_WRITE.
@@ -56,7 +56,7 @@ Grant RdmaConnection::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t
   std::lock_guard<std::mutex> lock(mu_);
   check_open_locked();
   const uint64_t id = next_grant_++;
-  grants_[id] = GrantHold{RegionUse(local), std::move(temp)};
+  grants_[id] = GrantHold{RegionUse(local), std::move(temp), value, length};
   return Grant{id, reinterpret_cast<uint64_t>(dst), rkey};
 }
 
@@ -89,7 +89,16 @@ void RdmaConnection::on_recv(int lane, const ibv_wc& wc) {
   }
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     post_recv_slot(lane, slot);
-    events()->on_notify(ntohl(wc.imm_data));
+    const uint32_t value = ntohl(wc.imm_data);
+    uint64_t landed = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [id, g] : grants_) {
+        if (g.value == value) landed = g.length;
+      }
+    }
+    stats_->add_lane(lane, landed);  // every chunk of a notified WRITE comes on one QP
+    events()->on_notify(value);
     return;
   }
   if (wc.opcode != IBV_WC_RECV) {

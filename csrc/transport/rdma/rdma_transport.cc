@@ -122,8 +122,9 @@ uint16_t RdmaTransport::listen(const std::string& host, uint16_t port) {
                 "listen: this engine already listens on port " + std::to_string(acceptor_->port()) +
                     "; use one engine per listening port");
   }
-  acceptor_ = std::make_unique<Acceptor>(host, port, TransportKind::kRdma, engine_id(),
-                                         bootstrap_options());
+  acceptor_ = std::make_unique<Acceptor>(
+      host, port, TransportKind::kRdma, engine_id(), bootstrap_options(),
+      [this](const std::string& peer, const std::string& cause) { accept_failed(peer, cause); });
   listener_ = std::thread([this] { listener_loop(); });
   return acceptor_->port();
 }
@@ -219,13 +220,16 @@ void RdmaTransport::listener_loop() {
     } catch (const Error&) {
       continue;  // timeout: look at stop_listener_ again
     }
+    const std::string peer = group.peer;
     try {
       auto conn = accept_one(std::move(group));
+      log_accepted(*conn);
       std::lock_guard<std::mutex> lock(mu_);
       accepted_.push_back(std::move(conn));
       accepted_cv_.notify_all();
-    } catch (const Error&) {
+    } catch (const Error& e) {
       // A peer whose handshake fails loses its own connection (its connect() reports why).
+      accept_failed(peer, std::string("rdma handshake: ") + e.what());
     }
   }
 }
@@ -258,12 +262,15 @@ std::shared_ptr<Channel> RdmaTransport::connect(const std::string& host, uint16_
   Deadline deadline(options.timeout_s);
   SocketOptions sockets = bootstrap_options();
   sockets.retry_refused = options.retry_refused;
-  std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kRdma, 1, engine_id(),
-                                                rng(), sockets, deadline);
-  auto conn = prepare(n);
-  handshake(*conn, fds[0].get(), nullptr, deadline);
-  conn->start(std::move(fds[0]), host_port(host, port));
-  return conn;
+  const std::string peer = host_port(host, port);
+  return counted_connect(peer, [&](int* retries) {
+    std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kRdma, 1,
+                                                  engine_id(), rng(), sockets, deadline, retries);
+    auto conn = prepare(n);
+    handshake(*conn, fds[0].get(), nullptr, deadline);
+    conn->start(std::move(fds[0]), peer);
+    return std::static_pointer_cast<Channel>(conn);
+  });
 }
 
 std::shared_ptr<RdmaConnection> RdmaTransport::find(uint32_t tag) {

@@ -135,9 +135,15 @@ Retired SendQueue::retire(const ibv_wc& wc) {
   // Everything up to `seq` has completed (in order on an RC send queue).
   while (!in_flight_.empty() && static_cast<int32_t>(seq - in_flight_.front().seq) >= 0) {
     InFlight& f = in_flight_.front();
-    if (f.slot >= 0) free_slots_.push_back(f.slot);
+    if (f.slot >= 0) {
+      free_slots_.push_back(f.slot);
+      out.ctrl_bytes = f.length;
+    }
     queued_bytes_ -= std::min<uint64_t>(queued_bytes_, f.length);
-    if (f.counts_part) out.parts_done.push_back(std::move(f.request));
+    if (f.counts_part) {
+      out.part_bytes += f.length;
+      out.parts_done.push_back(std::move(f.request));
+    }
     in_flight_.pop_front();
   }
   if (!dead_) pump_locked();

@@ -49,6 +49,10 @@ struct Retired {
   std::vector<RequestPtr> parts_done;  // one entry per finished part
   RequestPtr failed;                   // the request of the failed WR, if any
   std::string failed_op;               // "RDMA WRITE", "RDMA READ", "SEND", ...
+  uint64_t part_bytes = 0;             // payload of the finished parts' WRs
+  // Size of the control SEND this completion retired (0: none). Control SENDs are always
+  // signaled, so one completion retires at most one.
+  uint64_t ctrl_bytes = 0;
 };
 
 class SendQueue {

@@ -1,6 +1,7 @@
 #include "transport/tcp/tcp_connection.h"
 
 #include "common/error.h"
+#include "common/log.h"
 #include "transport/chunking.h"
 
 namespace rdmaxfer {
@@ -12,13 +13,13 @@ std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
 }  // namespace
 
 TcpConnection::TcpConnection(Transport& transport, const TcpConfig& config, std::string peer)
-    : transport_(transport), config_(config), peer_(std::move(peer)) {}
+    : Channel(transport.stats()), transport_(transport), config_(config), peer_(std::move(peer)) {}
 
 void TcpConnection::start(std::vector<UniqueFd> fds, const std::vector<IoLoop*>& loops) {
   for (size_t i = 0; i < fds.size(); ++i) {
     IoLoop* loop = loops[i % loops.size()];
     streams_.push_back(std::make_shared<TcpStream>(std::move(fds[i]), static_cast<int>(i), loop,
-                                                   weak_from_this()));
+                                                   weak_from_this(), stats_));
   }
   for (auto& s : streams_) s->loop()->add(s);
 }
@@ -58,6 +59,7 @@ RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
   check_local_range(local, local_offset, length, "WRITE");
   check_remote_range(remote, remote_offset, length, "WRITE");
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kWrite, length);
+  count_when_terminal(req, "write");
   const ChunkPlan plan = plan_chunks(length, streams(), options);
   req->set_parts(plan.count);
   const int first = least_loaded(plan.streams).index();
@@ -99,6 +101,7 @@ RequestPtr TcpConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
   check_local_range(local, local_offset, length, "READ", LocalUse::kDestination);
   check_remote_range(remote, remote_offset, length, "READ");
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRead, length);
+  count_when_terminal(req, "read");
   const ChunkPlan plan = plan_chunks(length, streams(), options);
   req->set_parts(plan.count);
   const int first = least_loaded(plan.streams).index();
@@ -165,6 +168,7 @@ void TcpConnection::send_ctrl(const CtrlMessage& m, CtrlPayload payload) {
     f.data_len = payload.length;
     f.hold = std::move(payload.hold);
   }
+  stats_->add_op("ctrl", f.total());
   send_on(*streams_[0], std::move(f));
 }
 
@@ -329,6 +333,7 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
                       " (check the descriptor, remote_offset and length)");
         return;
       }
+      stats_->add_lane(stream.index(), h.size);  // a chunk of ours, placed
       req->part_done();
       if (req->done()) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -385,6 +390,7 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
         auto it = grants_.find(h.key);
         if (it == grants_.end()) return;
         it->second.received += h.payload_len;
+        stats_->add_lane(stream.index(), h.payload_len);
         landed = it->second.received == it->second.length;
       }
       sink.hold = RegionUse();
@@ -392,7 +398,8 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
       return;
     }
     case FrameType::kGoodbye:
-      abort(ErrorKind::kConnection, "peer " + peer_ + " closed the endpoint");
+      shut(ErrorKind::kConnection, "peer " + peer_ + " closed the endpoint", false,
+           log::Level::kInfo);
       return;
   }
 }
@@ -400,14 +407,15 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
 void TcpConnection::close() {
   // GOODBYE goes out after the connection is marked closed, so that the peer's reaction to it
   // (its EOF) cannot overtake our own, local reason for failing what is pending.
-  shut(ErrorKind::kClosed, "closed locally", true);
+  shut(ErrorKind::kClosed, "closed locally", true, log::Level::kDebug);
 }
 
 void TcpConnection::abort(ErrorKind kind, const std::string& reason) {
-  shut(kind, reason, false);
+  shut(kind, reason, false, connection_end_level(kind));
 }
 
-void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye) {
+void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye,
+                         log::Level level) {
   std::vector<RequestPtr> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -423,10 +431,18 @@ void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye
   if (goodbye) {
     FrameHeader h;
     h.type = FrameType::kGoodbye;
-    send_on(*streams_[0], make_frame(h));
+    OutFrame bye = make_frame(h);
+    stats_->add_op("ctrl", bye.total());
+    send_on(*streams_[0], std::move(bye));
   }
   for (auto& s : streams_) {
     for (auto& r : s->kill()) failed.push_back(std::move(r));
+  }
+  if (level >= log::Level::kWarning) stats_->add_error("connection");
+  if (log::enabled(level)) {
+    log::write(level, "tcp endpoint to " + peer_ + " closed (" + error_kind_name(kind) +
+                          "): " + reason + "; " + std::to_string(failed.size()) +
+                          " pending operation(s) failed");
   }
   for (auto& r : failed) r->fail(kind, reason);
   if (events()) events()->on_closed(Error(kind, reason));

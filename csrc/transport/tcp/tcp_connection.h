@@ -88,8 +88,8 @@ class TcpConnection : public Channel, public std::enable_shared_from_this<TcpCon
   AccessStatus acquire_request_range(const FrameHeader& h, uint32_t access,
                                      RegionUse* use) const;
   // Closes the connection once: fails every pending request with (kind, reason), optionally
-  // sends GOODBYE, and kills the streams.
-  void shut(ErrorKind kind, const std::string& reason, bool goodbye);
+  // sends GOODBYE, and kills the streams; logs the cause at `level`.
+  void shut(ErrorKind kind, const std::string& reason, bool goodbye, log::Level level);
   void check_open_locked() const;
   TcpStream& least_loaded(int among) const;
   void send_on(TcpStream& stream, OutFrame frame);

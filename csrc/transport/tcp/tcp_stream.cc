@@ -35,8 +35,10 @@ OutFrame make_frame(const FrameHeader& header, std::string meta) {
   return f;
 }
 
-TcpStream::TcpStream(UniqueFd fd, int index, IoLoop* loop, std::weak_ptr<TcpConnection> conn)
-    : fd_(std::move(fd)), index_(index), loop_(loop), conn_(std::move(conn)) {}
+TcpStream::TcpStream(UniqueFd fd, int index, IoLoop* loop, std::weak_ptr<TcpConnection> conn,
+                     std::shared_ptr<Stats> stats)
+    : fd_(std::move(fd)), index_(index), loop_(loop), conn_(std::move(conn)),
+      stats_(std::move(stats)) {}
 
 bool TcpStream::enqueue(OutFrame frame) {
   std::vector<RequestPtr> completed;
@@ -86,7 +88,11 @@ void TcpStream::flush_locked(std::vector<RequestPtr>* completed) {
     ssize_t n = sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (!blocked_) stats_->add_credit_stall();  // back-pressure: the peer reads slower
+        blocked_ = true;
+        return;
+      }
       int e = errno;
       // Fail outside the send lock: the connection takes its own locks.
       loop_->post([self = shared_from_this(), e] { self->fail("send", e); });
@@ -109,9 +115,13 @@ void TcpStream::flush_locked(std::vector<RequestPtr>* completed) {
         break;
       }
       left -= rest;
-      if (f.on_sent) completed->push_back(std::move(f.on_sent));
+      if (f.on_sent) {
+        stats_->add_lane(index_, f.data_len);  // a message's data chunk, now in the socket
+        completed->push_back(std::move(f.on_sent));
+      }
       queue_.pop_front();
     }
+    if (queue_.empty()) blocked_ = false;
     // Zero-length frames never appear: every frame has a header.
   }
 }

@@ -25,6 +25,7 @@
 #include "common/unique_fd.h"
 #include "core/region.h"
 #include "core/request.h"
+#include "core/stats.h"
 #include "transport/tcp/io_loop.h"
 #include "transport/tcp/wire.h"
 
@@ -65,7 +66,10 @@ struct RecvSink {
 
 class TcpStream : public IoHandler, public Progress, public std::enable_shared_from_this<TcpStream> {
  public:
-  TcpStream(UniqueFd fd, int index, IoLoop* loop, std::weak_ptr<TcpConnection> conn);
+  // `stats`: the connection's counters; the stream counts the data it sends (lane = its
+  // index) and every time the socket refuses more bytes (a credit stall).
+  TcpStream(UniqueFd fd, int index, IoLoop* loop, std::weak_ptr<TcpConnection> conn,
+            std::shared_ptr<Stats> stats);
   int fd() const override { return fd_.get(); }
   int index() const { return index_; }
   IoLoop* loop() const { return loop_; }
@@ -110,11 +114,13 @@ class TcpStream : public IoHandler, public Progress, public std::enable_shared_f
   const int index_;
   IoLoop* const loop_;
   std::weak_ptr<TcpConnection> conn_;
+  const std::shared_ptr<Stats> stats_;
   std::atomic<bool> dead_{false};
 
   std::mutex send_mu_;
   std::deque<OutFrame> queue_;
   bool want_write_ = false;
+  bool blocked_ = false;  // the socket refused bytes (EAGAIN) and the queue has not emptied
   std::atomic<uint64_t> queued_{0};
   int watching_ = 1;                   // what the loop watches: 1 read, 2 write (send_mu_)
   int borrowers_ = 0;                  // threads in drive() (send_mu_)

@@ -61,8 +61,9 @@ uint16_t TcpTransport::listen(const std::string& host, uint16_t port) {
                 "listen: this engine already listens on port " + std::to_string(acceptor_->port()) +
                     "; use one engine per listening port");
   }
-  acceptor_ = std::make_unique<Acceptor>(host, port, TransportKind::kTcp, engine_id(),
-                                         socket_options());
+  acceptor_ = std::make_unique<Acceptor>(
+      host, port, TransportKind::kTcp, engine_id(), socket_options(),
+      [this](const std::string& peer, const std::string& cause) { accept_failed(peer, cause); });
   return acceptor_->port();
 }
 
@@ -76,7 +77,9 @@ std::shared_ptr<Channel> TcpTransport::accept(double timeout_s) {
     acceptor = acceptor_.get();
   }
   AcceptedGroup group = acceptor->accept(timeout_s);
-  return adopt(std::move(group.fds), group.peer);
+  auto conn = adopt(std::move(group.fds), group.peer);
+  log_accepted(*conn);
+  return conn;
 }
 
 std::shared_ptr<Channel> TcpTransport::connect(const std::string& host, uint16_t port,
@@ -86,9 +89,12 @@ std::shared_ptr<Channel> TcpTransport::connect(const std::string& host, uint16_t
   Deadline deadline(options.timeout_s);
   SocketOptions sockets = socket_options();
   sockets.retry_refused = options.retry_refused;
-  std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kTcp, streams,
-                                                engine_id(), rng(), sockets, deadline);
-  return adopt(std::move(fds), host_port(host, port));
+  const std::string peer = host_port(host, port);
+  return counted_connect(peer, [&](int* retries) {
+    std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kTcp, streams,
+                                                  engine_id(), rng(), sockets, deadline, retries);
+    return adopt(std::move(fds), peer);
+  });
 }
 
 std::shared_ptr<Channel> TcpTransport::adopt(std::vector<UniqueFd> fds,

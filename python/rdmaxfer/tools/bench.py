@@ -52,6 +52,7 @@ __all__ = [
     "BenchResult",
     "RdmaSetup",
     "format_reference_table",
+    "format_stats_table",
     "format_table",
     "parse_size",
     "parse_sizes",
@@ -120,6 +121,7 @@ class BenchResult:
     ref_error: str | None = None
     bw_ratio: float | None = None
     lat_ratio: float | None = None
+    stats: dict[str, int] | None = None  # with stats=True: this side's counters for the size
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a dict; the ``ref_*``/ratio keys only when a reference ran."""
@@ -128,6 +130,8 @@ class BenchResult:
             for key in ("ref_tool", "ref_bw_GB_per_s", "ref_lat_us", "ref_error"):
                 del out[key]
             del out["bw_ratio"], out["lat_ratio"]
+        if self.stats is None:
+            del out["stats"]
         return out
 
     def attach_reference(self, ref: dict[str, Any]) -> None:
@@ -299,6 +303,7 @@ def run_bench(
     qd: int = 1,
     duration: float | None = None,
     rdma: RdmaSetup | None = None,
+    stats: bool = False,
 ) -> list[BenchResult]:
     """Run the benchmark; one :class:`BenchResult` per size.
 
@@ -315,6 +320,8 @@ def run_bench(
         duration: seconds of timed operations per size instead of ``iters``.
         rdma: devices and bind address for ``transport="rdma"`` (default:
             :meth:`RdmaSetup.resolve`).
+        stats: also record, per size, how much each of the connecting side's counters
+            (:mod:`rdmaxfer.transport.stats`, warmup included) grew, in :attr:`BenchResult.stats`.
 
     Raises:
         InvalidArgumentError: unknown op or loop, loop="cpp" with op="send", qd>1 or a
@@ -355,30 +362,30 @@ def run_bench(
             with engine.connect(format_address(setup.bind, port), timeout=30) as ep:
                 runner = _Runner(ep, op, src, descriptor, chunk_size, qd, parent)
                 for size in sizes:
+                    before = ep.stats() if stats else {}
                     if loop == "cpp":
                         remote = _core.Descriptor.unpack(descriptor)
                         times = ep.core.timed_loop(
                             op, src_region.core, 0, remote, 0, size, iters, warmup, 1, 120
                         )
-                        results.append(
-                            _summarise(transport, op, size, ep.streams, times, sum(times), [], 1)
-                        )
-                        continue
-                    if warmup:
-                        runner.batch(size, warmup)
-                    if duration is None:
-                        lat, stamps, elapsed = runner.batch(size, iters)
+                        row = _summarise(transport, op, size, ep.streams, times, sum(times), [], 1)
                     else:
-                        lat, stamps, elapsed = [], [], 0.0
-                        step = max(qd * 2, 8)
-                        while elapsed < duration:
-                            more, more_stamps, more_s = runner.batch(size, step)
-                            lat += more
-                            stamps += more_stamps
-                            elapsed += more_s
-                    results.append(
-                        _summarise(transport, op, size, ep.streams, lat, elapsed, stamps, qd)
-                    )
+                        if warmup:
+                            runner.batch(size, warmup)
+                        if duration is None:
+                            lat, stamps, elapsed = runner.batch(size, iters)
+                        else:
+                            lat, stamps, elapsed = [], [], 0.0
+                            step = max(qd * 2, 8)
+                            while elapsed < duration:
+                                more, more_stamps, more_s = runner.batch(size, step)
+                                lat += more
+                                stamps += more_stamps
+                                elapsed += more_s
+                        row = _summarise(transport, op, size, ep.streams, lat, elapsed, stamps, qd)
+                    if stats:
+                        row.stats = {k: v - before.get(k, 0) for k, v in ep.stats().items()}
+                    results.append(row)
             parent.send(("done",))
     finally:
         peer.join(timeout=30)
@@ -440,6 +447,20 @@ def format_table(results: Sequence[BenchResult]) -> str:
             f"{r.msg_rate_mpps:>14.6f} {r.lat_us_min:>10.1f} {r.lat_us_p50:>14.1f} "
             f"{r.lat_us_avg:>10.1f} {r.lat_us_p99:>10.1f} {r.lat_us_p999:>11.1f}"
         )
+    return "\n".join(lines)
+
+
+def format_stats_table(results: Sequence[BenchResult]) -> str:
+    """The counters recorded with ``stats=True``: one row per counter that moved, one column
+    per size in bytes (counter keys and units in :mod:`rdmaxfer.transport.stats`)."""
+    names: list[str] = []
+    for r in results:
+        names += [k for k, v in (r.stats or {}).items() if v and k not in names]
+    width = max([len("#counter"), *map(len, names)])
+    lines = [f"{'#counter':<{width}}" + "".join(f" {r.bytes:>14}" for r in results)]
+    for name in names:
+        counts = "".join(f" {(r.stats or {}).get(name, 0):>14}" for r in results)
+        lines.append(f"{name:<{width}}{counts}")
     return "\n".join(lines)
 
 

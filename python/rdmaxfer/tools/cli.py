@@ -276,6 +276,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         qd=args.qd,
         duration=args.duration,
         rdma=rdma,
+        stats=args.stats,
     )
     if args.reference:
         from . import bench_reference
@@ -303,6 +304,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.reference:
         print()
         print(bench.format_reference_table(results))
+    if args.stats:
+        print()
+        print("# counters of this side's endpoint per size (see rdmaxfer.transport.stats)")
+        print(bench.format_stats_table(results))
     if args.plot:
         print(f"wrote {args.plot}")
     return 0
@@ -484,6 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--plot", metavar="PNG", help="draw bandwidth and latency vs size")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per size")
+    p.add_argument(
+        "--stats", action="store_true", help="also print the endpoint's counters for each size"
+    )
     common(p)
     p.set_defaults(func=cmd_bench, transport="tcp")
 

@@ -126,6 +126,11 @@ class Endpoint:
             text if text.startswith(self._engine.transport) else f"{self._engine.transport} {text}"
         )
 
+    def stats(self) -> dict[str, int]:
+        """This endpoint's counters: operations, bytes (per kind and per lane), errors, retries
+        and credit stalls; every key and unit is listed in :mod:`rdmaxfer.transport.stats`."""
+        return self._core.stats()
+
     @property
     def inflight(self) -> int:
         """Number of posted transfers not yet observed terminal."""

@@ -140,6 +140,11 @@ class Engine(MemoryDomain):
         """One line naming the transport and its devices/settings."""
         return self._core.describe()
 
+    def stats(self) -> dict[str, int]:
+        """The counters of every endpoint this engine made (open or closed) plus failed
+        set-ups; keys and units in :mod:`rdmaxfer.transport.stats`. Readable after ``close()``."""
+        return self._core.stats()
+
     def registered_count(self) -> int:
         """Number of live registrations in the transport (including temporary ones)."""
         return self._core.registered_count()
