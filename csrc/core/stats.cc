@@ -7,8 +7,8 @@
 namespace rdmaxfer {
 
 namespace {
-constexpr const char* kKindNames[] = {"write",     "read", "send",    "recv",  "write_imm",
-                                      "ctrl",      "connect", "accept", "connection"};
+constexpr const char* kKindNames[] = {"write", "read",    "send",   "recv",
+                                      "ctrl",  "connect", "accept", "connection"};
 
 // Index of `kind` in kKindNames among the first `count`; throws on any other name.
 int kind_index(const std::string& kind, int count) {

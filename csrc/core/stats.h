@@ -6,7 +6,7 @@
 // engine's counters are the sum of its live and closed connections plus what happened before a
 // connection existed (a failed connect, its retries).
 //
-// Operation kinds: "write", "read", "send", "recv", "write_imm", "ctrl" (control messages).
+// Operation kinds: "write", "read", "send", "recv", "ctrl" (control messages).
 // Error kinds: the operation kinds plus "connect", "accept" (a set-up that failed) and
 // "connection" (a connection that ended on an error rather than by a local close).
 // Lanes: 0 .. kMaxLanes - 1 (TCP streams, verbs QPs; a connection has at most 128); a lane
@@ -50,7 +50,7 @@ class Stats {
   std::vector<std::pair<std::string, uint64_t>> snapshot() const;
 
  private:
-  static constexpr int kOpKinds = 6;
+  static constexpr int kOpKinds = 5;
   static constexpr int kErrorKinds = kOpKinds + 3;
   struct Lane {
     std::atomic<uint64_t> bytes{0};

@@ -8,13 +8,13 @@ endpoint it made, open or closed, plus connection set-ups that failed. Keys:
     Completed operations of this side and the payload bytes they moved, for each kind:
     ``write`` and ``read`` (one-sided; the peer's accesses to this side are counted by the
     peer), ``send`` and ``recv`` (two-sided messages; ``send.bytes`` is the array's size, not
-    counting metadata), ``write_imm`` (a WRITE that notifies the peer, verbs), ``ctrl``
+    counting metadata; a rendezvous's notified WRITE counts here), ``ctrl``
     (control messages this side sent: RTS, EAGER (with its payload), CTS, REJECT, and GOODBYE
     on TCP; bytes on the wire).
 ``lane<N>.bytes`` (bytes), ``lane<N>.chunks`` (count)
     Payload bytes, and the parts (chunks, work requests) that carried them, per lane: TCP
     stream or verbs QP ``N``, for lanes 0 .. the highest used. Without failures, the lanes'
-    bytes add up to ``write.bytes + read.bytes + send.bytes + recv.bytes + write_imm.bytes``.
+    bytes add up to ``write.bytes + read.bytes + send.bytes + recv.bytes``.
 ``errors.<kind>`` (count)
     Operations of that kind that failed (an endpoint closed by its own side does not count);
     ``errors.connection``: endpoints that ended on a failure (lost peer, timeout, transport or
