@@ -309,10 +309,14 @@ void MessageProtocol::on_closed(const Error& why) {
   }
   // The channel releases the grants itself (verbs: once the flushes are drained).
   for (auto& r : failed_sends) r->fail(why);
-  for (auto& r : failed_requests) {
-    r->fail(why);
-    finished(*r);
+  // Receives and header waits are counted before they fail: the failure wakes their waiter,
+  // who may read the counters at once. (The teardown log already names the cause.)
+  if (why.kind() != ErrorKind::kClosed && !failed_requests.empty()) {
+    if (auto ch = channel_.lock()) {
+      for (size_t i = 0; i < failed_requests.size(); ++i) ch->stats()->add_error("recv");
+    }
   }
+  for (auto& r : failed_requests) r->fail(why);
 }
 
 std::vector<std::pair<std::string, uint64_t>> MessageProtocol::attributes() const {
