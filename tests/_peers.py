@@ -32,6 +32,12 @@ DTYPES = {
 }
 
 
+def host_transport() -> str:
+    """The transport a peer uses: the test's (RDMAXFER_TRANSPORT, which the ``transport``
+    fixture sets), else "tcp"."""
+    return os.environ.get("RDMAXFER_TRANSPORT") or "tcp"
+
+
 def make_array(seed: int, shape: tuple[int, ...] | int, dtype: Any = np.uint8) -> np.ndarray:
     """Random bytes (never zeros) viewed as ``dtype``; the same (seed, shape, dtype) gives the
     same bytes in every process."""
@@ -129,7 +135,7 @@ class Peer:
 def send_specs(conn: Connection, address: str, specs: list[tuple[int, Any, str]]) -> None:
     """Connect to ``address`` and send make_array(seed, shape, dtype) for each spec, then
     receive as many arrays back and report their digests."""
-    with Engine("tcp") as engine, engine.connect(address, timeout=30) as ep:
+    with Engine(host_transport()) as engine, engine.connect(address, timeout=30) as ep:
         for seed, shape, dtype in specs:
             ep.send(make_array(seed, shape, DTYPES[dtype]), timeout=60)
         back = [ep.recv(timeout=60) for _ in specs]
@@ -141,7 +147,7 @@ def send_forever(conn: Connection, address: str, nbytes: int, seed: int) -> None
     """Connect and send make_array(seed, nbytes) again and again until killed (generated once,
     so the next message follows the previous one at once)."""
     data = make_array(seed, nbytes)
-    with Engine("tcp") as engine, engine.connect(address, timeout=30) as ep:
+    with Engine(host_transport()) as engine, engine.connect(address, timeout=30) as ep:
         conn.send("connected")
         for _ in range(10_000):
             ep.send(data, timeout=60)
@@ -150,7 +156,7 @@ def send_forever(conn: Connection, address: str, nbytes: int, seed: int) -> None
 def expose_region(conn: Connection, address: str, nbytes: int, seed: int, access: str) -> None:
     """Connect, register make_array(seed, nbytes) with ``access``, send its descriptor bytes;
     then answer "digest" requests with the region's digest, until told "stop" (or killed)."""
-    with Engine("tcp") as engine, engine.connect(address, timeout=30):
+    with Engine(host_transport()) as engine, engine.connect(address, timeout=30):
         target = make_array(seed, nbytes)
         region = engine.register(target, access)
         conn.send(region.descriptor().pack())
@@ -183,7 +189,7 @@ def api_send_listening(conn: Connection, specs: list[tuple[int, Any, str]]) -> N
 
 def send_expecting_reject(conn: Connection, address: str, seed: int, shape: Any) -> None:
     """Send one float32 array; report the error the send raised (the receiver rejects it)."""
-    with Engine("tcp") as engine, engine.connect(address, timeout=30) as ep:
+    with Engine(host_transport()) as engine, engine.connect(address, timeout=30) as ep:
         try:
             ep.send(make_array(seed, shape, np.float32), timeout=30)
         except rdmaxfer.RdmaxferError as exc:

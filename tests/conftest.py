@@ -17,16 +17,32 @@ from _common import Pair
 from _peers import Peer
 from rdmaxfer import Engine
 
+#: The host transports every test of the pair/server/client fixtures runs on.
+HOST_TRANSPORTS = ("tcp", "shm")
+
+
+@pytest.fixture(params=HOST_TRANSPORTS)
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each host transport in turn ("shm" skips, with the reason, where it cannot run). It is
+    also RDMAXFER_TRANSPORT for the test, so that the module-level API and peers started in
+    other processes use it too."""
+    name = str(request.param)
+    why = rdmaxfer._core.available_transports().get(name, "unknown transport")
+    if why:
+        pytest.skip(f"transport {name!r} is unavailable here: {why}")
+    monkeypatch.setenv("RDMAXFER_TRANSPORT", name)
+    return name
+
 
 @pytest.fixture
-def server() -> Iterator[Engine]:
-    with Engine("tcp") as engine:
+def server(transport: str) -> Iterator[Engine]:
+    with Engine(transport) as engine:
         yield engine
 
 
 @pytest.fixture
-def client() -> Iterator[Engine]:
-    with Engine("tcp") as engine:
+def client(transport: str) -> Iterator[Engine]:
+    with Engine(transport) as engine:
         yield engine
 
 

@@ -15,6 +15,7 @@ const char* transport_kind_name(TransportKind kind) {
     case TransportKind::kTcp: return "tcp";
     case TransportKind::kRdma: return "rdma";
     case TransportKind::kLoopback: return "loopback";
+    case TransportKind::kShm: return "shm";
   }
   return "unknown";
 }
@@ -62,7 +63,7 @@ Descriptor Descriptor::unpack(const uint8_t* p, size_t size) {
   }
   Descriptor d;
   if (p[6] < static_cast<uint8_t>(TransportKind::kTcp) ||
-      p[6] > static_cast<uint8_t>(TransportKind::kLoopback)) {
+      p[6] > static_cast<uint8_t>(TransportKind::kShm)) {
     bad("unknown transport " + std::to_string(p[6]));
   }
   d.transport = static_cast<TransportKind>(p[6]);

@@ -12,7 +12,7 @@
 
 namespace rdmaxfer {
 
-enum class TransportKind : uint8_t { kTcp = 1, kRdma = 2, kLoopback = 3 };
+enum class TransportKind : uint8_t { kTcp = 1, kRdma = 2, kLoopback = 3, kShm = 4 };
 const char* transport_kind_name(TransportKind kind);
 
 struct Descriptor {

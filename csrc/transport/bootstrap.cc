@@ -58,7 +58,8 @@ Hello Hello::unpack(const uint8_t* in) {
   }
   Hello h;
   if (in[6] != static_cast<uint8_t>(TransportKind::kTcp) &&
-      in[6] != static_cast<uint8_t>(TransportKind::kRdma)) {
+      in[6] != static_cast<uint8_t>(TransportKind::kRdma) &&
+      in[6] != static_cast<uint8_t>(TransportKind::kShm)) {
     bad("unknown transport " + std::to_string(in[6]));
   }
   h.transport = static_cast<TransportKind>(in[6]);
@@ -100,13 +101,13 @@ HelloAck HelloAck::unpack(const uint8_t* in) {
   return ack;
 }
 
-namespace {
-
 void check_secret_usable(const SocketOptions& options) {
   if (options.secret.empty()) return;
   const std::string why = auth_unavailable_reason();
   if (!why.empty()) throw Error(ErrorKind::kUnsupported, "cannot use a shared secret: " + why);
 }
+
+namespace {
 
 // Client half of the challenge-response (transport/auth.h); throws on any mismatch.
 void answer_challenge(int fd, const std::string& secret, const uint8_t* hello,
@@ -137,6 +138,36 @@ void answer_challenge(int fd, const std::string& secret, const uint8_t* hello,
 
 }  // namespace
 
+void client_handshake(int fd, Hello hello, const std::string& secret, const Deadline& deadline,
+                      const std::string& where) {
+  hello.flags = secret.empty() ? 0 : Hello::kFlagHasSecret;
+  uint8_t buf[Hello::kSize];
+  hello.pack(buf);
+  send_exact(fd, buf, sizeof(buf), deadline, ("handshake with " + where + ": sending hello").c_str());
+  uint8_t ack_buf[HelloAck::kSize];
+  recv_exact(fd, ack_buf, sizeof(ack_buf), deadline,
+             ("handshake with " + where + ": waiting for the reply (is it an rdmaxfer peer?)")
+                 .c_str());
+  HelloAck ack = HelloAck::unpack(ack_buf);
+  if (ack.status == HelloStatus::kAuthChallenge) {
+    if (secret.empty()) {
+      throw Error(ErrorKind::kConnection,
+                  "handshake with " + where +
+                      " failed: the peer requires authentication; set the same shared secret "
+                      "on this side (RDMAXFER_SECRET or secret=)");
+    }
+    answer_challenge(fd, secret, buf, deadline, where);
+  } else if (ack.status != HelloStatus::kOk) {
+    throw Error(ErrorKind::kConnection,
+                "handshake with " + where + " failed: " + hello_status_text(ack.status));
+  } else if (!secret.empty()) {
+    throw Error(ErrorKind::kConnection,
+                "handshake with " + where +
+                    " refused: a secret is configured here but the peer did not authenticate "
+                    "(it has no secret); configure the same secret on both sides");
+  }
+}
+
 std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
                                         TransportKind transport, int n_streams,
                                         uint64_t engine_id, uint64_t conn_id,
@@ -156,36 +187,9 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
     hello.transport = transport;
     hello.stream_index = static_cast<uint8_t>(i);
     hello.n_streams = static_cast<uint8_t>(n_streams);
-    hello.flags = options.secret.empty() ? 0 : Hello::kFlagHasSecret;
     hello.engine_id = engine_id;
     hello.conn_id = conn_id;
-    uint8_t buf[Hello::kSize];
-    hello.pack(buf);
-    const std::string where = host_port(host, port);
-    send_exact(fd.get(), buf, sizeof(buf), deadline,
-               ("handshake with " + where + ": sending hello").c_str());
-    uint8_t ack_buf[HelloAck::kSize];
-    recv_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline,
-               ("handshake with " + where + ": waiting for the reply (is it an rdmaxfer peer?)")
-                   .c_str());
-    HelloAck ack = HelloAck::unpack(ack_buf);
-    if (ack.status == HelloStatus::kAuthChallenge) {
-      if (options.secret.empty()) {
-        throw Error(ErrorKind::kConnection,
-                    "handshake with " + where +
-                        " failed: the peer requires authentication; set the same shared secret "
-                        "on this side (RDMAXFER_SECRET or secret=)");
-      }
-      answer_challenge(fd.get(), options.secret, buf, deadline, where);
-    } else if (ack.status != HelloStatus::kOk) {
-      throw Error(ErrorKind::kConnection,
-                  "handshake with " + where + " failed: " + hello_status_text(ack.status));
-    } else if (!options.secret.empty()) {
-      throw Error(ErrorKind::kConnection,
-                  "handshake with " + where +
-                      " refused: a secret is configured here but the peer did not authenticate "
-                      "(it has no secret); configure the same secret on both sides");
-    }
+    client_handshake(fd.get(), hello, options.secret, deadline, host_port(host, port));
     fds.push_back(std::move(fd));
   }
   return fds;
@@ -242,56 +246,56 @@ void Acceptor::run() {
   }
 }
 
-void Acceptor::handshake(UniqueFd fd) {
+Hello server_handshake(int fd, TransportKind transport, uint64_t engine_id,
+                       const std::string& secret) {
   Deadline deadline(kHandshakeTimeoutS);
   uint8_t buf[Hello::kSize];
-  recv_exact(fd.get(), buf, sizeof(buf), deadline,
-             ("handshake with " + peer_name(fd.get()) + ": waiting for hello").c_str());
+  recv_exact(fd, buf, sizeof(buf), deadline,
+             ("handshake with " + peer_name(fd) + ": waiting for hello").c_str());
   HelloAck ack;
-  ack.engine_id = engine_id_;
+  ack.engine_id = engine_id;
   Hello hello;
   try {
     hello = Hello::unpack(buf);
   } catch (const Error&) {
     ack.status = HelloStatus::kBadRecord;
   }
-  if (ack.status == HelloStatus::kOk && hello.transport != transport_) {
+  if (ack.status == HelloStatus::kOk && hello.transport != transport) {
     ack.status = HelloStatus::kTransportMismatch;
   }
   uint8_t ack_buf[HelloAck::kSize];
-  if (ack.status == HelloStatus::kOk && !options_.secret.empty()) {
+  if (ack.status == HelloStatus::kOk && !secret.empty()) {
     // Challenge before anything else is revealed (transport/auth.h).
     ack.status = HelloStatus::kAuthChallenge;
     ack.pack(ack_buf);
     const Nonce server_nonce = make_nonce();
-    send_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: challenge");
-    send_exact(fd.get(), server_nonce.data(), server_nonce.size(), deadline,
-               "handshake: challenge");
+    send_exact(fd, ack_buf, sizeof(ack_buf), deadline, "handshake: challenge");
+    send_exact(fd, server_nonce.data(), server_nonce.size(), deadline, "handshake: challenge");
     uint8_t reply[64];
-    recv_exact(fd.get(), reply, sizeof(reply), deadline, "handshake: waiting for the proof");
+    recv_exact(fd, reply, sizeof(reply), deadline, "handshake: waiting for the proof");
     Digest proof{};
     Nonce client_nonce{};
     std::memcpy(proof.data(), reply, 32);
     std::memcpy(client_nonce.data(), reply + 32, 32);
-    const bool ok = digests_equal(proof, client_proof(options_.secret, server_nonce, buf,
-                                                      Hello::kSize));
+    const bool ok = digests_equal(proof, client_proof(secret, server_nonce, buf, Hello::kSize));
     ack.status = ok ? HelloStatus::kOk : HelloStatus::kAuthFailed;
     ack.pack(ack_buf);
-    send_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: verdict");
-    if (!ok) {
-      on_refused_(peer_name(fd.get()), hello_status_text(ack.status));
-      return;
-    }
-    const Digest mine = server_proof(options_.secret, client_nonce, server_nonce);
-    send_exact(fd.get(), mine.data(), mine.size(), deadline, "handshake: our proof");
+    send_exact(fd, ack_buf, sizeof(ack_buf), deadline, "handshake: verdict");
+    if (!ok) throw Error(ErrorKind::kConnection, hello_status_text(ack.status));
+    const Digest mine = server_proof(secret, client_nonce, server_nonce);
+    send_exact(fd, mine.data(), mine.size(), deadline, "handshake: our proof");
   } else {
     ack.pack(ack_buf);
-    send_exact(fd.get(), ack_buf, sizeof(ack_buf), deadline, "handshake: replying");
+    send_exact(fd, ack_buf, sizeof(ack_buf), deadline, "handshake: replying");
     if (ack.status != HelloStatus::kOk) {
-      on_refused_(peer_name(fd.get()), hello_status_text(ack.status));
-      return;
+      throw Error(ErrorKind::kConnection, hello_status_text(ack.status));
     }
   }
+  return hello;
+}
+
+void Acceptor::handshake(UniqueFd fd) {
+  const Hello hello = server_handshake(fd.get(), transport_, engine_id_, options_.secret);
   tune_socket(fd.get(), options_);
 
   std::string peer = peer_name(fd.get());

@@ -1,4 +1,5 @@
-// Bootstrap: the TCP handshake every connection starts with, whatever the data transport.
+// Bootstrap: the handshake every connection starts with, whatever the data transport (over TCP;
+// the shm transport runs the same halves over its UNIX socket).
 //
 // A connection is one or more TCP streams. Each stream opens with a Hello record and the
 // acceptor answers each with a HelloAck. The acceptor groups streams by conn_id and hands a
@@ -70,6 +71,21 @@ struct AcceptedGroup {
   std::vector<UniqueFd> fds;
   std::string peer;
 };
+
+// Throws Error(kUnsupported) when a secret is set but HMAC is unusable here (auth.h).
+void check_secret_usable(const SocketOptions& options);
+
+// The client half of the handshake on one connected stream (TCP or UNIX): sends `hello` (its
+// flags set from `secret`), answers the acceptor's challenge when it has a secret; throws
+// Error(kConnection) naming `where` and the reason when refused.
+void client_handshake(int fd, Hello hello, const std::string& secret, const Deadline& deadline,
+                      const std::string& where);
+
+// The acceptor's half: reads the Hello, checks its transport, challenges with `secret` when set
+// (bounded by the handshake timeout); returns the Hello, or throws Error(kConnection) with the
+// reason the peer was refused (the peer was told).
+Hello server_handshake(int fd, TransportKind transport, uint64_t engine_id,
+                       const std::string& secret);
 
 // Opens `n_streams` TCP streams to host:port and performs the handshake on each; counts
 // refused, retried connection attempts in *retries (connect_tcp).

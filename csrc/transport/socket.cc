@@ -129,6 +129,7 @@ std::string peer_name(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  if (ss.ss_family == AF_UNIX) return "a process of this host";  // the shm transport's socket
   char host[NI_MAXHOST];
   char serv[NI_MAXSERV];
   if (getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), serv, sizeof(serv),

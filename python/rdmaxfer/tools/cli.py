@@ -441,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--transport", default="auto", help="auto (default), tcp or rdma")
+        p.add_argument("--transport", default="auto", help="auto (default), tcp, rdma or shm")
         p.add_argument("--timeout", type=float, default=None, help="seconds per step (default 60)")
 
     p = sub.add_parser("info", help="transports available here and why a missing one is missing")

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Endpoint", "Engine", "Transfer", "resolve_transport"]
 
-_TRANSPORTS = ("tcp", "rdma")
+_TRANSPORTS = ("tcp", "rdma", "shm")
 
 
 def resolve_transport(transport: str = "auto") -> str:
@@ -36,20 +36,22 @@ def resolve_transport(transport: str = "auto") -> str:
     ``_core.available_transports()`` says it is usable here, else ``"tcp"``.
 
     Raises:
-        InvalidArgumentError: not "auto", "tcp" or "rdma" (or a bad RDMAXFER_TRANSPORT).
+        InvalidArgumentError: not "auto", "tcp", "rdma" or "shm" (or a bad
+            RDMAXFER_TRANSPORT).
     """
     if transport == "auto":
         env = os.environ.get(ENV_TRANSPORT, "").strip().lower()
         if env and env != "auto":
             if env not in _TRANSPORTS:
                 raise InvalidArgumentError(
-                    f"{ENV_TRANSPORT}={env!r} is not 'tcp', 'rdma' or 'auto'; fix or unset it"
+                    f"{ENV_TRANSPORT}={env!r} is not 'tcp', 'rdma', 'shm' or 'auto'; fix or "
+                    "unset it"
                 )
             return env
         usable = _core.available_transports()
         return "rdma" if usable.get("rdma") == "" else "tcp"
     if transport not in _TRANSPORTS:
-        raise InvalidArgumentError(f"transport={transport!r} is not 'auto', 'tcp' or 'rdma'")
+        raise InvalidArgumentError(f"transport={transport!r} is not 'auto', 'tcp', 'rdma' or 'shm'")
     return transport
 
 
@@ -62,7 +64,10 @@ class Engine(MemoryDomain):
     the transport's threads stop; idempotent). Thread-safe.
 
     Args:
-        transport: ``"auto"`` (see :func:`resolve_transport`), ``"tcp"`` or ``"rdma"``.
+        transport: ``"auto"`` (see :func:`resolve_transport`), ``"tcp"``, ``"rdma"`` or
+            ``"shm"`` (processes on this host only: a control ring in shared memory and
+            one-sided copies with ``process_vm_readv``/``writev``; ``connect`` to another host
+            raises :class:`~rdmaxfer.errors.UnsupportedError`).
         io_threads: I/O threads (0: the transport's default).
         socket_buffer: SO_SNDBUF/SO_RCVBUF in bytes (0: the system's default).
         streams: default parallel streams (TCP) or queue pairs per connection (0: default).

@@ -1,0 +1,409 @@
+#include "transport/shm/shm_channel.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "common/error.h"
+#include "transport/shm/cma_copy.h"
+#include "transport/shm/shm_transport.h"
+
+namespace rdmaxfer {
+
+namespace {
+
+// The reader spins this long on an empty ring before it sleeps on the doorbell.
+constexpr auto kSpin = std::chrono::microseconds(50);
+// A record that finds the peer's ring full waits at most this long for room.
+constexpr double kFullRingTimeoutS = 30.0;
+
+std::string copy_failure(const char* what, int err, const std::string& peer) {
+  if (err == ESRCH) return std::string(what) + " failed: peer " + peer + " exited";
+  return errno_text(std::string(what) + " with peer " + peer, err);
+}
+
+}  // namespace
+
+ShmChannel::ShmChannel(ShmTransport& transport, UniqueFd sock, std::string peer, pid_t peer_pid)
+    : Channel(transport.stats()),
+      transport_(transport),
+      sock_(std::move(sock)),
+      peer_(std::move(peer)),
+      peer_pid_(peer_pid) {}
+
+RequestPtr ShmChannel::new_request(OpKind op, uint64_t bytes) {
+  return std::make_shared<Request>(transport_.next_request_id(), op, bytes);
+}
+
+ChannelLimits ShmChannel::limits() const {
+  ChannelLimits l;
+  l.eager_limit = kEagerLimit;
+  l.ctrl_room = kCtrlRoom;
+  l.credit_window = kCreditWindow;
+  return l;
+}
+
+std::vector<std::pair<std::string, uint64_t>> ShmChannel::attributes() const {
+  return {{"peer_pid", static_cast<uint64_t>(peer_pid_)}, {"ring_bytes", kRingBytes}};
+}
+
+void ShmChannel::check_open() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) {
+    throw Error(ErrorKind::kClosed, "endpoint to " + peer_ + " is closed (" + error_ +
+                                        "); connect again to open a new endpoint");
+  }
+}
+
+void ShmChannel::start_reader() {
+  transport_.reader_started();
+  std::thread([self = shared_from_this()]() mutable {
+    self->run_reader();
+    ShmTransport& transport = self->transport_;
+    self.reset();
+    // Last: the transport's shutdown waits for this before it is destroyed.
+    transport.reader_finished();
+  }).detach();
+}
+
+void ShmChannel::push(const FrameHeader& h, const std::string& meta, const uint8_t* data,
+                      uint64_t len) {
+  uint8_t head[FrameHeader::kSize];
+  h.encode(head);
+  const Deadline deadline(kFullRingTimeoutS);
+  std::lock_guard<std::mutex> lock(out_mu_);
+  if (FrameHeader::kSize + meta.size() + len > out_->max_record()) {
+    throw Error(ErrorKind::kInvalidArgument, "shm: a record of " + std::to_string(len) +
+                                                 " bytes exceeds the ring");
+  }
+  while (!out_->try_push(head, sizeof(head), meta.data(), meta.size(), data, len)) {
+    if (is_closed()) throw Error(ErrorKind::kConnection, "connection to " + peer_ + " is closed");
+    if (deadline.expired()) {
+      throw Error(ErrorKind::kTimeout, "shm: the ring to " + peer_ + " stayed full for " +
+                                           seconds_text(kFullRingTimeoutS) +
+                                           " s (the peer stopped reading)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void ShmChannel::track(uint64_t op, Pending pending) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) {
+    pending.request->fail(ErrorKind::kConnection,
+                          "connection to " + peer_ + " is closed (" + error_ + ")");
+    return;
+  }
+  pending_.emplace(op, std::move(pending));
+}
+
+RequestPtr ShmChannel::one_sided(FrameType type, const std::shared_ptr<MemoryRegion>& local,
+                                 uint64_t local_offset, const Descriptor& remote,
+                                 uint64_t remote_offset, uint64_t length) {
+  const bool write = type == FrameType::kWrite;
+  const char* what = write ? "WRITE" : "READ";
+  check_local_range(local, local_offset, length, what,
+                    write ? LocalUse::kSource : LocalUse::kDestination);
+  check_remote_range(remote, remote_offset, length, what);
+  check_open();
+  RequestPtr req = new_request(write ? OpKind::kWrite : OpKind::kRead, length);
+  count_when_terminal(req, write ? "write" : "read");
+  if (length == 0) {
+    req->complete();
+    return req;
+  }
+  const uint64_t op = next_op_.fetch_add(1);
+  track(op, Pending{req, RegionUse(local), type});
+  FrameHeader h;
+  h.type = type;
+  h.req_id = op;
+  h.addr = remote.addr + remote_offset;
+  h.key = remote.key;
+  h.size = length;
+  h.total = length;
+  h.aux = reinterpret_cast<uint64_t>(local->addr() + local_offset);
+  try {
+    push(h, "", nullptr, 0);
+  } catch (const Error& e) {
+    abort(e.kind(), "connection to " + peer_ + " failed: " + e.what());
+  }
+  return req;
+}
+
+RequestPtr ShmChannel::post_write(const std::shared_ptr<MemoryRegion>& local,
+                                  uint64_t local_offset, const Descriptor& remote,
+                                  uint64_t remote_offset, uint64_t length,
+                                  const TransferOptions& /*options*/) {
+  return one_sided(FrameType::kWrite, local, local_offset, remote, remote_offset, length);
+}
+
+RequestPtr ShmChannel::post_read(const std::shared_ptr<MemoryRegion>& local,
+                                 uint64_t local_offset, const Descriptor& remote,
+                                 uint64_t remote_offset, uint64_t length,
+                                 const TransferOptions& /*options*/) {
+  return one_sided(FrameType::kReadReq, local, local_offset, remote, remote_offset, length);
+}
+
+void ShmChannel::send_ctrl(const CtrlMessage& message, CtrlPayload payload) {
+  FrameHeader h;
+  switch (message.type) {
+    case CtrlType::kRts: h.type = FrameType::kMsgRts; break;
+    case CtrlType::kEager: h.type = FrameType::kMsgEager; break;
+    case CtrlType::kCts: h.type = FrameType::kMsgCts; break;
+    case CtrlType::kReject: h.type = FrameType::kMsgReject; break;
+  }
+  h.req_id = message.msg_id;
+  h.size = message.size;
+  h.addr = message.addr;
+  h.key = message.key;
+  h.meta_len = static_cast<uint32_t>(message.meta.size());
+  h.payload_len = payload.length;
+  try {
+    push(h, message.meta, payload.data, payload.length);
+  } catch (const Error& e) {
+    abort(e.kind(), "connection to " + peer_ + " failed: " + e.what());
+  }
+}
+
+Grant ShmChannel::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                        uint64_t length, uint32_t value, const RequestPtr& progress) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw Error(ErrorKind::kClosed, "endpoint to " + peer_ + " is closed");
+  uint32_t key = next_grant_++;
+  while (key == 0 || grants_.count(key) != 0) key = next_grant_++;
+  uint8_t* base = local->addr() + offset;
+  grants_[key] = GrantEntry{local, base, length, value, progress};
+  return Grant{key, reinterpret_cast<uint64_t>(base), key};
+}
+
+void ShmChannel::release_grant(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  grants_.erase(static_cast<uint32_t>(id));
+}
+
+void ShmChannel::post_write_notify(const RequestPtr& request,
+                                   const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                                   uint64_t length, uint64_t addr, uint32_t key, uint32_t value,
+                                   const TransferOptions& /*options*/) {
+  const uint64_t op = next_op_.fetch_add(1);
+  track(op, Pending{request, RegionUse(local), FrameType::kMsgData});
+  FrameHeader h;
+  h.type = FrameType::kMsgData;
+  h.req_id = op;
+  h.status = value;
+  h.addr = addr;
+  h.key = key;
+  h.size = length;
+  h.total = length;
+  h.aux = reinterpret_cast<uint64_t>(local->addr() + offset);
+  try {
+    push(h, "", nullptr, 0);
+  } catch (const Error& e) {
+    abort(e.kind(), "connection to " + peer_ + " failed: " + e.what());
+  }
+}
+
+// -- the reader ----------------------------------------------------------------------------
+
+void ShmChannel::run_reader() {
+  std::string record;
+  try {
+    for (;;) {
+      if (in_->try_pop(&record)) {
+        on_record(record);
+        continue;
+      }
+      const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+      bool got = false;
+      while (std::chrono::steady_clock::now() < spin_until) {
+        if (!in_->empty()) {
+          got = true;
+          break;
+        }
+      }
+      if (got) continue;
+      if (!sleep_until_work()) {
+        // The peer closed or died: what it sent before is still delivered.
+        while (in_->try_pop(&record)) on_record(record);
+        shut(ErrorKind::kConnection, "peer " + peer_ + " closed the endpoint or exited");
+        return;
+      }
+      if (is_closed()) return;
+    }
+  } catch (const Error& e) {
+    shut(e.kind() == ErrorKind::kClosed ? ErrorKind::kConnection : e.kind(),
+         "connection to " + peer_ + " failed: " + e.what());
+  }
+}
+
+bool ShmChannel::sleep_until_work() {
+  in_->set_sleeping(true);
+  if (!in_->empty()) {
+    in_->set_sleeping(false);
+    return true;
+  }
+  pollfd fds[2] = {{in_->doorbell_fd(), POLLIN, 0}, {sock_.get(), POLLIN, 0}};
+  // Bounded: wakes every second even without a doorbell (a lost wake costs at most that).
+  const int rc = poll(fds, 2, 1000);
+  in_->set_sleeping(false);
+  if (rc < 0 && errno != EINTR) throw_errno(ErrorKind::kConnection, "shm: poll", errno);
+  if (rc > 0 && (fds[0].revents & POLLIN) != 0) in_->drain_doorbell();
+  if (rc > 0 && fds[1].revents != 0) {
+    char byte = 0;
+    const ssize_t n = recv(sock_.get(), &byte, 1, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return false;
+    if (n > 0) throw Error(ErrorKind::kProtocol, "unexpected bytes on the shm socket");
+  }
+  return !is_closed() || !in_->empty();
+}
+
+void ShmChannel::on_record(const std::string& record) {
+  if (record.size() < FrameHeader::kSize) throw Error(ErrorKind::kProtocol, "short shm record");
+  const FrameHeader h = FrameHeader::decode(reinterpret_cast<const uint8_t*>(record.data()));
+  if (FrameHeader::kSize + uint64_t{h.meta_len} + h.payload_len != record.size()) {
+    throw Error(ErrorKind::kProtocol, "shm record length differs from its header");
+  }
+  switch (h.type) {
+    case FrameType::kWrite:
+    case FrameType::kReadReq: serve_copy(h); return;
+    case FrameType::kMsgData: serve_notified_write(h); return;
+    case FrameType::kWriteAck:
+    case FrameType::kReadResp: on_ack(h); return;
+    case FrameType::kMsgRts:
+    case FrameType::kMsgEager:
+    case FrameType::kMsgCts:
+    case FrameType::kMsgReject: {
+      CtrlMessage m;
+      m.type = h.type == FrameType::kMsgRts     ? CtrlType::kRts
+               : h.type == FrameType::kMsgEager ? CtrlType::kEager
+               : h.type == FrameType::kMsgCts   ? CtrlType::kCts
+                                                : CtrlType::kReject;
+      if (m.type == CtrlType::kEager && h.payload_len != h.size) {
+        throw Error(ErrorKind::kProtocol, "eager data length differs from the message size");
+      }
+      m.msg_id = h.req_id;
+      m.size = h.size;
+      m.addr = h.addr;
+      m.key = h.key;
+      m.meta = record.substr(FrameHeader::kSize, h.meta_len);
+      m.data = record.substr(FrameHeader::kSize + h.meta_len);
+      stats_->add_lane(0, h.payload_len);
+      events()->on_ctrl(std::move(m));
+      return;
+    }
+    default: throw Error(ErrorKind::kProtocol, "unexpected shm record type");
+  }
+}
+
+void ShmChannel::serve_copy(const FrameHeader& h) {
+  const bool write = h.type == FrameType::kWrite;
+  RegionUse use;
+  AccessStatus status = transport_.domain().regions().acquire(
+      h.key, h.addr, h.size, write ? kAccessRemoteWrite : kAccessRemoteRead, &use);
+  FrameHeader ack;
+  ack.type = write ? FrameType::kWriteAck : FrameType::kReadResp;
+  ack.req_id = h.req_id;
+  ack.status = static_cast<uint32_t>(status);
+  if (status == AccessStatus::kOk) {
+    auto* target = reinterpret_cast<uint8_t*>(h.addr);
+    const int err = cma_copy(peer_pid_, write ? CmaDirection::kPull : CmaDirection::kPush,
+                             target, h.aux, h.size);
+    ack.aux = static_cast<uint64_t>(err);
+    if (err == 0) stats_->add_lane(0, h.size);
+  }
+  push(ack, "", nullptr, 0);
+}
+
+void ShmChannel::serve_notified_write(const FrameHeader& h) {
+  GrantEntry g;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = grants_.find(h.key);
+    if (it == grants_.end()) {
+      throw Error(ErrorKind::kProtocol, "a write with notification for no grant");
+    }
+    g = it->second;
+  }
+  if (h.addr != reinterpret_cast<uint64_t>(g.base) || h.size != g.length || h.status != g.value) {
+    throw Error(ErrorKind::kProtocol, "a write with notification outside the grant it names");
+  }
+  const int err = [&] {
+    RegionUse use(g.region);
+    return cma_copy(peer_pid_, CmaDirection::kPull, g.base, h.aux, h.size);
+  }();
+  FrameHeader ack;
+  ack.type = FrameType::kWriteAck;
+  ack.req_id = h.req_id;
+  ack.aux = static_cast<uint64_t>(err);
+  if (err != 0) {
+    push(ack, "", nullptr, 0);
+    throw Error(ErrorKind::kConnection, copy_failure("process_vm_readv", err, peer_));
+  }
+  stats_->add_lane(0, h.size);
+  if (g.progress) g.progress->note_progress(h.size);
+  push(ack, "", nullptr, 0);
+  events()->on_notify(g.value);
+}
+
+void ShmChannel::on_ack(const FrameHeader& h) {
+  Pending p;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(h.req_id);
+    if (it == pending_.end()) return;  // failed by a close that raced with the answer
+    p = std::move(it->second);
+    pending_.erase(it);
+  }
+  const auto status = static_cast<AccessStatus>(h.status);
+  if (status != AccessStatus::kOk) {
+    p.request->fail(ErrorKind::kRemoteAccess,
+                    "peer " + peer_ + " refused access to " + std::to_string(p.request->bytes()) +
+                        " bytes: " + access_status_text(status) +
+                        " (check the descriptor, remote_offset and length)");
+  } else if (h.aux != 0) {
+    const bool pushed = p.type == FrameType::kReadReq;
+    p.request->fail(ErrorKind::kTransport,
+                    copy_failure(pushed ? "process_vm_writev" : "process_vm_readv",
+                                 static_cast<int>(h.aux), peer_));
+  } else {
+    p.request->note_progress(p.request->bytes());
+    p.request->complete();
+  }
+}
+
+// -- closing -------------------------------------------------------------------------------
+
+void ShmChannel::close() { shut(ErrorKind::kClosed, "closed locally"); }
+
+void ShmChannel::abort(ErrorKind kind, const std::string& reason) { shut(kind, reason); }
+
+void ShmChannel::shut(ErrorKind kind, const std::string& reason) {
+  std::unordered_map<uint64_t, Pending> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    error_ = reason;
+    grants_.clear();
+    pending.swap(pending_);
+  }
+  // The peer sees end-of-file at once; our reader wakes from its poll (and then exits).
+  ::shutdown(sock_.get(), SHUT_RDWR);
+  for (auto& entry : pending) entry.second.request->fail(kind, reason);
+  if (events()) events()->on_closed(Error(kind, reason));
+}
+
+bool ShmChannel::is_closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+std::string ShmChannel::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+}  // namespace rdmaxfer

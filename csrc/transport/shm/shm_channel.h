@@ -1,0 +1,121 @@
+// One end of an shm connection (shm_transport.h): the peer is another process on this host.
+//
+// Control path: two ShmRings (one per direction, each in a memfd the consumer made and sent
+// with SCM_RIGHTS), records framed like TCP's (tcp/wire.h: a FrameHeader, metadata, data).
+// A reader thread spins briefly on the inbound ring, then sleeps on its eventfd and the UNIX
+// socket together: the socket carries nothing after the handshake, so it becoming readable
+// means the peer closed or died (the kernel closes it), and every request fails at once.
+//
+// One-sided WRITE/READ and notified writes are copied by the side that owns the target memory
+// (like TCP, the target checks every access against its RegionTable or grant): WRITE and
+// MSG_DATA are pulled with process_vm_readv from the initiator, READ is pushed with
+// process_vm_writev into it; then an acknowledgement completes the initiator's request.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "common/deadline.h"
+#include "common/unique_fd.h"
+#include "transport/channel.h"
+#include "transport/shm/shm_ring.h"
+#include "transport/tcp/wire.h"
+
+namespace rdmaxfer {
+
+class ShmTransport;
+
+class ShmChannel : public Channel, public std::enable_shared_from_this<ShmChannel> {
+ public:
+  static constexpr uint64_t kRingBytes = 8ull << 20;
+  static constexpr uint64_t kEagerLimit = 64 * 1024;
+  static constexpr uint64_t kCtrlRoom = kEagerLimit + 64 * 1024;
+  static constexpr uint32_t kCreditWindow = 16;
+
+  // Runs the shm set-up on `sock` (a UNIX stream socket past the Hello/auth handshake):
+  // exchanges host identities (same_host.h), rings and doorbells, and probes CMA both ways.
+  // Throws Error(kUnsupported) with the reason when the peer is not on this host or CMA is
+  // refused, Error(kConnection/kTimeout) when the peer fails. The transport then attaches the
+  // protocol and calls start_reader().
+  static std::shared_ptr<ShmChannel> establish(ShmTransport& transport, UniqueFd sock,
+                                               std::string peer, const Deadline& deadline);
+  ShmChannel(ShmTransport& transport, UniqueFd sock, std::string peer, pid_t peer_pid);
+
+  // Starts the reader thread (it holds the channel until the connection ends).
+  void start_reader();
+
+  RequestPtr post_write(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
+                        const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                        const TransferOptions& options) override;
+  RequestPtr post_read(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
+                       const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                       const TransferOptions& options) override;
+  void send_ctrl(const CtrlMessage& message, CtrlPayload payload) override;
+  Grant grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset, uint64_t length,
+              uint32_t value, const RequestPtr& progress) override;
+  void release_grant(uint64_t id) override;
+  void post_write_notify(const RequestPtr& request, const std::shared_ptr<MemoryRegion>& local,
+                         uint64_t offset, uint64_t length, uint64_t addr, uint32_t key,
+                         uint32_t value, const TransferOptions& options) override;
+  RequestPtr new_request(OpKind op, uint64_t bytes) override;
+  ChannelLimits limits() const override;
+  void check_open() const override;
+  void close() override;
+  void abort(ErrorKind kind, const std::string& reason) override;
+  bool is_closed() const override;
+  std::string error() const override;
+  std::string peer() const override { return peer_; }
+  int streams() const override { return 1; }
+  std::vector<std::pair<std::string, uint64_t>> attributes() const override;
+
+ private:
+  struct Pending {
+    RequestPtr request;
+    RegionUse hold;  // the initiator's local range, read or written by the peer
+    FrameType type = FrameType::kWrite;
+  };
+  struct GrantEntry {
+    std::shared_ptr<MemoryRegion> region;
+    uint8_t* base = nullptr;
+    uint64_t length = 0;
+    uint32_t value = 0;
+    RequestPtr progress;
+  };
+
+  void run_reader();
+  // Sleeps until the doorbell rings or the socket says the peer went away; false on the latter.
+  bool sleep_until_work();
+  void on_record(const std::string& record);
+  void serve_copy(const FrameHeader& h);
+  void serve_notified_write(const FrameHeader& h);
+  void on_ack(const FrameHeader& h);
+  // Appends a record for the peer; waits (bounded) while the ring is full.
+  void push(const FrameHeader& h, const std::string& meta, const uint8_t* data, uint64_t len);
+  RequestPtr one_sided(FrameType type, const std::shared_ptr<MemoryRegion>& local,
+                       uint64_t local_offset, const Descriptor& remote, uint64_t remote_offset,
+                       uint64_t length);
+  void track(uint64_t op, Pending pending);
+  void shut(ErrorKind kind, const std::string& reason);
+
+  ShmTransport& transport_;
+  UniqueFd sock_;
+  const std::string peer_;
+  const pid_t peer_pid_;
+  std::unique_ptr<ShmRing> in_;   // the peer writes, we read
+  std::unique_ptr<ShmRing> out_;  // we write, the peer reads
+  std::mutex out_mu_;
+  mutable std::mutex mu_;
+  bool closed_ = false;
+  std::string error_;
+  std::unordered_map<uint64_t, Pending> pending_;
+  std::unordered_map<uint32_t, GrantEntry> grants_;
+  uint32_t next_grant_ = 1;
+  std::atomic<uint64_t> next_op_{1};
+};
+
+}  // namespace rdmaxfer

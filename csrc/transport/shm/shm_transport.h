@@ -1,0 +1,69 @@
+// The shm transport: processes on one host, with no socket on the data path (issue 14).
+//
+// Addressing is TCP's: listen(host, port) binds the abstract UNIX socket "rdmaxfer-shm:PORT"
+// (abstract: no file is created, nothing outlives the process; per network namespace) after
+// checking that `host` is an address of this machine; connect(host, port) reaches it only when
+// `host` is local. The bootstrap runs the same Hello and HMAC challenge as TCP (bootstrap.h)
+// over that socket, then ShmChannel::establish sets up the rings and checks that both ends
+// share a kernel, network and PID namespace and user, and that CMA works between them.
+//
+// Lifecycle: constructed -> listen() (an acceptor thread) -> channels from accept()/connect()
+// -> shutdown(): every channel aborted, the acceptor joined, the reader threads waited for.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/unique_fd.h"
+#include "transport/tcp/tcp_connection.h"
+#include "transport/transport.h"
+
+namespace rdmaxfer {
+
+class ShmChannel;
+
+class ShmTransport : public Transport {
+ public:
+  // `config`: its secret guards the handshake; the rest is TCP's and unused.
+  ShmTransport(uint64_t engine_id, const TcpConfig& config);
+  ~ShmTransport() override;
+
+  Capabilities capabilities() const override;
+  std::string describe() const override;
+  uint16_t listen(const std::string& host, uint16_t port) override;
+  std::shared_ptr<Channel> accept(double timeout_s) override;
+  std::shared_ptr<Channel> connect(const std::string& host, uint16_t port,
+                                   const ConnectOptions& options) override;
+  void shutdown() override;
+
+  const std::string& secret() const { return config_.secret; }
+  // Reader threads of the channels (shm_channel.h) count themselves in and out.
+  void reader_started();
+  void reader_finished();
+
+ protected:
+  std::shared_ptr<MemoryRegion> make_region(uint8_t* addr, uint64_t length, uint32_t access,
+                                            std::unique_ptr<PinnedAllocation> owned) override;
+
+ private:
+  void run_acceptor();
+  void adopt(const std::shared_ptr<ShmChannel>& channel);
+
+  const TcpConfig config_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool shut_down_ = false;
+  uint16_t port_ = 0;
+  UniqueFd listen_fd_;
+  std::thread acceptor_;
+  std::deque<std::shared_ptr<ShmChannel>> accepted_;
+  std::vector<std::weak_ptr<ShmChannel>> channels_;
+  int readers_ = 0;
+};
+
+}  // namespace rdmaxfer
