@@ -1,4 +1,5 @@
-"""Authenticated connections: a shared secret gates the bootstrap (HMAC-SHA256 challenge)."""
+"""Authenticated connections: a shared secret gates the bootstrap (HMAC-SHA256 challenge), on
+TCP and on shm (the same handshake over its UNIX socket)."""
 
 from __future__ import annotations
 
@@ -23,22 +24,27 @@ def roundtrip(server: Engine, client: Engine, rng: np.random.Generator) -> None:
     assert got.tobytes() == data.tobytes()
 
 
-def test_same_secret_connects(rng: np.random.Generator) -> None:
-    with Engine("tcp", secret="s3cret") as server, Engine("tcp", secret=b"s3cret") as client:
+def test_same_secret_connects(transport: str, rng: np.random.Generator) -> None:
+    with (
+        Engine(transport, secret="s3cret") as server,
+        Engine(transport, secret=b"s3cret") as client,
+    ):
         roundtrip(server, client, rng)
         assert "authenticated" in server.describe()
 
 
-def test_wrong_secret_is_refused_and_server_stays_usable(rng: np.random.Generator) -> None:
-    with Engine("tcp", secret="right") as server:
+def test_wrong_secret_is_refused_and_server_stays_usable(
+    transport: str, rng: np.random.Generator
+) -> None:
+    with Engine(transport, secret="right") as server:
         port = server.listen("127.0.0.1", 0)
-        with Engine("tcp", secret="wrong") as bad:
+        with Engine(transport, secret="wrong") as bad:
             with pytest.raises(ConnectionFailedError, match="holds a different secret"):
                 bad.connect("127.0.0.1", port, timeout=10)
-        with Engine("tcp") as none:
+        with Engine(transport) as none:
             with pytest.raises(ConnectionFailedError, match="requires authentication"):
                 none.connect("127.0.0.1", port, timeout=10)
-        with Engine("tcp", secret="right") as good:
+        with Engine(transport, secret="right") as good:
             ep = good.connect("127.0.0.1", port, timeout=10)
             peer = server.accept(timeout=10)
             data = rng.standard_normal(1000)
@@ -47,16 +53,18 @@ def test_wrong_secret_is_refused_and_server_stays_usable(rng: np.random.Generato
             sending.wait(10)
 
 
-def test_client_with_secret_refuses_unauthenticated_server() -> None:
-    with Engine("tcp") as server, Engine("tcp", secret="x") as client:
+def test_client_with_secret_refuses_unauthenticated_server(transport: str) -> None:
+    with Engine(transport) as server, Engine(transport, secret="x") as client:
         port = server.listen("127.0.0.1", 0)
         with pytest.raises(ConnectionFailedError, match="peer did not authenticate"):
             client.connect("127.0.0.1", port, timeout=10)
 
 
-def test_secret_from_environment(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
+def test_secret_from_environment(
+    transport: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
     monkeypatch.setenv("RDMAXFER_SECRET", "from-env")
-    with Engine("tcp") as server, Engine("tcp", secret="from-env") as client:
+    with Engine(transport) as server, Engine(transport, secret="from-env") as client:
         roundtrip(server, client, rng)
 
 

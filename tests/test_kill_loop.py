@@ -33,22 +33,31 @@ HELLO = b"RXHI" + (1).to_bytes(2, "little") + bytes([1, 0, 1, 0]) + bytes(6) + b
 
 
 def engine_kwargs(transport: str, side: int) -> dict[str, Any]:
-    if transport == "tcp":
+    if transport in ("tcp", "shm"):
         return {}
     devices = os.environ.get("RDMAXFER_RXE_DEVICES", "rxe0 rxe1").split()
     return {"rdma_device": devices[side]}
 
 
 def listen_host(transport: str) -> str:
-    if transport == "tcp":
+    if transport in ("tcp", "shm"):
         return "127.0.0.1"
     return os.environ.get("RDMAXFER_RXE_ADDRS", "10.77.0.1 10.77.0.2").split()[0]
+
+
+def raw_connect(transport: str, host: str, port: int) -> socket.socket:
+    """A plain socket to the listener (shm: its abstract UNIX socket), no handshake."""
+    if transport != "shm":
+        return socket.create_connection((host, port), timeout=5)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(f"\0rdmaxfer-shm:{port}")
+    return s
 
 
 def child(transport: str, host: str, port: int, phase: str, nbytes: int) -> None:
     """Runs in a forked peer until it is killed."""
     if phase in ("connect", "handshake"):
-        s = socket.create_connection((host, port), timeout=5)
+        s = raw_connect(transport, host, port)
         if phase == "handshake":
             s.sendall(HELLO[:20])  # a started, never finished Hello
         time.sleep(60)
@@ -168,8 +177,8 @@ def check_next_peer(
         theirs.close()
 
 
-def test_kill_loop_tcp() -> None:
-    raised = run_kill_loop("tcp", 8 << 20)
+def test_kill_loop_host(transport: str) -> None:
+    raised = run_kill_loop(transport, 8 << 20)
     assert sum(raised.values()) == ITERATIONS
     assert all(raised[p] == ITERATIONS // len(PHASES) for p in PHASES)
 

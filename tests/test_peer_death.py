@@ -1,4 +1,4 @@
-"""A peer that dies fails every transfer at once, on TCP too: the receiver is killed while a
+"""A peer that dies fails every transfer at once, on TCP and shm too: the receiver is killed while a
 256 MiB post_send is under way (its data chunks only referenced by frames queued on the
 streams, in no table). Before, the sender raised TransferTimeoutError at its timeout plus 5 s
 although the connection saw ECONNRESET at once. The verbs twin is in
@@ -28,13 +28,13 @@ def wait_stopped(pid: int, timeout: float) -> None:
     raise AssertionError(f"the receiver did not stop within {timeout} s")
 
 
-def test_killing_the_receiver_fails_a_large_send_at_once() -> None:
+def test_killing_the_receiver_fails_a_large_send_at_once(transport: str) -> None:
     with (
-        server("receive-stop", "127.0.0.1", child_env(RDMAXFER_TRANSPORT="tcp")) as (
+        server("receive-stop", "127.0.0.1", child_env(RDMAXFER_TRANSPORT=transport)) as (
             receiver,
             address,
         ),
-        Engine("tcp") as engine,
+        Engine(transport) as engine,
     ):
         ep = engine.connect(address, timeout=30)
         header_wait = ep.post_recv()  # a request in another table: fails too

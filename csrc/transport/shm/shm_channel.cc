@@ -62,6 +62,7 @@ void ShmChannel::start_reader() {
   transport_.reader_started();
   std::thread([self = shared_from_this()]() mutable {
     self->run_reader();
+    self->release_fds();
     ShmTransport& transport = self->transport_;
     self.reset();
     // Last: the transport's shutdown waits for this before it is destroyed.
@@ -75,6 +76,7 @@ void ShmChannel::push(const FrameHeader& h, const std::string& meta, const uint8
   h.encode(head);
   const Deadline deadline(kFullRingTimeoutS);
   std::lock_guard<std::mutex> lock(out_mu_);
+  if (!out_) throw Error(ErrorKind::kConnection, "connection to " + peer_ + " is closed");
   if (FrameHeader::kSize + meta.size() + len > out_->max_record()) {
     throw Error(ErrorKind::kInvalidArgument, "shm: a record of " + std::to_string(len) +
                                                  " bytes exceeds the ring");
@@ -228,7 +230,8 @@ void ShmChannel::run_reader() {
       if (!sleep_until_work()) {
         // The peer closed or died: what it sent before is still delivered.
         while (in_->try_pop(&record)) on_record(record);
-        shut(ErrorKind::kConnection, "peer " + peer_ + " closed the endpoint or exited");
+        shut(ErrorKind::kConnection,
+             "connection to " + peer_ + " lost: the peer closed the endpoint or exited");
         return;
       }
       if (is_closed()) return;
@@ -389,11 +392,21 @@ void ShmChannel::shut(ErrorKind kind, const std::string& reason) {
     error_ = reason;
     grants_.clear();
     pending.swap(pending_);
+    // The peer sees end-of-file at once; our reader wakes from its poll (and then exits).
+    ::shutdown(sock_.get(), SHUT_RDWR);
   }
-  // The peer sees end-of-file at once; our reader wakes from its poll (and then exits).
-  ::shutdown(sock_.get(), SHUT_RDWR);
   for (auto& entry : pending) entry.second.request->fail(kind, reason);
   if (events()) events()->on_closed(Error(kind, reason));
+}
+
+void ShmChannel::release_fds() {
+  {
+    std::lock_guard<std::mutex> lock(out_mu_);
+    out_.reset();
+  }
+  in_.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  sock_.reset();
 }
 
 bool ShmChannel::is_closed() const {

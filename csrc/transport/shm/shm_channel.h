@@ -88,6 +88,9 @@ class ShmChannel : public Channel, public std::enable_shared_from_this<ShmChanne
   };
 
   void run_reader();
+  // Run by the reader thread as it exits (the channel is closed): unmaps the rings and closes
+  // the socket and doorbells, though the channel object may live on in its users.
+  void release_fds();
   // Sleeps until the doorbell rings or the socket says the peer went away; false on the latter.
   bool sleep_until_work();
   void on_record(const std::string& record);

@@ -85,8 +85,9 @@ Capabilities ShmTransport::capabilities() const {
 }
 
 std::string ShmTransport::describe() const {
-  return "shm (same host: control ring in a memfd with an eventfd doorbell, one-sided copies "
-         "with process_vm_readv/writev)";
+  return std::string("shm (same host: control ring in a memfd with an eventfd doorbell, "
+                     "one-sided copies with process_vm_readv/writev") +
+         (config_.secret.empty() ? ", no shared secret)" : ", authenticated (shared secret))");
 }
 
 std::shared_ptr<MemoryRegion> ShmTransport::make_region(
