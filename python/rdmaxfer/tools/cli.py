@@ -258,6 +258,12 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     transport = resolve_transport(args.transport)
+    if args.reference and transport == "shm":
+        print(
+            "--reference: shm's reference is a single-process memcpy; run bench/shm_vs_memcpy.py",
+            file=sys.stderr,
+        )
+        return 2
     sizes = bench.parse_sizes(args.size)
     rdma = (
         bench.RdmaSetup.resolve(args.device, args.peer_device, args.bind)
@@ -408,8 +414,26 @@ def start_serve_process(
     return server, server.stdout.readline()
 
 
+def demo_transport(requested: str) -> tuple[str, str]:
+    """The demo's transport and a line saying why: both ends run on this host, so "auto"
+    takes shm when it is usable here (else what ``resolve_transport`` picks, with shm's
+    reason)."""
+    if requested != "auto":
+        return resolve_transport(requested), f"transport {requested} (asked for)"
+    why = _core.available_transports().get("shm", "unknown")
+    if why == "":
+        return (
+            "shm",
+            "both ends run on this host: using the shm transport (--transport tcp to compare)",
+        )
+    fallback = resolve_transport("auto")
+    return fallback, f"shm is unavailable here ({why}): using {fallback}"
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     path = Path(args.file) if args.file else default_model_file()
+    args.transport, why = demo_transport(args.transport)
+    print(why)
     server, line = start_serve_process(path, args.transport)
     try:
         if "serving" not in line:
