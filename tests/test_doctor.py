@@ -166,7 +166,7 @@ def test_healthy_machine_is_all_ok(tree: Tree) -> None:
     assert checks == {
         "memlock", "rdma.devices", "rdma.port", "rdma.mtu", "rdma.gid", "gpu.driver",
         "gpu.method", "gpu.dmabuf", "gpu.peermem", "pcie.affinity", "pcie.link", "irq.affinity",
-        "sysctl",
+        "sysctl", "shm",
     }  # fmt: skip
     assert only(findings, "pcie.affinity").message.startswith("nearest NIC mlx5_0: PIX")
     assert "active MTU 4096" in only(findings, "rdma.mtu").message

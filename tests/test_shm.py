@@ -133,3 +133,15 @@ def test_demo_uses_shm_and_says_so() -> None:
     assert "both ends run on this host: using the shm transport" in out.stdout
     assert "pulled 104 tensors, 90856960 bytes over shm in" in out.stdout
     assert "all 104 tensors bit-exact" in out.stdout
+
+
+def test_doctor_reports_shm_and_yama(tmp_path: Path) -> None:
+    from rdmaxfer.tools.doctor import check_shm
+
+    assert check_shm(tmp_path, "")[0].severity == "ok"
+    (tmp_path / "sys/kernel/yama").mkdir(parents=True)
+    (tmp_path / "sys/kernel/yama/ptrace_scope").write_text("1\n")
+    finding = check_shm(tmp_path, "")[0]
+    assert finding.severity == "warn" and "ptrace_scope=0" in finding.fix
+    refused = check_shm(tmp_path, "process_vm_readv (CMA) on this process: EPERM")[0]
+    assert refused.severity == "warn" and "EPERM" in refused.message

@@ -9,7 +9,8 @@ setting that fixes it. Nothing is ever changed.
 Checks: locked-memory limit vs what registration needs; RDMA devices, port state, RoCE MTU vs
 the netdev MTU, RoCE v2 GIDs; how GPU memory is registered for RDMA (dmabuf, nvidia-peermem or
 staging: the decision of :mod:`rdmaxfer.gpu.gpudirect`, which ``rdmaxfer info`` reports too);
-GPU-NIC PCIe affinity; TCP buffer sysctls, window scaling,
+GPU-NIC PCIe affinity; the same-host shm transport (Yama ptrace_scope); TCP buffer sysctls,
+window scaling,
 vm.swappiness; IRQ affinity of the NICs' queues; PCIe link width/speed of GPUs and NICs.
 """
 
@@ -278,6 +279,36 @@ def _gpu_findings(subject: str, check: gpudirect.GpuDirectPreflight) -> list[Fin
     return out
 
 
+def check_shm(procfs: Path, unavailable: str | None = None) -> list[Finding]:
+    """The same-host transport: usable here (``unavailable``: the core's reason, "" when
+    usable; default: ``_core.available_transports()["shm"]``), and Yama's ptrace_scope, which
+    decides whether two sibling processes may copy between each other (process_vm_readv)."""
+    why = _core.available_transports().get("shm", "") if unavailable is None else unavailable
+    if why:
+        return [Finding("shm", "warn", "shm transport", why, "same-host peers fall back to tcp")]
+    scope = read_int(procfs / "sys/kernel/yama/ptrace_scope")
+    if scope is not None and scope > 0:
+        return [
+            Finding(
+                "shm",
+                "warn",
+                "kernel.yama.ptrace_scope",
+                f"{scope}: process_vm_readv between sibling processes is refused, so shm "
+                "connections between them are refused",
+                "sysctl -w kernel.yama.ptrace_scope=0 (or use transport='tcp')",
+            )
+        ]
+    return [
+        Finding(
+            "shm",
+            "ok",
+            "shm transport",
+            "usable: processes of this host connect with transport='shm' (memfd ring + "
+            "process_vm_readv/writev)",
+        )
+    ]
+
+
 def check_sysctls(procfs: Path) -> list[Finding]:
     """TCP buffer ceilings, window scaling, vm.swappiness."""
     sys_dir = procfs / "sys"
@@ -375,6 +406,7 @@ def run_checks(
         lambda: check_pcie_links(sys_root),
         lambda: check_irqs(sys_root, proc_root),
         lambda: check_sysctls(proc_root),
+        lambda: check_shm(proc_root),
     ]
     out: list[Finding] = []
     for check in checks:
