@@ -3,6 +3,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <system_error>
 #include <cerrno>
 #include <thread>
 #include <vector>
@@ -53,12 +54,18 @@ int cma_copy(pid_t pid, CmaDirection direction, uint8_t* local, uint64_t remote,
   std::vector<int> results(static_cast<size_t>(n), 0);
   std::vector<std::thread> helpers;
   helpers.reserve(static_cast<size_t>(n - 1));
-  for (int i = 1; i < n; ++i) {
-    const uint64_t off = slice * static_cast<uint64_t>(i);
-    const uint64_t len = i == n - 1 ? length - off : slice;
-    helpers.emplace_back([&results, i, pid, direction, local, remote, off, len] {
-      results[static_cast<size_t>(i)] = copy_range(pid, direction, local + off, remote + off, len);
-    });
+  try {
+    for (int i = 1; i < n; ++i) {
+      const uint64_t off = slice * static_cast<uint64_t>(i);
+      const uint64_t len = i == n - 1 ? length - off : slice;
+      helpers.emplace_back([&results, i, pid, direction, local, remote, off, len] {
+        results[static_cast<size_t>(i)] =
+            copy_range(pid, direction, local + off, remote + off, len);
+      });
+    }
+  } catch (const std::system_error& e) {
+    for (auto& t : helpers) t.join();
+    return e.code().value() != 0 ? e.code().value() : EAGAIN;  // no thread for a slice
   }
   results[0] = copy_range(pid, direction, local, remote, slice);
   for (auto& t : helpers) t.join();

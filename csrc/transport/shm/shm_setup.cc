@@ -37,15 +37,26 @@ void wait_ready(int fd, short events, const Deadline& deadline, const char* what
   }
 }
 
-void send_offer(int sock, const RingOffer& offer, int memfd, int doorbell,
-                const Deadline& deadline) {
-  iovec iov{const_cast<RingOffer*>(&offer), sizeof(offer)};
+// The offer and room for its two descriptors (SCM_RIGHTS), as one sendmsg/recvmsg message.
+struct OfferMessage {
+  explicit OfferMessage(RingOffer* offer) : iov{offer, sizeof(RingOffer)} {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+  }
+  OfferMessage(const OfferMessage&) = delete;
+  OfferMessage& operator=(const OfferMessage&) = delete;
+  iovec iov;
   alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
+};
+
+void send_offer(int sock, const RingOffer& offer, int memfd, int doorbell,
+                const Deadline& deadline) {
+  RingOffer copy = offer;
+  OfferMessage m(&copy);
+  msghdr& msg = m.msg;
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
@@ -66,13 +77,8 @@ void send_offer(int sock, const RingOffer& offer, int memfd, int doorbell,
 
 RingOffer recv_offer(int sock, UniqueFd* memfd, UniqueFd* doorbell, const Deadline& deadline) {
   RingOffer offer;
-  iovec iov{&offer, sizeof(offer)};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
+  OfferMessage m(&offer);
+  msghdr& msg = m.msg;
   ssize_t n = 0;
   for (;;) {
     n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
