@@ -181,7 +181,7 @@ class Engine:
         poll_mode: str = "",
         secret: str = "",
     ) -> None:
-        """``transport``: "tcp" or "rdma" (or "loopback": the internal in-process test
+        """``transport``: "tcp", "rdma" or "shm" (or "loopback": the internal in-process test
         transport, csrc/transport/loopback/, not listed by ``rdmaxfer info``).
         ``default_streams``: TCP streams or RC QPs per connection (0: 4 on TCP, 1 on rdma).
         ``secret``: shared secret for the bootstrap's HMAC-SHA256 challenge-response ("" =

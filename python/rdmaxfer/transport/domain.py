@@ -73,7 +73,7 @@ class MemoryDomain:
 
     @property
     def transport(self) -> str:
-        """``"tcp"`` or ``"rdma"``."""
+        """``"tcp"``, ``"rdma"`` or ``"shm"``."""
         return self._core.transport
 
     @property

@@ -102,7 +102,8 @@ class Endpoint:
     def info(self) -> dict[str, int | str]:
         """What this connection is and what was negotiated with the peer.
 
-        Keys: ``transport`` (``"tcp"``/``"rdma"``), ``peer`` (``host:port``), ``streams``; on
+        Keys: ``transport`` (``"tcp"``/``"rdma"``/``"shm"``), ``peer`` (``host:port``),
+        ``streams``; on shm also ``peer_pid`` and ``ring_bytes``; on
         rdma also ``path_mtu`` (bytes: the smaller active MTU of the two ports),
         ``max_rd_atomic`` (RDMA READs this side keeps outstanding: the minimum of its
         initiator depth and the peer's responder resources), ``max_dest_rd_atomic`` (READs it
