@@ -66,7 +66,11 @@ def test_device_send_recv_write_read_over_verbs(
     engines: tuple[Engine, Engine, rdmaxfer.Endpoint, rdmaxfer.Endpoint],
     rng: np.random.Generator,
     size: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Over 64 KiB bounce slabs: the largest sizes take several slabs (write/read) or a one-off
+    message buffer (send/recv)."""
+    monkeypatch.setenv("RDMAXFER_BOUNCE_SLAB_BYTES", str(1 << 16))
     server, _, a, b = engines
     src, host = _device_random(rng, size)
     sent = a.post_send(src)
