@@ -282,8 +282,7 @@ void bind_cuda(py::module_& m) {
       .def_property_readonly("active", &Stager::active)
       .def_property_readonly("workers", &Stager::workers)
       .def("describe", &Stager::describe)
-      .def("close", &Stager::close, py::arg("timeout") = 5.0,
-           py::call_guard<py::gil_scoped_release>());
+      .def("close", &Stager::close, py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace rdmaxfer

@@ -307,7 +307,7 @@ Stager::Stager(Transport& transport, std::shared_ptr<DeviceCopier> copier)
   if (!copier_) throw Error(ErrorKind::kInvalidArgument, "Stager needs a device copier");
 }
 
-Stager::~Stager() { close(kCleanupWaitS); }
+Stager::~Stager() { close(); }
 
 RequestPtr Stager::post_one_sided(bool write, const std::shared_ptr<Connection>& conn,
                                   uint64_t device, uint64_t length, const Descriptor& remote,
@@ -437,7 +437,7 @@ std::function<void()> Stager::run(Op& op) {
   return [request] { request->complete(); };
 }
 
-void Stager::close(double /*timeout_s*/) {
+void Stager::close() {
   std::deque<std::shared_ptr<Op>> queued;
   std::vector<std::thread> workers;
   {

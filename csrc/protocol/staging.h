@@ -78,7 +78,7 @@ class Stager {
   RequestPtr post_recv(const std::shared_ptr<Connection>& conn, uint64_t msg_id, uint64_t device,
                        uint64_t length, const StagingOptions& options);
 
-  void close(double timeout_s);
+  void close();
   std::string describe() const { return copier_->describe(); }
   // Operations running, and worker threads made so far (never more than kMaxWorkers).
   int active() const;
