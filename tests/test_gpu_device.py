@@ -48,7 +48,7 @@ def test_device_round_trip_copy(rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(buf.copy_to_host(), host)
 
 
-@pytest.mark.parametrize("size", [1, 1_000_003, 64 << 20])
+@pytest.mark.parametrize("size", [0, 1, 1_000_003, 3 * (8 << 20) + 77, 64 << 20])
 def test_staged_send_recv_write_read(pair: Pair, rng: np.random.Generator, size: int) -> None:
     src, host = _device_random(rng, size, np.uint8)
     sent = pair.a.post_send(src)

@@ -263,12 +263,26 @@ void bind_cuda(py::module_& m) {
           },
           py::arg("endpoint"), py::arg("msg_id"), py::arg("device"), py::arg("length"),
           py::arg("timeout") = 60.0)
-      .def_property_readonly("pooled_buffers", &Stager::pooled_buffers)
-      .def_property_readonly("pooled_bytes", &Stager::pooled_bytes)
+      .def("pool_stats",
+           [](const Stager& s) {
+             const BouncePoolStats p = s.pool_stats();
+             py::dict d;
+             d["slab_bytes"] = p.slab_bytes;
+             d["max_slabs"] = p.max_slabs;
+             d["slabs"] = p.slabs;
+             d["free"] = p.free;
+             d["allocations"] = p.allocations;
+             d["message_buffers"] = p.message_buffers;
+             d["acquires"] = p.acquires;
+             d["waits"] = p.waits;
+             d["timeouts"] = p.timeouts;
+             d["stranded"] = p.stranded;
+             return d;
+           })
       .def_property_readonly("active", &Stager::active)
+      .def_property_readonly("workers", &Stager::workers)
       .def("describe", &Stager::describe)
-      .def("close", &Stager::close, py::arg("timeout") = 5.0,
-           py::call_guard<py::gil_scoped_release>());
+      .def("close", &Stager::close, py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace rdmaxfer

@@ -15,17 +15,6 @@ namespace rdmaxfer {
 
 namespace {
 
-class PinnedBuffer : public HostBuffer {
- public:
-  PinnedBuffer(std::shared_ptr<CudaContext> ctx, uint64_t length)
-      : alloc_(std::move(ctx), length) {}
-  uint8_t* data() const override { return alloc_.data(); }
-  uint64_t length() const override { return alloc_.length(); }
-
- private:
-  PinnedHostAllocation alloc_;
-};
-
 class CudaLane : public CopyLane {
  public:
   CudaLane(std::shared_ptr<CudaContext> ctx, int slots) : ctx_(ctx), stream_(ctx) {
@@ -109,10 +98,6 @@ CudaCopier::CudaCopier(int ordinal) : ctx_(CudaContext::get(ordinal)) {}
 std::string CudaCopier::describe() const {
   return "CUDA copier on cuda:" + std::to_string(ctx_->ordinal()) +
          " (cuMemcpyAsync on a stream, events per bounce buffer)";
-}
-
-std::unique_ptr<HostBuffer> CudaCopier::alloc_host(uint64_t length) {
-  return std::make_unique<PinnedBuffer>(ctx_, length);
 }
 
 std::unique_ptr<CopyLane> CudaCopier::open_lane(int slots) {

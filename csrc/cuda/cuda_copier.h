@@ -1,7 +1,7 @@
 // CudaCopier: the staging pipeline's copies on a GPU. Each lane has its own non-blocking stream
 // and one event per slot: a copy is cuMemcpy{DtoH,HtoD}Async on the lane's stream followed by
 // cuEventRecord on the slot's event, and completion is cuEventQuery on that event; nothing
-// synchronizes the device or the context. Bounce buffers are cuMemHostAlloc'd (page-locked),
+// synchronizes the device or the context. The bounce slabs are cuMemHostAlloc'd (page-locked; transport/bounce_pool.h),
 // so the copies run on the copy engines while the wire moves other chunks.
 //
 // Lifecycle of a lane: stream + events created -> copies -> destroyed: the stream is
@@ -20,7 +20,6 @@ class CudaCopier : public DeviceCopier {
  public:
   explicit CudaCopier(int ordinal);
   std::string describe() const override;
-  std::unique_ptr<HostBuffer> alloc_host(uint64_t length) override;
   std::unique_ptr<CopyLane> open_lane(int slots) override;
   void bind_thread() override;
   const std::shared_ptr<CudaContext>& context() const { return ctx_; }

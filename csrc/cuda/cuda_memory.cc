@@ -107,6 +107,24 @@ void copy_host_to_device(const std::shared_ptr<CudaContext>& ctx, uint64_t dst,
   stream.synchronize();
 }
 
+void set_sync_memops(const std::shared_ptr<CudaContext>& ctx, uint64_t addr) {
+  const CudaApi& api = cuda();
+  if (api.pointer_set_attribute == nullptr) {
+    throw Error(ErrorKind::kRegistration,
+                "this NVIDIA driver lacks cuPointerSetAttribute, needed to set SYNC_MEMOPS on "
+                "GPU memory the NIC accesses; upgrade the driver");
+  }
+  ctx->bind();
+  const unsigned on = 1;
+  const CUresult r = api.pointer_set_attribute(&on, kPointerAttrSyncMemops, addr);
+  if (r != kCudaSuccess) {
+    throw Error(ErrorKind::kRegistration,
+                cuda_error_text("cuPointerSetAttribute(SYNC_MEMOPS)", r) +
+                    "; the address must be device memory from cuMemAlloc (or an allocator "
+                    "built on it)");
+  }
+}
+
 DmabufFd::DmabufFd(const std::shared_ptr<CudaContext>& ctx, uint64_t addr, uint64_t length) {
   const CudaApi& api = cuda();
   if (api.mem_get_handle_for_address_range == nullptr) {

@@ -76,6 +76,12 @@ void copy_device_to_host(const std::shared_ptr<CudaContext>& ctx, void* dst, uin
 void copy_host_to_device(const std::shared_ptr<CudaContext>& ctx, uint64_t dst,
                          const void* src, uint64_t length);
 
+// Sets CU_POINTER_ATTRIBUTE_SYNC_MEMOPS on the allocation holding `addr`: synchronous memory
+// operations on it then complete before they return, as memory a NIC reads and writes needs
+// (CUDA GPUDirect RDMA guide, "Synchronization and Memory Ordering"). Throws Error(kRegistration)
+// when the driver lacks cuPointerSetAttribute or refuses.
+void set_sync_memops(const std::shared_ptr<CudaContext>& ctx, uint64_t addr);
+
 class DmabufFd {
  public:
   // Throws Error(kUnsupported) when the driver lacks cuMemGetHandleForAddressRange (CUDA <

@@ -1,5 +1,6 @@
 // What the staging pipeline needs from "the device": asynchronous copies between device memory
-// and host bounce buffers, and a way to know when each has finished.
+// and host bounce slabs (transport/bounce_pool.h makes those), and a way to know when each has
+// finished.
 //
 // Two implementations: CudaCopier (cuMemcpy*Async on a CUDA stream, one event per slot) and
 // HostCopier (memcpy on a worker thread: host memory standing in for the device, so the
@@ -16,14 +17,6 @@
 #include <string>
 
 namespace rdmaxfer {
-
-// Host memory a copier can copy to and from asynchronously (page-locked for CUDA).
-class HostBuffer {
- public:
-  virtual ~HostBuffer() = default;
-  virtual uint8_t* data() const = 0;
-  virtual uint64_t length() const = 0;
-};
 
 class CopyLane {
  public:
@@ -42,7 +35,6 @@ class DeviceCopier {
  public:
   virtual ~DeviceCopier() = default;
   virtual std::string describe() const = 0;
-  virtual std::unique_ptr<HostBuffer> alloc_host(uint64_t length) = 0;
   virtual std::unique_ptr<CopyLane> open_lane(int slots) = 0;
   // Prepares the calling thread for copies (makes the CUDA context current).
   virtual void bind_thread() {}

@@ -16,27 +16,6 @@ namespace rdmaxfer {
 
 namespace {
 
-class AlignedBuffer : public HostBuffer {
- public:
-  explicit AlignedBuffer(uint64_t length) : length_(length) {
-    const uint64_t n = (length == 0 ? 1 : length + 4095) / 4096 * 4096;
-    data_ = static_cast<uint8_t*>(std::aligned_alloc(4096, n));
-    if (data_ == nullptr) {
-      throw Error(ErrorKind::kRegistration,
-                  "host bounce buffer of " + std::to_string(length) + " bytes: out of memory");
-    }
-  }
-  ~AlignedBuffer() override { std::free(data_); }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  uint8_t* data() const override { return data_; }
-  uint64_t length() const override { return length_; }
-
- private:
-  uint8_t* data_ = nullptr;
-  uint64_t length_;
-};
-
 class HostLane : public CopyLane {
  public:
   HostLane(int slots, const HostCopierFaults& faults, std::shared_ptr<std::atomic<int64_t>> counter)
@@ -163,10 +142,6 @@ HostCopier::HostCopier(const HostCopierFaults& faults)
     : faults_(faults), counter_(std::make_shared<std::atomic<int64_t>>(0)) {}
 
 std::string HostCopier::describe() const { return "host copier (memcpy on a worker thread)"; }
-
-std::unique_ptr<HostBuffer> HostCopier::alloc_host(uint64_t length) {
-  return std::make_unique<AlignedBuffer>(length);
-}
 
 std::unique_ptr<CopyLane> HostCopier::open_lane(int slots) {
   return std::make_unique<HostLane>(slots, faults_, counter_);

@@ -28,7 +28,6 @@ class HostCopier : public DeviceCopier {
  public:
   explicit HostCopier(const HostCopierFaults& faults);
   std::string describe() const override;
-  std::unique_ptr<HostBuffer> alloc_host(uint64_t length) override;
   std::unique_ptr<CopyLane> open_lane(int slots) override;
   uint64_t copies_started() const { return counter_->load(); }
 

@@ -9,6 +9,8 @@
 namespace rdmaxfer {
 
 namespace {
+constexpr double kPoolCloseS = 5.0;  // bound on each bounce slab's deregistration at close
+
 uint64_t random_engine_id() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -45,6 +47,9 @@ void Engine::close() {
     static_cast<void>(transport_.release());
     return;
   }
+  // The staging operations have ended (their Stagers are closed first): free the slabs while
+  // the transport can still deregister them.
+  transport_->domain().close_bounce_pool(kPoolCloseS);
   transport_->shutdown();
 }
 

@@ -6,30 +6,17 @@
 
 #include "common/deadline.h"
 #include "common/error.h"
+#include "transport/bounce_pool.h"
 
 namespace rdmaxfer {
 
 namespace {
 
-constexpr uint64_t kPoolLimit = 512ull << 20;  // free bounce bytes kept for reuse
-constexpr double kCleanupWaitS = 5.0;          // bound on waits after a failure
-constexpr double kMixedSliceS = 100e-6;        // poll slice while copies and wire ops overlap
-constexpr double kSliceS = 20e-3;              // wait slice while only one kind is in flight
-
-std::string mib(uint64_t bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return buf;
-}
+constexpr double kCleanupWaitS = 5.0;    // bound on waits after a failure
+constexpr double kMixedSliceS = 100e-6;  // poll slice while copies and wire ops overlap
+constexpr double kSliceS = 20e-3;        // wait slice while only one kind is in flight
 
 }  // namespace
-
-struct Stager::Bounce {
-  std::unique_ptr<HostBuffer> memory;
-  std::shared_ptr<MemoryRegion> region;
-  uint8_t* data() const { return memory->data(); }
-  uint64_t length() const { return memory->length(); }
-};
 
 struct Stager::Op {
   enum class Kind { kWrite, kRead, kSend, kRecv };
@@ -45,9 +32,9 @@ struct Stager::Op {
   RequestPtr request;
 };
 
-// Runs one operation on its worker thread. Owns the lane and the bounce buffer until the end;
-// on failure it makes sure no copy and no wire operation still uses the bounce buffer before
-// giving it back (else it is stranded).
+// Runs one operation on a worker thread. Owns the lane and its slabs until the end; on failure
+// it makes sure no copy and no wire operation still uses a slab before giving it back to the
+// pool (else the pool strands it).
 class Stager::Pipeline {
  public:
   Pipeline(Stager& stager, Op& op)
@@ -78,9 +65,20 @@ class Stager::Pipeline {
     RequestPtr req;
   };
 
-  uint64_t chunk_bytes() const {
+  BouncePool& pool() {
+    if (pool_ == nullptr) pool_ = &stager_.transport_.domain().bounce_pool();
+    return *pool_;
+  }
+
+  uint64_t chunk_bytes() {
     const uint64_t c = op_.options.chunk != 0 ? op_.options.chunk : StagingOptions::kDefaultChunk;
-    return std::max<uint64_t>(1, std::min(c, op_.length));
+    return std::max<uint64_t>(1, std::min({c, op_.length, pool().slab_bytes()}));
+  }
+
+  // Takes `count` slabs from the pool, waiting within the operation's timeout.
+  void take_slabs(int count, const std::string& what) {
+    const Deadline deadline(op_.options.timeout_s);
+    slabs_ = pool().acquire(count, deadline, [&] { check_stopped(what); });
   }
 
   [[noreturn]] void timed_out(const std::string& what) const {
@@ -98,6 +96,11 @@ class Stager::Pipeline {
   // Stops on the deadline, on Stager::close(), and (when `endpoint_matters`: bytes still
   // have to cross the wire) when the endpoint was closed or aborted.
   void check_deadline(const std::string& what, bool endpoint_matters = true) const {
+    check_stopped(what, endpoint_matters);
+    if (deadline_.expired()) timed_out(what);
+  }
+
+  void check_stopped(const std::string& what, bool endpoint_matters = true) const {
     if (stager_.closing_.load()) {
       throw Error(ErrorKind::kClosed, what + ": the engine was closed");
     }
@@ -106,7 +109,6 @@ class Stager::Pipeline {
       throw Error(ErrorKind::kClosed,
                   what + ": the endpoint was closed" + (why.empty() ? "" : ": " + why));
     }
-    if (deadline_.expired()) timed_out(what);
   }
 
   double slice(double cap) const {
@@ -119,20 +121,20 @@ class Stager::Pipeline {
     const uint64_t n = op_.length == 0 ? 0 : (op_.length + c - 1) / c;
     if (n == 0) return;
     const int s = static_cast<int>(std::min<uint64_t>(
-        static_cast<uint64_t>(op_.options.slots), n));
-    bounce_ = stager_.acquire(c * static_cast<uint64_t>(s));
-    lane_ = stager_.copier_->open_lane(s);
-    slots_.assign(static_cast<size_t>(s), Slot{});
+        {static_cast<uint64_t>(op_.options.slots), n, pool().max_slabs()}));
     auto len = [&](uint64_t chunk) { return std::min(c, op_.length - chunk * c); };
     const std::string what = std::string(write ? "staged write" : "staged read") + " of " +
                              std::to_string(op_.length) + " bytes";
+    take_slabs(s, what);
+    lane_ = stager_.copier_->open_lane(s);
+    slots_.assign(static_cast<size_t>(s), Slot{});
     uint64_t next = 0;
     uint64_t finished = 0;
     while (finished < n) {
       bool progress = false;
       for (int k = 0; k < s; ++k) {
         Slot& x = slots_[static_cast<size_t>(k)];
-        const uint64_t off = static_cast<uint64_t>(k) * c;
+        const BounceSlab& slab = *slabs_[static_cast<size_t>(k)];
         if (write) {
           if (x.state == State::kWire && x.req->done()) {
             x.req->rethrow();
@@ -143,14 +145,14 @@ class Stager::Pipeline {
             progress = true;
           }
           if (x.state == State::kCopying && lane_->ready(k)) {
-            x.req = op_.conn->post_write(bounce_->region, off, op_.remote,
+            x.req = op_.conn->post_write(slab.region(), 0, op_.remote,
                                          op_.remote_offset + x.chunk * c, len(x.chunk),
                                          op_.options.wire);
             x.state = State::kWire;
             progress = true;
           }
           if (x.state == State::kFree && next < n) {
-            lane_->to_host(k, bounce_->data() + off, op_.device + next * c, len(next));
+            lane_->to_host(k, slab.data(), op_.device + next * c, len(next));
             x.state = State::kCopying;
             x.chunk = next++;
             progress = true;
@@ -159,7 +161,7 @@ class Stager::Pipeline {
           if (x.state == State::kWire && x.req->done()) {
             x.req->rethrow();
             x.req.reset();
-            lane_->to_device(k, op_.device + x.chunk * c, bounce_->data() + off, len(x.chunk));
+            lane_->to_device(k, op_.device + x.chunk * c, slab.data(), len(x.chunk));
             x.state = State::kCopying;
             progress = true;
           }
@@ -170,7 +172,7 @@ class Stager::Pipeline {
             progress = true;
           }
           if (x.state == State::kFree && next < n) {
-            x.req = op_.conn->post_read(bounce_->region, off, op_.remote,
+            x.req = op_.conn->post_read(slab.region(), 0, op_.remote,
                                         op_.remote_offset + next * c, len(next),
                                         op_.options.wire);
             x.state = State::kWire;
@@ -226,29 +228,39 @@ class Stager::Pipeline {
     while (!lane_->wait(slot, slice(kSliceS))) check_deadline(what, endpoint_matters);
   }
 
+  // One registered range for a whole message: a slab when it fits, else a one-off buffer.
+  BounceSlab& message_buffer(const std::string& what) {
+    if (op_.length <= pool().slab_bytes()) {
+      take_slabs(1, what);
+    } else {
+      slabs_.push_back(pool().acquire_message(op_.length));
+    }
+    return *slabs_[0];
+  }
+
   void message_send() {
     const std::string what = "staged send of " + std::to_string(op_.length) + " bytes";
-    bounce_ = stager_.acquire(op_.length);
+    BounceSlab& buffer = message_buffer(what);
     lane_ = stager_.copier_->open_lane(1);
-    lane_->to_host(0, bounce_->data(), op_.device, op_.length);
+    lane_->to_host(0, buffer.data(), op_.device, op_.length);
     wait_copy(0, what + " (device to host copy)", true);
     slots_.assign(1, Slot{});
     slots_[0].state = State::kWire;
-    slots_[0].req = op_.conn->post_send(bounce_->region, 0, op_.length, op_.meta, op_.options.wire);
+    slots_[0].req = op_.conn->post_send(buffer.region(), 0, op_.length, op_.meta, op_.options.wire);
     wait_request(slots_[0].req, what);
     slots_[0] = Slot{};
   }
 
   void message_recv() {
     const std::string what = "staged recv of " + std::to_string(op_.length) + " bytes";
-    bounce_ = stager_.acquire(op_.length);
+    BounceSlab& buffer = message_buffer(what);
     lane_ = stager_.copier_->open_lane(1);
     slots_.assign(1, Slot{});
     slots_[0].state = State::kWire;
-    slots_[0].req = op_.conn->post_recv(op_.msg_id, bounce_->region, 0, op_.length);
+    slots_[0].req = op_.conn->post_recv(op_.msg_id, buffer.region(), 0, op_.length);
     wait_request(slots_[0].req, what);
     slots_[0] = Slot{};
-    lane_->to_device(0, op_.device, bounce_->data(), op_.length);
+    lane_->to_device(0, op_.device, buffer.data(), op_.length);
     wait_copy(0, what + " (host to device copy)", false);
   }
 
@@ -273,16 +285,19 @@ class Stager::Pipeline {
   }
 
   void finish() {
-    lane_.reset();  // waits for copies still writing the bounce buffer (or abandons a hung one)
-    if (!bounce_) return;
-    bool unused = bounce_->region->wait_unused(kCleanupWaitS);
-    stager_.release(std::move(bounce_), !unused);
+    lane_.reset();  // waits for copies still writing the slabs (or abandons a hung one)
+    for (auto& slab : slabs_) {
+      const bool unused = slab->region()->wait_unused(kCleanupWaitS);
+      pool_->release(std::move(slab), !unused);
+    }
+    slabs_.clear();
   }
 
   Stager& stager_;
   Op& op_;
   Deadline deadline_;
-  std::unique_ptr<Bounce> bounce_;
+  BouncePool* pool_ = nullptr;  // the domain's, which outlives every operation
+  std::vector<std::unique_ptr<BounceSlab>> slabs_;
   std::unique_ptr<CopyLane> lane_;
   std::vector<Slot> slots_;
 };
@@ -292,11 +307,7 @@ Stager::Stager(Transport& transport, std::shared_ptr<DeviceCopier> copier)
   if (!copier_) throw Error(ErrorKind::kInvalidArgument, "Stager needs a device copier");
 }
 
-Stager::~Stager() {
-  close(kCleanupWaitS);
-  // A stranded bounce buffer may still be the target of a late transfer: never free it.
-  for (auto& b : stranded_) static_cast<void>(b.release());
-}
+Stager::~Stager() { close(); }
 
 RequestPtr Stager::post_one_sided(bool write, const std::shared_ptr<Connection>& conn,
                                   uint64_t device, uint64_t length, const Descriptor& remote,
@@ -371,144 +382,90 @@ RequestPtr Stager::start(std::unique_ptr<Op> op) {
   std::shared_ptr<Op> shared(std::move(op));
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) throw Error(ErrorKind::kClosed, "staging: the engine is closed");
-  reap_locked();
-  workers_.emplace_back();
-  Worker* worker = &workers_.back();
-  worker->thread = std::thread([this, shared, worker] {
-    run(*shared);
-    std::lock_guard<std::mutex> done_lock(mu_);
-    worker->finished = true;
-  });
+  queue_.push_back(std::move(shared));
+  // A worker per queued operation that no idle worker will take, up to kMaxWorkers.
+  if (static_cast<size_t>(idle_) < queue_.size() &&
+      static_cast<int>(workers_.size()) < kMaxWorkers) {
+    workers_.emplace_back([this] { work(); });
+  }
+  queued_.notify_one();
   return request;
 }
 
-void Stager::run(Op& op) {
+// A worker: runs queued operations one after the other until close(). It counts as idle again
+// before it ends an operation's request, so a caller that posts the next operation as soon as
+// the last one ended finds it free.
+void Stager::work() {
+  std::unique_lock<std::mutex> lock(mu_);
+  ++idle_;
+  for (;;) {
+    queued_.wait(lock, [this] { return closed_ || !queue_.empty(); });
+    if (closed_) {
+      --idle_;
+      return;
+    }
+    std::shared_ptr<Op> op = std::move(queue_.front());
+    queue_.pop_front();
+    --idle_;
+    ++active_;
+    lock.unlock();
+    const std::function<void()> end = run(*op);
+    lock.lock();
+    --active_;
+    ++idle_;
+    lock.unlock();
+    end();
+    op.reset();
+    lock.lock();
+  }
+}
+
+std::function<void()> Stager::run(Op& op) {
+  const RequestPtr request = op.request;
   try {
     copier_->bind_thread();
     Pipeline pipeline(*this, op);
     pipeline.execute();
   } catch (const Error& e) {
-    op.request->fail(e.kind(), std::string("staging: ") + e.what());
-    return;
+    const ErrorKind kind = e.kind();
+    std::string why = std::string("staging: ") + e.what();
+    return [request, kind, why] { request->fail(kind, why); };
   } catch (const std::exception& e) {
-    op.request->fail(ErrorKind::kTransport, std::string("staging: ") + e.what());
-    return;
+    std::string why = std::string("staging: ") + e.what();
+    return [request, why] { request->fail(ErrorKind::kTransport, why); };
   }
-  op.request->complete();
+  return [request] { request->complete(); };
 }
 
-std::unique_ptr<Stager::Bounce> Stager::acquire(uint64_t length) {
-  const uint64_t need = std::max<uint64_t>(length, 4096);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto best = pool_.end();
-    for (auto it = pool_.begin(); it != pool_.end(); ++it) {
-      if ((*it)->length() >= need && (best == pool_.end() || (*it)->length() < (*best)->length())) {
-        best = it;
-      }
-    }
-    if (best != pool_.end()) {
-      auto bounce = std::move(*best);
-      pool_.erase(best);
-      return bounce;
-    }
-  }
-  auto bounce = std::make_unique<Bounce>();
-  bounce->memory = copier_->alloc_host(need);
-  try {
-    bounce->region = transport_.domain().register_memory(bounce->data(), need, kAccessLocalWrite);
-  } catch (const Error& e) {
-    throw Error(e.kind(), "registering a " + mib(need) + " staging bounce buffer: " + e.what(),
-                e.err_no());
-  }
-  return bounce;
-}
-
-void Stager::release(std::unique_ptr<Bounce> bounce, bool in_use) {
-  std::vector<std::unique_ptr<Bounce>> evict;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (in_use) {
-      stranded_.push_back(std::move(bounce));
-      return;
-    }
-    pool_.push_back(std::move(bounce));
-    uint64_t total = 0;
-    for (const auto& b : pool_) total += b->length();
-    std::sort(pool_.begin(), pool_.end(),
-              [](const auto& a, const auto& b) { return a->length() < b->length(); });
-    while (total > kPoolLimit || closed_) {
-      if (pool_.empty()) break;
-      total -= pool_.back()->length();
-      evict.push_back(std::move(pool_.back()));
-      pool_.pop_back();
-    }
-  }
-  for (auto& b : evict) {
-    try {
-      transport_.domain().deregister(b->region, kCleanupWaitS);
-    } catch (const Error&) {
-      std::lock_guard<std::mutex> lock(mu_);
-      stranded_.push_back(std::move(b));
-    }
-  }
-}
-
-void Stager::reap_locked() {
-  for (auto it = workers_.begin(); it != workers_.end();) {
-    if (it->finished) {
-      it->thread.join();
-      it = workers_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void Stager::close(double timeout_s) {
-  std::list<Worker> workers;
-  std::vector<std::unique_ptr<Bounce>> pool;
+void Stager::close() {
+  std::deque<std::shared_ptr<Op>> queued;
+  std::vector<std::thread> workers;
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
     closing_.store(true);
-    workers.splice(workers.end(), workers_);
+    queued.swap(queue_);
+    workers.swap(workers_);
   }
-  // Every operation ends by its own deadline (and at once when its endpoint is closed).
-  for (Worker& w : workers) {
-    if (w.thread.joinable()) w.thread.join();
+  queued_.notify_all();
+  for (const auto& op : queued) {
+    op->request->fail(ErrorKind::kClosed, "staging: the engine was closed before it started");
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    pool.swap(pool_);
+  // Every operation in flight ends within one wait slice (and at once when its endpoint is
+  // closed); its slabs go back to the domain's pool.
+  for (std::thread& w : workers) {
+    if (w.joinable()) w.join();
   }
-  for (auto& b : pool) {
-    try {
-      transport_.domain().deregister(b->region, timeout_s);
-    } catch (const Error&) {
-      std::lock_guard<std::mutex> lock(mu_);
-      stranded_.push_back(std::move(b));
-    }
-  }
-}
-
-size_t Stager::pooled_buffers() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return pool_.size();
-}
-
-uint64_t Stager::pooled_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  uint64_t total = 0;
-  for (const auto& b : pool_) total += b->length();
-  return total;
 }
 
 int Stager::active() const {
   std::lock_guard<std::mutex> lock(mu_);
-  int n = 0;
-  for (const Worker& w : workers_) n += w.finished ? 0 : 1;
-  return n;
+  return active_;
+}
+
+int Stager::workers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(workers_.size());
 }
 
 }  // namespace rdmaxfer

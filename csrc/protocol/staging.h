@@ -1,29 +1,36 @@
-// The staging pipeline: device memory moved over any transport through host bounce buffers,
+// The staging pipeline: device memory moved over any transport through host bounce slabs,
 // with the device copies and the wire overlapped.
 //
-//   write:  D2H chunk i into bounce slot k   while chunk i-1 (slot k-1) goes out as a WRITE
-//   read:   READ chunk i into bounce slot k  while chunk i-1 (slot k-1) goes up by H2D
-//   send:   D2H into one message-sized bounce buffer, then one SEND (a two-sided message must
-//           come from one registered range, so the receiver sees an ordinary message)
-//   recv:   RECV into a message-sized bounce buffer, then H2D
+//   write:  D2H chunk i into slab k   while chunk i-1 (slab k-1) goes out as a WRITE
+//   read:   READ chunk i into slab k  while chunk i-1 (slab k-1) goes up by H2D
+//   send:   D2H into one slab (a message larger than a slab: one message-sized buffer), then
+//           one SEND (a two-sided message comes from one registered range, so the receiver
+//           sees an ordinary message)
+//   recv:   RECV into a slab (or a message-sized buffer), then H2D
 //
-// Chunks are `chunk` bytes (the last one shorter); `slots` bounce buffers (1 = no overlap,
-// 2 = double, 3 = triple buffering). Copies go through a DeviceCopier (CUDA streams and events,
-// or the host stand-in for tests); the wire through the ordinary Connection, so the transports
-// are the real ones. Nothing here synchronizes the device: each slot waits on its own event.
+// Chunks are `chunk` bytes (at most a slab; the last one shorter); `slots` slabs (1 = no
+// overlap, 2 = double, 3 = triple buffering). The slabs come from the memory domain's bounce
+// pool (transport/bounce_pool.h): made and registered once, reused by every operation, bounded
+// in total; an operation waits for its slabs within its timeout. Copies go through a
+// DeviceCopier (CUDA streams and events, or the host stand-in for tests); the wire through the
+// ordinary Connection, so the transports are the real ones. Nothing here synchronizes the
+// device: each slot waits on its own event.
 //
 // Lifecycle of a Stager: constructed on a transport (one per engine and device) -> post_*()
-// each start one operation on a worker thread and return its Request at once (terminal when
-// the bytes are in place, failed with the first error: a copy failure, a wire failure, or the
-// operation's timeout) -> close(): operations in flight stop within one wait slice (failing
-// with a closed error), the workers are joined, then it deregisters and frees the pooled bounce buffers. Bounce buffers are pooled and
-// registered once with the transport. If a wire operation cannot be stopped after a failure,
-// its bounce buffer is never freed (stranded), so no late write can land in freed memory.
+// each queue one operation for the Stager's workers (threads made on demand, at most
+// kMaxWorkers, kept until close) and return its Request at once (terminal when the bytes are
+// in place, failed with the first error: a copy failure, a wire failure, no slab in time, or
+// the operation's timeout) -> close(): queued operations fail, those in flight stop within one
+// wait slice (failing with a closed error), the workers are joined. If a wire operation cannot
+// be stopped after a failure, its slab is stranded by the pool, so no late write can land in
+// freed memory.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
-#include <list>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,12 +41,14 @@
 #include "core/request.h"
 #include "cuda/device_copier.h"
 #include "protocol/connection.h"
+#include "transport/bounce_pool.h"
 
 namespace rdmaxfer {
 
 struct StagingOptions {
-  uint64_t chunk = 0;        // bytes per chunk (0: kDefaultChunk, clamped to the length)
-  int slots = 0;             // bounce buffers (0: 3)
+  uint64_t chunk = 0;        // bytes per chunk (0: kDefaultChunk; clamped to the length and
+                             // to the bounce pool's slab size)
+  int slots = 0;             // bounce slabs (0: 3; clamped to the pool's bound)
   double timeout_s = 60.0;   // inactivity bound: no chunk done for that long
   TransferOptions wire;      // for the transport's own chunking/streams
 
@@ -69,38 +78,37 @@ class Stager {
   RequestPtr post_recv(const std::shared_ptr<Connection>& conn, uint64_t msg_id, uint64_t device,
                        uint64_t length, const StagingOptions& options);
 
-  void close(double timeout_s);
+  void close();
   std::string describe() const { return copier_->describe(); }
-  // Bounce buffers currently pooled (free) and their total bytes; for tests and `info`.
-  size_t pooled_buffers() const;
-  uint64_t pooled_bytes() const;
+  // Operations running, and worker threads made so far (never more than kMaxWorkers).
   int active() const;
+  int workers() const;
+  // The counters of the bounce pool this Stager's transfers take their slabs from.
+  BouncePoolStats pool_stats() const { return transport_.domain().bounce_pool().stats(); }
+
+  static constexpr int kMaxWorkers = 8;
 
  private:
-  struct Bounce;
   struct Op;
   class Pipeline;
   RequestPtr post_one_sided(bool write, const std::shared_ptr<Connection>& conn, uint64_t device,
                             uint64_t length, const Descriptor& remote, uint64_t remote_offset,
                             const StagingOptions& options);
   RequestPtr start(std::unique_ptr<Op> op);
-  void run(Op& op);
-  std::unique_ptr<Bounce> acquire(uint64_t length);
-  void release(std::unique_ptr<Bounce> bounce, bool in_use);
-  void reap_locked();
+  void work();
+  // Runs the operation; returns what ends its request (complete or fail).
+  std::function<void()> run(Op& op);
 
   Transport& transport_;
   std::shared_ptr<DeviceCopier> copier_;
   mutable std::mutex mu_;
+  std::condition_variable queued_;
   bool closed_ = false;
   std::atomic<bool> closing_{false};  // operations in flight stop at their next wait slice
-  std::vector<std::unique_ptr<Bounce>> pool_;
-  std::vector<std::unique_ptr<Bounce>> stranded_;
-  struct Worker {
-    std::thread thread;
-    bool finished = false;
-  };
-  std::list<Worker> workers_;
+  std::deque<std::shared_ptr<Op>> queue_;
+  std::vector<std::thread> workers_;
+  int idle_ = 0;
+  int active_ = 0;
 };
 
 }  // namespace rdmaxfer

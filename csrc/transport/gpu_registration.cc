@@ -10,21 +10,25 @@ namespace rdmaxfer {
 std::shared_ptr<MemoryRegion> register_gpu_memory(Transport& transport, uint64_t addr,
                                                   uint64_t length, uint32_t access,
                                                   const std::string& method, int ordinal) {
+  if (method != "peermem" && method != "dmabuf") {
+    throw Error(ErrorKind::kInvalidArgument,
+                "GPU registration method '" + method + "' must be 'dmabuf' or 'peermem'");
+  }
   uint8_t* ptr = reinterpret_cast<uint8_t*>(addr);
+  if (transport.capabilities().kind != TransportKind::kRdma) {
+    // No NIC: refuse before touching the memory (the transport refuses device regions).
+    return transport.domain().register_device_memory(ptr, length, access, -1, 0);
+  }
+  const std::shared_ptr<CudaContext> ctx = CudaContext::get(ordinal);
+  // The NIC will access this range behind the GPU's back (cuda/cuda_memory.h).
+  set_sync_memops(ctx, addr);
   if (method == "peermem") {
     return transport.domain().register_device_memory(ptr, length, access, -1, 0);
   }
-  if (method == "dmabuf") {
-    if (transport.capabilities().kind != TransportKind::kRdma) {
-      // Refuse before exporting anything (the transport would refuse too).
-      return transport.domain().register_device_memory(ptr, length, access, -1, 0);
-    }
-    DmabufFd fd(CudaContext::get(ordinal), addr, length);
-    // The MR holds its own reference to the dmabuf; our fd is closed on return.
-    return transport.domain().register_device_memory(ptr, length, access, fd.fd(), fd.offset());
-  }
-  throw Error(ErrorKind::kInvalidArgument,
-              "GPU registration method '" + method + "' must be 'dmabuf' or 'peermem'");
+  // Exported page-aligned; the MR starts `offset` bytes into the dmabuf (cuda_memory.h). The
+  // MR holds its own reference to the dmabuf; our fd is closed on return.
+  DmabufFd fd(ctx, addr, length);
+  return transport.domain().register_device_memory(ptr, length, access, fd.fd(), fd.offset());
 }
 
 std::string verbs_dmabuf_unavailable() {

@@ -1,8 +1,30 @@
 #include "transport/memory_domain.h"
 
 #include "common/error.h"
+#include "transport/bounce_pool.h"
 
 namespace rdmaxfer {
+
+MemoryDomain::MemoryDomain(RegistrationBackend& backend) : backend_(backend) {}
+
+MemoryDomain::~MemoryDomain() = default;
+
+BouncePool& MemoryDomain::bounce_pool() {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  if (pool_closed_) throw Error(ErrorKind::kClosed, "bounce pool: the engine is closed");
+  if (!pool_) pool_ = std::make_unique<BouncePool>(*this, BouncePoolConfig::from_env());
+  return *pool_;
+}
+
+void MemoryDomain::close_bounce_pool(double timeout_s) {
+  BouncePool* pool = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    pool_closed_ = true;
+    pool = pool_.get();
+  }
+  if (pool != nullptr) pool->close(timeout_s);
+}
 
 uint32_t MemoryDomain::access_for(uint32_t access) {
   if ((access & ~(kAccessRemoteMask | kAccessLocalWrite)) != 0) {

@@ -6,13 +6,16 @@
 // lifecycle. The transport only builds its region objects (a verbs MR, plain bookkeeping on
 // TCP and loopback) through the small RegistrationBackend interface.
 //
-// Matched lifecycle pairs: register_memory/alloc_pinned/register_device_memory -> deregister.
+// Matched lifecycle pairs: register_memory/alloc_pinned/register_device_memory -> deregister;
+// bounce_pool() (made on first use) -> close_bounce_pool() (the engine, before its transport
+// shuts down).
 // Temporary registrations of unregistered user memory are cached above this class, where the
 // owner of the memory is known (python/rdmaxfer/transport/domain.py, "registration cache").
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/region.h"
@@ -33,9 +36,12 @@ class RegistrationBackend {
                                                            uint64_t dmabuf_offset) = 0;
 };
 
+class BouncePool;
+
 class MemoryDomain {
  public:
-  explicit MemoryDomain(RegistrationBackend& backend) : backend_(backend) {}
+  explicit MemoryDomain(RegistrationBackend& backend);
+  ~MemoryDomain();
   MemoryDomain(const MemoryDomain&) = delete;
   MemoryDomain& operator=(const MemoryDomain&) = delete;
 
@@ -59,9 +65,19 @@ class MemoryDomain {
   size_t registered_count() const { return regions_.size(); }
   const RegionTable& regions() const { return regions_; }
 
+  // The staging bounce pool of this domain (bounce_pool.h), made on first use with the
+  // configuration of the environment. Throws Error(kClosed) after close_bounce_pool(), and
+  // Error(kInvalidArgument) for a bad RDMAXFER_BOUNCE_* variable.
+  BouncePool& bounce_pool();
+  // Deregisters and frees the pool's free slabs (each wait bounded by `timeout_s`).
+  void close_bounce_pool(double timeout_s);
+
  private:
   RegistrationBackend& backend_;
   RegionTable regions_;
+  std::mutex pool_mu_;
+  std::unique_ptr<BouncePool> pool_;
+  bool pool_closed_ = false;
 };
 
 }  // namespace rdmaxfer

@@ -17,7 +17,10 @@
 // - Arguments are checked as the driver checks them: a copy that runs past a device
 //   allocation, or an unknown pointer, stream or event, fails with CUDA_ERROR_INVALID_VALUE.
 // - cuMemGetHandleForAddressRange fails with CUDA_ERROR_NOT_SUPPORTED, as on a driver without
-//   dmabuf; the device attributes say neither dmabuf nor GPUDirect RDMA is supported.
+//   dmabuf (RDMAXFER_CUDA_STANDIN_DMABUF=1 lets it export page-aligned ranges, recorded for the
+//   tests); the device attributes say neither dmabuf nor GPUDirect RDMA is supported.
+// - cuPointerSetAttribute(SYNC_MEMOPS) is recorded per allocation and read back by
+//   cuPointerGetAttribute, so a test can see it was set.
 //
 // The entry points and values are those of the CUDA Driver API reference
 // (docs.nvidia.com/cuda/cuda-driver-api); only the subset csrc/cuda loads is implemented.
@@ -139,6 +142,8 @@ struct State {
   std::set<Stream*> streams;
   std::set<Event*> events;
   Stream* default_stream = nullptr;
+  CUdeviceptr last_export_ptr = 0;  // cuMemGetHandleForAddressRange's last range
+  size_t last_export_size = 0;
   int contexts[8] = {};  // the primary contexts' addresses stand in for CUcontext handles
 };
 
@@ -500,9 +505,37 @@ CUresult cuPointerSetAttribute(const void* value, int attribute, CUdeviceptr ptr
   return kSuccess;
 }
 
-CUresult cuMemGetHandleForAddressRange(void* /*handle*/, CUdeviceptr /*ptr*/, size_t /*size*/,
-                                       int /*type*/, unsigned long long /*flags*/) {
-  return kNotSupported;  // a driver without dmabuf
+// A driver without dmabuf, unless RDMAXFER_CUDA_STANDIN_DMABUF=1: then the export checks its
+// arguments as the driver does (the range page-aligned, inside one allocation, DMA_BUF_FD),
+// hands out a memfd of the allocation's size, and is recorded for rdmaxfer_standin_last_export.
+CUresult cuMemGetHandleForAddressRange(void* handle, CUdeviceptr ptr, size_t size, int type,
+                                       unsigned long long flags) {
+  const char* on = std::getenv("RDMAXFER_CUDA_STANDIN_DMABUF");
+  if (on == nullptr || std::strcmp(on, "1") != 0) return kNotSupported;
+  constexpr int kDmaBufFd = 1;  // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
+  const size_t page = page_size();
+  if (handle == nullptr || type != kDmaBufFd || flags != 0 || size == 0 || ptr % page != 0 ||
+      size % page != 0) {
+    return kInvalidValue;
+  }
+  std::lock_guard<std::mutex> lock(state().mu);
+  uintptr_t base = 0;
+  DeviceAllocation* a = find_device(static_cast<uintptr_t>(ptr), 0, &base);
+  // The allocation's whole pages may be exported (the driver allocates in pages too).
+  if (a == nullptr || ptr - base + size > a->mapped) return kInvalidValue;
+  const int fd = memfd_create("rdmaxfer-cuda-standin-dmabuf", MFD_CLOEXEC);
+  if (fd < 0) return kOutOfMemory;
+  *static_cast<int*>(handle) = fd;
+  state().last_export_ptr = ptr;
+  state().last_export_size = size;
+  return kSuccess;
+}
+
+// For the tests: the range of the last successful dmabuf export.
+void rdmaxfer_standin_last_export(CUdeviceptr* ptr, size_t* size) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  *ptr = state().last_export_ptr;
+  *size = state().last_export_size;
 }
 
 CUresult cuGetErrorName(CUresult error, const char** out) {

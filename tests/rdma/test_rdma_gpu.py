@@ -6,6 +6,8 @@ as on a GPU server without nvidia-peermem or dmabuf."""
 
 from __future__ import annotations
 
+import ctypes
+import os
 import zlib
 from collections.abc import Iterator
 
@@ -13,9 +15,10 @@ import numpy as np
 import pytest
 
 import rdmaxfer
-from rdmaxfer import Buffer, Engine, cuda
+from rdmaxfer import Buffer, Engine, _core, cuda
+from rdmaxfer.errors import RdmaxferError
 
-from .rdma_helpers import WAIT_S, addrs, devices
+from .rdma_helpers import RW, WAIT_S, addrs, devices
 
 pytestmark = [
     pytest.mark.rdma,
@@ -58,12 +61,16 @@ def test_preflight_says_staging_and_why(
     assert check.reasons, "staging must say why neither dmabuf nor peermem applies"
 
 
-@pytest.mark.parametrize("size", [1, 65_537, 1 << 20])
+@pytest.mark.parametrize("size", [0, 1, 65_537, 1 << 20, 3 * (1 << 16) + 77])
 def test_device_send_recv_write_read_over_verbs(
     engines: tuple[Engine, Engine, rdmaxfer.Endpoint, rdmaxfer.Endpoint],
     rng: np.random.Generator,
     size: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Over 64 KiB bounce slabs: the largest sizes take several slabs (write/read) or a one-off
+    message buffer (send/recv)."""
+    monkeypatch.setenv("RDMAXFER_BOUNCE_SLAB_BYTES", str(1 << 16))
     server, _, a, b = engines
     src, host = _device_random(rng, size)
     sent = a.post_send(src)
@@ -104,3 +111,48 @@ def test_weights_served_from_device_memory_pulled_into_device_memory(
         arr = got[name]
         assert isinstance(arr, Buffer) and arr.device == "cuda:0"
         np.testing.assert_array_equal(arr.copy_to_host(), ref)
+
+
+def _standin() -> ctypes.CDLL:
+    path = os.environ.get("RDMAXFER_CUDA_LIBRARY", "")
+    if "cuda_standin" not in path:
+        pytest.skip("reads the stand-in driver's records (RDMAXFER_CUDA_LIBRARY is not it)")
+    return ctypes.CDLL(path)  # the same handle rdmaxfer loaded: the same state
+
+
+def _sync_memops(lib: ctypes.CDLL, ptr: int) -> int:
+    value = ctypes.c_int(-1)
+    assert lib.cuPointerGetAttribute(ctypes.byref(value), 6, ctypes.c_ulonglong(ptr)) == 0
+    return value.value
+
+
+def test_nic_ranges_get_sync_memops_and_export_page_aligned(
+    engines: tuple[Engine, Engine, rdmaxfer.Endpoint, rdmaxfer.Endpoint],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before the NIC may touch GPU memory it gets CU_POINTER_ATTRIBUTE_SYNC_MEMOPS (6), by
+    either method; dmabuf exports the page-aligned range around an unaligned array (the
+    stand-in refuses unaligned ranges, as the driver does). rxe then refuses the MR itself."""
+    _, client, _, _ = engines
+    lib = _standin()
+    lib.rdmaxfer_standin_last_export.argtypes = [
+        ctypes.POINTER(ctypes.c_ulonglong),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    page = os.sysconf("SC_PAGE_SIZE")
+    by_peermem = _core.DeviceMemory(0, 4 * page)
+    assert _sync_memops(lib, by_peermem.ptr) == 0
+    with pytest.raises(RdmaxferError):
+        client.core.register_device(by_peermem.ptr + 100, 5000, RW, "peermem", 0)
+    assert _sync_memops(lib, by_peermem.ptr) == 1
+
+    monkeypatch.setenv("RDMAXFER_CUDA_STANDIN_DMABUF", "1")
+    by_dmabuf = _core.DeviceMemory(0, 4 * page)
+    with pytest.raises(RdmaxferError) as info:
+        client.core.register_device(by_dmabuf.ptr + 100, 5000, RW, "dmabuf", 0)
+    assert "cuMemGetHandleForAddressRange" not in str(info.value)  # the export succeeded
+    assert _sync_memops(lib, by_dmabuf.ptr) == 1
+    ptr, size = ctypes.c_ulonglong(), ctypes.c_size_t()
+    lib.rdmaxfer_standin_last_export(ctypes.byref(ptr), ctypes.byref(size))
+    assert ptr.value == by_dmabuf.ptr  # the page below ptr + 100
+    assert size.value == 2 * page  # up to the page above ptr + 100 + 5000

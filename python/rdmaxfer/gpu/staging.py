@@ -71,15 +71,15 @@ class StagerPool:
                 self._stagers[device] = stager
             return stager
 
-    def close(self, timeout: float) -> None:
+    def close(self) -> None:
         """Close every Stager (after the engine's endpoints: their operations then end at
-        once), waiting up to ``timeout`` seconds for each."""
+        once, each within one wait slice; their slabs go back to the engine's bounce pool)."""
         with self._lock:
             stagers = list(self._stagers.values())
             self._stagers.clear()
         for stager in stagers:
             with contextlib.suppress(RdmaxferError):
-                stager.close(timeout)
+                stager.close()
 
 
 def to_user_array(buffer: Any) -> Any:

@@ -349,7 +349,7 @@ class MemoryDomain:
         """Close the staging pipelines and the notifications, then deregister every region
         (each wait bounded by CLOSE_TIMEOUT_S); the caller closes the ``_core.Engine``."""
         if self._stagers is not None:
-            self._stagers.close(CLOSE_TIMEOUT_S)
+            self._stagers.close()
         self._notifications.close()
         self._temps.clear()
         with self._lock:
