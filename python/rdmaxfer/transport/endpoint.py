@@ -149,7 +149,9 @@ class Endpoint:
             streams: how many of the endpoint's streams to spread over (0: all useful).
             checksum: end-to-end integrity: the XXH3-64 of the bytes (``xxhash``, about
                 10 GB/s per core) travels with the message and the receiver verifies it,
-                raising :class:`~rdmaxfer.errors.ChecksumError` on a mismatch.
+                raising :class:`~rdmaxfer.errors.ChecksumError` on a mismatch. GPU memory is
+                first copied whole to host memory (a blocking device-to-host copy made
+                here), hashed there and sent from that copy.
 
         Returns:
             A Transfer whose ``wait()`` returns None once the receiver has the bytes.
@@ -159,7 +161,7 @@ class Endpoint:
                 fix), object or structured dtype.
             EndpointClosedError: the endpoint is closed.
         """
-        arr = sendable(array)
+        arr = sendable(array, host=checksum)  # a checksum is computed over host memory
         nbytes = int(arr.nbytes)
         temps: list[MemoryRegion] = []
         if isinstance(arr, np.ndarray):
