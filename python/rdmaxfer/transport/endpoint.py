@@ -30,7 +30,7 @@ from .args import byte_range, descriptor_of, operand, receivable, remote_offset_
 from .domain import MemoryDomain, staged_backstop_s
 from .notifications import Notifications
 from .receive import recv_step
-from .transfer import Inflight, Transfer
+from .transfer import Inflight, Transfer, posted
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -305,10 +305,11 @@ class Endpoint:
         streams: int = 0,
         checksum: bool = False,
     ) -> None:
-        """Asyncio twin of :meth:`send`."""
-        await self.post_send(
-            array, chunk_size=chunk_size, streams=streams, checksum=checksum
-        ).wait_async(timeout, deadline=deadline)
+        """Asyncio twin of :meth:`send` (posted off the event loop)."""
+        transfer = await posted(
+            lambda: self.post_send(array, chunk_size=chunk_size, streams=streams, checksum=checksum)
+        )
+        await transfer.wait_async(timeout, deadline=deadline)
 
     async def arecv(
         self,
@@ -318,8 +319,9 @@ class Endpoint:
         deadline: float | None = None,
         device: str | int | None = None,
     ) -> npt.NDArray[Any]:
-        """Asyncio twin of :meth:`recv`."""
-        return await self.post_recv(out, device=device).wait_async(timeout, deadline=deadline)
+        """Asyncio twin of :meth:`recv` (posted off the event loop)."""
+        transfer = await posted(lambda: self.post_recv(out, device=device))
+        return await transfer.wait_async(timeout, deadline=deadline)
 
     def reject(self, msg_id: int, reason: str) -> None:
         """Refuse an incoming message by id (low level: ``recv`` does this on a mismatch)."""
@@ -502,15 +504,11 @@ class Endpoint:
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
-        """Asyncio twin of :meth:`write`."""
-        transfer = self.post_write(
-            local,
-            remote,
-            offset=offset,
-            remote_offset=remote_offset,
-            nbytes=nbytes,
-            chunk_size=chunk_size,
-            streams=streams,
+        """Asyncio twin of :meth:`write` (posted off the event loop)."""
+        transfer = await posted(
+            lambda: self._post_one_sided(
+                "write", local, remote, offset, remote_offset, nbytes, chunk_size, streams
+            )
         )
         await transfer.wait_async(timeout, deadline=deadline)
 
@@ -527,15 +525,11 @@ class Endpoint:
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
-        """Asyncio twin of :meth:`read`."""
-        transfer = self.post_read(
-            local,
-            remote,
-            offset=offset,
-            remote_offset=remote_offset,
-            nbytes=nbytes,
-            chunk_size=chunk_size,
-            streams=streams,
+        """Asyncio twin of :meth:`read` (posted off the event loop)."""
+        transfer = await posted(
+            lambda: self._post_one_sided(
+                "read", local, remote, offset, remote_offset, nbytes, chunk_size, streams
+            )
         )
         await transfer.wait_async(timeout, deadline=deadline)
 
