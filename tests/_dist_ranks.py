@@ -265,3 +265,84 @@ def failing_rank(ctx: RankCtx) -> tuple[str, float]:
     finally:
         group.close()
     return "no error", time.monotonic() - start
+
+
+# -- GPU memory (issue 16 item 5) ---------------------------------------------------------------
+class DlpackOnly:
+    """A CUDA array exported by DLPack alone (kDLCUDA), as a library other than CuPy/torch
+    would hand it over."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._inner.__dlpack_device__()  # type: ignore[no-any-return]
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._inner.__dlpack__(**kwargs)
+
+
+def to_device(arr: np.ndarray) -> Any:
+    from rdmaxfer import Buffer, cuda
+
+    buf = Buffer.empty(arr.shape, arr.dtype, device="cuda:0")
+    cuda.copy_from_host(buf._device_view(), np.ascontiguousarray(arr))
+    return buf
+
+
+def host_of(x: Any) -> np.ndarray:
+    """A received array's bytes in host memory (a device Buffer, a CuPy array or an ndarray)."""
+    if hasattr(x, "copy_to_host"):
+        return np.asarray(x.copy_to_host())
+    if hasattr(x, "get"):
+        return np.asarray(x.get())
+    return np.asarray(x)
+
+
+def gpu_exchange(ctx: RankCtx) -> dict[str, Any]:
+    """Device memory through send/recv and broadcast, over the four ranks: rank 0 sends a
+    device Buffer to rank 1, which receives it on the GPU and sends it back as a DLPack-only
+    object into a device ``out`` of rank 0. Then rank 0 broadcasts a device array and a dict
+    mixing device and host arrays; rank 1 allocates on the GPU (``device=``), rank 2 fills
+    device arrays in place, rank 3 receives into host memory."""
+    from rdmaxfer import Buffer
+
+    a = ctx.args
+    out: dict[str, Any] = {}
+    with ctx.group() as group:
+        data = random_bytes(a["seed"], a["nbytes"]).view(np.float32).reshape(-1, 4)
+        if ctx.rank == 0:
+            group.send(to_device(data), 1)
+            back = Buffer.empty(data.shape, data.dtype, device="cuda:0")
+            got = group.recv(1, back)
+            assert got is back
+            out["p2p"] = sha(back.copy_to_host())
+        elif ctx.rank == 1:
+            got = group.recv(0, device="cuda:0")
+            assert isinstance(got, Buffer) and got.device == "cuda:0"
+            out["p2p"] = sha(host_of(got))
+            group.send(DlpackOnly(got), 0)
+        device = "cuda:0" if ctx.rank == 1 else None
+        if ctx.rank == 0:
+            arr: Any = to_device(data)
+        elif ctx.rank == 2:
+            arr = Buffer.empty(data.shape, data.dtype, device="cuda:0")
+        else:
+            arr = None
+        got = group.broadcast(arr, src=0, chunk_bytes=a["chunk"], device=device)
+        assert arr is None or got is arr
+        out["array"] = (sha(host_of(got)), getattr(got, "device", "cpu"))
+        w = weights(a["seed"])
+        if ctx.rank == 0:
+            obj: Any = {k: to_device(v) if i % 2 == 0 else v for i, (k, v) in enumerate(w.items())}
+        elif ctx.rank == 2:
+            obj = {k: Buffer.empty(v.shape, v.dtype, device="cuda:0") for k, v in w.items()}
+        else:
+            obj = None
+        got_w = group.broadcast(obj, src=0, chunk_bytes=a["chunk"], device=device)
+        out["weights"] = [
+            (k, str(v.dtype), tuple(v.shape), sha(host_of(v))) for k, v in got_w.items()
+        ]
+        out["weights_devices"] = sorted({getattr(v, "device", "cpu") for v in got_w.values()})
+        group.barrier()
+    return out

@@ -309,3 +309,27 @@ def test_default_group_needs_torch_distributed():
     assert not dist.is_initialized()
     with pytest.raises(rdmaxfer.InvalidArgumentError, match="init_process_group"):
         rd.init()
+
+
+# -- GPU memory (issue 16 item 5) ---------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not rdmaxfer.cuda.available(), reason=rdmaxfer.cuda.unavailable_reason() or "no GPU"
+)
+def test_gpu_memory_through_send_recv_and_broadcast(
+    ranks: Callable[..., Ranks], tcp_store: dict[str, Any]
+):
+    # 5 pieces of 64 KiB, the last one short; the dict's small arrays straddle pieces.
+    nbytes, chunk, seed = 4 * 65_536 + 4_000, 65_536, 16
+    r = ranks(R.gpu_exchange, 4, tcp_store, seed=seed, nbytes=nbytes, chunk=chunk)
+    got = r.ok(timeout=240)
+    data = R.random_bytes(seed, nbytes).view(np.float32).reshape(-1, 4)
+    assert got[0]["p2p"] == got[1]["p2p"] == R.sha(data)
+    assert [got[k]["array"][0] for k in range(4)] == [R.sha(data)] * 4
+    assert [got[k]["array"][1] for k in range(4)] == ["cuda:0", "cuda:0", "cuda:0", "cpu"]
+    expected = R.fingerprint(R.weights(seed))
+    for k in range(4):
+        assert got[k]["weights"] == expected, k
+    assert got[1]["weights_devices"] == got[2]["weights_devices"] == ["cuda:0"]
+    assert got[3]["weights_devices"] == ["cpu"]
+    assert got[0]["weights_devices"] == ["cpu", "cuda:0"]
