@@ -346,3 +346,52 @@ def gpu_exchange(ctx: RankCtx) -> dict[str, Any]:
         out["weights_devices"] = sorted({getattr(v, "device", "cpu") for v in got_w.values()})
         group.barrier()
     return out
+
+
+def framework_exchange(ctx: RankCtx) -> dict[str, Any]:
+    """CuPy arrays or torch CUDA tensors (``library``) through send/recv and a dict
+    broadcast: rank 0 sends to rank 1, which receives into a tensor of its own (``out=``);
+    rank 0 broadcasts, rank 1 fills tensors in place, rank 2 allocates (``device=``)."""
+    a = ctx.args
+    w = {"a": random_bytes(a["seed"], 4 << 20).view(np.float32), "b": random_bytes(7, 999)}
+
+    if a["library"] == "cupy":
+        import cupy
+
+        def put(x: np.ndarray) -> Any:
+            return cupy.asarray(x)
+
+        def empty_like(x: np.ndarray) -> Any:
+            return cupy.empty(x.shape, x.dtype)
+    else:
+        import torch
+
+        def put(x: np.ndarray) -> Any:
+            return torch.from_numpy(x.copy()).cuda()
+
+        def empty_like(x: np.ndarray) -> Any:
+            return torch.from_numpy(np.empty_like(x)).cuda()
+
+    def host(x: Any) -> np.ndarray:
+        if hasattr(x, "cpu"):
+            return np.asarray(x.cpu().numpy())
+        return host_of(x)
+
+    out: dict[str, Any] = {}
+    with ctx.group() as group:
+        if ctx.rank == 0:
+            group.send(put(w["a"]), 1)
+        elif ctx.rank == 1:
+            into = empty_like(w["a"])
+            group.recv(0, into)
+            out["p2p"] = sha(host(into))
+        if ctx.rank == 0:
+            obj: Any = {k: put(v) for k, v in w.items()}
+        elif ctx.rank == 1:
+            obj = {k: empty_like(v) for k, v in w.items()}
+        else:
+            obj = None
+        got = group.broadcast(obj, src=0, chunk_bytes=1 << 20, device="cuda:0")
+        out["weights"] = {k: sha(host(v)) for k, v in got.items()}
+        group.barrier()
+    return out

@@ -333,3 +333,19 @@ def test_gpu_memory_through_send_recv_and_broadcast(
     assert got[1]["weights_devices"] == got[2]["weights_devices"] == ["cuda:0"]
     assert got[3]["weights_devices"] == ["cpu"]
     assert got[0]["weights_devices"] == ["cpu", "cuda:0"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("library", ["cupy", "torch"])
+def test_cupy_and_torch_cuda_tensors_through_the_group(
+    ranks: Callable[..., Ranks], tcp_store: dict[str, Any], library: str
+):
+    if library == "cupy":
+        pytest.importorskip("cupy", reason="CuPy is not installed (needs a GPU)")
+    elif not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here (a CUDA build of torch and a real GPU)")
+    seed = 23
+    got = ranks(R.framework_exchange, 3, tcp_store, seed=seed, library=library).ok(timeout=240)
+    expected = {"a": R.sha(R.random_bytes(seed, 4 << 20)), "b": R.sha(R.random_bytes(7, 999))}
+    assert got[1]["p2p"] == expected["a"]
+    assert [got[k]["weights"] for k in range(3)] == [expected] * 3
