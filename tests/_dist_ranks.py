@@ -265,3 +265,133 @@ def failing_rank(ctx: RankCtx) -> tuple[str, float]:
     finally:
         group.close()
     return "no error", time.monotonic() - start
+
+
+# -- GPU memory (issue 16 item 5) ---------------------------------------------------------------
+class DlpackOnly:
+    """A CUDA array exported by DLPack alone (kDLCUDA), as a library other than CuPy/torch
+    would hand it over."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._inner.__dlpack_device__()  # type: ignore[no-any-return]
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._inner.__dlpack__(**kwargs)
+
+
+def to_device(arr: np.ndarray) -> Any:
+    from rdmaxfer import Buffer, cuda
+
+    buf = Buffer.empty(arr.shape, arr.dtype, device="cuda:0")
+    cuda.copy_from_host(buf._device_view(), np.ascontiguousarray(arr))
+    return buf
+
+
+def host_of(x: Any) -> np.ndarray:
+    """A received array's bytes in host memory (a device Buffer, a CuPy array or an ndarray)."""
+    if hasattr(x, "copy_to_host"):
+        return np.asarray(x.copy_to_host())
+    if hasattr(x, "get"):
+        return np.asarray(x.get())
+    return np.asarray(x)
+
+
+def gpu_exchange(ctx: RankCtx) -> dict[str, Any]:
+    """Device memory through send/recv and broadcast, over the four ranks: rank 0 sends a
+    device Buffer to rank 1, which receives it on the GPU and sends it back as a DLPack-only
+    object into a device ``out`` of rank 0. Then rank 0 broadcasts a device array and a dict
+    mixing device and host arrays; rank 1 allocates on the GPU (``device=``), rank 2 fills
+    device arrays in place, rank 3 receives into host memory."""
+    from rdmaxfer import Buffer
+
+    a = ctx.args
+    out: dict[str, Any] = {}
+    with ctx.group() as group:
+        data = random_bytes(a["seed"], a["nbytes"]).view(np.float32).reshape(-1, 4)
+        if ctx.rank == 0:
+            group.send(to_device(data), 1)
+            back = Buffer.empty(data.shape, data.dtype, device="cuda:0")
+            got = group.recv(1, back)
+            assert got is back
+            out["p2p"] = sha(back.copy_to_host())
+        elif ctx.rank == 1:
+            got = group.recv(0, device="cuda:0")
+            assert isinstance(got, Buffer) and got.device == "cuda:0"
+            out["p2p"] = sha(host_of(got))
+            group.send(DlpackOnly(got), 0)
+        device = "cuda:0" if ctx.rank == 1 else None
+        if ctx.rank == 0:
+            arr: Any = to_device(data)
+        elif ctx.rank == 2:
+            arr = Buffer.empty(data.shape, data.dtype, device="cuda:0")
+        else:
+            arr = None
+        got = group.broadcast(arr, src=0, chunk_bytes=a["chunk"], device=device)
+        assert arr is None or got is arr
+        out["array"] = (sha(host_of(got)), getattr(got, "device", "cpu"))
+        w = weights(a["seed"])
+        if ctx.rank == 0:
+            obj: Any = {k: to_device(v) if i % 2 == 0 else v for i, (k, v) in enumerate(w.items())}
+        elif ctx.rank == 2:
+            obj = {k: Buffer.empty(v.shape, v.dtype, device="cuda:0") for k, v in w.items()}
+        else:
+            obj = None
+        got_w = group.broadcast(obj, src=0, chunk_bytes=a["chunk"], device=device)
+        out["weights"] = [
+            (k, str(v.dtype), tuple(v.shape), sha(host_of(v))) for k, v in got_w.items()
+        ]
+        out["weights_devices"] = sorted({getattr(v, "device", "cpu") for v in got_w.values()})
+        group.barrier()
+    return out
+
+
+def framework_exchange(ctx: RankCtx) -> dict[str, Any]:
+    """CuPy arrays or torch CUDA tensors (``library``) through send/recv and a dict
+    broadcast: rank 0 sends to rank 1, which receives into a tensor of its own (``out=``);
+    rank 0 broadcasts, rank 1 fills tensors in place, rank 2 allocates (``device=``)."""
+    a = ctx.args
+    w = {"a": random_bytes(a["seed"], 4 << 20).view(np.float32), "b": random_bytes(7, 999)}
+
+    if a["library"] == "cupy":
+        import cupy
+
+        def put(x: np.ndarray) -> Any:
+            return cupy.asarray(x)
+
+        def empty_like(x: np.ndarray) -> Any:
+            return cupy.empty(x.shape, x.dtype)
+    else:
+        import torch
+
+        def put(x: np.ndarray) -> Any:
+            return torch.from_numpy(x.copy()).cuda()
+
+        def empty_like(x: np.ndarray) -> Any:
+            return torch.from_numpy(np.empty_like(x)).cuda()
+
+    def host(x: Any) -> np.ndarray:
+        if hasattr(x, "cpu"):
+            return np.asarray(x.cpu().numpy())
+        return host_of(x)
+
+    out: dict[str, Any] = {}
+    with ctx.group() as group:
+        if ctx.rank == 0:
+            group.send(put(w["a"]), 1)
+        elif ctx.rank == 1:
+            into = empty_like(w["a"])
+            group.recv(0, into)
+            out["p2p"] = sha(host(into))
+        if ctx.rank == 0:
+            obj: Any = {k: put(v) for k, v in w.items()}
+        elif ctx.rank == 1:
+            obj = {k: empty_like(v) for k, v in w.items()}
+        else:
+            obj = None
+        got = group.broadcast(obj, src=0, chunk_bytes=1 << 20, device="cuda:0")
+        out["weights"] = {k: sha(host(v)) for k, v in got.items()}
+        group.barrier()
+    return out

@@ -309,3 +309,43 @@ def test_default_group_needs_torch_distributed():
     assert not dist.is_initialized()
     with pytest.raises(rdmaxfer.InvalidArgumentError, match="init_process_group"):
         rd.init()
+
+
+# -- GPU memory (issue 16 item 5) ---------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not rdmaxfer.cuda.available(), reason=rdmaxfer.cuda.unavailable_reason() or "no GPU"
+)
+def test_gpu_memory_through_send_recv_and_broadcast(
+    ranks: Callable[..., Ranks], tcp_store: dict[str, Any]
+):
+    # 5 pieces of 64 KiB, the last one short; the dict's small arrays straddle pieces.
+    nbytes, chunk, seed = 4 * 65_536 + 4_000, 65_536, 16
+    r = ranks(R.gpu_exchange, 4, tcp_store, seed=seed, nbytes=nbytes, chunk=chunk)
+    got = r.ok(timeout=240)
+    data = R.random_bytes(seed, nbytes).view(np.float32).reshape(-1, 4)
+    assert got[0]["p2p"] == got[1]["p2p"] == R.sha(data)
+    assert [got[k]["array"][0] for k in range(4)] == [R.sha(data)] * 4
+    assert [got[k]["array"][1] for k in range(4)] == ["cuda:0", "cuda:0", "cuda:0", "cpu"]
+    expected = R.fingerprint(R.weights(seed))
+    for k in range(4):
+        assert got[k]["weights"] == expected, k
+    assert got[1]["weights_devices"] == got[2]["weights_devices"] == ["cuda:0"]
+    assert got[3]["weights_devices"] == ["cpu"]
+    assert got[0]["weights_devices"] == ["cpu", "cuda:0"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("library", ["cupy", "torch"])
+def test_cupy_and_torch_cuda_tensors_through_the_group(
+    ranks: Callable[..., Ranks], tcp_store: dict[str, Any], library: str
+):
+    if library == "cupy":
+        pytest.importorskip("cupy", reason="CuPy is not installed (needs a GPU)")
+    elif not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here (a CUDA build of torch and a real GPU)")
+    seed = 23
+    got = ranks(R.framework_exchange, 3, tcp_store, seed=seed, library=library).ok(timeout=240)
+    expected = {"a": R.sha(R.random_bytes(seed, 4 << 20)), "b": R.sha(R.random_bytes(7, 999))}
+    assert got[1]["p2p"] == expected["a"]
+    assert [got[k]["weights"] for k in range(3)] == [expected] * 3

@@ -9,11 +9,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import xxhash
 
 import rdmaxfer
 from _common import Pair
 from rdmaxfer import Buffer, _core
 from rdmaxfer.memory import cuda
+from rdmaxfer.memory import meta as _meta
 
 pytestmark = [
     pytest.mark.gpu,
@@ -150,3 +152,70 @@ def test_weights_served_from_device_memory(rng: np.random.Generator) -> None:
     assert set(got) == set(host)
     for name, ref in host.items():
         np.testing.assert_array_equal(got[name], ref)
+
+
+# -- checksum=True on GPU memory (issue 16 item 5) ------------------------------------------------
+def test_checksummed_send_from_gpu_carries_the_hash_of_its_bytes(
+    pair: Pair, rng: np.random.Generator
+) -> None:
+    src, host = _device_random(rng, 1_000_003, np.uint8)
+    sent = pair.a.post_send(src, checksum=True)
+    header = pair.b.core.post_recv_header()
+    assert header.wait(60)
+    msg_id, length, meta = header.message()
+    assert length == host.nbytes
+    assert _meta.checksum(meta) == xxhash.xxh3_64_intdigest(host.tobytes())
+    landed = np.zeros(length, np.uint8)
+    region = pair.server.register(landed, "none")
+    assert pair.b.core.post_recv(msg_id, region.core, 0, length).wait(60)
+    sent.wait(60)
+    assert landed.tobytes() == host.tobytes()
+
+
+@pytest.mark.parametrize("into", ["device", "out"])
+def test_checksummed_message_into_gpu_memory(
+    pair: Pair, rng: np.random.Generator, into: str
+) -> None:
+    data = rng.standard_normal((1023, 515)).astype(np.float32)
+    sending = pair.a.post_send(data, checksum=True)
+    if into == "device":
+        got = pair.b.recv(device="cuda:0", timeout=60)
+    else:
+        out, _ = _device_random(rng, data.shape, np.float32)
+        got = pair.b.recv(out=out, timeout=60)
+        assert got is out
+    sending.wait(60)
+    host = got.get() if hasattr(got, "get") else got.copy_to_host()
+    assert host.dtype == np.float32 and host.tobytes() == data.tobytes()
+
+
+def test_checksummed_gpu_to_gpu(pair: Pair, rng: np.random.Generator) -> None:
+    src, host = _device_random(rng, (3, 700_001), np.uint16)
+    sending = pair.a.post_send(src, checksum=True)
+    got = pair.b.recv(device="cuda:0", timeout=60)
+    sending.wait(60)
+    back = got.get() if hasattr(got, "get") else got.copy_to_host()
+    assert back.shape == (3, 700_001) and back.tobytes() == host.tobytes()
+
+
+def test_corrupted_message_into_gpu_memory_raises_and_leaves_it(
+    pair: Pair, rng: np.random.Generator
+) -> None:
+    """The sender's checksum does not match the bytes (as if corrupted on the wire): the
+    receive into GPU memory raises, and the device array keeps what it held."""
+    data = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    meta = _meta.encode(data.dtype, data.shape, _meta.payload_checksum(data) ^ 0x1)
+    region = pair.client.register(data, access="none")
+    request = pair.a.core.post_send(region.core, 0, data.nbytes, meta)
+    out, before = _device_random(rng, data.shape, np.uint8)
+    with pytest.raises(
+        rdmaxfer.ChecksumError, match=r"corrupted .*device array was left untouched"
+    ):
+        pair.b.recv(out=out, timeout=60)
+    assert request.wait(60)
+    assert out.copy_to_host().tobytes() == before.tobytes()
+    # The endpoint carries on.
+    sending = pair.a.post_send(data, checksum=True)
+    pair.b.recv(out=out, timeout=60)
+    sending.wait(60)
+    assert out.copy_to_host().tobytes() == data.tobytes()

@@ -13,8 +13,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import xxhash
 
 import rdmaxfer
+import rdmaxfer.memory.meta
 from rdmaxfer import Buffer, Engine, _core, cuda
 from rdmaxfer.errors import RdmaxferError
 
@@ -156,3 +158,46 @@ def test_nic_ranges_get_sync_memops_and_export_page_aligned(
     lib.rdmaxfer_standin_last_export(ctypes.byref(ptr), ctypes.byref(size))
     assert ptr.value == by_dmabuf.ptr  # the page below ptr + 100
     assert size.value == 2 * page  # up to the page above ptr + 100 + 5000
+
+
+def test_checksummed_gpu_messages_over_verbs(
+    engines: tuple[Engine, Engine, rdmaxfer.Endpoint, rdmaxfer.Endpoint],
+    rng: np.random.Generator,
+) -> None:
+    """checksum=True on GPU memory (issue 16 item 5): the sender hashes a host copy and sends
+    it from a temporary MR; the receiver lands it in host memory, verifies, then copies up."""
+    server, _, a, b = engines
+    src, host = _device_random(rng, 1_000_003)
+    sent = a.post_send(src, checksum=True)
+    header = b.core.post_recv_header()
+    assert header.wait(WAIT_S)
+    msg_id, length, meta = header.message()
+    assert rdmaxfer.memory.meta.checksum(meta) == xxhash.xxh3_64_intdigest(host.tobytes())
+    landed = np.zeros(length, np.uint8)
+    region = server.register(landed, "none")
+    assert b.core.post_recv(msg_id, region.core, 0, length).wait(WAIT_S)
+    sent.wait(WAIT_S)
+    assert _crc(landed) == _crc(host)
+    sent = a.post_send(src, checksum=True)
+    out = Buffer.empty(host.size, np.uint8, device="cuda:0")
+    assert b.recv(out=out, timeout=WAIT_S) is out
+    sent.wait(WAIT_S)
+    assert _crc(out.copy_to_host()) == _crc(host)
+
+
+def test_corrupted_message_into_gpu_memory_over_verbs(
+    engines: tuple[Engine, Engine, rdmaxfer.Endpoint, rdmaxfer.Endpoint],
+    rng: np.random.Generator,
+) -> None:
+    _, client, a, b = engines
+    data = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    meta = rdmaxfer.memory.meta.encode(
+        data.dtype, data.shape, rdmaxfer.memory.meta.payload_checksum(data) ^ 0x1
+    )
+    region = client.register(data, access="none")
+    request = a.core.post_send(region.core, 0, data.nbytes, meta)
+    out, before = _device_random(rng, data.size)
+    with pytest.raises(rdmaxfer.ChecksumError, match=r"corrupted .*device array was left"):
+        b.recv(out=out, timeout=WAIT_S)
+    assert request.wait(WAIT_S)
+    assert _crc(out.copy_to_host()) == _crc(before)

@@ -39,8 +39,10 @@ all ranks agree on ``n``):
    item ``i`` starts at the next multiple of 64 bytes. Each rank posts the receives of all
    pieces at once and forwards piece ``k`` to its successor as soon as it has landed, while
    pieces ``k+1...`` are still arriving: every link of the ring is busy at the same time.
-   A piece that lies inside one array moves straight from/into that array; a piece that
-   straddles small arrays goes through a staging copy of at most ``chunk`` bytes.
+   A piece that lies inside one array moves straight from/into that array (host or GPU
+   memory); a piece that straddles small arrays goes through a host staging copy of at most
+   ``chunk`` bytes. A piece sent from GPU memory is staged on its own, so the next piece
+   to the same rank is posted once it completed (messages keep their order).
 5. ``barrier`` is a counter in the store: ``P + "barrier/<k>"``; the last rank to arrive sets
    ``P + "barrier/<k>/done"``, which the others wait for (bounded).
 

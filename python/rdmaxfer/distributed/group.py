@@ -24,6 +24,7 @@ from ..errors import (
     RdmaxferError,
     TransferTimeoutError,
 )
+from ..memory import cuda
 from ..transport.endpoint import Endpoint
 from ..transport.engine import Engine, resolve_transport
 from .broadcast import ArrayDict, Source, decode_meta, destination, encode_meta, relay
@@ -183,7 +184,9 @@ class RdmaGroup:
         ``dst`` has placed the bytes. ``dst`` calls ``recv(src=this rank)``.
 
         Args:
-            array: ndarray (or Buffer, or buffer-protocol object), C-contiguous.
+            array: ndarray (or Buffer, or buffer-protocol object), C-contiguous; or GPU memory
+                (CuPy, torch CUDA, any ``__cuda_array_interface__``/CUDA ``__dlpack__``
+                object, a device Buffer), staged or by GPUDirect as the engine decides.
             dst: the receiving rank.
             timeout: seconds for the connection and for the transfer, each (default: the
                 group's).
@@ -204,20 +207,27 @@ class RdmaGroup:
         )
 
     def recv(
-        self, src: int, out: object = None, *, timeout: float | None = None
-    ) -> npt.NDArray[Any]:
+        self,
+        src: int,
+        out: object = None,
+        *,
+        timeout: float | None = None,
+        device: str | int | None = None,
+    ) -> Any:
         """Receive the next array sent by rank ``src``.
 
         Args:
             src: the sending rank.
-            out: a writable C-contiguous array of the message's exact dtype and shape, or None
-                to allocate one.
+            out: a writable C-contiguous array of the message's exact dtype and shape (host
+                memory, or GPU memory as :meth:`send` takes it), or None to allocate one.
             timeout: seconds for the connection and for the receive, each (default: the
                 group's).
+            device: with ``out=None``: ``"cuda:N"`` allocates the array on that GPU (a CuPy
+                array when CuPy is importable, else a device Buffer); None: host memory.
 
         Returns:
-            The array (``out`` viewed as an ndarray, or a new array of the sender's dtype and
-            shape).
+            The array (a host ``out`` viewed as an ndarray, a GPU ``out`` as given, or a new
+            array of the sender's dtype and shape).
 
         Raises:
             InvalidArgumentError: bad ``src``; ``out`` does not match (``out`` untouched).
@@ -231,7 +241,9 @@ class RdmaGroup:
         timeout_s = self._resolve(timeout)
         endpoint = self._peer(src, Deadline(timeout_s))
         return self._guard(
-            endpoint, f"recv from rank {src}", lambda: endpoint.recv(out, timeout=timeout_s)
+            endpoint,
+            f"recv from rank {src}",
+            lambda: endpoint.recv(out, timeout=timeout_s, device=device),
         )
 
     # -- collectives -----------------------------------------------------------------------------
@@ -268,6 +280,7 @@ class RdmaGroup:
         *,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         timeout: float | None = None,
+        device: str | int | None = None,
     ) -> npt.NDArray[Any]: ...
 
     @overload
@@ -279,28 +292,31 @@ class RdmaGroup:
         *,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         timeout: float | None = None,
+        device: str | int | None = None,
     ) -> ArrayDict: ...
 
     @overload
     def broadcast(
         self,
-        obj: None,
+        obj: object,
         src: int = 0,
         ranks: Sequence[int] | None = None,
         *,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         timeout: float | None = None,
-    ) -> npt.NDArray[Any] | ArrayDict: ...
+        device: str | int | None = None,
+    ) -> Any: ...
 
     def broadcast(
         self,
-        obj: npt.NDArray[Any] | Mapping[str, Any] | None,
+        obj: object,
         src: int = 0,
         ranks: Sequence[int] | None = None,
         *,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         timeout: float | None = None,
-    ) -> npt.NDArray[Any] | ArrayDict:
+        device: str | int | None = None,
+    ) -> Any:
         """Broadcast an array, or a dict of arrays (model weights), from rank ``src`` to every
         rank of ``ranks``: a pipelined ring of point-to-point transfers (see the module doc).
 
@@ -311,13 +327,18 @@ class RdmaGroup:
             obj: on ``src``: the C-contiguous array, or a ``{name: array}`` dict (any dtypes,
                 bfloat16 and float8 included). Elsewhere: None to allocate the result, or an
                 array / dict of arrays of the same names, dtypes and shapes to fill in place
-                (torch-style).
+                (torch-style). Any array may be GPU memory (a CuPy array, a torch CUDA tensor,
+                any ``__cuda_array_interface__`` or CUDA ``__dlpack__`` object, a device
+                Buffer), host and GPU arrays mixed in one dict.
             src: the rank holding the data.
             ranks: the ranks taking part (default: all); must contain ``src`` and this rank.
             chunk_bytes: piece size in bytes (default 8 MiB); every rank must pass the same.
             timeout: seconds bounding each wait (connection, metadata, each piece; default:
                 the group's): a stalled or dead neighbour raises within that time of the last
                 progress.
+            device: on a receiving rank with ``obj`` None: ``"cuda:N"`` allocates the result
+                on that GPU (CuPy arrays when CuPy is importable, else device Buffers); None:
+                host memory.
 
         Returns:
             On ``src``: ``obj``. Elsewhere: the array, or a dict in ``src``'s order. Without
@@ -331,10 +352,12 @@ class RdmaGroup:
             TransferTimeoutError: a neighbour did not connect or send in time.
             ConnectionFailedError: a neighbour died or the group is broken.
             ProtocolError: malformed metadata.
+            UnsupportedError: ``device`` or a GPU array without a usable CUDA driver here.
         After any failure the group is broken (every connection aborted).
         """
         src = check_int("src", src, 0, self._world)
         chunk = check_int("chunk_bytes", chunk_bytes, 1)
+        gpu = None if device is None or device == "cpu" else cuda.parse_device(device)
         order = broadcast_ring(self._rank, self._world, src, ranks)
         timeout_s = self._resolve(timeout)
         self._check_usable()
@@ -364,7 +387,7 @@ class RdmaGroup:
                     f"broadcast: rank {src} uses chunk_bytes={got_chunk}, rank {self._rank} "
                     f"chunk_bytes={chunk}: pass the same chunk_bytes on every rank"
                 )
-            result, spans = destination(self._rank, obj, kind, items, total)
+            result, spans = destination(self._rank, obj, kind, items, total, gpu)
             if meta_send is not None:
                 meta_send.wait(timeout_s)
             relay(self._rank, ep_prev, ep_next, spans, total, chunk, timeout_s, nxt, prev)

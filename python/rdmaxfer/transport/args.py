@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import numpy.typing as npt
 
 from .. import _core
@@ -59,8 +60,10 @@ def operand(obj: object, *, writable: bool, what: str) -> cuda.CudaArray | npt.N
     return view if view is not None else as_array(obj, writable=writable, what=what)
 
 
-def sendable(array: object) -> cuda.CudaArray | npt.NDArray[Any]:
+def sendable(array: object, *, host: bool = False) -> cuda.CudaArray | npt.NDArray[Any]:
     """``array`` as a message carries it: a CudaArray for GPU memory, else a host ndarray.
+    ``host``: GPU memory is copied whole to a new host ndarray (a blocking device-to-host
+    copy), which is then what is sent (``send(..., checksum=True)`` hashes that copy).
 
     Called before anything is sent (and by ``rdmaxfer.send`` before it connects), so a bad
     argument fails on this side, with nothing on the wire.
@@ -71,6 +74,10 @@ def sendable(array: object) -> cuda.CudaArray | npt.NDArray[Any]:
     """
     arr = operand(array, writable=False, what="array to send")
     _meta.encode(arr.dtype, tuple(arr.shape))
+    if host and not isinstance(arr, np.ndarray):
+        from ..memory import cuda
+
+        return cuda.copy_to_host(arr)
     return arr
 
 

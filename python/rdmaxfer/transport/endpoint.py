@@ -30,7 +30,7 @@ from .args import byte_range, descriptor_of, operand, receivable, remote_offset_
 from .domain import MemoryDomain, staged_backstop_s
 from .notifications import Notifications
 from .receive import recv_step
-from .transfer import Inflight, Transfer
+from .transfer import Inflight, Transfer, posted
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -150,7 +150,9 @@ class Endpoint:
             streams: how many of the endpoint's streams to spread over (0: all useful).
             checksum: end-to-end integrity: the XXH3-64 of the bytes (``xxhash``, about
                 10 GB/s per core) travels with the message and the receiver verifies it,
-                raising :class:`~rdmaxfer.errors.ChecksumError` on a mismatch.
+                raising :class:`~rdmaxfer.errors.ChecksumError` on a mismatch. GPU memory is
+                first copied whole to host memory (a blocking device-to-host copy made
+                here), hashed there and sent from that copy.
 
         Returns:
             A Transfer whose ``wait()`` returns None once the receiver has the bytes.
@@ -160,7 +162,7 @@ class Endpoint:
                 fix), object or structured dtype.
             EndpointClosedError: the endpoint is closed.
         """
-        arr = sendable(array)
+        arr = sendable(array, host=checksum)  # a checksum is computed over host memory
         nbytes = int(arr.nbytes)
         temps: list[MemoryRegion] = []
         if isinstance(arr, np.ndarray):
@@ -304,10 +306,11 @@ class Endpoint:
         streams: int = 0,
         checksum: bool = False,
     ) -> None:
-        """Asyncio twin of :meth:`send`."""
-        await self.post_send(
-            array, chunk_size=chunk_size, streams=streams, checksum=checksum
-        ).wait_async(timeout, deadline=deadline)
+        """Asyncio twin of :meth:`send` (posted off the event loop)."""
+        transfer = await posted(
+            lambda: self.post_send(array, chunk_size=chunk_size, streams=streams, checksum=checksum)
+        )
+        await transfer.wait_async(timeout, deadline=deadline)
 
     async def arecv(
         self,
@@ -317,8 +320,9 @@ class Endpoint:
         deadline: float | None = None,
         device: str | int | None = None,
     ) -> npt.NDArray[Any]:
-        """Asyncio twin of :meth:`recv`."""
-        return await self.post_recv(out, device=device).wait_async(timeout, deadline=deadline)
+        """Asyncio twin of :meth:`recv` (posted off the event loop)."""
+        transfer = await posted(lambda: self.post_recv(out, device=device))
+        return await transfer.wait_async(timeout, deadline=deadline)
 
     def reject(self, msg_id: int, reason: str) -> None:
         """Refuse an incoming message by id (low level: ``recv`` does this on a mismatch)."""
@@ -501,15 +505,11 @@ class Endpoint:
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
-        """Asyncio twin of :meth:`write`."""
-        transfer = self.post_write(
-            local,
-            remote,
-            offset=offset,
-            remote_offset=remote_offset,
-            nbytes=nbytes,
-            chunk_size=chunk_size,
-            streams=streams,
+        """Asyncio twin of :meth:`write` (posted off the event loop)."""
+        transfer = await posted(
+            lambda: self._post_one_sided(
+                "write", local, remote, offset, remote_offset, nbytes, chunk_size, streams
+            )
         )
         await transfer.wait_async(timeout, deadline=deadline)
 
@@ -526,15 +526,11 @@ class Endpoint:
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
-        """Asyncio twin of :meth:`read`."""
-        transfer = self.post_read(
-            local,
-            remote,
-            offset=offset,
-            remote_offset=remote_offset,
-            nbytes=nbytes,
-            chunk_size=chunk_size,
-            streams=streams,
+        """Asyncio twin of :meth:`read` (posted off the event loop)."""
+        transfer = await posted(
+            lambda: self._post_one_sided(
+                "read", local, remote, offset, remote_offset, nbytes, chunk_size, streams
+            )
         )
         await transfer.wait_async(timeout, deadline=deadline)
 

@@ -56,7 +56,7 @@ class Notifications:
             if self._closed:
                 raise EndpointClosedError("the engine is closed")
             if loop not in self._loops:
-                loop.add_reader(self._fd, self._drain)
+                loop.add_reader(self._fd, self._drain_on_loop)
                 self._loops[loop] = self._fd
             self._waiters.setdefault(request.id, []).append((loop, future))
         request.watch(self._core)
@@ -100,6 +100,27 @@ class Notifications:
                 self._drain()
 
     def _drain(self) -> None:
+        callbacks, ready = self._take()
+        _run_callbacks(callbacks)
+        _resolve_all(ready)
+
+    def _drain_on_loop(self) -> None:
+        """The event loop's reader: it resolves the futures; the callbacks (which place an
+        announced message: registering memory, allocating or copying GPU memory) run in the
+        loop's default executor, off the loop."""
+        callbacks, ready = self._take()
+        if callbacks:
+            import asyncio  # loaded already: this runs in an event loop
+
+            asyncio.get_running_loop().run_in_executor(None, _run_callbacks, callbacks)
+        _resolve_all(ready)
+
+    def _take(
+        self,
+    ) -> tuple[
+        list[Callable[[], object]], list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]
+    ]:
+        """Read the notifications; the callbacks and waiters of the requests they name."""
         try:
             ids = self._core.drain_notifications()
         except RdmaxferError:
@@ -110,8 +131,7 @@ class Notifications:
             for request_id in ids:
                 ready.extend(self._waiters.pop(request_id, []))
                 callbacks.extend(self._callbacks.pop(request_id, []))
-        _run_callbacks(callbacks)
-        _resolve_all(ready)
+        return callbacks, ready
 
     def close(self) -> None:
         """Dispatch what is pending (the endpoints are closed, so every watched request is

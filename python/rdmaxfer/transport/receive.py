@@ -83,16 +83,21 @@ def recv_step(
                 buffer = Buffer.empty(shape, dtype, device=f"cuda:{gpu}")
                 target, result = buffer._device_view(), to_user_array(buffer)
             transfer._set_result(result, length)
-            if isinstance(target, np.ndarray):
-                region, offset, temps = domain._local(target, writes=True)
-                transfer._add_resources([target, region], temps)
-                expected = _meta.checksum(meta)
+            expected = _meta.checksum(meta)
+            # A checksummed message for GPU memory lands in host memory, is verified there,
+            # then copied up: a corrupted message never reaches the device array.
+            landing = target
+            if expected is not None and not isinstance(target, np.ndarray):
+                landing = np.empty(shape, dtype=dtype)
+            if isinstance(landing, np.ndarray):
+                region, offset, temps = domain._local(landing, writes=True)
+                transfer._add_resources([landing, region], temps)
                 if expected is not None:
-                    transfer._on_done = _checksum_verifier(target, expected, core.peer)
+                    transfer._on_done = _checksum_verifier(landing, expected, core.peer, target)
                 return core.post_recv(msg_id, region.core, offset, length)
-            transfer._add_resources([target], [])
-            stager = domain._stager(target.device)
-            return stager.post_recv(core, msg_id, target.ptr, length, staged_backstop_s())
+            transfer._add_resources([landing], [])
+            stager = domain._stager(landing.device)
+            return stager.post_recv(core, msg_id, landing.ptr, length, staged_backstop_s())
         except BaseException as exc:
             if not rejected:
                 reject(f"receiver failed: {exc}")
@@ -108,14 +113,24 @@ def _token(dtype: np.dtype[Any]) -> str:
         return str(dtype)
 
 
-def _checksum_verifier(target: npt.NDArray[Any], expected: int, peer: str) -> Callable[[], None]:
+def _checksum_verifier(
+    landed: npt.NDArray[Any], expected: int, peer: str, target: npt.NDArray[Any] | CudaArray
+) -> Callable[[], None]:
+    """Verify the bytes that ``landed``; then copy them into ``target`` when that is GPU
+    memory (a blocking host-to-device copy)."""
+
     def verify() -> None:
-        got = _meta.payload_checksum(target)
+        got = _meta.payload_checksum(landed)
         if got != expected:
+            where = "" if target is landed else "; the device array was left untouched"
             raise ChecksumError(
-                f"recv from {peer}: the {target.nbytes} bytes that arrived have XXH3-64 "
+                f"recv from {peer}: the {landed.nbytes} bytes that arrived have XXH3-64 "
                 f"{got:016x} but the sender computed {expected:016x}; the data was corrupted "
-                "on the way (check the NIC/link, or retry)"
+                f"on the way (check the NIC/link, or retry){where}"
             )
+        if not isinstance(target, np.ndarray):
+            from ..memory import cuda
+
+            cuda.copy_from_host(target, landed)
 
     return verify

@@ -22,7 +22,7 @@ from ..errors import EndpointClosedError, RdmaxferError, TransferTimeoutError
 from ..memory.region import MemoryRegion
 from .notifications import Notifications
 
-__all__ = ["HeaderStep", "Inflight", "Transfer", "TransferOwner"]
+__all__ = ["HeaderStep", "Inflight", "Transfer", "TransferOwner", "posted"]
 
 T = TypeVar("T")
 
@@ -177,14 +177,21 @@ class Transfer(Generic[T]):
 
         Cancelling the awaiting task withdraws a recv that still waits for its message; an
         operation already moving bytes goes on in the background (its memory stays alive).
+        The steps taken once a request is done (placing an announced message: registering or
+        allocating its destination; verifying a checksum; copying a checksummed message up to
+        GPU memory; handing back temporary registrations) run in the loop's default executor,
+        never on the event loop.
         """
         import asyncio  # loaded already: this coroutine runs in an event loop
 
         limits = _WaitLimits(resolve_timeout(timeout), resolve_deadline(deadline))
         loop = asyncio.get_running_loop()
         hub = self._endpoint._notifications
-        while not self._advance():
+        while not self._finished:
             request = self._req
+            if request.done():
+                await loop.run_in_executor(None, self._advance)
+                continue
             left = limits.left(request)
             if left <= 0:
                 if not request.done():
@@ -355,6 +362,31 @@ class Transfer(Generic[T]):
         self._endpoint._release(temps, _CLEANUP_TIMEOUT_S, failed=error is not None)
         self._keep = []
         self._endpoint._untrack(self)
+
+
+async def posted(post: Callable[[], Transfer[T]]) -> Transfer[T]:
+    """Run ``post`` (an ``Endpoint.post_*`` call) in the running loop's default executor
+    and return its Transfer: posting may block (synchronizing a GPU producer's stream,
+    ``cuStreamSynchronize``; registering memory; copying a checksummed GPU message to
+    host memory), which must not hold up the event loop. If the awaiting task is
+    cancelled meanwhile, the operation is cancelled as :meth:`Transfer.wait_async` does once it
+    is posted (a recv still waiting for its message is withdrawn)."""
+    import asyncio  # loaded already: this coroutine runs in an event loop
+
+    future = asyncio.get_running_loop().run_in_executor(None, post)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(_cancel_posted)
+        raise
+
+
+def _cancel_posted(future: Any) -> None:
+    """Cancel the Transfer a cancelled :func:`posted` call made (if the post
+    succeeded)."""
+    if not future.cancelled() and future.exception() is None:
+        transfer = future.result()
+        transfer._cancel(transfer._req)
 
 
 class _WaitLimits:
