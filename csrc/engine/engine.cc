@@ -21,8 +21,11 @@ Engine::Engine(const std::string& transport, const TransportConfig& config)
       transport_(make_transport(transport, engine_id_, config)),
       stats_(transport_->stats()),
       notifier_(std::make_shared<Notifier>()),
+      notifications_(std::make_shared<NotificationQueue>()),
       fork_generation_(fork_generation()) {
-  transport_->set_protocol(make_message_protocol);
+  transport_->set_protocol([queue = notifications_](const std::shared_ptr<Channel>& channel) {
+    return make_message_protocol(channel, queue);
+  });
 }
 
 Engine::~Engine() { close(); }
@@ -46,6 +49,7 @@ void Engine::close() {
     return;
   }
   transport_->shutdown();
+  notifications_->close();
 }
 
 }  // namespace rdmaxfer

@@ -22,11 +22,12 @@ import numpy.typing as npt
 
 from .. import _core
 from .._config import resolve_timeout
-from ..errors import EndpointClosedError, RdmaxferError
+from ..errors import EndpointClosedError, InvalidArgumentError, RdmaxferError
 from ..memory import meta as _meta
 from ..memory.buffer import Buffer
 from ..memory.region import MemoryRegion
 from .args import byte_range, descriptor_of, operand, receivable, remote_offset_of, sendable
+from .batch import BatchOps, Notify
 from .domain import MemoryDomain, staged_backstop_s
 from .notifications import Notifications
 from .receive import recv_step
@@ -44,7 +45,7 @@ RemoteLike = _core.Descriptor | bytes | bytearray | memoryview | MemoryRegion | 
 T = TypeVar("T")
 
 
-class Endpoint:
+class Endpoint(BatchOps):
     """A connection to one peer, made by ``Engine.connect`` or ``Engine.accept``.
 
     Lifecycle: connected -> closed, by ``close()`` (graceful), ``abort()``, the engine's
@@ -334,6 +335,7 @@ class Endpoint:
         nbytes: int | None,
         chunk_size: int,
         streams: int,
+        notify: Notify | None = None,
     ) -> Transfer[None]:
         writable = op == "read"
         what = "destination of the read" if writable else "source of the write"
@@ -347,17 +349,31 @@ class Endpoint:
             direct: tuple[MemoryRegion, int] | None = (region, base)
         else:  # GPU memory: straight from/into it when registered for GPUDirect, else staged
             direct = self._engine._device_local(local_mem)
+        if notify is not None:
+            _core.check_notify(notify)
         if direct is not None:
             region, base = direct
-            post = self._core.post_read if writable else self._core.post_write
             keep: list[object] = [local_mem, region]
             try:
-                request = post(
-                    region.core, base + offset, descriptor, remote_at, length, chunk_size, streams
-                )
+                if notify is None:
+                    post = self._core.post_read if writable else self._core.post_write
+                    request = post(
+                        region.core, base + offset, descriptor, remote_at, length, chunk_size,
+                        streams,
+                    )  # fmt: skip
+                else:
+                    request = self._post_notified(
+                        region, base + offset, descriptor, remote_at, length, chunk_size, streams,
+                        notify,
+                    )  # fmt: skip
             except BaseException:
                 self._release(temps)
                 raise
+        elif notify is not None:
+            raise InvalidArgumentError(
+                "notify= needs host memory or GPU memory registered for GPUDirect "
+                "(engine.register(array)); staged GPU memory cannot carry a notification"
+            )
         else:
             assert not isinstance(local_mem, np.ndarray)
             stager = self._engine._stager(local_mem.device)
@@ -386,6 +402,7 @@ class Endpoint:
         nbytes: int | None = None,
         chunk_size: int = 0,
         streams: int = 0,
+        notify: Notify | None = None,
     ) -> Transfer[None]:
         """Post a one-sided WRITE of ``local``'s bytes into the peer's registered region.
 
@@ -395,6 +412,9 @@ class Endpoint:
             offset: first byte of ``local`` to send.
             remote_offset: where in the remote region the bytes go.
             nbytes: how many bytes (default: the rest of ``local`` from ``offset``).
+            notify: a payload (bytes, at most 64, or an int in 0..2**32-1) the peer gets from
+                ``Engine.wait_notification`` once every byte is in its memory, on every lane
+                that carried them (see :mod:`rdmaxfer.transport.batch`).
 
         Raises (here, or from ``wait()``):
             InvalidArgumentError: non-contiguous source, range outside ``local``.
@@ -403,7 +423,7 @@ class Endpoint:
                 region, or the region does not allow remote writes.
         """
         return self._post_one_sided(
-            "write", local, remote, offset, remote_offset, nbytes, chunk_size, streams
+            "write", local, remote, offset, remote_offset, nbytes, chunk_size, streams, notify
         )
 
     def post_read(
@@ -438,8 +458,10 @@ class Endpoint:
         deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
+        notify: Notify | None = None,
     ) -> None:
-        """Blocking :meth:`post_write`: returns once the bytes are placed in the peer's memory.
+        """Blocking :meth:`post_write`: returns once the bytes are placed in the peer's memory
+        (and, with ``notify``, the notification is on its way).
 
         Args: as :meth:`post_write`, plus ``timeout``: inactivity bound in seconds (default
         ``RDMAXFER_TIMEOUT`` or 60: fails when no byte moved for that long) and ``deadline``:
@@ -458,6 +480,7 @@ class Endpoint:
             nbytes=nbytes,
             chunk_size=chunk_size,
             streams=streams,
+            notify=notify,
         ).wait(timeout, deadline=deadline)
 
     def read(
@@ -499,6 +522,7 @@ class Endpoint:
         deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
+        notify: Notify | None = None,
     ) -> None:
         """Asyncio twin of :meth:`write`."""
         transfer = self.post_write(
@@ -509,6 +533,7 @@ class Endpoint:
             nbytes=nbytes,
             chunk_size=chunk_size,
             streams=streams,
+            notify=notify,
         )
         await transfer.wait_async(timeout, deadline=deadline)
 
