@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ from rdmaxfer import (
     RemoteAccessError,
     TransferTimeoutError,
 )
+from rdmaxfer.tools import bench_batch
 
 PAGE = 4096
 TIMEOUT_S = 30.0
@@ -371,3 +374,29 @@ def _rss_peak() -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no VmHWM in /proc/self/status")
+
+
+def test_bench_batch_rows_print_the_ratio_to_the_contiguous_transfer() -> None:
+    cmd = [sys.executable, "-m", "rdmaxfer", "bench", "--transport", "tcp", "--op", "write"]
+    cmd += ["--batch", "500", "--size", "4K", "--iters", "2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    header, row = out.stdout.splitlines()[1:3]
+    assert header.split() == [
+        "case",
+        "entries",
+        "entry",
+        "MB",
+        "batch",
+        "GB/s",
+        "contig",
+        "GB/s",
+        "ratio",
+    ]
+    name, entries, entry, mb, batch, contig, ratio = row.split()
+    assert (name, entries, entry, mb) == ("scattered", "500", "4K", "2.0")
+    assert float(ratio) == pytest.approx(float(batch) / float(contig), rel=0.05, abs=0.02)
+    rows = bench_batch.run_batch_bench([bench_batch.BatchCase("few", 64, 1000)], op="read", iters=1)
+    assert rows[0].operations == 64 and rows[0].nbytes == 64_000 and rows[0].ratio > 0
+    with pytest.raises(InvalidArgumentError, match="'write' or 'read'"):
+        bench_batch.run_batch_bench([bench_batch.BatchCase("x", 1, 1)], op="send")

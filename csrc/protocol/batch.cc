@@ -40,15 +40,16 @@ BatchPlan::BatchPlan(OpKind op, std::vector<std::shared_ptr<MemoryRegion>> regio
     bytes_ += e.length;
     if (!ops_.empty()) {
       Op& prev = ops_.back();
-      if (prev.region == e.region && prev.remote == e.remote &&
-          prev.local_offset + prev.length == e.local_offset &&
-          prev.remote_offset + prev.length == e.remote_offset) {
-        prev.length += e.length;
+      BatchEntry& at = prev.at;
+      if (at.region == e.region && at.remote == e.remote &&
+          at.local_offset + at.length == e.local_offset &&
+          at.remote_offset + at.length == e.remote_offset) {
+        at.length += e.length;
         prev.last = i;
         continue;
       }
     }
-    ops_.push_back(Op{e.region, e.local_offset, e.remote, e.remote_offset, e.length, i, i});
+    ops_.push_back(Op{e, i, i});
   }
 }
 
@@ -99,7 +100,7 @@ void BatchRun::pump() {
 }
 
 void BatchRun::post(size_t index) {
-  const BatchPlan::Op& op = plan_->ops()[index];
+  const BatchEntry& op = plan_->ops()[index].at;
   std::shared_ptr<Channel> channel = channel_.lock();
   if (!channel) {
     const Error gone(ErrorKind::kClosed, "the endpoint was destroyed");
@@ -128,13 +129,13 @@ void BatchRun::op_done(size_t index, const Request* done, const Error* why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     --outstanding_;
-    if (ok) bytes_done_ += plan_->ops()[index].length;
+    if (ok) bytes_done_ += plan_->ops()[index].at.length;
     if (!ok) {
       failed_ops_.emplace_back(index, done ? Error(done->error_kind(), done->error_message())
                                            : *why);
     }
   }
-  request_->note_progress(ok ? plan_->ops()[index].length : 0);
+  request_->note_progress(ok ? plan_->ops()[index].at.length : 0);
   pump();
 }
 

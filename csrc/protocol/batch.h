@@ -48,13 +48,9 @@ struct BatchFailure {
 
 class BatchPlan {
  public:
-  // One operation: entries [first, last] (some may be skipped zero-length ones), merged.
+  // One operation: entries [first, last] merged (skipped ones among them move nothing).
   struct Op {
-    uint32_t region = 0;
-    uint64_t local_offset = 0;
-    uint32_t remote = 0;
-    uint64_t remote_offset = 0;
-    uint64_t length = 0;
+    BatchEntry at;
     uint64_t first = 0;
     uint64_t last = 0;
   };

@@ -198,6 +198,16 @@ def _result(run: _native.BatchRun, plan: _native.BatchPlan) -> BatchResult:
     )
 
 
+def no_staged_notify(notify: Notify | None) -> None:
+    """Raise unless ``notify`` is None: memory moved through the staging pipeline (GPU memory
+    without a GPUDirect registration) cannot carry a notification."""
+    if notify is not None:
+        raise InvalidArgumentError(
+            "notify= needs host memory or GPU memory registered for GPUDirect "
+            "(engine.register(array)); staged GPU memory cannot carry a notification"
+        )
+
+
 class PreparedBatch:
     """A batch validated and looked up once (``Endpoint.prepare_batch``), posted as often as
     wanted: each :meth:`post` skips the entry checks and registration lookups, like NIXL's
@@ -356,8 +366,9 @@ class BatchOps:
         return await self.post_read_batch(entries).wait_async(timeout)
 
     # -- internals ---------------------------------------------------------------------------
-    def _post_notified(
+    def _post_direct(
         self,
+        op: str,
         region: MemoryRegion,
         local_offset: int,
         remote: _native.Descriptor,
@@ -365,9 +376,15 @@ class BatchOps:
         nbytes: int,
         chunk_size: int,
         streams: int,
-        notify: Notify,
+        notify: Notify | None,
     ) -> _native.Request:
-        """One WRITE followed by ``notify``, as a batch of one that fails whole."""
+        """One WRITE or READ from/into a registration; a WRITE with ``notify`` goes as a batch
+        of one that fails whole."""
+        if notify is None:
+            post = self._core.post_read if op == "read" else self._core.post_write
+            return post(
+                region.core, local_offset, remote, remote_offset, nbytes, chunk_size, streams
+            )
         table = np.array([[0, local_offset, 0, remote_offset, nbytes]], dtype=np.uint64)
         plan = _native.BatchPlan("write", [region.core], [remote], table, chunk_size, streams)
         for _index, cls, reason in plan.invalid():

@@ -22,12 +22,12 @@ import numpy.typing as npt
 
 from .. import _core
 from .._config import resolve_timeout
-from ..errors import EndpointClosedError, InvalidArgumentError, RdmaxferError
+from ..errors import EndpointClosedError, RdmaxferError
 from ..memory import meta as _meta
 from ..memory.buffer import Buffer
 from ..memory.region import MemoryRegion
 from .args import byte_range, descriptor_of, operand, receivable, remote_offset_of, sendable
-from .batch import BatchOps, Notify
+from .batch import BatchOps, Notify, no_staged_notify
 from .domain import MemoryDomain, staged_backstop_s
 from .notifications import Notifications
 from .receive import recv_step
@@ -339,6 +339,7 @@ class Endpoint(BatchOps):
     ) -> Transfer[None]:
         writable = op == "read"
         what = "destination of the read" if writable else "source of the write"
+        _core.check_notify(notify)
         local_mem = operand(local, writable=writable, what=what)
         descriptor = descriptor_of(remote)
         length = byte_range(int(local_mem.nbytes), offset, nbytes, what)
@@ -349,33 +350,20 @@ class Endpoint(BatchOps):
             direct: tuple[MemoryRegion, int] | None = (region, base)
         else:  # GPU memory: straight from/into it when registered for GPUDirect, else staged
             direct = self._engine._device_local(local_mem)
-        if notify is not None:
-            _core.check_notify(notify)
         if direct is not None:
             region, base = direct
             keep: list[object] = [local_mem, region]
             try:
-                if notify is None:
-                    post = self._core.post_read if writable else self._core.post_write
-                    request = post(
-                        region.core, base + offset, descriptor, remote_at, length, chunk_size,
-                        streams,
-                    )  # fmt: skip
-                else:
-                    request = self._post_notified(
-                        region, base + offset, descriptor, remote_at, length, chunk_size, streams,
-                        notify,
-                    )  # fmt: skip
+                request = self._post_direct(
+                    op, region, base + offset, descriptor, remote_at, length, chunk_size, streams,
+                    notify,
+                )  # fmt: skip
             except BaseException:
                 self._release(temps)
                 raise
-        elif notify is not None:
-            raise InvalidArgumentError(
-                "notify= needs host memory or GPU memory registered for GPUDirect "
-                "(engine.register(array)); staged GPU memory cannot carry a notification"
-            )
         else:
             assert not isinstance(local_mem, np.ndarray)
+            no_staged_notify(notify)
             stager = self._engine._stager(local_mem.device)
             post_staged = stager.post_read if writable else stager.post_write
             keep = [local_mem]
