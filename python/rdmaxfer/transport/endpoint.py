@@ -461,15 +461,9 @@ class Endpoint(BatchOps):
             RemoteAccessError, InvalidArgumentError, ProtocolError, ConnectionFailedError.
         """
         self.post_write(
-            local,
-            remote,
-            offset=offset,
-            remote_offset=remote_offset,
-            nbytes=nbytes,
-            chunk_size=chunk_size,
-            streams=streams,
-            notify=notify,
-        ).wait(timeout, deadline=deadline)
+            local, remote, offset=offset, remote_offset=remote_offset, nbytes=nbytes,
+            chunk_size=chunk_size, streams=streams, notify=notify,
+        ).wait(timeout, deadline=deadline)  # fmt: skip
 
     def read(
         self,
@@ -489,14 +483,9 @@ class Endpoint(BatchOps):
         Raises: as :meth:`write`.
         """
         self.post_read(
-            local,
-            remote,
-            offset=offset,
-            remote_offset=remote_offset,
-            nbytes=nbytes,
-            chunk_size=chunk_size,
-            streams=streams,
-        ).wait(timeout, deadline=deadline)
+            local, remote, offset=offset, remote_offset=remote_offset, nbytes=nbytes,
+            chunk_size=chunk_size, streams=streams,
+        ).wait(timeout, deadline=deadline)  # fmt: skip
 
     async def awrite(
         self,
@@ -514,15 +503,9 @@ class Endpoint(BatchOps):
     ) -> None:
         """Asyncio twin of :meth:`write`."""
         transfer = self.post_write(
-            local,
-            remote,
-            offset=offset,
-            remote_offset=remote_offset,
-            nbytes=nbytes,
-            chunk_size=chunk_size,
-            streams=streams,
-            notify=notify,
-        )
+            local, remote, offset=offset, remote_offset=remote_offset, nbytes=nbytes,
+            chunk_size=chunk_size, streams=streams, notify=notify,
+        )  # fmt: skip
         await transfer.wait_async(timeout, deadline=deadline)
 
     async def aread(
@@ -540,14 +523,9 @@ class Endpoint(BatchOps):
     ) -> None:
         """Asyncio twin of :meth:`read`."""
         transfer = self.post_read(
-            local,
-            remote,
-            offset=offset,
-            remote_offset=remote_offset,
-            nbytes=nbytes,
-            chunk_size=chunk_size,
-            streams=streams,
-        )
+            local, remote, offset=offset, remote_offset=remote_offset, nbytes=nbytes,
+            chunk_size=chunk_size, streams=streams,
+        )  # fmt: skip
         await transfer.wait_async(timeout, deadline=deadline)
 
     # -- lifecycle -------------------------------------------------------------------------
