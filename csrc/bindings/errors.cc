@@ -7,9 +7,7 @@ namespace py = pybind11;
 
 namespace rdmaxfer {
 
-namespace {
-
-const char* class_name(ErrorKind kind) {
+const char* error_class_name(ErrorKind kind) {
   switch (kind) {
     case ErrorKind::kInvalidArgument: return "InvalidArgumentError";
     case ErrorKind::kConnection: return "ConnectionFailedError";
@@ -24,8 +22,6 @@ const char* class_name(ErrorKind kind) {
   return "RdmaxferError";
 }
 
-}  // namespace
-
 void register_error_translator(py::module_& m) {
   // Imported once; rdmaxfer/__init__.py imports errors before _core.
   // Deliberately never freed: it must outlive every translation, even at interpreter exit.
@@ -36,7 +32,7 @@ void register_error_translator(py::module_& m) {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
       // The cause travels as attributes too: errno, wc_status (number and name), vendor_err.
-      py::object cls = errors->attr(class_name(e.kind()));
+      py::object cls = errors->attr(error_class_name(e.kind()));
       py::object exc = cls(e.what());
       exc.attr("errno") = e.err_no() != 0 ? py::object(py::int_(e.err_no())) : py::none();
       const rdmaxfer::CompletionStatus& wc = e.completion();

@@ -3,7 +3,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include "common/error.h"
+
 namespace rdmaxfer {
+
+// The rdmaxfer.errors class an error of `kind` becomes ("RemoteAccessError"...).
+const char* error_class_name(ErrorKind kind);
 
 void register_error_translator(pybind11::module_& m);
 

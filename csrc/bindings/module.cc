@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 
+#include "bindings/batch_bindings.h"
 #include "bindings/cuda_bindings.h"
 #include "bindings/errors.h"
 #include "bindings/log_bridge.h"
+#include "bindings/region_handle.h"
 #include "common/error.h"
 #include "common/fork_guard.h"
 #include "common/interrupt.h"
@@ -26,6 +28,7 @@ using rdmaxfer::Engine;
 using rdmaxfer::Error;
 using rdmaxfer::ErrorKind;
 using rdmaxfer::MemoryRegion;
+using rdmaxfer::RegionHandle;
 using rdmaxfer::Request;
 using rdmaxfer::RequestPtr;
 using rdmaxfer::TransferOptions;
@@ -161,12 +164,6 @@ PYBIND11_MODULE(_core, m) {
                ", access=" + std::to_string(d.access) + ")";
       });
 
-  // Regions know their engine only through keep_alive on the Python side.
-  struct RegionHandle {
-    std::shared_ptr<MemoryRegion> region;
-    Engine* engine;
-    bool registered = true;
-  };
   py::class_<RegionHandle, std::shared_ptr<RegionHandle>>(m, "Region", py::buffer_protocol())
       .def_buffer([](RegionHandle& h) {
         return py::buffer_info(h.region->addr(), 1, py::format_descriptor<uint8_t>::format(), 1,
@@ -208,14 +205,7 @@ PYBIND11_MODULE(_core, m) {
       .def("watch", [](Request& r, Engine& e) { r.watch(e.notifier()); }, py::arg("engine"));
 
   auto region_of = [](const std::shared_ptr<RegionHandle>& h) {
-    if (rdmaxfer::inherited(h->region.get())) {
-      throw Error(ErrorKind::kClosed, rdmaxfer::inherited_text("this region"));
-    }
-    if (!h->registered) {
-      throw Error(ErrorKind::kInvalidArgument,
-                  "the local region was deregistered; register the buffer again");
-    }
-    return h->region;
+    return rdmaxfer::live_region(*h);
   };
 
   py::class_<Connection, std::shared_ptr<Connection>>(m, "Endpoint")
@@ -507,4 +497,5 @@ PYBIND11_MODULE(_core, m) {
       .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
 
   rdmaxfer::bind_cuda(m);
+  rdmaxfer::bind_batches(m);
 }

@@ -92,6 +92,24 @@ void Request::fail(const Error& cause) {
   finish_locked(State::kFailed, lock);
 }
 
+void Request::then(std::function<void(const Request&)> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kPending) {
+      if (!on_terminal_) {
+        on_terminal_ = std::move(fn);
+      } else {
+        on_terminal_ = [first = std::move(on_terminal_), next = std::move(fn)](const Request& r) {
+          first(r);
+          next(r);
+        };
+      }
+      return;
+    }
+  }
+  fn(*this);
+}
+
 void Request::finish_locked(State state, std::unique_lock<std::mutex>& lock) {
   state_ = state;
   terminal_.store(true, std::memory_order_release);

@@ -111,6 +111,10 @@ class Request {
   // Called once, on the thread that makes the request terminal, right after (the protocol
   // passes a message's credit on there). Set before the request is handed out.
   void set_on_terminal(std::function<void(const Request&)> fn) { on_terminal_ = std::move(fn); }
+  // Runs `fn` once the request is terminal, after the on_terminal set before (a batch follows
+  // its parts with it): on the thread that makes it terminal, or at once, here, when it already
+  // is. Any thread, any time.
+  void then(std::function<void(const Request&)> fn);
 
  private:
   void finish_locked(State state, std::unique_lock<std::mutex>& lock);

@@ -23,8 +23,11 @@ Engine::Engine(const std::string& transport, const TransportConfig& config)
       transport_(make_transport(transport, engine_id_, config)),
       stats_(transport_->stats()),
       notifier_(std::make_shared<Notifier>()),
+      notifications_(std::make_shared<NotificationQueue>()),
       fork_generation_(fork_generation()) {
-  transport_->set_protocol(make_message_protocol);
+  transport_->set_protocol([queue = notifications_](const std::shared_ptr<Channel>& channel) {
+    return make_message_protocol(channel, queue);
+  });
 }
 
 Engine::~Engine() { close(); }
@@ -51,6 +54,7 @@ void Engine::close() {
   // the transport can still deregister them.
   transport_->domain().close_bounce_pool(kPoolCloseS);
   transport_->shutdown();
+  notifications_->close();
 }
 
 }  // namespace rdmaxfer

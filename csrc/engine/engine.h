@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/notifier.h"
+#include "protocol/notifications.h"
 #include "transport/registry.h"
 
 namespace rdmaxfer {
@@ -27,6 +28,9 @@ class Engine {
   const std::string& transport_name() const { return transport_name_; }
   uint64_t engine_id() const { return engine_id_; }
   const std::shared_ptr<Notifier>& notifier() const { return notifier_; }
+  // The notifications peers sent with their WRITEs, from every connection (closed with the
+  // engine).
+  NotificationQueue& notifications() { return *notifications_; }
   // The counters of every connection the engine made, and of failed set-ups; readable after
   // close().
   const Stats& stats() const { return *stats_; }
@@ -39,6 +43,7 @@ class Engine {
   std::unique_ptr<Transport> transport_;
   std::shared_ptr<Stats> stats_;
   std::shared_ptr<Notifier> notifier_;
+  std::shared_ptr<NotificationQueue> notifications_;
   std::atomic<bool> closed_{false};
   uint64_t fork_generation_;  // an engine from before a fork() is inert in the child
 };

@@ -19,8 +19,10 @@ std::vector<std::pair<std::string, uint64_t>> Connection::attributes() const {
   return all;
 }
 
-std::shared_ptr<ChannelEvents> make_message_protocol(const std::shared_ptr<Channel>& channel) {
-  auto protocol = std::make_shared<MessageProtocol>();
+std::shared_ptr<ChannelEvents> make_message_protocol(
+    const std::shared_ptr<Channel>& channel,
+    const std::shared_ptr<NotificationQueue>& notifications) {
+  auto protocol = std::make_shared<MessageProtocol>(notifications);
   protocol->bind(channel);
   return protocol;
 }

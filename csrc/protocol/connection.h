@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "protocol/batch.h"
 #include "protocol/message_protocol.h"
 #include "transport/transport.h"
 
@@ -33,6 +34,12 @@ class Connection {
                        const Descriptor& remote, uint64_t remote_offset, uint64_t length,
                        const TransferOptions& options) {
     return channel_->post_read(local, local_offset, remote, remote_offset, length, options);
+  }
+  // A batch of WRITEs or READs (protocol/batch.h); a WRITE batch may end with a notification.
+  std::shared_ptr<BatchRun> post_batch(std::shared_ptr<const BatchPlan> plan,
+                                       std::optional<NotifyPayload> notify, uint32_t window,
+                                       bool whole) {
+    return BatchRun::start(channel_, std::move(plan), std::move(notify), window, whole);
   }
   // Two-sided: a message of `length` bytes with opaque `meta` (dtype, shape...). The receiver
   // first gets the header (post_recv_header), then places the bytes (post_recv) or refuses them
@@ -70,7 +77,10 @@ class Connection {
   std::shared_ptr<MessageProtocol> protocol_;
 };
 
-// The ProtocolFactory (transport.h) every engine gives its transport.
-std::shared_ptr<ChannelEvents> make_message_protocol(const std::shared_ptr<Channel>& channel);
+// The ProtocolFactory (transport.h) every engine gives its transport, bound to the engine's
+// notification queue.
+std::shared_ptr<ChannelEvents> make_message_protocol(
+    const std::shared_ptr<Channel>& channel,
+    const std::shared_ptr<NotificationQueue>& notifications);
 
 }  // namespace rdmaxfer

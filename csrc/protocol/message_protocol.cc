@@ -226,6 +226,12 @@ void MessageProtocol::on_ctrl(CtrlMessage message) {
     on_answer(message);
     return;
   }
+  if (message.type == CtrlType::kNotify) {
+    NotifyPayload payload = NotifyPayload::of(message);
+    std::shared_ptr<Channel> ch = channel_.lock();
+    if (notifications_ && ch) notifications_->push(Notification{ch->peer(), std::move(payload)});
+    return;
+  }
   RequestPtr waiter;
   MessageInfo info{message.msg_id, message.size, std::move(message.meta)};
   AnnouncedMessage ann;

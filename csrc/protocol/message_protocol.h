@@ -12,6 +12,8 @@
 //     (chunked, striped by the channel),       grant is released, the RECV completes
 //     done when the bytes left
 //   REJECT: the send fails (kProtocol)       reject: REJECT with the reason
+//   (batch.h) NOTIFY after a request's       on_ctrl: NOTIFY -> the engine's notification
+//     bytes were placed                        queue, with the peer's address
 //
 // Credits: at most `credit_window` messages (ChannelLimits; 0 = no limit) are announced and not
 // yet terminal at the sender; later sends wait here, in order, as headers only. A message
@@ -35,6 +37,7 @@
 #include <vector>
 
 #include "protocol/message_inbox.h"
+#include "protocol/notifications.h"
 #include "transport/channel.h"
 
 namespace rdmaxfer {
@@ -42,6 +45,9 @@ namespace rdmaxfer {
 class MessageProtocol : public ChannelEvents,
                         public std::enable_shared_from_this<MessageProtocol> {
  public:
+  // NOTIFY messages from the peer go to `notifications` (the engine's; null: dropped).
+  explicit MessageProtocol(std::shared_ptr<NotificationQueue> notifications = nullptr)
+      : notifications_(std::move(notifications)) {}
   // Bound to its channel once the channel exists (held weakly: the channel owns the protocol).
   void bind(const std::shared_ptr<Channel>& channel) { channel_ = channel; }
 
@@ -88,6 +94,7 @@ class MessageProtocol : public ChannelEvents,
   void credit_stall(uint64_t msg_id);
   [[noreturn]] void protocol_error(const std::string& what);
 
+  std::shared_ptr<NotificationQueue> notifications_;
   std::weak_ptr<Channel> channel_;
   mutable std::mutex mu_;
   bool closed_ = false;

@@ -8,6 +8,7 @@ const char* ctrl_type_name(CtrlType type) {
     case CtrlType::kEager: return "EAGER";
     case CtrlType::kCts: return "CTS";
     case CtrlType::kReject: return "REJECT";
+    case CtrlType::kNotify: return "NOTIFY";
   }
   return "unknown";
 }

@@ -7,6 +7,9 @@
 //           WRITEs with notification (value = low 32 bits of msg_id). For EAGER the CTS only
 //           acknowledges.
 //   REJECT  msg_id, meta = reason: the receiver refused the message.
+//   NOTIFY  msg_id (the sender's request id); size 1: an int payload in key (32 bits, an
+//           IMM's room), size 0: a bytes payload in meta (at most 64 bytes). Sent once every
+//           byte of the request it follows was placed at the peer (protocol/batch.h).
 #pragma once
 
 #include <cstdint>
@@ -16,7 +19,7 @@
 
 namespace rdmaxfer {
 
-enum class CtrlType : uint8_t { kRts = 1, kEager = 2, kCts = 3, kReject = 4 };
+enum class CtrlType : uint8_t { kRts = 1, kEager = 2, kCts = 3, kReject = 4, kNotify = 5 };
 const char* ctrl_type_name(CtrlType type);
 
 struct CtrlMessage {

@@ -7,6 +7,9 @@ GIL. Errors are raised as the classes of :mod:`rdmaxfer.errors`.
 import builtins
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 ACCESS_LOCAL: int
 ACCESS_REMOTE_READ: int
 ACCESS_REMOTE_WRITE: int
@@ -335,3 +338,66 @@ class Stager:
     def workers(self) -> int: ...
     def describe(self) -> str: ...
     def close(self) -> None: ...
+
+# -- batches and notifications (csrc/bindings/batch_bindings.cc) ---------------------------------
+
+class BatchPlan:
+    """Entries validated, zero-length ones skipped, contiguous neighbours merged (protocol/batch.h).
+
+    ``table``: uint64 array of shape (N, 5): region index, local offset, descriptor index, remote
+    offset, length (bytes)."""
+
+    def __init__(
+        self,
+        op: str,
+        regions: list[Region],
+        remotes: list[Descriptor],
+        table: npt.NDArray[np.uint64],
+        chunk_size: int = 0,
+        streams: int = 0,
+    ) -> None: ...
+    @property
+    def entries(self) -> int: ...
+    @property
+    def operations(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def skipped(self) -> int:
+        """Zero-length entries."""
+    def invalid(self) -> list[tuple[int, str, str]]:
+        """(entry, rdmaxfer.errors class name, reason) for entries refused at planning."""
+
+class BatchRun:
+    """One posting of a BatchPlan; ``request`` is terminal once every operation is."""
+
+    @property
+    def request(self) -> Request: ...
+    @property
+    def window(self) -> int: ...
+    @property
+    def operations(self) -> int: ...
+    @property
+    def peak_outstanding(self) -> int: ...
+    @property
+    def notified(self) -> bool: ...
+    @property
+    def bytes_done(self) -> int: ...
+    def failures(self) -> list[tuple[int, str, str]]:
+        """(entry, rdmaxfer.errors class name, reason) per failed entry, in entry order."""
+
+def post_batch(
+    endpoint: Endpoint,
+    plan: BatchPlan,
+    notify: builtins.bytes | int | None,
+    window: int = 256,
+    whole: bool = False,
+) -> BatchRun: ...
+def check_notify(notify: builtins.bytes | int | None) -> None:
+    """Raise InvalidArgumentError unless notify is None, bytes (<= 64) or an int in 0..2**32-1."""
+
+def pop_notification(engine: Engine, timeout: float) -> tuple[str, builtins.bytes | int] | None:
+    """The oldest notification (peer, payload), or None after timeout seconds."""
+
+def notification_fd(engine: Engine) -> int:
+    """An eventfd readable while a notification waits."""

@@ -57,7 +57,9 @@ CtrlHeader CtrlHeader::decode(const uint8_t* in, size_t available) {
   if (load_le<uint16_t>(in) != kMagic) bad("bad magic");
   if (in[2] != kVersion) bad("unsupported version " + std::to_string(in[2]));
   CtrlHeader h;
-  if (in[3] < 1 || in[3] > 4) bad("unknown type " + std::to_string(in[3]));
+  if (in[3] < 1 || in[3] > static_cast<uint8_t>(CtrlType::kNotify)) {
+    bad("unknown type " + std::to_string(in[3]));
+  }
   h.type = static_cast<CtrlType>(in[3]);
   h.meta_len = load_le<uint32_t>(in + 4);
   h.msg_id = load_le<uint64_t>(in + 8);

@@ -5,7 +5,8 @@
 // `payload_len` bytes of data (EAGER only); the whole SEND fits the peer's ctrl_size:
 //    0 magic u16 0x4352 ("RC")   2 version u8   3 type u8   4 meta_len u32
 //    8 msg_id u64 (the sender's request id)   16 size u64 (message bytes)
-//   24 addr u64 (CTS: where to write)         32 rkey u32 (CTS)   36 payload_len u32
+//   24 addr u64 (CTS: where to write)   32 rkey u32 (CTS; NOTIFY: an int payload)
+//   36 payload_len u32
 //   40 reserved u64 (0)
 //
 // The types are ctrl_message.h's; a rendezvous CTS carries the receiver's grant as addr + rkey,

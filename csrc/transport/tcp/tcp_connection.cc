@@ -160,6 +160,10 @@ void TcpConnection::send_ctrl(const CtrlMessage& m, CtrlPayload payload) {
       h.key = m.key;
       break;
     case CtrlType::kReject: h.type = FrameType::kMsgReject; break;
+    case CtrlType::kNotify:
+      h.type = FrameType::kMsgNotify;
+      h.key = m.key;
+      break;
   }
   h.payload_len = payload.length;
   OutFrame f = make_frame(h, m.meta);
@@ -368,12 +372,14 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
     case FrameType::kMsgRts:
     case FrameType::kMsgEager:
     case FrameType::kMsgCts:
-    case FrameType::kMsgReject: {
+    case FrameType::kMsgReject:
+    case FrameType::kMsgNotify: {
       CtrlMessage m;
-      m.type = h.type == FrameType::kMsgRts     ? CtrlType::kRts
-               : h.type == FrameType::kMsgEager ? CtrlType::kEager
-               : h.type == FrameType::kMsgCts   ? CtrlType::kCts
-                                                : CtrlType::kReject;
+      m.type = h.type == FrameType::kMsgRts      ? CtrlType::kRts
+               : h.type == FrameType::kMsgEager  ? CtrlType::kEager
+               : h.type == FrameType::kMsgCts    ? CtrlType::kCts
+               : h.type == FrameType::kMsgNotify ? CtrlType::kNotify
+                                                 : CtrlType::kReject;
       m.msg_id = h.req_id;
       m.size = h.size;
       m.addr = h.addr;

@@ -40,8 +40,27 @@ TcpStream::TcpStream(UniqueFd fd, int index, IoLoop* loop, std::weak_ptr<TcpConn
     : fd_(std::move(fd)), index_(index), loop_(loop), conn_(std::move(conn)),
       stats_(std::move(stats)) {}
 
+namespace {
+// The Cork this thread holds, and the streams whose frames wait for it.
+thread_local bool t_corked = false;
+thread_local std::vector<std::shared_ptr<TcpStream>> t_corked_streams;
+}  // namespace
+
+Cork::Cork() {
+  if (!t_corked) owner_ = t_corked = true;
+}
+
+Cork::~Cork() {
+  if (!owner_) return;
+  std::vector<std::shared_ptr<TcpStream>> streams;
+  streams.swap(t_corked_streams);
+  t_corked = false;
+  for (auto& stream : streams) stream->uncork();
+}
+
 bool TcpStream::enqueue(OutFrame frame) {
   std::vector<RequestPtr> completed;
+  bool corked = false;
   {
     std::lock_guard<std::mutex> lock(send_mu_);
     if (dead_.load()) return false;
@@ -49,17 +68,37 @@ bool TcpStream::enqueue(OutFrame frame) {
     const bool small = frame.total() <= kInlineLimit;
     queue_.push_back(std::move(frame));
     if (!want_write_) {
-      // Small frames go out at once from the caller's thread (latency); large ones are written
-      // by the loop thread, so the caller's thread does not copy megabytes into the socket.
-      if (small || loop_->in_loop_thread()) flush_locked(&completed);
-      if (!queue_.empty() && !dead_.load()) {
+      // Small frames go out at once from the caller's thread (latency), or when its Cork ends;
+      // large ones are written by the loop thread, so the caller's thread does not copy
+      // megabytes into the socket.
+      corked = small && t_corked;
+      if (!corked && (small || loop_->in_loop_thread())) flush_locked(&completed);
+      if (!corked && !queue_.empty() && !dead_.load()) {
         want_write_ = true;
         update_watch_locked();
       }
     }
   }
+  if (corked && std::find(t_corked_streams.begin(), t_corked_streams.end(),
+                          shared_from_this()) == t_corked_streams.end()) {
+    t_corked_streams.push_back(shared_from_this());
+  }
   for (auto& r : completed) r->part_done();
   return true;
+}
+
+void TcpStream::uncork() {
+  std::vector<RequestPtr> completed;
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    if (dead_.load() || want_write_) return;  // dropped, or the loop writes the backlog
+    flush_locked(&completed);
+    if (!queue_.empty() && !dead_.load()) {
+      want_write_ = true;
+      update_watch_locked();
+    }
+  }
+  for (auto& r : completed) r->part_done();
 }
 
 void TcpStream::flush_locked(std::vector<RequestPtr>* completed) {
@@ -264,6 +303,9 @@ void TcpStream::receive() {
     return;
   }
   std::lock_guard<std::mutex> lock(recv_mu_);
+  // What the frames read here make this thread send (acknowledgements, a batch's next WRITEs)
+  // goes out together once the read is done.
+  Cork cork;
   uint64_t budget = kReadBudget;
   try {
     while (!dead_.load() && budget > 0) {

@@ -64,6 +64,21 @@ struct RecvSink {
   uint32_t status = 0;  // AccessStatus decided when the header arrived
 };
 
+// While a thread holds a Cork, the small frames it enqueues wait in their streams' queues; the
+// Cork writes each such stream once when it ends: one sendmsg for many frames (the WRITEs a
+// batch posts as acknowledgements come in, the acknowledgements of one read from the socket).
+// A Cork made while another is held on the thread leaves the writing to the outer one.
+class Cork {
+ public:
+  Cork();
+  ~Cork();
+  Cork(const Cork&) = delete;
+  Cork& operator=(const Cork&) = delete;
+
+ private:
+  bool owner_ = false;
+};
+
 class TcpStream : public IoHandler, public Progress, public std::enable_shared_from_this<TcpStream> {
  public:
   // `stats`: the connection's counters; the stream counts the data it sends (lane = its
@@ -95,7 +110,10 @@ class TcpStream : public IoHandler, public Progress, public std::enable_shared_f
   bool progress() override { return false; }
 
  private:
+  friend class Cork;
   void flush_locked(std::vector<RequestPtr>* completed);
+  // Writes what waited for a Cork (unless the loop already writes this stream's backlog).
+  void uncork();
   // What the loop watches: nothing while borrowed, else readable (+ writable with a backlog).
   void update_watch_locked();
   // Writes what the socket takes (send_mu_ taken here); completes the frames' requests.

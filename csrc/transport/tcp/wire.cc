@@ -21,6 +21,7 @@ const char* frame_type_name(FrameType type) {
     case FrameType::kMsgReject: return "MSG_REJECT";
     case FrameType::kMsgData: return "MSG_DATA";
     case FrameType::kGoodbye: return "GOODBYE";
+    case FrameType::kMsgNotify: return "MSG_NOTIFY";
   }
   return "unknown";
 }
@@ -49,7 +50,7 @@ FrameHeader FrameHeader::decode(const uint8_t* in) {
   }
   FrameHeader h;
   if (in[3] < static_cast<uint8_t>(FrameType::kWrite) ||
-      in[3] > static_cast<uint8_t>(FrameType::kGoodbye)) {
+      in[3] > static_cast<uint8_t>(FrameType::kMsgNotify)) {
     throw Error(ErrorKind::kProtocol, "unknown frame type " + std::to_string(in[3]));
   }
   h.type = static_cast<FrameType>(in[3]);

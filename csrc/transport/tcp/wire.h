@@ -20,6 +20,7 @@
 //   MSG_DATA   req_id (the notification value), key (the grant), addr, aux (offset in the
 //              message), total (message bytes); data follows. Checked against the grant: a
 //              chunk outside it, or for no grant, closes the connection.
+//   MSG_NOTIFY req_id, size (1: an int payload in key; 0: bytes in meta)
 // The MSG_* frames carry the control messages of transport/ctrl_message.h.
 //   GOODBYE    the peer closes the connection on purpose
 #pragma once
@@ -40,6 +41,7 @@ enum class FrameType : uint8_t {
   kMsgReject = 8,
   kMsgData = 9,
   kGoodbye = 10,
+  kMsgNotify = 11,
 };
 const char* frame_type_name(FrameType type);
 

@@ -29,13 +29,14 @@ time), ``msg_rate_mpps`` (operations per second / 1e6), ``lat_us_min``, ``lat_us
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import multiprocessing as mp
 import os
 import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -213,6 +214,29 @@ def _peer(
                     pending.popleft().wait(_OP_TIMEOUT_S)
 
 
+@contextlib.contextmanager
+def peer_process(
+    transport: str, nbytes: int, streams: int, setup: RdmaSetup, secret: str
+) -> Iterator[tuple[Connection, int, bytes]]:
+    """Runs :func:`_peer` in a new process exposing ``nbytes``; yields the control pipe, the
+    peer's port and its region's packed descriptor, and ends the peer on exit."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    args = (child, transport, nbytes, streams, setup.peer_device, setup.bind, secret)
+    peer = ctx.Process(target=_peer, args=args, daemon=True)
+    peer.start()
+    try:
+        if not parent.poll(60):
+            raise RuntimeError("the benchmark peer did not start within 60 s")
+        port, descriptor = parent.recv()
+        yield parent, port, descriptor
+        parent.send(("done",))
+    finally:
+        peer.join(timeout=30)
+        if peer.is_alive():
+            peer.kill()
+
+
 _PEER_IDLE_S = 600.0
 _OP_TIMEOUT_S = 120.0
 
@@ -342,20 +366,9 @@ def run_bench(
         raise InvalidArgumentError(f"duration={duration!r}: give a number of seconds > 0")
     setup = (rdma or RdmaSetup.resolve()) if transport == "rdma" else RdmaSetup()
     secret = secrets.token_hex(16)  # the peer may listen beyond loopback (rdma bind address)
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
     top = max(sizes)
-    peer = ctx.Process(
-        target=_peer,
-        args=(child, transport, top, streams, setup.peer_device, setup.bind, secret),
-        daemon=True,
-    )
-    peer.start()
     results: list[BenchResult] = []
-    try:
-        if not parent.poll(60):
-            raise RuntimeError("the benchmark peer did not start within 60 s")
-        port, descriptor = parent.recv()
+    with peer_process(transport, top, streams, setup, secret) as (parent, port, descriptor):
         src = np.random.default_rng(0).integers(0, 256, max(top, 1), dtype=np.uint8)
         with _engine(transport, streams, setup.device, secret) as engine:
             src_region = engine.register(src, access="none", local_write=False)
@@ -386,11 +399,6 @@ def run_bench(
                     if stats:
                         row.stats = {k: v - before.get(k, 0) for k, v in ep.stats().items()}
                     results.append(row)
-            parent.send(("done",))
-    finally:
-        peer.join(timeout=30)
-        if peer.is_alive():
-            peer.kill()
     return results
 
 

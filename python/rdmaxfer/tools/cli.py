@@ -270,6 +270,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if transport == "rdma"
         else None
     )
+    if args.batch or args.kv_cache:
+        return _bench_batches(args, transport, sizes, rdma)
     results = bench.run_bench(
         transport=transport,
         op=args.op,
@@ -316,6 +318,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(bench.format_stats_table(results))
     if args.plot:
         print(f"wrote {args.plot}")
+    return 0
+
+
+def _bench_batches(
+    args: argparse.Namespace, transport: str, sizes: list[int], rdma: bench.RdmaSetup | None
+) -> int:
+    from . import bench_batch as bb
+
+    cases = [bb.BatchCase("scattered", args.batch, size) for size in sizes] if args.batch else []
+    if args.kv_cache:
+        layers, kv, pages, page = bb.KV_CACHE
+        cases.append(bb.BatchCase("kv-cache", layers * kv * pages, page))
+    rows = bb.run_batch_bench(
+        cases, transport=transport, op=args.op, iters=args.iters, streams=args.streams, rdma=rdma
+    )
+    print(f"# rdmaxfer {args.op} batches over {transport}: batch vs the same bytes contiguous, "
+          "same run, medians of --iters, GB/s = 1e9 B/s")  # fmt: skip
+    print(bb.format_batch_table(rows))
     return 0
 
 
@@ -516,6 +536,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stats", action="store_true", help="also print the endpoint's counters for each size"
     )
+    p.add_argument(
+        "--batch", type=int, default=0, metavar="N",
+        help="write/read N scattered entries of --size per call, vs one contiguous transfer",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-cache", action="store_true",
+        help="also the KV-cache case: 32 layers x 2 x 256 scattered pages of 16 KiB",
+    )  # fmt: skip
     common(p)
     p.set_defaults(func=cmd_bench, transport="tcp")
 

@@ -27,6 +27,7 @@ from ..memory import meta as _meta
 from ..memory.buffer import Buffer
 from ..memory.region import MemoryRegion
 from .args import byte_range, descriptor_of, operand, receivable, remote_offset_of, sendable
+from .batch import BatchOps, Notify, no_staged_notify
 from .domain import MemoryDomain, staged_backstop_s
 from .notifications import Notifications
 from .receive import recv_step
@@ -44,7 +45,7 @@ RemoteLike = _core.Descriptor | bytes | bytearray | memoryview | MemoryRegion | 
 T = TypeVar("T")
 
 
-class Endpoint:
+class Endpoint(BatchOps):
     """A connection to one peer, made by ``Engine.connect`` or ``Engine.accept``.
 
     Lifecycle: connected -> closed, by ``close()`` (graceful), ``abort()``, the engine's
@@ -339,9 +340,11 @@ class Endpoint:
         nbytes: int | None,
         chunk_size: int,
         streams: int,
+        notify: Notify | None = None,
     ) -> Transfer[None]:
         writable = op == "read"
         what = "destination of the read" if writable else "source of the write"
+        _core.check_notify(notify)
         local_mem = operand(local, writable=writable, what=what)
         descriptor = descriptor_of(remote)
         length = byte_range(int(local_mem.nbytes), offset, nbytes, what)
@@ -354,17 +357,18 @@ class Endpoint:
             direct = self._engine._device_local(local_mem)
         if direct is not None:
             region, base = direct
-            post = self._core.post_read if writable else self._core.post_write
             keep: list[object] = [local_mem, region]
             try:
-                request = post(
-                    region.core, base + offset, descriptor, remote_at, length, chunk_size, streams
-                )
+                request = self._post_direct(
+                    op, region, base + offset, descriptor, remote_at, length, chunk_size, streams,
+                    notify,
+                )  # fmt: skip
             except BaseException:
                 self._release(temps)
                 raise
         else:
             assert not isinstance(local_mem, np.ndarray)
+            no_staged_notify(notify)
             stager = self._engine._stager(local_mem.device)
             post_staged = stager.post_read if writable else stager.post_write
             keep = [local_mem]
@@ -391,6 +395,7 @@ class Endpoint:
         nbytes: int | None = None,
         chunk_size: int = 0,
         streams: int = 0,
+        notify: Notify | None = None,
     ) -> Transfer[None]:
         """Post a one-sided WRITE of ``local``'s bytes into the peer's registered region.
 
@@ -400,6 +405,9 @@ class Endpoint:
             offset: first byte of ``local`` to send.
             remote_offset: where in the remote region the bytes go.
             nbytes: how many bytes (default: the rest of ``local`` from ``offset``).
+            notify: a payload (bytes, at most 64, or an int in 0..2**32-1) the peer gets from
+                ``Engine.wait_notification`` once every byte is in its memory, on every lane
+                that carried them (see :mod:`rdmaxfer.transport.batch`).
 
         Raises (here, or from ``wait()``):
             InvalidArgumentError: non-contiguous source, range outside ``local``.
@@ -408,7 +416,7 @@ class Endpoint:
                 region, or the region does not allow remote writes.
         """
         return self._post_one_sided(
-            "write", local, remote, offset, remote_offset, nbytes, chunk_size, streams
+            "write", local, remote, offset, remote_offset, nbytes, chunk_size, streams, notify
         )
 
     def post_read(
@@ -443,8 +451,10 @@ class Endpoint:
         deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
+        notify: Notify | None = None,
     ) -> None:
-        """Blocking :meth:`post_write`: returns once the bytes are placed in the peer's memory.
+        """Blocking :meth:`post_write`: returns once the bytes are placed in the peer's memory
+        (and, with ``notify``, the notification is on its way).
 
         Args: as :meth:`post_write`, plus ``timeout``: inactivity bound in seconds (default
         ``RDMAXFER_TIMEOUT`` or 60: fails when no byte moved for that long) and ``deadline``:
@@ -456,14 +466,9 @@ class Endpoint:
             RemoteAccessError, InvalidArgumentError, ProtocolError, ConnectionFailedError.
         """
         self.post_write(
-            local,
-            remote,
-            offset=offset,
-            remote_offset=remote_offset,
-            nbytes=nbytes,
-            chunk_size=chunk_size,
-            streams=streams,
-        ).wait(timeout, deadline=deadline)
+            local, remote, offset=offset, remote_offset=remote_offset, nbytes=nbytes,
+            chunk_size=chunk_size, streams=streams, notify=notify,
+        ).wait(timeout, deadline=deadline)  # fmt: skip
 
     def read(
         self,
@@ -483,14 +488,9 @@ class Endpoint:
         Raises: as :meth:`write`.
         """
         self.post_read(
-            local,
-            remote,
-            offset=offset,
-            remote_offset=remote_offset,
-            nbytes=nbytes,
-            chunk_size=chunk_size,
-            streams=streams,
-        ).wait(timeout, deadline=deadline)
+            local, remote, offset=offset, remote_offset=remote_offset, nbytes=nbytes,
+            chunk_size=chunk_size, streams=streams,
+        ).wait(timeout, deadline=deadline)  # fmt: skip
 
     async def awrite(
         self,
@@ -504,11 +504,12 @@ class Endpoint:
         deadline: float | None = None,
         chunk_size: int = 0,
         streams: int = 0,
+        notify: Notify | None = None,
     ) -> None:
         """Asyncio twin of :meth:`write` (posted off the event loop)."""
         transfer = await posted(
             lambda: self._post_one_sided(
-                "write", local, remote, offset, remote_offset, nbytes, chunk_size, streams
+                "write", local, remote, offset, remote_offset, nbytes, chunk_size, streams, notify
             )
         )
         await transfer.wait_async(timeout, deadline=deadline)

@@ -10,18 +10,20 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from .. import _core
 from .._config import ENV_SECRET, ENV_TRANSPORT, format_address, parse_address, resolve_timeout
 from .._warn import warn
-from ..errors import EndpointClosedError, InvalidArgumentError
+from ..errors import EndpointClosedError, InvalidArgumentError, TransferTimeoutError
 from .domain import MemoryDomain
 from .endpoint import Endpoint
 from .transfer import Transfer
 
 if TYPE_CHECKING:
+    import asyncio
     from types import TracebackType
 
 __all__ = ["Endpoint", "Engine", "Transfer", "resolve_transport"]
@@ -153,6 +155,61 @@ class Engine(MemoryDomain):
     def registered_count(self) -> int:
         """Number of live registrations in the transport (including temporary ones)."""
         return self._core.registered_count()
+
+    # -- notifications ---------------------------------------------------------------------
+    def wait_notification(self, timeout: float | None = None) -> tuple[str, bytes | int]:
+        """The oldest notification a peer sent with a WRITE (``write(..., notify=)`` or
+        ``write_batch(..., notify=)``), waiting up to ``timeout`` seconds for one.
+
+        A notification is delivered only after every byte of its request is in this engine's
+        memory, on every lane (stream or QP) that carried it.
+
+        Returns:
+            ``(peer, payload)``: the sender's ``host:port`` and the payload as sent (bytes of
+            at most 64, or an int in 0..2**32-1).
+
+        Raises:
+            TransferTimeoutError: none arrived within ``timeout`` (default ``RDMAXFER_TIMEOUT``
+                or 60 seconds).
+            EndpointClosedError: the engine is closed and none is left.
+        """
+        limit = resolve_timeout(timeout)
+        got = _core.pop_notification(self._core, limit)
+        if got is None:
+            self._no_notification(limit)
+        return got
+
+    async def anotification(self, timeout: float | None = None) -> tuple[str, bytes | int]:
+        """Asyncio twin of :meth:`wait_notification` (the event loop watches the engine's
+        notification eventfd; no thread is blocked)."""
+        import asyncio
+
+        limit = resolve_timeout(timeout)
+        loop = asyncio.get_running_loop()
+        fd = _core.notification_fd(self._core)
+        end = loop.time() + limit
+        while True:
+            got = _core.pop_notification(self._core, 0.0)
+            if got is not None:
+                return got
+            left = end - loop.time()
+            if left <= 0 or self._closed:
+                self._no_notification(limit)
+            ready: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, _resolve, ready)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ready, left)
+            finally:
+                loop.remove_reader(fd)
+
+    def _no_notification(self, limit: float) -> NoReturn:
+        if self._closed:
+            raise EndpointClosedError("the engine is closed; no notification is left")
+        raise TransferTimeoutError(
+            f"no notification arrived within timeout={limit:g} s; a peer sends one with "
+            "write(..., notify=payload) or write_batch(..., notify=payload)"
+        )
 
     # -- connections -----------------------------------------------------------------------
     def listen(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -291,6 +348,11 @@ class Engine(MemoryDomain):
         state = "closed" if self._closed else "open"
         listening = f" port={self._port}" if self._port is not None else ""
         return f"<Engine {state} transport={self.transport!r}{listening}>"
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _is_loopback(host: str) -> bool:

@@ -1,0 +1,203 @@
+#include "protocol/batch.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+BatchPlan::BatchPlan(OpKind op, std::vector<std::shared_ptr<MemoryRegion>> regions,
+                     std::vector<Descriptor> remotes, const std::vector<BatchEntry>& entries,
+                     const TransferOptions& options)
+    : op_(op),
+      regions_(std::move(regions)),
+      remotes_(std::move(remotes)),
+      options_(options),
+      skipped_(entries.size(), false) {
+  if (op != OpKind::kWrite && op != OpKind::kRead) {
+    throw Error(ErrorKind::kInvalidArgument, "a batch holds WRITEs or READs only");
+  }
+  const char* what = op == OpKind::kWrite ? "WRITE" : "READ";
+  const LocalUse use = op == OpKind::kWrite ? LocalUse::kSource : LocalUse::kDestination;
+  for (uint64_t i = 0; i < entries.size(); ++i) {
+    const BatchEntry& e = entries[i];
+    if (e.length == 0) {
+      skipped_[i] = true;
+      ++skipped_count_;
+      continue;
+    }
+    try {
+      if (e.region >= regions_.size() || e.remote >= remotes_.size()) {
+        throw Error(ErrorKind::kInvalidArgument, "region or descriptor index out of range");
+      }
+      check_local_range(regions_[e.region], e.local_offset, e.length, what, use);
+      check_remote_range(remotes_[e.remote], e.remote_offset, e.length, what);
+    } catch (const Error& err) {
+      skipped_[i] = true;
+      invalid_.push_back(BatchFailure{i, err.kind(), err.what()});
+      continue;
+    }
+    bytes_ += e.length;
+    if (!ops_.empty()) {
+      Op& prev = ops_.back();
+      BatchEntry& at = prev.at;
+      if (at.region == e.region && at.remote == e.remote &&
+          at.local_offset + at.length == e.local_offset &&
+          at.remote_offset + at.length == e.remote_offset) {
+        at.length += e.length;
+        prev.last = i;
+        continue;
+      }
+    }
+    ops_.push_back(Op{e, i, i});
+  }
+}
+
+std::shared_ptr<BatchRun> BatchRun::start(const std::shared_ptr<Channel>& channel,
+                                          std::shared_ptr<const BatchPlan> plan,
+                                          std::optional<NotifyPayload> notify, uint32_t window,
+                                          bool whole) {
+  if (window == 0) throw Error(ErrorKind::kInvalidArgument, "a batch window must be >= 1");
+  channel->check_open();
+  std::shared_ptr<BatchRun> run(
+      new BatchRun(channel, std::move(plan), std::move(notify), window, whole));
+  run->pump();
+  return run;
+}
+
+BatchRun::BatchRun(const std::shared_ptr<Channel>& channel, std::shared_ptr<const BatchPlan> plan,
+                   std::optional<NotifyPayload> notify, uint32_t window, bool whole)
+    : channel_(channel),
+      plan_(std::move(plan)),
+      notify_(std::move(notify)),
+      window_(window),
+      whole_(whole),
+      request_(channel->new_request(plan_->op(), plan_->bytes())) {}
+
+void BatchRun::pump() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (pumping_) {
+    again_ = true;
+    return;
+  }
+  pumping_ = true;
+  const size_t total = plan_->ops().size();
+  do {
+    again_ = false;
+    while (outstanding_ < window_ && next_ < total) {
+      const size_t index = next_++;
+      peak_ = std::max(peak_, ++outstanding_);
+      lock.unlock();
+      post(index);
+      lock.lock();
+    }
+  } while (again_);
+  pumping_ = false;
+  const bool last = next_ == total && outstanding_ == 0 && !finishing_;
+  if (last) finishing_ = true;
+  lock.unlock();
+  if (last) finish();
+}
+
+void BatchRun::post(size_t index) {
+  const BatchEntry& op = plan_->ops()[index].at;
+  std::shared_ptr<Channel> channel = channel_.lock();
+  if (!channel) {
+    const Error gone(ErrorKind::kClosed, "the endpoint was destroyed");
+    op_done(index, nullptr, &gone);
+    return;
+  }
+  RequestPtr part;
+  try {
+    part = plan_->op() == OpKind::kWrite
+               ? channel->post_write(plan_->region(op.region), op.local_offset,
+                                     plan_->remote(op.remote), op.remote_offset, op.length,
+                                     plan_->options())
+               : channel->post_read(plan_->region(op.region), op.local_offset,
+                                    plan_->remote(op.remote), op.remote_offset, op.length,
+                                    plan_->options());
+  } catch (const Error& e) {
+    op_done(index, nullptr, &e);
+    return;
+  }
+  std::shared_ptr<BatchRun> self = shared_from_this();
+  part->then([self, index](const Request& done) { self->op_done(index, &done, nullptr); });
+}
+
+void BatchRun::op_done(size_t index, const Request* done, const Error* why) {
+  const bool ok = done != nullptr && done->state() == Request::State::kDone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --outstanding_;
+    if (ok) bytes_done_ += plan_->ops()[index].at.length;
+    if (!ok) {
+      failed_ops_.emplace_back(index, done ? Error(done->error_kind(), done->error_message())
+                                           : *why);
+    }
+  }
+  request_->note_progress(ok ? plan_->ops()[index].at.length : 0);
+  pump();
+}
+
+void BatchRun::finish() {
+  std::shared_ptr<Channel> channel = channel_.lock();
+  bool any_failed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    any_failed = !failed_ops_.empty() || !plan_->invalid().empty();
+  }
+  if (any_failed && channel && channel->is_closed()) {
+    request_->fail(ErrorKind::kConnection, "the endpoint to " + channel->peer() +
+                                               " failed during the batch: " + channel->error());
+    return;
+  }
+  if (any_failed && whole_) {
+    const BatchFailure first = failures().front();
+    request_->fail(first.kind, first.reason);
+    return;
+  }
+  if (notify_ && !any_failed) {
+    try {
+      if (!channel) throw Error(ErrorKind::kClosed, "the endpoint was destroyed");
+      channel->send_ctrl(notify_->message(request_->id()), CtrlPayload());
+    } catch (const Error& e) {
+      request_->fail(e.kind(), std::string("the bytes were placed but the notification could "
+                                           "not be sent: ") + e.what());
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    notified_ = true;
+  }
+  request_->complete();
+}
+
+std::vector<BatchFailure> BatchRun::failures() const {
+  std::vector<BatchFailure> out(plan_->invalid());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [index, why] : failed_ops_) {
+    const BatchPlan::Op& op = plan_->ops()[index];
+    for (uint64_t e = op.first; e <= op.last; ++e) {
+      if (!plan_->skipped(e)) out.push_back(BatchFailure{e, why.kind(), why.what()});
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const BatchFailure& a, const BatchFailure& b) { return a.entry < b.entry; });
+  return out;
+}
+
+uint32_t BatchRun::peak_outstanding() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+
+uint64_t BatchRun::bytes_done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_done_;
+}
+
+bool BatchRun::notified() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return notified_;
+}
+
+}  // namespace rdmaxfer
