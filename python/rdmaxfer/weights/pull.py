@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import _core
 from .._config import CallLimits
@@ -34,6 +35,7 @@ __all__ = ["PulledWeights", "post_windowed", "pull_weights"]
 
 log = logging.getLogger("rdmaxfer.weights")
 
+ALIGN = 64
 WINDOW = 256
 """READs in flight at once (posting is windowed so any number of pieces needs bounded memory)."""
 
@@ -142,8 +144,13 @@ def pull_weights(
             registrations: list[MemoryRegion] = []
             try:
                 plain = [s.tensor for s in shards if s.pieces and _whole(s, placed)]
+                arena = None
                 if ordinal is None:
-                    result = _allocate_runs(plain, regions, reads)
+                    new = [
+                        s for s in shards if s.tensor not in plain and placed[s.tensor.name] is None
+                    ]
+                    arena = _Arena(plain, new, ep, registrations)
+                    result = _allocate_runs(plain, regions, reads, arena)
                 else:
                     result = _allocate_runs_device(
                         plain, regions, reads, ep, ordinal, registrations
@@ -151,7 +158,7 @@ def pull_weights(
                 for s in shards:
                     if s.tensor.name not in result:
                         result[s.tensor.name] = _place(
-                            s, placed, regions, reads, ep, ordinal, registrations
+                            s, placed, regions, reads, ep, ordinal, registrations, arena
                         )
                 post_windowed(ep, "read", reads, limit, progress)
             finally:
@@ -238,18 +245,43 @@ def _runs(tensors: list[TensorInfo]) -> list[list[TensorInfo]]:
     return runs
 
 
+class _Arena:
+    """One host allocation for every new host array of a pull, registered once for local
+    writes, so that no READ into it needs a registration of its own."""
+
+    def __init__(
+        self,
+        runs_of: list[TensorInfo],
+        shards: list[Shard],
+        ep: Endpoint,
+        registrations: list[MemoryRegion],
+    ) -> None:
+        sizes = [t.nbytes for t in runs_of] + [s.nbytes for s in shards]
+        total = sum(n + ALIGN for n in sizes)
+        self.buffer = np.empty(total, dtype=np.uint8)
+        self._at = 0
+        if total:
+            registrations.append(ep.engine.register(self.buffer, access="none", local_write=True))
+
+    def take(self, nbytes: int, remote_offset: int = 0) -> npt.NDArray[np.uint8]:
+        """``nbytes`` bytes aligned like ``remote_offset`` modulo 64 (the server's alignment)."""
+        at = self._at + (remote_offset - self.buffer.ctypes.data - self._at) % ALIGN
+        self._at = at + nbytes
+        return self.buffer[at : at + nbytes]
+
+
 def _allocate_runs(
-    tensors: list[TensorInfo], regions: list[_core.Descriptor], reads: list[Read]
+    tensors: list[TensorInfo],
+    regions: list[_core.Descriptor],
+    reads: list[Read],
+    arena: _Arena,
 ) -> dict[str, Any]:
-    """One host allocation and one READ (in pieces) per run of whole tensors."""
+    """One READ (in pieces) per run of whole tensors, into the arena."""
     result: dict[str, Any] = {}
     for run in _runs(tensors):
         start = run[0].offset
         length = run[-1].offset + run[-1].nbytes - start
-        # 64-byte aligned allocation, placed so that tensors keep the server's alignment.
-        raw = np.empty(length + 64, dtype=np.uint8)
-        shift = (start - raw.ctypes.data) % 64
-        buf = raw[shift : shift + length]
+        buf = arena.take(length, start)  # tensors keep the server's alignment
         for t in run:
             view = buf[t.offset - start : t.offset - start + t.nbytes]
             result[t.name] = view.view(DTYPES[t.dtype]).reshape(t.shape)
@@ -304,6 +336,7 @@ def _place(
     ep: Endpoint,
     device: int | None,
     registrations: list[MemoryRegion],
+    arena: _Arena | None,
 ) -> Any:
     """The array a shard (or a tensor going into the caller's array) lands in, its READs
     added to ``reads``."""
@@ -316,9 +349,10 @@ def _place(
             assert view is not None
             _register_for_gpudirect(ep, dest, view.device, registrations)
         user = dest
-    elif device is None:
-        dest = user = np.empty(s.shape, dtype=dtype)
+    elif arena is not None:
+        dest = user = arena.take(s.nbytes).view(dtype).reshape(s.shape)
     else:
+        assert device is not None
         dest = Buffer.empty(s.shape, dtype, device=device)
         _register_for_gpudirect(ep, dest, device, registrations)
         user = to_user_array(dest)

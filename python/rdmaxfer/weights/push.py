@@ -49,6 +49,7 @@ from ..transport.endpoint import Endpoint
 from ..transport.engine import Engine
 from .format import DTYPES, NAMES, PROTOCOL_VERSION, decode, encode
 from .pull import post_windowed
+from .server import accept_next
 
 __all__ = ["WeightReceiver", "push_weights", "receive_weights"]
 
@@ -170,14 +171,9 @@ class WeightReceiver:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            try:
-                endpoint = self._engine.accept(timeout=0.5)
-            except TransferTimeoutError:
+            endpoint = accept_next(self._engine, self._stop)
+            if endpoint is None:
                 continue
-            except RdmaxferError:
-                if self._stop.is_set():
-                    return
-                raise
             self._current = endpoint
             with endpoint:
                 try:

@@ -31,9 +31,22 @@ from ..transport.engine import Engine
 from .format import DTYPES, NAMES, TensorInfo, decode, read_safetensors_header
 from .versions import Slot, Versions
 
-__all__ = ["WeightServer", "serve_weights"]
+__all__ = ["WeightServer", "accept_next", "serve_weights"]
 
 log = logging.getLogger("rdmaxfer.weights")
+
+
+def accept_next(engine: Engine, stop: threading.Event) -> Endpoint | None:
+    """The next peer, or None after half a second without one or once ``stop`` is set (an
+    accept that fails because the engine is closing then ends quietly)."""
+    try:
+        return engine.accept(timeout=0.5)
+    except TransferTimeoutError:
+        return None
+    except RdmaxferError:
+        if stop.is_set():
+            return None
+        raise
 
 
 class WeightServer:
@@ -253,14 +266,9 @@ class WeightServer:
         """Accept clients until :meth:`close` (or ``max_clients`` clients were served)."""
         accepted = 0
         while not self._stop.is_set() and (max_clients is None or accepted < max_clients):
-            try:
-                endpoint = self._engine.accept(timeout=0.5)
-            except TransferTimeoutError:
+            endpoint = accept_next(self._engine, self._stop)
+            if endpoint is None:
                 continue
-            except RdmaxferError:
-                if self._stop.is_set():
-                    return
-                raise
             accepted += 1
             with self._clients_lock:
                 self._clients.add(endpoint)

@@ -133,17 +133,6 @@ class Versions:
             slot.leases -= 1
             self._cond.notify_all()
 
-    def wait(self, min_version: int, timeout: float) -> int:
-        """The current version once it is at least ``min_version`` (at most ``timeout`` s)."""
-        end = time.monotonic() + timeout
-        with self._cond:
-            while self._current.version < min_version:
-                left = end - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            return self._current.version
-
     def check(self, new: Mapping[str, Any]) -> dict[str, tuple[npt.NDArray[Any] | None, Any]]:
         """``new``'s arrays checked against the published tensors: name -> (host array or
         None, GPU view or None).
