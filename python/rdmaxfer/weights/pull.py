@@ -75,11 +75,11 @@ def pull_weights(
 ) -> PulledWeights:
     """Fetch published tensors (all of one version) with one-sided READs.
 
-    Whole tensors without ``into`` that sit next to each other on the server are fetched by
-    one READ into one allocation and returned as zero-copy views of it. A shard that is a
-    range of rows (of the first partial axis, the later axes whole) is one READ; other shards
-    (a column block ``np.s_[:, a:b]``, a step) are one READ per contiguous piece, at most
-    256 in flight.
+    New host arrays are zero-copy views of one allocation, registered once for the pull;
+    whole tensors that sit next to each other on the server are fetched by one READ. A shard
+    that is a range of rows (of the first partial axis, the later axes whole) is one READ;
+    other shards (a column block ``np.s_[:, a:b]``, a step) are one READ per contiguous
+    piece, at most 256 in flight.
 
     Args:
         address: the server, ``"host:port"``.
