@@ -372,8 +372,9 @@ def test_weights_from_gpu_tensors_into_gpu(standin: None, rng: np.random.Generat
             np.testing.assert_array_equal(host.view(np.uint8), ref.view(np.uint8))
         # Trainer -> inference sync: update the GPU tensor in place, refresh, pull again.
         tensors["w"][:] = rng.standard_normal((64, 33)).astype(np.float32)
-        assert server.refresh() == tensors["w"].nbytes + tensors["b"].nbytes
+        assert server.refresh() == 2  # a new version: a snapshot of the published arrays
         again = rdmaxfer.pull_weights(f"127.0.0.1:{server.port}", transport="tcp", names=["w"])
+        assert again.version == 2
         np.testing.assert_array_equal(again["w"], tensors["w"])
 
 

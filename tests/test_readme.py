@@ -75,3 +75,29 @@ def test_engine_example_runs_on_both_sides(tmp_path: Path) -> None:
     assert a.returncode == 0, err
     assert re.fullmatch(r"node B wrote 1048576 bytes, checksum \d+\n", out), out
     assert int(out.split()[-1]) > 1048576  # random bytes, not zeros
+
+
+def test_weight_sync_example_runs(tmp_path: Path) -> None:
+    from rdmaxfer.tools.cli import default_model_file
+
+    pull_port, push_port = _free_port(), _free_port()
+    code = (
+        _example("# weight sync:")
+        .replace('"model.safetensors"', repr(str(default_model_file())))
+        .replace("5555", str(pull_port))
+        .replace("5556", str(push_port))
+        .replace("nodeA:", "127.0.0.1:")
+        .replace("nodeB:", "127.0.0.1:")
+        .replace('"0.0.0.0"', '"127.0.0.1"')
+    )
+    (tmp_path / "sync.py").write_text(code)
+    env = {**os.environ, "RDMAXFER_TRANSPORT": "tcp"}
+    run = subprocess.run(
+        [sys.executable, "-W", "error", str(tmp_path / "sync.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=WAIT_S * 2,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "pulled version 2, pushed version 3\n"

@@ -44,7 +44,15 @@ from .transport.transfer import Transfer
 
 if TYPE_CHECKING:
     from .tools.fetch import FetchResult, fetch, fetch_weights
-    from .weights import WeightServer, pull_weights, serve_weights
+    from .weights import (
+        PulledWeights,
+        WeightReceiver,
+        WeightServer,
+        pull_weights,
+        push_weights,
+        receive_weights,
+        serve_weights,
+    )
 
     __version__: str
 
@@ -56,8 +64,12 @@ _LAZY = {
     "FetchResult": "tools.fetch",
     "fetch": "tools.fetch",
     "fetch_weights": "tools.fetch",
+    "PulledWeights": "weights",
+    "WeightReceiver": "weights",
     "WeightServer": "weights",
     "pull_weights": "weights",
+    "push_weights": "weights",
+    "receive_weights": "weights",
     "serve_weights": "weights",
 }
 _SUBMODULES = {
@@ -111,6 +123,7 @@ __all__ = [
     "InvalidArgumentError",
     "MemoryRegion",
     "ProtocolError",
+    "PulledWeights",
     "RdmaxferError",
     "RegistrationError",
     "RemoteAccessError",
@@ -118,6 +131,7 @@ __all__ = [
     "TransferTimeoutError",
     "TransportError",
     "UnsupportedError",
+    "WeightReceiver",
     "WeightServer",
     "__version__",
     "accept",
@@ -128,6 +142,8 @@ __all__ = [
     "fetch_weights",
     "listen",
     "pull_weights",
+    "push_weights",
+    "receive_weights",
     "recv",
     "resolve_transport",
     "send",

@@ -1,7 +1,9 @@
 """The main job over verbs: the MiniLM file served on rxe1, pulled from rxe0, bit-exact against
 safetensors; through the CLI (``rdmaxfer serve``) and the Python API (``serve_weights`` of a
 path and of a dict of arrays). Also: read-only memory registers on verbs (no LOCAL_WRITE), and
-receiving into it fails before anything is posted."""
+receiving into it fails before anything is posted. Weight sync: shards of the MiniLM file
+landing in the caller's arrays, versions that never mix while updates run, ``min_version``,
+and the push path."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import mmap
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +22,14 @@ import pytest
 from safetensors.numpy import load_file
 
 import rdmaxfer
-from rdmaxfer import Engine, InvalidArgumentError, RegistrationError, pull_weights, serve_weights
+from rdmaxfer import (
+    Engine,
+    InvalidArgumentError,
+    RegistrationError,
+    TransferTimeoutError,
+    pull_weights,
+    serve_weights,
+)
 from rdmaxfer.tools.cli import default_model_file, verify_against_file
 
 from .rdma_helpers import WAIT_S, addrs, devices, random_bytes
@@ -155,3 +166,110 @@ def test_read_only_memory_is_served_and_never_written(
             # file mapping cannot be registered at all there; the error says what to do.
             with pytest.raises(RegistrationError, match=r"errno 14.*MAP_PRIVATE.*6\.2"):
                 server.register(np.frombuffer(shared, np.uint8), "r")
+
+
+# -- weight sync over verbs: shards, versions, push -------------------------------------------
+
+ROWS = "encoder.layer.0.intermediate.dense.weight"  # [1536, 384] F32
+SQUARE = "encoder.layer.0.attention.self.key.weight"  # [384, 384] F32
+
+
+@pytest.fixture
+def served_engine() -> Iterator[Engine]:
+    with Engine("rdma", rdma_device=devices()[1], secret=SECRET) as engine:
+        yield engine
+
+
+def test_minilm_shards_land_in_the_callers_arrays_over_verbs(
+    client: Engine, served_engine: Engine
+) -> None:
+    path = model_file()
+    ref = load_file(str(path))
+    shards = {ROWS: np.s_[256:512], SQUARE: np.s_[:, 96:192]}
+    into = {
+        ROWS: np.full((256, 384), 12345, np.float32),
+        SQUARE: np.full((384, 96), 12345, np.float32),
+    }
+    with serve_weights(path, host=addrs()[1], engine=served_engine) as server:
+        address = f"{addrs()[1]}:{server.port}"
+        got = pull_weights(address, engine=client, into=into, shard=shards, timeout=WAIT_S)
+        assert got.version == 1 and got[ROWS] is into[ROWS]
+        for name, index in shards.items():
+            np.testing.assert_array_equal(into[name], ref[name][index], err_msg=name)
+        assert client.stats()["read.ops"] == 1 + 384  # a row range is one READ
+        layer1 = pull_weights(address, engine=client, names=lambda n: ".layer.1." in n)
+        assert len(layer1) == 16
+        for name, arr in layer1.items():
+            np.testing.assert_array_equal(arr, ref[name], err_msg=name)
+        bad = {ROWS: np.full((256, 385), 7, np.float32)}
+        with pytest.raises(InvalidArgumentError, match=rf"into\['{ROWS}'\] has dtype float32"):
+            pull_weights(address, engine=client, into=bad, shard={ROWS: shards[ROWS]})
+        assert (bad[ROWS] == 7).all()
+
+
+def test_versions_never_mix_over_verbs(client: Engine, served_engine: Engine) -> None:
+    shapes = {"a": (128, 128), "i": (1000,)}
+
+    def versioned(version: int) -> dict[str, np.ndarray]:
+        return {
+            "a": np.full(shapes["a"], version, np.float32),
+            "i": np.full(shapes["i"], version, np.int64),
+        }
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    with serve_weights(versioned(1), host=addrs()[1], engine=served_engine) as server:
+        address = f"{addrs()[1]}:{server.port}"
+
+        def updater() -> None:
+            try:
+                while not stop.is_set():
+                    server.update(versioned(server.version + 1), timeout=WAIT_S)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=updater)
+        thread.start()
+        seen = set()
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while len(seen) < 3 and time.monotonic() < deadline:
+                shard = {"a": np.s_[:, 10:20]} if len(seen) % 2 else None
+                got = pull_weights(address, engine=client, shard=shard, timeout=WAIT_S)
+                for name, arr in got.items():
+                    assert np.unique(arr).tolist() == [got.version], (name, got.version)
+                seen.add(got.version)
+        finally:
+            stop.set()
+            thread.join(WAIT_S)
+        assert not errors and len(seen) >= 3, (errors, seen)
+        version = server.version
+        timer = threading.Timer(0.5, server.update, args=(versioned(version + 1),))
+        timer.start()
+        got = pull_weights(address, engine=client, min_version=version + 1, timeout=WAIT_S)
+        timer.join()
+        assert got.version == version + 1 and (got["i"] == version + 1).all()
+        with pytest.raises(TransferTimeoutError, match=r"\(min_version\) was not published"):
+            pull_weights(address, engine=client, min_version=version + 9, timeout=1.0)
+
+
+def test_push_over_verbs(client: Engine, served_engine: Engine, rng: np.random.Generator) -> None:
+    dest = {"w": np.zeros((300, 384), np.float32), "b": np.zeros(384, ml_dtypes.bfloat16)}
+    with rdmaxfer.receive_weights(dest, addrs()[1], 0, engine=served_engine) as receiver:
+        address = f"{addrs()[1]}:{receiver.port}"
+        for version in (1, 2):
+            weights = {
+                "w": rng.standard_normal((300, 384)).astype(np.float32),
+                "b": rng.standard_normal(384).astype(ml_dtypes.bfloat16),
+            }
+            rdmaxfer.push_weights(
+                address, weights, version=version, engine=client, streams=3, timeout=WAIT_S
+            )
+            assert receiver.wait(timeout=WAIT_S) == version
+            for name, arr in weights.items():
+                np.testing.assert_array_equal(dest[name].view(np.uint8), arr.view(np.uint8))
+        with pytest.raises(InvalidArgumentError, match="pushed tensor 'b' is float32"):
+            rdmaxfer.push_weights(
+                address, {**weights, "b": np.zeros(384, np.float32)}, version=3, engine=client
+            )
+        assert receiver.version == 2

@@ -199,7 +199,7 @@ def _pull(address: str, args: argparse.Namespace) -> tuple[dict[str, np.ndarray]
     start = time.perf_counter()
     engine = Engine(args.transport)
     try:
-        arrays = weights.pull_weights(
+        arrays: dict[str, np.ndarray] = weights.pull_weights(
             address,
             engine=engine,
             streams=args.streams,

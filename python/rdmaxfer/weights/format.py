@@ -31,7 +31,7 @@ __all__ = [
     "save_safetensors_copy",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 PIECE_BYTES = 8 << 20
 """Pulls are posted in pieces of this many bytes (all in flight at once) so progress moves."""
 

@@ -1,10 +1,12 @@
-"""Pulling published weights: the catalog, then one-sided READs into new host arrays or, with
-``device=``, GPU arrays (see :mod:`rdmaxfer.weights`)."""
+"""Pulling published weights: the catalog of one version, then one-sided READs into new host
+arrays, new GPU arrays (``device=``) or the caller's own arrays (``into=``), whole tensors or
+``np.s_``-style shards of them (see :mod:`rdmaxfer.weights`)."""
 
 from __future__ import annotations
 
+import collections
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -12,24 +14,56 @@ import numpy.typing as npt
 
 from .. import _core
 from .._config import CallLimits
-from ..errors import InvalidArgumentError, ProtocolError, RegistrationError, UnsupportedError
+from ..errors import (
+    InvalidArgumentError,
+    ProtocolError,
+    RegistrationError,
+    TransferTimeoutError,
+    UnsupportedError,
+)
 from ..gpu.staging import to_user_array
 from ..memory import cuda
-from ..memory.buffer import Buffer
+from ..memory.buffer import Buffer, device_view
 from ..memory.region import MemoryRegion
 from ..transport.endpoint import Endpoint
 from ..transport.engine import Engine
-from .format import DTYPES, PROTOCOL_VERSION, TensorInfo, decode, encode, pieces
+from ..transport.transfer import Transfer
+from .format import DTYPES, PIECE_BYTES, PROTOCOL_VERSION, TensorInfo, decode, encode
+from .shard import Names, Shard, destination, select, shard_of
 
-__all__ = ["pull_weights"]
+__all__ = ["PulledWeights", "post_windowed", "pull_weights"]
 
 log = logging.getLogger("rdmaxfer.weights")
+
+ALIGN = 64
+WINDOW = 256
+"""READs in flight at once (posting is windowed so any number of pieces needs bounded memory)."""
+
+
+class PulledWeights(dict[str, Any]):
+    """What :func:`pull_weights` returns: ``{name: array}`` (a dict), all of one version.
+
+    Attributes:
+        version: the server's version the tensors belong to (1 for what it published first,
+            one more per :meth:`WeightServer.update`).
+    """
+
+    def __init__(self, arrays: Mapping[str, Any], version: int) -> None:
+        super().__init__(arrays)
+        self.version = version
+
+
+# (local array, remote region, byte offset in the local array, remote byte offset, bytes)
+Read = tuple[object, _core.Descriptor, int, int, int]
 
 
 def pull_weights(
     address: str,
     *,
-    names: Iterable[str] | None = None,
+    names: Names | None = None,
+    into: Mapping[str, object] | None = None,
+    shard: Mapping[str, object] | None = None,
+    min_version: int = 0,
     engine: Engine | None = None,
     transport: str = "auto",
     streams: int = 0,
@@ -38,15 +72,30 @@ def pull_weights(
     progress: Callable[[int, int], None] | None = None,
     with_header: bool = False,
     device: str | int | None = None,
-) -> dict[str, Any]:
-    """Fetch published tensors into new host arrays with one-sided READs.
+) -> PulledWeights:
+    """Fetch published tensors (all of one version) with one-sided READs.
 
-    Tensors that sit next to each other on the server are fetched by one READ into one
-    allocation and returned as zero-copy views of it, in the server's layout.
+    New host arrays are zero-copy views of one allocation, registered once for the pull;
+    whole tensors that sit next to each other on the server are fetched by one READ. A shard
+    that is a range of rows (of the first partial axis, the later axes whole) is one READ;
+    other shards (a column block ``np.s_[:, a:b]``, a step) are one READ per contiguous
+    piece, at most 256 in flight.
 
     Args:
         address: the server, ``"host:port"``.
-        names: tensors to fetch (default: all).
+        names: the tensors to fetch: a list of names, or a predicate called with each
+            published name (default: all; with ``into`` and no ``names``, those of ``into``).
+        into: ``{name: array}``: fill these arrays in place (host arrays, or GPU arrays:
+            CuPy, PyTorch, ``__cuda_array_interface__``, device Buffers), each writable,
+            C-contiguous and of the tensor's dtype and shape (the shard's, with ``shard``).
+            Checked before any byte moves. If the pull then fails they may hold part of the
+            bytes: the exception says the pull did not complete.
+        shard: ``{name: index}`` with ``np.s_``-style indices (slices with a positive step,
+            ints, one Ellipsis): fetch ``tensor[index]`` only, e.g. ``np.s_[256:512]`` (rows
+            256 to 511) or ``np.s_[:, 0:96]`` (a column block). Tensors without an entry are
+            fetched whole.
+        min_version: wait (at most ``timeout`` s) until the server publishes at least this
+            version (see :meth:`WeightServer.update`); 0: take the current one.
         engine: an existing Engine (default: a new one, closed on return).
         transport: ``"auto"``, ``"tcp"`` or ``"rdma"`` when creating the engine.
         streams: parallel streams/QPs for the connection (0: the engine's default).
@@ -57,60 +106,64 @@ def pull_weights(
             none).
         progress: called as ``progress(bytes_done, bytes_total)`` as pieces arrive.
         with_header: also return the server file's raw safetensors header under the key
-            ``"__header__"`` (a ``uint8`` array), for :func:`save_safetensors_copy`.
-        device: None/``"cpu"`` for host arrays, or ``"cuda:N"``: each contiguous run of
-            tensors is allocated on that GPU and filled by READs, straight into GPU memory
-            when the engine can register it for GPUDirect RDMA, else through the staging
-            pipeline; tensors come back as CuPy arrays (when CuPy is importable) or device
-            Buffers, zero-copy views of the run.
+            ``"__header__"`` (a ``uint8`` array), for :func:`save_safetensors_copy` (version 1
+            of a file only: later versions have no file header).
+        device: None/``"cpu"`` for new host arrays, or ``"cuda:N"``: new arrays are allocated
+            on that GPU and filled by READs, straight into GPU memory when the engine can
+            register it for GPUDirect RDMA, else through the staging pipeline; they come back
+            as CuPy arrays (when CuPy is importable) or device Buffers.
 
     Returns:
-        ``{name: ndarray}`` with the published dtype (BF16 as ``ml_dtypes.bfloat16``) and shape.
+        A :class:`PulledWeights`: ``{name: array}`` with the published dtype (BF16 as
+        ``ml_dtypes.bfloat16``) and the tensor's (or shard's) shape, ``into``'s arrays as
+        given; ``.version`` is the version they all belong to.
 
     Raises:
-        InvalidArgumentError: a name in ``names`` is not published, or a bad ``device``.
+        InvalidArgumentError: a name in ``names``, ``into`` or ``shard`` is not published (or
+            not selected), a shard does not fit its tensor, an ``into`` array has another
+            dtype or shape; the message names the tensor, and no byte has moved. Also a bad
+            ``device``.
+        TransferTimeoutError: ``min_version`` was not published within ``timeout``, or the
+            READs stalled.
         UnsupportedError: ``device`` is a GPU but CUDA is not usable here (with the reason).
-        ConnectionFailedError, TransferTimeoutError, ProtocolError, RemoteAccessError.
+        ConnectionFailedError, ProtocolError, RemoteAccessError.
     """
     ordinal = None if device is None or device == "cpu" else cuda.parse_device(device)
+    if names is None and into is not None:
+        names = list(into)
     own = engine is None
     eng = engine if engine is not None else Engine(transport)
     limit = CallLimits(timeout, deadline)
     try:
         with eng.connect(address, streams=streams, timeout=limit.connect_s()) as ep:
-            ep.send(
-                encode({"v": PROTOCOL_VERSION, "op": "catalog"}),
-                timeout=limit.timeout_s,
-                deadline=limit.deadline_left(),
-            )
-            catalog = decode(
-                ep.recv(timeout=limit.timeout_s, deadline=limit.deadline_left()), "catalog"
-            )
+            version, regions, tensors, header_hex = _catalog(ep, limit, min_version, address)
+            chosen = select(tensors, names, address)
+            shards = _shards(chosen, into, shard, address)
+            placed = {s.tensor.name: destination(s, into) for s in shards}  # checked first
+            reads: list[Read] = []
+            registrations: list[MemoryRegion] = []
             try:
-                regions = [_core.Descriptor.unpack(bytes.fromhex(d)) for d in catalog["regions"]]
-                tensors = [
-                    TensorInfo(n, e["dtype"], tuple(e["shape"]), int(e["region"]), int(e["offset"]))
-                    for n, e in catalog["tensors"].items()
-                ]
-                header_hex = catalog.get("header")
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ProtocolError(f"malformed catalog: {exc!r}") from exc
-            for t in tensors:
-                if t.dtype not in DTYPES or not 0 <= t.region < len(regions):
-                    raise ProtocolError(f"malformed catalog entry for tensor {t.name!r}")
-            if names is not None:
-                wanted = set(names)
-                missing = wanted - {t.name for t in tensors}
-                if missing:
-                    raise InvalidArgumentError(
-                        f"tensors {sorted(missing)} are not published by {address}; "
-                        f"it has {len(tensors)} tensors (see its catalog)"
+                plain = [s.tensor for s in shards if s.pieces and _whole(s, placed)]
+                arena = None
+                if ordinal is None:
+                    new = [
+                        s for s in shards if s.tensor not in plain and placed[s.tensor.name] is None
+                    ]
+                    arena = _Arena(plain, new, ep, registrations)
+                    result = _allocate_runs(plain, regions, reads, arena)
+                else:
+                    result = _allocate_runs_device(
+                        plain, regions, reads, ep, ordinal, registrations
                     )
-                tensors = [t for t in tensors if t.name in wanted]
-            if ordinal is None:
-                result: dict[str, Any] = dict(_fetch(ep, regions, tensors, limit, progress))
-            else:
-                result = _fetch_device(ep, regions, tensors, limit, progress, ordinal)
+                for s in shards:
+                    if s.tensor.name not in result:
+                        result[s.tensor.name] = _place(
+                            s, placed, regions, reads, ep, ordinal, registrations, arena
+                        )
+                post_windowed(ep, "read", reads, limit, progress)
+            finally:
+                for region in registrations:
+                    region.close()
             if with_header and header_hex is not None:
                 result["__header__"] = np.frombuffer(bytes.fromhex(header_hex), dtype=np.uint8)
             ep.send(
@@ -118,57 +171,70 @@ def pull_weights(
                 timeout=limit.timeout_s,
                 deadline=limit.deadline_left(),
             )
-            return result
+            return PulledWeights(result, version)
     finally:
         if own:
             eng.close()
 
 
-def _fetch(
-    ep: Endpoint,
-    regions: list[_core.Descriptor],
-    tensors: list[TensorInfo],
-    limit: CallLimits,
-    progress: Callable[[int, int], None] | None,
-) -> dict[str, npt.NDArray[Any]]:
-    # Group tensors into runs that are contiguous in one remote region: one allocation and one
-    # READ (in pieces) per run.
-    runs: list[list[TensorInfo]] = []
-    for t in sorted(tensors, key=lambda t: (t.region, t.offset)):
-        last = runs[-1][-1] if runs else None
-        if last is not None and last.region == t.region and last.offset + last.nbytes == t.offset:
-            runs[-1].append(t)
-        else:
-            runs.append([t])
-    total = sum(t.nbytes for t in tensors)
-    result: dict[str, npt.NDArray[Any]] = {}
-    transfers = []
-    for run in runs:
-        start = run[0].offset
-        length = run[-1].offset + run[-1].nbytes - start
-        # 64-byte aligned allocation, placed so that tensors keep the server's alignment.
-        raw = np.empty(length + 64, dtype=np.uint8)
-        shift = (start - raw.ctypes.data) % 64
-        buf = raw[shift : shift + length]
-        for t in run:
-            view = buf[t.offset - start : t.offset - start + t.nbytes]
-            result[t.name] = view.view(DTYPES[t.dtype]).reshape(t.shape)
-        for off, n in pieces(length):
-            transfers.append(
-                ep.post_read(
-                    buf, regions[run[0].region], offset=off, remote_offset=start + off, nbytes=n
-                )
+def _catalog(
+    ep: Endpoint, limit: CallLimits, min_version: int, address: str
+) -> tuple[int, list[_core.Descriptor], list[TensorInfo], str | None]:
+    """Ask for the catalog (of at least ``min_version``, waiting up to ``timeout``)."""
+    wait_s = limit.timeout_s if min_version > 0 else 0.0
+    request = {"v": PROTOCOL_VERSION, "op": "catalog", "min_version": min_version}
+    ep.send(
+        encode({**request, "wait_s": wait_s}),
+        timeout=limit.timeout_s,
+        deadline=limit.deadline_left(),
+    )
+    catalog = decode(
+        ep.recv(timeout=limit.timeout_s + wait_s, deadline=limit.deadline_left()), "catalog"
+    )
+    try:
+        version = int(catalog["version"])
+        regions = [_core.Descriptor.unpack(bytes.fromhex(d)) for d in catalog["regions"]]
+        tensors = [
+            TensorInfo(n, e["dtype"], tuple(e["shape"]), int(e["region"]), int(e["offset"]))
+            for n, e in catalog["tensors"].items()
+        ]
+        header_hex = catalog.get("header")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed catalog: {exc!r}") from exc
+    for t in tensors:
+        if t.dtype not in DTYPES or not 0 <= t.region < len(regions):
+            raise ProtocolError(f"malformed catalog entry for tensor {t.name!r}")
+    if version < min_version:
+        raise TransferTimeoutError(
+            f"{address} publishes version {version}; version {min_version} (min_version) was "
+            f"not published within {wait_s:g} s; raise timeout= or update the server"
+        )
+    return version, regions, tensors, header_hex
+
+
+def _shards(
+    chosen: list[TensorInfo],
+    into: Mapping[str, object] | None,
+    shard: Mapping[str, object] | None,
+    address: str,
+) -> list[Shard]:
+    names = {t.name for t in chosen}
+    for what, given in (("into", into), ("shard", shard)):
+        extra = sorted(set(given or ()) - names)
+        if extra:
+            raise InvalidArgumentError(
+                f"{what} names tensors {extra} that this pull does not fetch (not published by "
+                f"{address}, or not in names=); fetch them with names= or drop them"
             )
-    done = 0
-    for transfer in transfers:
-        transfer.wait(timeout=limit.timeout_s, deadline=limit.deadline_left())
-        done += transfer.nbytes
-        if progress is not None:
-            progress(done, total)
-    return result
+    return [shard_of(t, None if shard is None else shard.get(t.name)) for t in chosen]
+
+
+def _whole(s: Shard, placed: Mapping[str, object]) -> bool:
+    return placed[s.tensor.name] is None and s.shape == s.tensor.shape and len(s.pieces) == 1
 
 
 def _runs(tensors: list[TensorInfo]) -> list[list[TensorInfo]]:
+    """Tensors grouped into runs contiguous in one remote region."""
     runs: list[list[TensorInfo]] = []
     for t in sorted(tensors, key=lambda t: (t.region, t.offset)):
         last = runs[-1][-1] if runs else None
@@ -179,48 +245,162 @@ def _runs(tensors: list[TensorInfo]) -> list[list[TensorInfo]]:
     return runs
 
 
-def _fetch_device(
-    ep: Endpoint,
-    regions: list[_core.Descriptor],
+class _Arena:
+    """One host allocation for every new host array of a pull, registered once for local
+    writes, so that no READ into it needs a registration of its own."""
+
+    def __init__(
+        self,
+        runs_of: list[TensorInfo],
+        shards: list[Shard],
+        ep: Endpoint,
+        registrations: list[MemoryRegion],
+    ) -> None:
+        sizes = [t.nbytes for t in runs_of] + [s.nbytes for s in shards]
+        total = sum(n + ALIGN for n in sizes)
+        self.buffer = np.empty(total, dtype=np.uint8)
+        self._at = 0
+        if total:
+            registrations.append(ep.engine.register(self.buffer, access="none", local_write=True))
+
+    def take(self, nbytes: int, remote_offset: int = 0) -> npt.NDArray[np.uint8]:
+        """``nbytes`` bytes aligned like ``remote_offset`` modulo 64 (the server's alignment)."""
+        at = self._at + (remote_offset - self.buffer.ctypes.data - self._at) % ALIGN
+        self._at = at + nbytes
+        return self.buffer[at : at + nbytes]
+
+
+def _allocate_runs(
     tensors: list[TensorInfo],
-    limit: CallLimits,
-    progress: Callable[[int, int], None] | None,
-    device: int,
+    regions: list[_core.Descriptor],
+    reads: list[Read],
+    arena: _Arena,
 ) -> dict[str, Any]:
-    # One GPU allocation and one READ per run; the staging pipeline (or the NIC, with
-    # GPUDirect) cuts it into chunks, so no Python runs per chunk.
-    direct = ep.engine.gpu_preflight(device).method != "staging"
-    registrations: list[MemoryRegion] = []
-    total = sum(t.nbytes for t in tensors)
+    """One READ (in pieces) per run of whole tensors, into the arena."""
     result: dict[str, Any] = {}
-    transfers = []
+    for run in _runs(tensors):
+        start = run[0].offset
+        length = run[-1].offset + run[-1].nbytes - start
+        buf = arena.take(length, start)  # tensors keep the server's alignment
+        for t in run:
+            view = buf[t.offset - start : t.offset - start + t.nbytes]
+            result[t.name] = view.view(DTYPES[t.dtype]).reshape(t.shape)
+        reads.append((buf, regions[run[0].region], 0, start, length))
+    return result
+
+
+def _register_for_gpudirect(
+    ep: Endpoint, buf: object, device: int, registrations: list[MemoryRegion]
+) -> None:
+    """Register GPU memory a pull READs into for GPUDirect RDMA when the engine can (else the
+    READs go through the staging pipeline)."""
+    if ep.engine.gpu_preflight(device).method == "staging":
+        return
+    try:
+        registrations.append(ep.engine.register(buf, access="none", local_write=True))
+    except (RegistrationError, UnsupportedError) as exc:
+        log.info("pull into cuda:%d: staging instead of GPUDirect (%s)", device, exc)
+
+
+def _allocate_runs_device(
+    tensors: list[TensorInfo],
+    regions: list[_core.Descriptor],
+    reads: list[Read],
+    ep: Endpoint,
+    device: int,
+    registrations: list[MemoryRegion],
+) -> dict[str, Any]:
+    """One GPU allocation and one READ per run of whole tensors; the staging pipeline (or the
+    NIC, with GPUDirect) cuts it into chunks, so no Python runs per chunk."""
+    result: dict[str, Any] = {}
     for run in _runs(tensors):
         start = run[0].offset
         length = run[-1].offset + run[-1].nbytes - start
         buf = Buffer.empty(length, np.uint8, device=device)
         base = buf._device_view()
-        if direct:
-            try:
-                registrations.append(ep.engine.register(buf, access="none", local_write=True))
-            except (RegistrationError, UnsupportedError) as exc:
-                log.info("pull into cuda:%d: staging instead of GPUDirect (%s)", device, exc)
-                direct = False
+        _register_for_gpudirect(ep, buf, device, registrations)
         for t in run:
             view = cuda.CudaArray(
                 base.ptr + t.offset - start, t.shape, DTYPES[t.dtype], device, False, buf
             )
             result[t.name] = to_user_array(Buffer._from_device(view))
-        transfers.append(
-            ep.post_read(buf, regions[run[0].region], remote_offset=start, nbytes=length)
-        )
-    done = 0
-    try:
-        for transfer in transfers:
-            transfer.wait(timeout=limit.timeout_s, deadline=limit.deadline_left())
-            done += transfer.nbytes
-            if progress is not None:
-                progress(done, total)
-    finally:
-        for region in registrations:
-            region.close()
+        reads.append((buf, regions[run[0].region], 0, start, length))
     return result
+
+
+def _place(
+    s: Shard,
+    placed: Mapping[str, tuple[object, bool] | None],
+    regions: list[_core.Descriptor],
+    reads: list[Read],
+    ep: Endpoint,
+    device: int | None,
+    registrations: list[MemoryRegion],
+    arena: _Arena | None,
+) -> Any:
+    """The array a shard (or a tensor going into the caller's array) lands in, its READs
+    added to ``reads``."""
+    given = placed[s.tensor.name]
+    dtype = DTYPES[s.tensor.dtype]
+    if given is not None:
+        dest, on_gpu = given
+        if on_gpu:
+            view = device_view(dest, writable=True)
+            assert view is not None
+            _register_for_gpudirect(ep, dest, view.device, registrations)
+        user = dest
+    elif arena is not None:
+        dest = user = arena.take(s.nbytes).view(dtype).reshape(s.shape)
+    else:
+        assert device is not None
+        dest = Buffer.empty(s.shape, dtype, device=device)
+        _register_for_gpudirect(ep, dest, device, registrations)
+        user = to_user_array(dest)
+    region = regions[s.tensor.region]
+    reads.extend((dest, region, p.local_offset, p.remote_offset, p.nbytes) for p in s.pieces)
+    return user
+
+
+def _split(reads: list[Read]) -> list[Read]:
+    """Reads cut into pieces of at most PIECE_BYTES (progress moves; zero-length ones go)."""
+    out: list[Read] = []
+    for dest, region, local, remote, nbytes in reads:
+        for at in range(0, nbytes, PIECE_BYTES):
+            n = min(PIECE_BYTES, nbytes - at)
+            out.append((dest, region, local + at, remote + at, n))
+    return out
+
+
+def post_windowed(
+    ep: Endpoint,
+    op: str,
+    items: list[Read],
+    limit: CallLimits,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Post every READ (``op="read"``) or WRITE (``"write"``) of ``items``, cut into pieces
+    of at most PIECE_BYTES, at most WINDOW in flight, and wait for all of them.
+
+    The one place the weights protocols move bytes: with ``Endpoint.read_batch`` /
+    ``write_batch`` this becomes one call.
+    """
+    pieces = _split(items)
+    total = sum(r[4] for r in pieces)
+    post = ep.post_read if op == "read" else ep.post_write
+    window: collections.deque[Transfer[None]] = collections.deque()
+    done = 0
+
+    def wait_oldest() -> None:
+        nonlocal done
+        transfer = window.popleft()
+        transfer.wait(timeout=limit.timeout_s, deadline=limit.deadline_left())
+        done += transfer.nbytes
+        if progress is not None:
+            progress(done, total)
+
+    for local, region, offset, remote, nbytes in pieces:
+        if len(window) >= WINDOW:
+            wait_oldest()
+        window.append(post(local, region, offset=offset, remote_offset=remote, nbytes=nbytes))
+    while window:
+        wait_oldest()

@@ -28,19 +28,25 @@ from ..memory.buffer import as_array, device_view
 from ..memory.region import MemoryRegion
 from ..transport.endpoint import Endpoint
 from ..transport.engine import Engine
-from .format import (
-    DTYPES,
-    NAMES,
-    PROTOCOL_VERSION,
-    TensorInfo,
-    decode,
-    encode,
-    read_safetensors_header,
-)
+from .format import DTYPES, NAMES, TensorInfo, decode, read_safetensors_header
+from .versions import Slot, Versions
 
-__all__ = ["WeightServer", "serve_weights"]
+__all__ = ["WeightServer", "accept_next", "serve_weights"]
 
 log = logging.getLogger("rdmaxfer.weights")
+
+
+def accept_next(engine: Engine, stop: threading.Event) -> Endpoint | None:
+    """The next peer, or None after half a second without one or once ``stop`` is set (an
+    accept that fails because the engine is closing then ends quietly)."""
+    try:
+        return engine.accept(timeout=0.5)
+    except TransferTimeoutError:
+        return None
+    except RdmaxferError:
+        if stop.is_set():
+            return None
+        raise
 
 
 class WeightServer:
@@ -48,7 +54,9 @@ class WeightServer:
 
     Lifecycle: constructed (tensors registered, listening) -> :meth:`start` (a thread accepts
     clients, one thread per client) or :meth:`serve_forever` -> :meth:`close` (endpoints and
-    registrations released, the file unmapped). A context manager.
+    registrations released, the file unmapped). A context manager. What it publishes first is
+    version 1; :meth:`update` and :meth:`refresh` publish the next ones (see
+    :mod:`rdmaxfer.weights.versions`: a pull never mixes versions).
 
     Args:
         source: a ``.safetensors`` path, or a mapping of names to C-contiguous host arrays.
@@ -84,8 +92,9 @@ class WeightServer:
         self._mmap: mmap.mmap | None = None
         self._header: bytes | None = None
         self._tensors: dict[str, TensorInfo] = {}
-        # GPU tensors published through a host mirror: (device view, host copy).
-        self._mirrors: list[tuple[cuda.CudaArray, npt.NDArray[Any]]] = []
+        self._mirrors: list[npt.NDArray[Any]] = []  # host copies of GPU tensors, if needed
+        # The first version's tensors as published (host arrays or GPU views), by name.
+        self._sources: dict[str, npt.NDArray[Any] | cuda.CudaArray] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._clients: set[Endpoint] = set()  # connected now; close() ends their waits
@@ -100,21 +109,10 @@ class WeightServer:
         except BaseException:
             self.close()
             raise
-        self._catalog = encode(
-            {
-                "v": PROTOCOL_VERSION,
-                "regions": [r.descriptor().pack().hex() for r in self._regions],
-                "header": None if self._header is None else self._header.hex(),
-                "tensors": {
-                    t.name: {
-                        "dtype": t.dtype,
-                        "shape": list(t.shape),
-                        "region": t.region,
-                        "offset": t.offset,
-                    }
-                    for t in self._tensors.values()
-                },
-            }
+        self._versions = Versions(
+            Slot(1, list(self._regions), dict(self._tensors), self._header),
+            self._source_bytes,
+            lambda buffer: self._engine.register(buffer, access="r", local_write=False),
         )
 
     def _publish_file(self, path: Path) -> None:
@@ -132,6 +130,7 @@ class WeightServer:
         if self._mmap is None:
             raise InvalidArgumentError(f"{str(path)!r} is empty; pass a .safetensors file")
         view = np.frombuffer(self._mmap, dtype=np.uint8)
+        self._file_view = view
         self._regions.append(self._engine.register(view, access="r", local_write=False))
         self._header = header_raw
         for name, entry in header.items():
@@ -143,10 +142,12 @@ class WeightServer:
                     f"tensor {name!r} has dtype {dtype!r}, which rdmaxfer does not map; "
                     f"supported: {', '.join(DTYPES)}"
                 )
-            begin, _end = entry["data_offsets"]
+            begin, end = (int(x) for x in entry["data_offsets"])
             self._tensors[name] = TensorInfo(
-                name, dtype, tuple(entry["shape"]), 0, data_offset + int(begin)
+                name, dtype, tuple(entry["shape"]), 0, data_offset + begin
             )
+            raw = view[data_offset + begin : data_offset + end]
+            self._sources[name] = raw.view(DTYPES[dtype]).reshape(entry["shape"])
 
     def _publish_arrays(self, arrays: Mapping[str, Any]) -> None:
         for index, (name, obj) in enumerate(arrays.items()):
@@ -163,6 +164,7 @@ class WeightServer:
                 )
             self._regions.append(self._engine.register(arr, access="r", local_write=False))
             self._tensors[name] = TensorInfo(name, dtype, tuple(arr.shape), index, 0)
+            self._sources[name] = arr
 
     def _publish_device(self, index: int, name: str, obj: object, view: cuda.CudaArray) -> None:
         dtype = NAMES.get(view.dtype)
@@ -175,24 +177,63 @@ class WeightServer:
         except (UnsupportedError, RegistrationError) as exc:
             log.info("tensor %r: GPU memory published through a host mirror (%s)", name, exc)
             host = cuda.copy_to_host(view)
-            self._mirrors.append((view, host))
+            self._mirrors.append(host)
             region = self._engine.register(host, access="r", local_write=False)
         self._regions.append(region)
         self._tensors[name] = TensorInfo(name, dtype, tuple(view.shape), index, 0)
+        self._sources[name] = view
 
-    def refresh(self) -> int:
-        """Copy the current contents of GPU tensors published through a host mirror into their
-        mirrors (after the trainer updated them in place); GPUDirect-registered tensors need
-        nothing. Clients pulling meanwhile may see a mix of old and new values.
+    def _source_bytes(self, name: str, out: npt.NDArray[Any]) -> None:
+        source = self._sources[name]
+        if isinstance(source, cuda.CudaArray):
+            cuda.copy_to_host(source, out)
+        else:
+            np.copyto(out, source)
+
+    def update(self, new: Mapping[str, Any], *, timeout: float | None = None) -> int:
+        """Publish a new version: ``new`` maps some or all published names to arrays (host or
+        GPU) of the published dtype and shape; the other tensors keep their current values.
+
+        The values are copied into one of two server-owned registered buffers (double
+        buffering): one that no pull is reading, so a pull gets exactly one version. If pulls
+        of older versions still hold both buffers, the update waits for one of them.
+
+        Args:
+            new: ``{name: array}``.
+            timeout: seconds to wait for a free buffer (default: the server's ``timeout``).
 
         Returns:
-            Bytes copied from the GPUs.
+            The new version number (the first version, as constructed, is 1).
+
+        Raises:
+            InvalidArgumentError: an unpublished name or another dtype/shape (the message
+                names the tensor); nothing is published.
+            TransferTimeoutError: no buffer became free in time; nothing is published.
         """
-        total = 0
-        for view, host in self._mirrors:
-            cuda.copy_to_host(view, host)
-            total += view.nbytes
-        return total
+        return self._versions.update(new, self._timeout if timeout is None else timeout)
+
+    def refresh(self, *, timeout: float | None = None) -> int:
+        """Publish the current contents of the arrays given at construction (after the trainer
+        updated them in place, on the host or the GPU) as a new version; see :meth:`update`.
+
+        Returns:
+            The new version number.
+
+        Raises:
+            UnsupportedError: the server publishes a file (nothing to re-read).
+            TransferTimeoutError: as :meth:`update`.
+        """
+        if self._mmap is not None:
+            raise UnsupportedError(
+                "refresh(): this server publishes a file; publish new values with "
+                "update({name: array})"
+            )
+        return self.update(self._sources, timeout=timeout)
+
+    @property
+    def version(self) -> int:
+        """The version pulls get now (1 until the first :meth:`update`/:meth:`refresh`)."""
+        return self._versions.version
 
     @property
     def port(self) -> int:
@@ -201,8 +242,8 @@ class WeightServer:
 
     @property
     def tensors(self) -> dict[str, TensorInfo]:
-        """What is published, by name."""
-        return dict(self._tensors)
+        """What is published now (the current version's places), by name."""
+        return dict(self._versions.current.tensors)
 
     @property
     def nbytes(self) -> int:
@@ -225,14 +266,9 @@ class WeightServer:
         """Accept clients until :meth:`close` (or ``max_clients`` clients were served)."""
         accepted = 0
         while not self._stop.is_set() and (max_clients is None or accepted < max_clients):
-            try:
-                endpoint = self._engine.accept(timeout=0.5)
-            except TransferTimeoutError:
+            endpoint = accept_next(self._engine, self._stop)
+            if endpoint is None:
                 continue
-            except RdmaxferError:
-                if self._stop.is_set():
-                    return
-                raise
             accepted += 1
             with self._clients_lock:
                 self._clients.add(endpoint)
@@ -246,28 +282,40 @@ class WeightServer:
 
     def _serve_client(self, endpoint: Endpoint) -> None:
         outcome = "stopped: the server is closing"
-        with endpoint:
-            try:
-                while not self._stop.is_set():
-                    request = decode(endpoint.recv(timeout=self._timeout), "request")
-                    op = request.get("op")
-                    if op == "catalog":
-                        endpoint.send(self._catalog, timeout=self._timeout)
-                    elif op == "done":
-                        self._clients_served += 1
-                        outcome = "done"
-                        return
-                    else:
-                        raise ProtocolError(f"unknown request op {op!r}")
-            except RdmaxferError as exc:
-                if not self._stop.is_set():  # close() ends the waits of clients still connected
-                    outcome = f"{type(exc).__name__}: {exc}"
-                    log.warning("client %s: %s", endpoint.peer, exc)
-            finally:
-                with self._clients_lock:
-                    self._clients.discard(endpoint)
-                if self._on_client is not None:
-                    self._on_client(endpoint.peer, outcome)
+        leased: list[Slot] = []  # the version this client pulls (at most one)
+        try:
+            with endpoint:
+                try:
+                    outcome = self._serve_requests(endpoint, leased)
+                except (RdmaxferError, ValueError, TypeError) as exc:
+                    if not self._stop.is_set():  # close() ends the waits of connected clients
+                        outcome = f"{type(exc).__name__}: {exc}"
+                        log.warning("client %s: %s", endpoint.peer, exc)
+        finally:
+            for slot in leased:  # the endpoint is closed: no READ of this client can follow
+                self._versions.release(slot)
+            with self._clients_lock:
+                self._clients.discard(endpoint)
+            if self._on_client is not None:
+                self._on_client(endpoint.peer, outcome)
+
+    def _serve_requests(self, endpoint: Endpoint, leased: list[Slot]) -> str:
+        while not self._stop.is_set():
+            request = decode(endpoint.recv(timeout=self._timeout), "request")
+            op = request.get("op")
+            if op == "catalog":
+                for slot in leased:  # a client asking again (for a newer version)
+                    self._versions.release(slot)
+                leased.clear()
+                wait_s = min(float(request.get("wait_s", 0.0)), self._timeout)
+                leased.append(self._versions.lease(int(request.get("min_version", 0)), wait_s))
+                endpoint.send(leased[0].catalog, timeout=self._timeout)
+            elif op == "done":
+                self._clients_served += 1
+                return "done"
+            else:
+                raise ProtocolError(f"unknown request op {op!r}")
+        return "stopped: the server is closing"
 
     def close(self) -> None:
         """Stop serving and release endpoints, registrations and the file mapping."""
@@ -279,7 +327,8 @@ class WeightServer:
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=5.0)
-        for region in self._regions:
+        versions = getattr(self, "_versions", None)
+        for region in self._regions if versions is None else versions.regions():
             region.close()
         self._regions.clear()
         if self._own_engine:
