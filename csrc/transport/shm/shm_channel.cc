@@ -156,6 +156,7 @@ void ShmChannel::send_ctrl(const CtrlMessage& message, CtrlPayload payload) {
     case CtrlType::kEager: h.type = FrameType::kMsgEager; break;
     case CtrlType::kCts: h.type = FrameType::kMsgCts; break;
     case CtrlType::kReject: h.type = FrameType::kMsgReject; break;
+    case CtrlType::kNotify: h.type = FrameType::kMsgNotify; break;
   }
   h.req_id = message.msg_id;
   h.size = message.size;
@@ -278,12 +279,14 @@ void ShmChannel::on_record(const std::string& record) {
     case FrameType::kMsgRts:
     case FrameType::kMsgEager:
     case FrameType::kMsgCts:
-    case FrameType::kMsgReject: {
+    case FrameType::kMsgReject:
+    case FrameType::kMsgNotify: {
       CtrlMessage m;
-      m.type = h.type == FrameType::kMsgRts     ? CtrlType::kRts
-               : h.type == FrameType::kMsgEager ? CtrlType::kEager
-               : h.type == FrameType::kMsgCts   ? CtrlType::kCts
-                                                : CtrlType::kReject;
+      m.type = h.type == FrameType::kMsgRts      ? CtrlType::kRts
+               : h.type == FrameType::kMsgEager  ? CtrlType::kEager
+               : h.type == FrameType::kMsgCts    ? CtrlType::kCts
+               : h.type == FrameType::kMsgNotify ? CtrlType::kNotify
+                                                 : CtrlType::kReject;
       if (m.type == CtrlType::kEager && h.payload_len != h.size) {
         throw Error(ErrorKind::kProtocol, "eager data length differs from the message size");
       }
