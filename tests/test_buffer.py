@@ -217,7 +217,7 @@ def test_bfloat16_buffer_leaves_through_dlpack_with_its_bits(server: Engine) -> 
 # --- MemoryRegion and the engine's registrations ----------------------------------------------
 
 
-def test_register_gives_a_descriptor_naming_the_memory(server: Engine) -> None:
+def test_register_gives_a_descriptor_naming_the_memory(server: Engine, transport: str) -> None:
     arr = make_array(31, 4096)
     region = server.register(arr, "rw")
     assert isinstance(region, MemoryRegion)
@@ -225,7 +225,7 @@ def test_register_gives_a_descriptor_naming_the_memory(server: Engine) -> None:
     assert region.addr == arr.__array_interface__["data"][0] and region.nbytes == 4096
     desc = region.descriptor()
     assert (desc.addr, desc.length, desc.key) == (region.addr, 4096, region.key)
-    assert desc.engine_id == server.engine_id and desc.transport == "tcp"
+    assert desc.engine_id == server.engine_id and desc.transport == transport
     packed = desc.pack()
     assert len(packed) == _core.Descriptor.SIZE == 40
     again = _core.Descriptor.unpack(packed)

@@ -68,6 +68,20 @@ def test_staged_send_recv_write_read(pair: Pair, rng: np.random.Generator, size:
     assert _crc(back.copy_to_host()) == _crc(host)
 
 
+def test_staged_sends_keep_their_order(pair: Pair, rng: np.random.Generator) -> None:
+    """Messages match in send order, staged or not: 12 GPU sends posted back to back, largest
+    first, so a later (smaller) device-to-host copy ends first; each recv gets its own."""
+    sizes = [(12 - i) << 20 for i in range(12)]
+    sources = [_device_random(rng, n + i, np.uint8) for i, n in enumerate(sizes)]
+    sent = [pair.a.post_send(src) for src, _ in sources]
+    for (_, host), n in zip(sources, sizes, strict=True):
+        got = pair.b.recv(device="cuda:0", timeout=60)
+        assert got.nbytes == host.nbytes, f"a {got.nbytes}-byte message overtook {n} bytes"
+        assert _crc(got.copy_to_host()) == _crc(host)
+    for s in sent:
+        s.wait(60)
+
+
 def test_cupy_arrays(pair: Pair, rng: np.random.Generator) -> None:
     cupy = pytest.importorskip("cupy")
     host = rng.standard_normal((512, 513)).astype(np.float32)

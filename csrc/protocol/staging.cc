@@ -30,6 +30,8 @@ struct Stager::Op {
   uint64_t msg_id = 0;
   StagingOptions options;
   RequestPtr request;
+  uint64_t send_ticket = 0;  // kSend: its place among the connection's staged sends
+  bool send_turn_open = false;
 };
 
 // Runs one operation on a worker thread. Owns the lane and its slabs until the end; on failure
@@ -240,6 +242,9 @@ class Stager::Pipeline {
 
   void message_send() {
     const std::string what = "staged send of " + std::to_string(op_.length) + " bytes";
+    while (!stager_.wait_send_turn(op_, slice(kSliceS))) {
+      check_deadline(what + " (waiting for the staged sends posted before it)");
+    }
     BounceSlab& buffer = message_buffer(what);
     lane_ = stager_.copier_->open_lane(1);
     lane_->to_host(0, buffer.data(), op_.device, op_.length);
@@ -247,6 +252,7 @@ class Stager::Pipeline {
     slots_.assign(1, Slot{});
     slots_[0].state = State::kWire;
     slots_[0].req = op_.conn->post_send(buffer.region(), 0, op_.length, op_.meta, op_.options.wire);
+    stager_.end_send_turn(op_);
     wait_request(slots_[0].req, what);
     slots_[0] = Slot{};
   }
@@ -382,6 +388,10 @@ RequestPtr Stager::start(std::unique_ptr<Op> op) {
   std::shared_ptr<Op> shared(std::move(op));
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) throw Error(ErrorKind::kClosed, "staging: the engine is closed");
+  if (shared->kind == Op::Kind::kSend) {
+    shared->send_ticket = send_order_[shared->conn.get()].next++;
+    shared->send_turn_open = true;
+  }
   queue_.push_back(std::move(shared));
   // A worker per queued operation that no idle worker will take, up to kMaxWorkers.
   if (static_cast<size_t>(idle_) < queue_.size() &&
@@ -420,8 +430,41 @@ void Stager::work() {
   }
 }
 
+bool Stager::wait_send_turn(const Op& op, double seconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return send_turn_.wait_for(lock, std::chrono::duration<double>(seconds), [&] {
+    return closing_.load() || send_order_[op.conn.get()].serving == op.send_ticket;
+  });
+}
+
+void Stager::end_send_turn(Op& op) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!op.send_turn_open) return;
+    op.send_turn_open = false;
+    auto it = send_order_.find(op.conn.get());
+    if (it == send_order_.end()) return;
+    // A send that failed before its turn came is skipped when the turn reaches it, so the
+    // sends before it keep their order.
+    SendOrder& order = it->second;
+    if (order.serving != op.send_ticket) {
+      order.abandoned.insert(op.send_ticket);
+      return;
+    }
+    ++order.serving;
+    while (order.abandoned.erase(order.serving) != 0) ++order.serving;
+    if (order.serving == order.next) send_order_.erase(it);
+  }
+  send_turn_.notify_all();
+}
+
 std::function<void()> Stager::run(Op& op) {
   const RequestPtr request = op.request;
+  struct EndTurn {
+    Stager& stager;
+    Op& op;
+    ~EndTurn() { stager.end_send_turn(op); }
+  } end_turn{*this, op};
   try {
     copier_->bind_thread();
     Pipeline pipeline(*this, op);

@@ -31,8 +31,10 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,6 +100,11 @@ class Stager {
   void work();
   // Runs the operation; returns what ends its request (complete or fail).
   std::function<void()> run(Op& op);
+  // Staged sends on one connection reach the wire in the order they were posted (messages
+  // match in send order): a send waits for its turn, up to `seconds`, before its copy starts,
+  // and passes the turn on once its message is posted or it failed. Returns false on timeout.
+  bool wait_send_turn(const Op& op, double seconds);
+  void end_send_turn(Op& op);
 
   Transport& transport_;
   std::shared_ptr<DeviceCopier> copier_;
@@ -109,6 +116,13 @@ class Stager {
   std::vector<std::thread> workers_;
   int idle_ = 0;
   int active_ = 0;
+  struct SendOrder {
+    uint64_t next = 0;     // the ticket of the next send posted
+    uint64_t serving = 0;  // the ticket whose turn it is
+    std::set<uint64_t> abandoned;  // sends that failed before their turn came: skipped
+  };
+  std::map<const Connection*, SendOrder> send_order_;  // connections with staged sends pending
+  std::condition_variable send_turn_;
 };
 
 }  // namespace rdmaxfer

@@ -92,6 +92,7 @@ std::string ShmTransport::describe() const {
 
 std::shared_ptr<MemoryRegion> ShmTransport::make_region(
     uint8_t* addr, uint64_t length, uint32_t access, std::unique_ptr<PinnedAllocation> owned) {
+  if (!owned) check_mapped(addr, length);
   return std::make_shared<MemoryRegion>(addr, length, access, std::move(owned));
 }
 
