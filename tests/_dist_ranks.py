@@ -299,6 +299,15 @@ def host_of(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+def device_of(x: Any) -> str:
+    """Where a received array lives: "cpu" or "cuda:N" (``device=`` gives a device Buffer, or a
+    CuPy array when CuPy is installed)."""
+    device = getattr(x, "device", "cpu")
+    if isinstance(device, str):
+        return device
+    return f"cuda:{device.id}" if hasattr(device, "id") else str(device)
+
+
 def gpu_exchange(ctx: RankCtx) -> dict[str, Any]:
     """Device memory through send/recv and broadcast, over the four ranks: rank 0 sends a
     device Buffer to rank 1, which receives it on the GPU and sends it back as a DLPack-only
@@ -319,7 +328,7 @@ def gpu_exchange(ctx: RankCtx) -> dict[str, Any]:
             out["p2p"] = sha(back.copy_to_host())
         elif ctx.rank == 1:
             got = group.recv(0, device="cuda:0")
-            assert isinstance(got, Buffer) and got.device == "cuda:0"
+            assert device_of(got) == "cuda:0"
             out["p2p"] = sha(host_of(got))
             group.send(DlpackOnly(got), 0)
         device = "cuda:0" if ctx.rank == 1 else None
@@ -331,7 +340,7 @@ def gpu_exchange(ctx: RankCtx) -> dict[str, Any]:
             arr = None
         got = group.broadcast(arr, src=0, chunk_bytes=a["chunk"], device=device)
         assert arr is None or got is arr
-        out["array"] = (sha(host_of(got)), getattr(got, "device", "cpu"))
+        out["array"] = (sha(host_of(got)), device_of(got))
         w = weights(a["seed"])
         if ctx.rank == 0:
             obj: Any = {k: to_device(v) if i % 2 == 0 else v for i, (k, v) in enumerate(w.items())}
@@ -343,7 +352,7 @@ def gpu_exchange(ctx: RankCtx) -> dict[str, Any]:
         out["weights"] = [
             (k, str(v.dtype), tuple(v.shape), sha(host_of(v))) for k, v in got_w.items()
         ]
-        out["weights_devices"] = sorted({getattr(v, "device", "cpu") for v in got_w.values()})
+        out["weights_devices"] = sorted({device_of(v) for v in got_w.values()})
         group.barrier()
     return out
 

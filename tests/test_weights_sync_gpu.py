@@ -35,7 +35,10 @@ def to_host(arr: Any) -> np.ndarray:
 
 
 def test_shards_land_in_the_callers_gpu_arrays() -> None:
-    path = default_model_file()
+    try:
+        path = default_model_file()
+    except FileNotFoundError as e:  # a lent GPU machine has no network to install it
+        pytest.skip(f"needs the MiniLM file: {e}")
     ref = load_file(str(path))
     into = {
         ROWS: on_gpu(np.full((256, 384), 7.0, np.float32)),
