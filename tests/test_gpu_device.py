@@ -4,9 +4,12 @@ is present, verbs. Marked ``gpu``: skipped with the loader's reason on machines 
 
 from __future__ import annotations
 
+import sys
+import types
 import zlib
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 import xxhash
@@ -14,6 +17,7 @@ import xxhash
 import rdmaxfer
 from _common import Pair
 from rdmaxfer import Buffer, _core
+from rdmaxfer.gpu.staging import to_user_array
 from rdmaxfer.memory import cuda
 from rdmaxfer.memory import meta as _meta
 
@@ -80,6 +84,22 @@ def test_staged_sends_keep_their_order(pair: Pair, rng: np.random.Generator) -> 
         assert _crc(got.get() if hasattr(got, "get") else got.copy_to_host()) == _crc(host)
     for s in sent:
         s.wait(60)
+
+
+def test_received_bfloat16_stays_a_buffer_where_cupy_has_no_type(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found on an H200 with CuPy installed: CuPy fell back to ``__array__`` for a bfloat16
+    device Buffer (no CUDA Array Interface typestr names it) and the receive raised TypeError.
+    Dtypes CuPy can name become CuPy arrays; the others stay Buffers (torch.from_dlpack)."""
+    fake = types.ModuleType("cupy")
+    fake.asarray = lambda b: ("cupy", b.__cuda_array_interface__["typestr"])  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(cuda, "_standin", False)
+    f32 = Buffer.empty(4, np.float32, device="cuda:0")
+    bf16 = Buffer.empty(4, ml_dtypes.bfloat16, device="cuda:0")
+    assert to_user_array(f32) == ("cupy", "<f4")
+    assert to_user_array(bf16) is bf16
 
 
 def test_cupy_arrays(pair: Pair, rng: np.random.Generator) -> None:

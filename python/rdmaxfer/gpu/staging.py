@@ -84,8 +84,10 @@ class StagerPool:
 
 def to_user_array(buffer: Any) -> Any:
     """A received device Buffer as a CuPy array (zero-copy) when CuPy is importable, else the
-    Buffer itself (``torch.from_dlpack(buf)`` / ``cupy.asarray(buf)`` also work on it)."""
-    if cuda._standin:
+    Buffer itself (``torch.from_dlpack(buf)`` / ``cupy.asarray(buf)`` also work on it). Dtypes
+    CuPy has no type for (bfloat16, float8: no ``__cuda_array_interface__`` typestr names
+    them) stay Buffers, which ``torch.from_dlpack`` reads."""
+    if cuda._standin or not hasattr(buffer, "__cuda_array_interface__"):
         return buffer
     try:
         cupy = importlib.import_module("cupy")
