@@ -459,7 +459,13 @@ void RdmaConnection::wait_drained(double timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(timeout_s));
-  while (!release_if_drained() && shared_.poller->running() &&
+  const auto torn_down = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return torn_down_;
+  };
+  // A teardown begun by another thread (an error completion, the peer's GOODBYE) may still be
+  // failing its requests after the flushes drained: wait for both.
+  while (!(torn_down() && release_if_drained()) && shared_.poller->running() &&
          std::chrono::steady_clock::now() < deadline) {
     if (shared_.poller->progress()) continue;
     std::unique_lock<std::mutex> lock(drain_mu_);
@@ -547,7 +553,11 @@ void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
   if (culprit) culprit->fail(culprit_error);  // first: its own error wins
   for (auto& r : failed) r->fail(why);
   if (events()) events()->on_closed(why);  // the protocol's messages, headers and receives
-  release_if_drained();  // nothing was in flight
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    torn_down_ = true;
+  }
+  release_if_drained();  // nothing was in flight; wakes a close() waiting for this teardown
   // ibv_destroy_qp and the buffers go when the last owner drops the connection.
 }
 

@@ -194,6 +194,9 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
 
   mutable std::mutex mu_;
   State state_ = State::kPrepared;
+  // The teardown that closed the connection failed every request it held (close() waits for
+  // it when another thread began it).
+  bool torn_down_ = false;
   std::string peer_;
   ErrorKind error_kind_ = ErrorKind::kClosed;
   std::string error_;
