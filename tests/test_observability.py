@@ -47,6 +47,20 @@ def wait_for(predicate: object, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def logged(
+    caplog: pytest.LogCaptureFixture, level: int, text: str, timeout: float = 10.0
+) -> list[logging.LogRecord]:
+    """The records at ``level`` or above containing ``text``, waiting for the first (up to
+    ``timeout`` s): a message from an I/O thread reaches Python once that thread gets the GIL,
+    which may be after the failed call already returned to its caller."""
+    end = time.monotonic() + timeout
+    while True:
+        found = [r for r in caplog.records if r.levelno >= level and text in r.getMessage()]
+        if found or time.monotonic() >= end:
+            return found
+        time.sleep(0.01)
+
+
 def test_counts_equal_the_bytes_moved_per_kind_and_per_lane(rng: np.random.Generator) -> None:
     with Engine("tcp", streams=4) as server, Engine("tcp", streams=4) as client:
         port = server.listen("127.0.0.1", 0)
@@ -110,8 +124,8 @@ def test_a_refused_write_counts_as_a_write_error_and_logs_a_warning(
         assert a.stats()["write.ops"] == 0
         assert client.stats()["errors.write"] == 1
         assert not a.closed  # the connection stays usable
-        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-        assert any("refused access" in r.getMessage() for r in warnings), caplog.text
+        refused = logged(caplog, logging.WARNING, "refused access")
+        assert refused and refused[0].levelno == logging.WARNING, caplog.text
 
 
 def test_connect_retries_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -215,9 +229,7 @@ def test_a_peer_death_logs_a_warning_with_the_cause(caplog: pytest.LogCaptureFix
         finally:
             peer.kill()
             peer.wait(timeout=30)
-        lost = [
-            r for r in caplog.records if r.levelno >= logging.WARNING and "lost" in r.getMessage()
-        ]
+        lost = logged(caplog, logging.WARNING, "lost")
         assert lost, caplog.text
         assert b.peer in lost[0].getMessage()
         assert "EOF" in lost[0].getMessage() or "reset" in lost[0].getMessage()

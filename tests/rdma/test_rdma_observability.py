@@ -90,11 +90,17 @@ def test_a_failed_completion_is_counted_and_logged_with_the_peer(
         assert ep.stats()["errors.write"] == 1
         assert ep.stats()["errors.connection"] == 1  # verbs tears the QPs down
         assert client.stats()["errors.write"] == 1
-        failed = [
-            r
-            for r in caplog.records
-            if r.getMessage().startswith(f"rdma endpoint to {ep.peer} closed")
-        ]
+        # The message comes from the poller thread once it gets the GIL: maybe after the call.
+        end = time.monotonic() + WAIT_S
+        while True:
+            failed = [
+                r
+                for r in caplog.records
+                if r.getMessage().startswith(f"rdma endpoint to {ep.peer} closed")
+            ]
+            if failed or time.monotonic() >= end:
+                break
+            time.sleep(0.01)
         assert failed, caplog.text
         assert failed[0].levelno >= logging.WARNING
         assert "IBV_WC_REM_ACCESS_ERR" in failed[0].getMessage()
