@@ -121,6 +121,10 @@ def test_a_wait_for_a_slab_is_bounded_by_the_timeout(
     held = stager.post_send(
         pair.a.core, msg.ctypes.data, msg.size, _meta.encode(msg.dtype, msg.shape), 30
     )
+    end = time.monotonic() + 30  # its worker takes the slab before the write is posted
+    while stager.pool_stats()["acquires"] < 1:
+        assert time.monotonic() < end, stager.pool_stats()
+        time.sleep(0.005)
     remote = np.zeros(SLAB, np.uint8)
     region = pair.server.register(remote, "rw")
     device = _random(rng, remote.size)
