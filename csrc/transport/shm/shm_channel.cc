@@ -151,13 +151,7 @@ RequestPtr ShmChannel::post_read(const std::shared_ptr<MemoryRegion>& local,
 
 void ShmChannel::send_ctrl(const CtrlMessage& message, CtrlPayload payload) {
   FrameHeader h;
-  switch (message.type) {
-    case CtrlType::kRts: h.type = FrameType::kMsgRts; break;
-    case CtrlType::kEager: h.type = FrameType::kMsgEager; break;
-    case CtrlType::kCts: h.type = FrameType::kMsgCts; break;
-    case CtrlType::kReject: h.type = FrameType::kMsgReject; break;
-    case CtrlType::kNotify: h.type = FrameType::kMsgNotify; break;
-  }
+  h.type = frame_type_of(message.type);
   h.req_id = message.msg_id;
   h.size = message.size;
   h.addr = message.addr;
@@ -282,11 +276,7 @@ void ShmChannel::on_record(const std::string& record) {
     case FrameType::kMsgReject:
     case FrameType::kMsgNotify: {
       CtrlMessage m;
-      m.type = h.type == FrameType::kMsgRts      ? CtrlType::kRts
-               : h.type == FrameType::kMsgEager  ? CtrlType::kEager
-               : h.type == FrameType::kMsgCts    ? CtrlType::kCts
-               : h.type == FrameType::kMsgNotify ? CtrlType::kNotify
-                                                 : CtrlType::kReject;
+      m.type = ctrl_type_of(h.type);
       if (m.type == CtrlType::kEager && h.payload_len != h.size) {
         throw Error(ErrorKind::kProtocol, "eager data length differs from the message size");
       }

@@ -151,20 +151,9 @@ void TcpConnection::send_ctrl(const CtrlMessage& m, CtrlPayload payload) {
   FrameHeader h;
   h.req_id = m.msg_id;
   h.size = m.size;
-  switch (m.type) {
-    case CtrlType::kRts: h.type = FrameType::kMsgRts; break;
-    case CtrlType::kEager: h.type = FrameType::kMsgEager; break;
-    case CtrlType::kCts:
-      h.type = FrameType::kMsgCts;
-      h.addr = m.addr;
-      h.key = m.key;
-      break;
-    case CtrlType::kReject: h.type = FrameType::kMsgReject; break;
-    case CtrlType::kNotify:
-      h.type = FrameType::kMsgNotify;
-      h.key = m.key;
-      break;
-  }
+  h.type = frame_type_of(m.type);
+  if (m.type == CtrlType::kCts) h.addr = m.addr;
+  if (m.type == CtrlType::kCts || m.type == CtrlType::kNotify) h.key = m.key;
   h.payload_len = payload.length;
   OutFrame f = make_frame(h, m.meta);
   if (payload.length > 0) {
@@ -375,11 +364,7 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
     case FrameType::kMsgReject:
     case FrameType::kMsgNotify: {
       CtrlMessage m;
-      m.type = h.type == FrameType::kMsgRts      ? CtrlType::kRts
-               : h.type == FrameType::kMsgEager  ? CtrlType::kEager
-               : h.type == FrameType::kMsgCts    ? CtrlType::kCts
-               : h.type == FrameType::kMsgNotify ? CtrlType::kNotify
-                                                 : CtrlType::kReject;
+      m.type = ctrl_type_of(h.type);
       m.msg_id = h.req_id;
       m.size = h.size;
       m.addr = h.addr;

@@ -9,6 +9,27 @@ namespace {
 constexpr uint16_t kMagic = 0x5852;
 }
 
+FrameType frame_type_of(CtrlType type) {
+  switch (type) {
+    case CtrlType::kRts: return FrameType::kMsgRts;
+    case CtrlType::kEager: return FrameType::kMsgEager;
+    case CtrlType::kCts: return FrameType::kMsgCts;
+    case CtrlType::kReject: return FrameType::kMsgReject;
+    case CtrlType::kNotify: return FrameType::kMsgNotify;
+  }
+  return FrameType::kMsgReject;
+}
+
+CtrlType ctrl_type_of(FrameType type) {
+  switch (type) {
+    case FrameType::kMsgRts: return CtrlType::kRts;
+    case FrameType::kMsgEager: return CtrlType::kEager;
+    case FrameType::kMsgCts: return CtrlType::kCts;
+    case FrameType::kMsgNotify: return CtrlType::kNotify;
+    default: return CtrlType::kReject;
+  }
+}
+
 const char* frame_type_name(FrameType type) {
   switch (type) {
     case FrameType::kWrite: return "WRITE";

@@ -28,6 +28,8 @@
 #include <cstdint>
 #include <string>
 
+#include "transport/ctrl_message.h"
+
 namespace rdmaxfer {
 
 enum class FrameType : uint8_t {
@@ -44,6 +46,10 @@ enum class FrameType : uint8_t {
   kMsgNotify = 11,
 };
 const char* frame_type_name(FrameType type);
+// The frame that carries a control message of `type`, and back (for the kMsg* control frames:
+// RTS, EAGER, CTS, REJECT, NOTIFY; shared by the TCP and shm channels).
+FrameType frame_type_of(CtrlType type);
+CtrlType ctrl_type_of(FrameType type);
 
 struct FrameHeader {
   static constexpr size_t kSize = 64;
