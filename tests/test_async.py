@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -19,6 +20,7 @@ from rdmaxfer import (
     RdmaxferError,
     TransferTimeoutError,
 )
+from rdmaxfer.transport.notifications import Notifications
 
 MiB = 1 << 20
 
@@ -188,3 +190,44 @@ def test_engine_close_fails_awaiting_transfers(server: Engine, client: Engine) -
             await asyncio.wait_for(waiting, 10)
 
     asyncio.run(main())
+
+
+def test_a_finishing_loop_runs_the_callbacks_it_reads() -> None:
+    """A loop whose executor asyncio.run has shut down still reads ``notify_fd`` until it
+    closes; callbacks it takes (perhaps another loop's) must run, not be dropped."""
+
+    class Request:
+        id = 7
+
+        def watch(self, core: object) -> None:
+            pass
+
+        def done(self) -> bool:
+            return False
+
+    class Core:
+        def __init__(self) -> None:
+            self.notify_fd = os.eventfd(0)
+
+        def drain_notifications(self) -> list[int]:
+            os.eventfd_read(self.notify_fd)
+            return [Request.id]
+
+    core = Core()
+    notes = Notifications(core)  # type: ignore[arg-type]
+    ran = threading.Event()
+    # as call_when_done records it, without starting the progress thread, so that only the
+    # loop reads the notification
+    notes._callbacks[Request.id] = [ran.set]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await loop.shutdown_default_executor()
+        os.eventfd_write(core.notify_fd, 1)
+        notes._drain_on_loop()
+
+    try:
+        asyncio.run(main())
+        assert ran.wait(5), "the callback taken by a finishing loop was dropped"
+    finally:
+        os.close(core.notify_fd)

@@ -112,7 +112,13 @@ class Notifications:
         if callbacks:
             import asyncio  # loaded already: this runs in an event loop
 
-            asyncio.get_running_loop().run_in_executor(None, _run_callbacks, callbacks)
+            try:
+                asyncio.get_running_loop().run_in_executor(None, _run_callbacks, callbacks)
+            except RuntimeError:
+                # The loop is finishing (asyncio.run shut its executor down) but still reads
+                # notify_fd; the callbacks it took may belong to another loop's requests, so
+                # they run here rather than being lost.
+                _run_callbacks(callbacks)
         _resolve_all(ready)
 
     def _take(
