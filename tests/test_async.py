@@ -196,14 +196,7 @@ def test_a_finishing_loop_runs_the_callbacks_it_reads() -> None:
     """A loop whose executor asyncio.run has shut down still reads ``notify_fd`` until it
     closes; callbacks it takes (perhaps another loop's) must run, not be dropped."""
 
-    class Request:
-        id = 7
-
-        def watch(self, core: object) -> None:
-            pass
-
-        def done(self) -> bool:
-            return False
+    request_id = 7
 
     class Core:
         def __init__(self) -> None:
@@ -211,14 +204,14 @@ def test_a_finishing_loop_runs_the_callbacks_it_reads() -> None:
 
         def drain_notifications(self) -> list[int]:
             os.eventfd_read(self.notify_fd)
-            return [Request.id]
+            return [request_id]
 
     core = Core()
     notes = Notifications(core)  # type: ignore[arg-type]
     ran = threading.Event()
     # as call_when_done records it, without starting the progress thread, so that only the
     # loop reads the notification
-    notes._callbacks[Request.id] = [ran.set]
+    notes._callbacks[request_id] = [ran.set]
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
