@@ -255,13 +255,13 @@ void TcpStream::fail(const std::string& why, int err_no) {
                                    : why + " on stream " + std::to_string(index_);
     conn->abort(ErrorKind::kConnection, "connection to " + conn->peer() + " lost: " + text);
   } else {
-    retire("the connection is gone");
+    retire("stream " + std::to_string(index_) + " ended: the connection is gone");
   }
 }
 
 void TcpStream::retire(const std::string& why) {
   for (auto& r : kill()) {
-    r->fail(ErrorKind::kConnection, "stream " + std::to_string(index_) + " ended: " + why);
+    r->fail(ErrorKind::kConnection, why);
   }
 }
 
@@ -299,7 +299,7 @@ void TcpStream::on_readable() {
 void TcpStream::receive() {
   auto conn = conn_.lock();
   if (!conn) {
-    retire("the connection is gone");
+    retire("stream " + std::to_string(index_) + " ended: the connection is gone");
     return;
   }
   std::lock_guard<std::mutex> lock(recv_mu_);
@@ -336,7 +336,9 @@ void TcpStream::receive() {
         if (index_ == 0) {
           fail("peer closed the connection (EOF)", 0);
         } else {
-          retire("the peer " + conn->peer() + " closed it (EOF)");
+          // What was queued on this stream cannot arrive: to its request the connection is lost.
+          retire("connection to " + conn->peer() + " lost: the peer closed stream " +
+                 std::to_string(index_) + " (EOF)");
         }
         return;
       }
