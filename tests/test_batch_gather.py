@@ -15,18 +15,31 @@ TIMEOUT_S = 30.0
 
 tcp_only = pytest.mark.parametrize("transport", ["tcp"], indirect=True)
 
+Entry = tuple[tuple[object, int, int], object, int]
+
+
+def scattered_pages(
+    pair: Pair, rng: np.random.Generator, n: int, slots: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Entry]]:
+    """n random source pages (one registered region) and entries WRITing page i to slot
+    order[i] of a zeroed target of `slots` pages: (src, dst, order, entries)."""
+    src = rng.integers(0, 256, n * PAGE, dtype=np.uint8)
+    dst = np.zeros(slots * PAGE, dtype=np.uint8)
+    local = pair.client.register(src)
+    desc = pair.server.register(dst).descriptor()
+    order = rng.permutation(slots)[:n]
+    entries: list[Entry] = [
+        ((local, i * PAGE, PAGE), desc, int(s) * PAGE) for i, s in enumerate(order)
+    ]
+    return src, dst, order, entries
+
 
 @tcp_only
 def test_small_writes_of_a_batch_go_gathered_and_land_scattered(
     pair: Pair, rng: np.random.Generator
 ) -> None:
     n = 1000
-    src = rng.integers(0, 256, n * PAGE, dtype=np.uint8)
-    dst = np.zeros(2 * n * PAGE, dtype=np.uint8)
-    local = pair.client.register(src)
-    desc = pair.server.register(dst).descriptor()
-    slots = rng.permutation(2 * n)[:n]
-    entries = [((local, i * PAGE, PAGE), desc, int(s) * PAGE) for i, s in enumerate(slots)]
+    src, dst, slots, entries = scattered_pages(pair, rng, n, 2 * n)
     before = pair.a.stats()["write.ops"]
     result = pair.a.write_batch(entries, timeout=TIMEOUT_S)
     assert result.ok and (result.operations, result.nbytes) == (n, src.nbytes)
@@ -73,12 +86,7 @@ def test_a_gathered_batch_notifies_after_its_last_frame(
     pair: Pair, rng: np.random.Generator
 ) -> None:
     n = 700
-    src = rng.integers(0, 256, n * PAGE, dtype=np.uint8)
-    dst = np.zeros(n * PAGE, dtype=np.uint8)
-    local = pair.client.register(src)
-    desc = pair.server.register(dst).descriptor()
-    order = rng.permutation(n)
-    entries = [((local, i * PAGE, PAGE), desc, int(s) * PAGE) for i, s in enumerate(order)]
+    src, dst, order, entries = scattered_pages(pair, rng, n, n)
     with pair.a.prepare_batch(entries) as prepared:
         transfer = prepared.post(notify=b"all pages")
         peer, payload = pair.server.wait_notification(TIMEOUT_S)
