@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import rdmaxfer
 from _common import MARGIN_S, Pair
 from rdmaxfer import (
     Buffer,
@@ -402,3 +403,16 @@ def test_bench_batch_rows_print_the_ratio_to_the_contiguous_transfer() -> None:
     assert rows[0].operations == 64 and rows[0].nbytes == 64_000 and rows[0].ratio > 0
     with pytest.raises(InvalidArgumentError, match="'write' or 'read'"):
         bench_batch.run_batch_bench([bench_batch.BatchCase("x", 1, 1)], op="send")
+
+
+def test_batch_types_are_exported(pair: Pair, rng: np.random.Generator) -> None:
+    assert {"BatchResult", "PreparedBatch", "Notify"} <= set(rdmaxfer.__all__)
+    assert rdmaxfer.Notify == bytes | int
+    dst = np.zeros(2 * PAGE, dtype=np.uint8)
+    desc = pair.server.register(dst).descriptor()
+    src = rng.integers(0, 256, PAGE, dtype=np.uint8)
+    with pair.a.prepare_batch([(src, desc, PAGE)]) as prepared:
+        assert isinstance(prepared, rdmaxfer.PreparedBatch)
+        result = prepared.post().wait(TIMEOUT_S)
+    assert isinstance(result, rdmaxfer.BatchResult) and result.ok
+    assert np.array_equal(dst[PAGE:], src)

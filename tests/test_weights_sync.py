@@ -13,6 +13,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from rdmaxfer import (
+    Endpoint,
     Engine,
     InvalidArgumentError,
     TransferTimeoutError,
@@ -295,10 +296,54 @@ def test_push_lands_whole_versions_in_the_receivers_arrays(rng: np.random.Genera
             push_weights(
                 address, {"w": weights["w"], "b": weights["b"]}, version=3, transport="tcp"
             )
-        with pytest.raises(InvalidArgumentError, match="positive int"):
-            push_weights(address, weights, version=0, transport="tcp")
+        for bad_version in (0, 2**63):
+            with pytest.raises(InvalidArgumentError, match=r"an int in 1\.\.2\*\*63-1"):
+                push_weights(address, weights, version=bad_version, transport="tcp")
         for name, arr in kept.items():
             np.testing.assert_array_equal(dest[name], arr)
         assert receiver.version == 2
         assert push_weights(address, weights, version=3, transport="tcp", timeout=30) == 3
         assert receiver.wait(timeout=1) == 3
+
+
+def test_a_pull_reads_in_one_batch_and_a_push_notifies_with_its_batch(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    """Every piece of a pull goes in one read_batch; a push is one write_batch whose
+    notification announces the version (no READ or WRITE posted alone for host memory)."""
+    batches: list[tuple[str, int, object]] = []
+    read_batch, write_batch = Endpoint.post_read_batch, Endpoint.post_write_batch
+
+    def spy_read(self: Endpoint, entries: list[object]) -> object:
+        batches.append(("read", len(entries), None))
+        return read_batch(self, entries)
+
+    def spy_write(self: Endpoint, entries: list[object], *, notify: object = None) -> object:
+        batches.append(("write", len(entries), notify))
+        return write_batch(self, entries, notify=notify)  # type: ignore[arg-type]
+
+    def alone(*args: object, **kwargs: object) -> None:
+        pytest.fail("a READ or WRITE of host memory was posted outside a batch")
+
+    monkeypatch.setattr(Endpoint, "post_read_batch", spy_read)
+    monkeypatch.setattr(Endpoint, "post_write_batch", spy_write)
+    monkeypatch.setattr(Endpoint, "post_read", alone)
+    monkeypatch.setattr(Endpoint, "post_write", alone)
+    table = rng.standard_normal((1024, 384)).astype(np.float32)
+    with WeightServer({"t": table}, transport="tcp", timeout=30) as server:
+        server.start()
+        block = sentinel((1024, 96))
+        got = pull_weights(
+            f"127.0.0.1:{server.port}", into={"t": block}, shard={"t": np.s_[:, 96:192]},
+            transport="tcp", timeout=30,
+        )  # fmt: skip
+    assert got["t"] is block and np.array_equal(block, table[:, 96:192])
+    assert batches == [("read", 1024, None)]  # a column block: one piece per row, one batch
+    dest = {"w": np.zeros((64, 384), np.float32), "b": np.zeros(384, np.float32)}
+    new = {"w": table[:64].copy(), "b": table[100].copy()}
+    with receive_weights(dest, "127.0.0.1", 0, transport="tcp", timeout=30) as receiver:
+        assert push_weights(f"127.0.0.1:{receiver.port}", new, version=5, transport="tcp") == 5
+        assert receiver.wait(timeout=30) == 5
+    assert batches[1:] == [("write", 2, b"rdmaxfer.version:5")]
+    for name, arr in new.items():
+        np.testing.assert_array_equal(dest[name], arr, err_msg=name)

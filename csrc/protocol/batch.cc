@@ -72,7 +72,10 @@ BatchRun::BatchRun(const std::shared_ptr<Channel>& channel, std::shared_ptr<cons
       notify_(std::move(notify)),
       window_(window),
       whole_(whole),
-      request_(channel->new_request(plan_->op(), plan_->bytes())) {}
+      request_(channel->new_request(plan_->op(), plan_->bytes())) {
+  const auto* gathers = dynamic_cast<const GatherWrites*>(channel.get());
+  if (gathers != nullptr && plan_->op() == OpKind::kWrite) gather_ = gathers->gather_limits();
+}
 
 void BatchRun::pump() {
   std::unique_lock<std::mutex> lock(mu_);
@@ -85,10 +88,17 @@ void BatchRun::pump() {
   do {
     again_ = false;
     while (outstanding_ < window_ && next_ < total) {
-      const size_t index = next_++;
-      peak_ = std::max(peak_, ++outstanding_);
+      const size_t first = next_;
+      const size_t count = group_size(first, window_ - outstanding_);
+      next_ += count;
+      outstanding_ += static_cast<uint32_t>(count);
+      peak_ = std::max(peak_, outstanding_);
       lock.unlock();
-      post(index);
+      if (count == 1) {
+        post(first);
+      } else {
+        post_group(first, count);
+      }
       lock.lock();
     }
   } while (again_);
@@ -97,6 +107,80 @@ void BatchRun::pump() {
   if (last) finishing_ = true;
   lock.unlock();
   if (last) finish();
+}
+
+size_t BatchRun::group_size(size_t first, size_t room) const {
+  const std::vector<BatchPlan::Op>& ops = plan_->ops();
+  const size_t most = std::min({room, gather_.max_pieces, ops.size() - first});
+  uint64_t bytes = 0;
+  size_t count = 0;
+  while (count < most) {
+    const BatchEntry& at = ops[first + count].at;
+    if (at.length > gather_.max_piece_bytes || bytes + at.length > gather_.max_bytes ||
+        at.region != ops[first].at.region) {
+      break;
+    }
+    bytes += at.length;
+    ++count;
+  }
+  return std::max<size_t>(count, 1);
+}
+
+void BatchRun::post_group(size_t first, size_t count) {
+  std::shared_ptr<Channel> channel = channel_.lock();
+  auto* gathers = dynamic_cast<GatherWrites*>(channel.get());
+  if (gathers == nullptr) {
+    const Error gone(ErrorKind::kClosed, "the endpoint was destroyed");
+    group_done(first, count, nullptr, &gone);
+    return;
+  }
+  std::vector<GatherPiece> pieces(count);
+  for (size_t i = 0; i < count; ++i) {
+    const BatchEntry& op = plan_->ops()[first + i].at;
+    pieces[i] = GatherPiece{op.local_offset, plan_->remote(op.remote), op.remote_offset, op.length};
+  }
+  std::shared_ptr<BatchRun> self = shared_from_this();
+  RequestPtr part;
+  try {
+    part = gathers->post_write_gather(
+        plan_->region(plan_->ops()[first].at.region), pieces,
+        [self, first](size_t index, const Error& why) {
+          std::lock_guard<std::mutex> lock(self->mu_);
+          self->failed_ops_.emplace_back(first + index, why);
+        });
+  } catch (const Error& e) {
+    group_done(first, count, nullptr, &e);
+    return;
+  }
+  part->then([self, first, count](const Request& done) {
+    self->group_done(first, count, &done, nullptr);
+  });
+}
+
+void BatchRun::group_done(size_t first, size_t count, const Request* done, const Error* why) {
+  const std::vector<BatchPlan::Op>& ops = plan_->ops();
+  uint64_t moved = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    outstanding_ -= static_cast<uint32_t>(count);
+    std::vector<bool> refused(count, false);
+    for (const auto& [index, error] : failed_ops_) {
+      if (index >= first && index < first + count) refused[index - first] = true;
+    }
+    const bool ok = done != nullptr && done->state() == Request::State::kDone;
+    for (size_t i = 0; i < count; ++i) {
+      if (ok && !refused[i]) {
+        moved += ops[first + i].at.length;
+      } else if (!refused[i]) {
+        failed_ops_.emplace_back(first + i, done ? Error(done->error_kind(),
+                                                         done->error_message())
+                                                 : *why);
+      }
+    }
+    bytes_done_ += moved;
+  }
+  request_->note_progress(moved);
+  pump();
 }
 
 void BatchRun::post(size_t index) {

@@ -27,6 +27,7 @@
 #include "common/error.h"
 #include "protocol/notifications.h"
 #include "transport/channel.h"
+#include "transport/gather.h"
 
 namespace rdmaxfer {
 
@@ -117,9 +118,15 @@ class BatchRun : public std::enable_shared_from_this<BatchRun> {
   // Posts operations until the window is full; run by whoever frees a slot (one at a time: a
   // caller that finds another one posting leaves it a note to look again).
   void pump();
+  // How many operations from `first` on go as one group (1: posted alone), at most `room`.
+  size_t group_size(size_t first, size_t room) const;
   void post(size_t index);
+  void post_group(size_t first, size_t count);
   // `done`: the operation's request, terminal; null when it could not be posted (`why`).
   void op_done(size_t index, const Request* done, const Error* why);
+  // The group [first, first + count) is over: `done` its request (the pieces the target
+  // refused were recorded already), or null when it could not be posted (`why`).
+  void group_done(size_t first, size_t count, const Request* done, const Error* why);
   void finish();
 
   std::weak_ptr<Channel> channel_;
@@ -127,6 +134,7 @@ class BatchRun : public std::enable_shared_from_this<BatchRun> {
   std::optional<NotifyPayload> notify_;
   const uint32_t window_;
   const bool whole_;
+  GatherWrites::Limits gather_;  // max_pieces 0: the channel does not gather
   RequestPtr request_;
 
   mutable std::mutex mu_;

@@ -7,7 +7,10 @@ Quick start::
     rdmaxfer.send(arr, to="receiver-host:5555")    # sender
 
 See :class:`Engine` and :class:`Endpoint` for connections, one-sided READ/WRITE into
-registered memory (:class:`MemoryRegion`) and the asyncio / posted forms of every operation.
+registered memory (:class:`MemoryRegion`) and the asyncio / posted forms of every operation;
+``Endpoint.write_batch`` / ``read_batch`` / ``prepare_batch`` for batches of them
+(:class:`BatchResult`, :class:`PreparedBatch`) and ``Engine.wait_notification`` for the
+payloads (:data:`Notify`) a peer's WRITEs carry.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from .errors import (
 from .memory.buffer import Buffer, as_array
 from .memory.region import MemoryRegion
 from .transport.api import accept, connect, default_engine, listen, recv, send, shutdown
+from .transport.batch import BatchResult, Notify, PreparedBatch
 from .transport.endpoint import Endpoint
 from .transport.engine import Engine, resolve_transport
 from .transport.transfer import Transfer
@@ -110,6 +114,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "BatchResult",
     "Buffer",
     "ChecksumError",
     "ConnectionFailedError",
@@ -122,6 +127,8 @@ __all__ = [
     "FetchResult",
     "InvalidArgumentError",
     "MemoryRegion",
+    "Notify",
+    "PreparedBatch",
     "ProtocolError",
     "PulledWeights",
     "RdmaxferError",

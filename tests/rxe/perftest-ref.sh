@@ -4,10 +4,12 @@
 #
 #   tests/rxe/run-in-vm.sh -- tests/rxe/perftest-ref.sh -n 200 -o bench/ref.jsonl 2 4096 65536
 #
-# Usage: perftest-ref.sh [-n ITERS] [-t bw|lat|both] [-T SECONDS] [-r RETRIES] [-o FILE] SIZE...
+# Usage: perftest-ref.sh [-n ITERS] [-t bw|lat|both] [-d DEPTH] [-T SECONDS] [-r RETRIES]
+#                        [-o FILE] SIZE...
 #   -n ITERS     iterations per test (default 200; perftest's -n; -D duration mode is unreliable
 #                under TCG)
 #   -t WHICH     ib_write_bw, ib_write_lat or both (default both)
+#   -d DEPTH     ib_write_bw's send queue depth (perftest's --tx-depth; default perftest's 128)
 #   -T SECONDS   time limit of each server and client process (default 120)
 #   -r RETRIES   connection attempts per test (default 3)
 #   -o FILE      also append the JSON lines to FILE
@@ -17,6 +19,7 @@
 # the first (rxe0), both with GID index RDMAXFER_GID_INDEX (1, the IPv4-mapped RoCE v2 GID).
 # Prints one JSON object per test on stdout (diagnostics go to stderr):
 #   {"tool":"ib_write_bw","bytes":65536,"iters":200,"bw_Gbit_per_s":0.15,"bw_peak_Gbit_per_s":0.16,"msg_rate_mpps":0.0003}
+#   (with -d, also "depth":DEPTH)
 #   {"tool":"ib_write_lat","bytes":2,"iters":200,"lat_us_typical":105.2,"lat_us_avg":110.3,
 #    "lat_us_t99":180.1,"lat_us_min":90.0,"lat_us_max":400.2}
 #   {"tool":"ib_write_bw","bytes":2,"iters":200,"error":"..."}   (after the last failed attempt)
@@ -26,13 +29,15 @@ set -euo pipefail
 
 iters=200
 which=both
+depth=""
 limit=120
 retries=3
 out=""
-while getopts "n:t:T:r:o:h" opt; do
+while getopts "n:t:d:T:r:o:h" opt; do
     case $opt in
     n) iters=$OPTARG ;;
     t) which=$OPTARG ;;
+    d) depth=$OPTARG ;;
     T) limit=$OPTARG ;;
     r) retries=$OPTARG ;;
     o) out=$OPTARG ;;
@@ -94,8 +99,8 @@ parse() {
     if [[ $tool == ib_write_bw ]]; then
         # #bytes #iterations BW_peak[Gb/s] BW_average[Gb/s] MsgRate[Mpps]
         ((${#f[@]} >= 5)) || return 1
-        printf '{"tool":"%s","bytes":%s,"iters":%s,"bw_Gbit_per_s":%s,"bw_peak_Gbit_per_s":%s,"msg_rate_mpps":%s}' \
-            "$tool" "${f[0]}" "${f[1]}" "${f[3]}" "${f[2]}" "${f[4]}"
+        printf '{"tool":"%s","bytes":%s,"iters":%s,"bw_Gbit_per_s":%s,"bw_peak_Gbit_per_s":%s,"msg_rate_mpps":%s%s}' \
+            "$tool" "${f[0]}" "${f[1]}" "${f[3]}" "${f[2]}" "${f[4]}" "${depth:+,\"depth\":$depth}"
     else
         # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%   [usec]
         ((${#f[@]} >= 9)) || return 1
@@ -110,6 +115,7 @@ for tool in "${tools[@]}"; do
     for size in "${sizes[@]}"; do
         opts=(-x "$gid" -n "$iters" -s "$size" -F)
         [[ $tool == ib_write_bw ]] && opts+=(--report_gbits)
+        [[ $tool == ib_write_bw && -n $depth ]] && opts+=("--tx-depth=$depth")
         result="" err="no attempt"
         for ((attempt = 1; attempt <= retries; attempt++)); do
             port=$((port + 1)) # a fresh port per attempt: no clash with a dying server

@@ -12,7 +12,7 @@
 // grant is an entry of this connection's grant table, named by its key, and a
 // post_write_notify is MSG_DATA chunks into it over the streams; the last byte to land fires
 // on_notify. A chunk outside its grant, or for no grant, is a protocol error that closes the
-// connection.
+// connection. Gathered WRITEs (transport/gather.h) are one WRITE_GATHER frame per group.
 #pragma once
 
 #include <memory>
@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transport/gather.h"
 #include "transport/tcp/tcp_stream.h"
 #include "transport/transport.h"
 
@@ -34,7 +35,9 @@ struct TcpConfig {
   std::string secret;             // shared secret for the bootstrap (transport/auth.h)
 };
 
-class TcpConnection : public Channel, public std::enable_shared_from_this<TcpConnection> {
+class TcpConnection : public Channel,
+                      public GatherWrites,
+                      public std::enable_shared_from_this<TcpConnection> {
  public:
   TcpConnection(Transport& transport, const TcpConfig& config, std::string peer);
   // Creates the streams and adds them to the loops (one fd per stream, in index order).
@@ -46,6 +49,10 @@ class TcpConnection : public Channel, public std::enable_shared_from_this<TcpCon
   RequestPtr post_read(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
                        const Descriptor& remote, uint64_t remote_offset, uint64_t length,
                        const TransferOptions& options) override;
+  Limits gather_limits() const override;
+  RequestPtr post_write_gather(const std::shared_ptr<MemoryRegion>& local,
+                               const std::vector<GatherPiece>& pieces,
+                               PieceFailed failed) override;
   void send_ctrl(const CtrlMessage& message, CtrlPayload payload) override;
   Grant grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset, uint64_t length,
               uint32_t value, const RequestPtr& progress) override;
@@ -85,6 +92,15 @@ class TcpConnection : public Channel, public std::enable_shared_from_this<TcpCon
     RequestPtr progress;
   };
 
+  struct PendingGather {
+    RequestPtr request;
+    PieceFailed failed;
+    size_t pieces = 0;
+  };
+
+  // The destinations of a WRITE_GATHER's pieces, each checked on its own.
+  void choose_scatter(const FrameHeader& h, const std::string& meta, RecvSink* sink) const;
+  void on_gather_ack(TcpStream& stream, const FrameHeader& h, const std::string& meta);
   AccessStatus acquire_request_range(const FrameHeader& h, uint32_t access,
                                      RegionUse* use) const;
   // Closes the connection once: fails every pending request with (kind, reason), optionally
@@ -104,6 +120,7 @@ class TcpConnection : public Channel, public std::enable_shared_from_this<TcpCon
   std::string error_;
   std::unordered_map<uint64_t, RequestPtr> writes_;
   std::unordered_map<uint64_t, PendingRead> reads_;
+  std::unordered_map<uint64_t, PendingGather> gathers_;
   std::unordered_map<uint32_t, PendingGrant> grants_;
   uint32_t next_grant_ = 1;
 };

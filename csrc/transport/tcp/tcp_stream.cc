@@ -16,7 +16,8 @@
 namespace rdmaxfer {
 
 namespace {
-constexpr int kMaxIov = 64;
+constexpr int kMaxIov = 1024;  // IOV_MAX on Linux
+constexpr size_t kScatterIov = 64;  // pieces of a WRITE_GATHER read by one recvmsg
 constexpr uint64_t kReadBudget = 16ull << 20;  // per wake-up, so other streams get a turn
 constexpr size_t kStage = 64 * 1024;
 constexpr uint64_t kInlineLimit = 1024 * 1024;
@@ -105,7 +106,8 @@ void TcpStream::flush_locked(std::vector<RequestPtr>* completed) {
   while (!queue_.empty()) {
     iovec iov[kMaxIov];
     int n_iov = 0;
-    for (auto it = queue_.begin(); it != queue_.end() && n_iov + 3 <= kMaxIov; ++it) {
+    for (auto it = queue_.begin();
+         it != queue_.end() && n_iov + 3 + static_cast<int>(it->gather.size()) <= kMaxIov; ++it) {
       uint64_t skip = it->sent;
       auto add = [&](const void* base, uint64_t len) {
         if (skip >= len) {
@@ -119,7 +121,8 @@ void TcpStream::flush_locked(std::vector<RequestPtr>* completed) {
       };
       add(it->header, FrameHeader::kSize);
       if (!it->meta.empty()) add(it->meta.data(), it->meta.size());
-      if (it->data_len > 0) add(it->data, it->data_len);
+      for (const auto& [base, len] : it->gather) add(base, len);
+      if (it->data_len > 0 && it->gather.empty()) add(it->data, it->data_len);
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -313,22 +316,30 @@ void TcpStream::receive() {
         stage_pos_ += consume(stage_.data() + stage_pos_, stage_len_ - stage_pos_);
         continue;
       }
-      // Large data goes straight from the socket into its destination; everything else (headers,
-      // metadata, small payloads, several small frames at once) through the staging buffer.
-      const bool direct = phase_ == Phase::kData && !sink_.discard &&
+      // Large data goes straight from the socket into its destination, a WRITE_GATHER's data
+      // straight into its pieces; everything else (headers, metadata, small payloads, several
+      // small frames at once) through the staging buffer.
+      if (stage_.empty()) stage_.resize(kStage);
+      const bool pieces = phase_ == Phase::kData && !sink_.scatter.empty();
+      const bool direct = phase_ == Phase::kData && !sink_.discard && !pieces &&
                           header_.payload_len - data_got_ >= kStage;
-      uint8_t* dst = nullptr;
-      size_t want = 0;
-      if (direct) {
-        dst = (sink_.into_owned ? reinterpret_cast<uint8_t*>(sink_.owned.data()) : sink_.dst) +
-              data_got_;
-        want = static_cast<size_t>(std::min(header_.payload_len - data_got_, budget));
+      iovec iov[kScatterIov];
+      size_t n_iov = 1;
+      if (pieces) {
+        n_iov = scatter_iov(iov, budget);
+      } else if (direct) {
+        iov[0].iov_base =
+            (sink_.into_owned ? reinterpret_cast<uint8_t*>(sink_.owned.data()) : sink_.dst) +
+            data_got_;
+        iov[0].iov_len = static_cast<size_t>(std::min(header_.payload_len - data_got_, budget));
       } else {
-        if (stage_.empty()) stage_.resize(kStage);
-        dst = stage_.data();
-        want = stage_.size();
+        iov[0].iov_base = stage_.data();
+        iov[0].iov_len = stage_.size();
       }
-      ssize_t n = recv(fd_.get(), dst, want, MSG_DONTWAIT);
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = n_iov;
+      ssize_t n = recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
       if (n == 0) {
         // A closing peer shuts all its streams down after its last frames; those frames may
         // still be unread on stream 0 (a CTS, a GOODBYE). So only EOF on stream 0 ends the
@@ -349,7 +360,11 @@ void TcpStream::receive() {
         return;
       }
       budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
-      if (direct) {
+      if (pieces) {
+        data_got_ += static_cast<uint64_t>(n);
+        scatter(nullptr, static_cast<size_t>(n));
+        if (data_got_ == header_.payload_len) finish_frame();
+      } else if (direct) {
         data_got_ += static_cast<uint64_t>(n);
         if (sink_.progress) sink_.progress->note_progress(static_cast<uint64_t>(n));
         if (data_got_ == header_.payload_len) finish_frame();
@@ -392,7 +407,9 @@ size_t TcpStream::consume(const uint8_t* p, size_t n) {
     case Phase::kData: {
       const size_t take =
           static_cast<size_t>(std::min<uint64_t>(n, header_.payload_len - data_got_));
-      if (!sink_.discard) {
+      if (!sink_.scatter.empty()) {
+        scatter(p, take);
+      } else if (!sink_.discard) {
         uint8_t* base =
             sink_.into_owned ? reinterpret_cast<uint8_t*>(sink_.owned.data()) : sink_.dst;
         std::memcpy(base + data_got_, p, take);
@@ -404,6 +421,38 @@ size_t TcpStream::consume(const uint8_t* p, size_t n) {
     }
   }
   return n;
+}
+
+size_t TcpStream::scatter_iov(iovec* iov, uint64_t budget) {
+  size_t n_iov = 0;
+  uint64_t off = sink_.scatter_off;
+  for (size_t i = sink_.scatter_at;
+       i < sink_.scatter.size() && n_iov < kScatterIov && budget > 0; ++i, off = 0) {
+    const auto& [base, len] = sink_.scatter[i];
+    // A refused piece's bytes land in the staging buffer (empty now) and are dropped.
+    const uint64_t room = base != nullptr ? len - off : std::min<uint64_t>(len - off, kStage);
+    iov[n_iov].iov_base = base != nullptr ? base + off : stage_.data();
+    iov[n_iov].iov_len = static_cast<size_t>(std::min(room, budget));
+    budget -= iov[n_iov].iov_len;
+    ++n_iov;
+    if (room < len - off) break;  // the rest of that piece next time
+  }
+  return n_iov;
+}
+
+void TcpStream::scatter(const uint8_t* p, size_t n) {
+  while (n > 0 && sink_.scatter_at < sink_.scatter.size()) {
+    auto& [base, len] = sink_.scatter[sink_.scatter_at];
+    const uint64_t take = std::min<uint64_t>(n, len - sink_.scatter_off);
+    if (base != nullptr && p != nullptr) std::memcpy(base + sink_.scatter_off, p, take);
+    if (p != nullptr) p += take;
+    n -= take;
+    sink_.scatter_off += take;
+    if (sink_.scatter_off == len) {
+      ++sink_.scatter_at;
+      sink_.scatter_off = 0;
+    }
+  }
 }
 
 void TcpStream::start_payload() {

@@ -14,12 +14,15 @@
 // completion, like a plain blocking socket). recv_mu_ serializes the two.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/unique_fd.h"
@@ -38,6 +41,8 @@ struct OutFrame {
   std::string meta;
   const uint8_t* data = nullptr;
   uint64_t data_len = 0;
+  // Instead of `data`: the pieces of a WRITE_GATHER, sent one after another (data_len bytes).
+  std::vector<std::pair<const uint8_t*, uint64_t>> gather;
   uint64_t sent = 0;       // bytes of header + meta + data already written
   RegionUse hold;          // keeps the memory behind `data` in use
   RequestPtr on_sent;      // part_done() once the whole frame is in the socket
@@ -56,6 +61,12 @@ OutFrame make_frame(const FrameHeader& header, std::string meta = {});
 // Where the data of an incoming frame goes.
 struct RecvSink {
   uint8_t* dst = nullptr;  // straight into registered memory, or
+  // into these pieces one after another (a WRITE_GATHER; null: a refused piece, discarded),
+  std::vector<std::pair<uint8_t*, uint64_t>> scatter;
+  size_t scatter_at = 0;       // the piece the next byte goes to
+  uint64_t scatter_off = 0;    // and where in it
+  std::vector<RegionUse> holds;  // the scatter pieces' regions
+  std::string statuses;          // one AccessStatus byte per scatter piece
   std::string owned;       // into a buffer the connection keeps (small messages), or
   bool discard = false;    // nowhere (a refused WRITE's bytes)
   bool into_owned = false;
@@ -122,6 +133,12 @@ class TcpStream : public IoHandler, public Progress, public std::enable_shared_f
   void receive();
   // Feeds bytes from the staging buffer into the receive state machine; returns bytes used.
   size_t consume(const uint8_t* p, size_t n);
+  // The iovecs (at most kScatterIov, `budget` bytes) that read the rest of a WRITE_GATHER's
+  // data straight into its pieces.
+  size_t scatter_iov(iovec* iov, uint64_t budget);
+  // Moves past n bytes of a WRITE_GATHER's data, copying them from `p` into the pieces
+  // (skipping refused ones) unless p is null (they were read in place).
+  void scatter(const uint8_t* p, size_t n);
   void start_payload();
   void finish_frame();
   void fail(const std::string& why, int err_no);

@@ -43,6 +43,8 @@ const char* frame_type_name(FrameType type) {
     case FrameType::kMsgData: return "MSG_DATA";
     case FrameType::kGoodbye: return "GOODBYE";
     case FrameType::kMsgNotify: return "MSG_NOTIFY";
+    case FrameType::kWriteGather: return "WRITE_GATHER";
+    case FrameType::kWriteGatherAck: return "WRITE_GATHER_ACK";
   }
   return "unknown";
 }
@@ -71,7 +73,7 @@ FrameHeader FrameHeader::decode(const uint8_t* in) {
   }
   FrameHeader h;
   if (in[3] < static_cast<uint8_t>(FrameType::kWrite) ||
-      in[3] > static_cast<uint8_t>(FrameType::kMsgNotify)) {
+      in[3] > static_cast<uint8_t>(FrameType::kWriteGatherAck)) {
     throw Error(ErrorKind::kProtocol, "unknown frame type " + std::to_string(in[3]));
   }
   h.type = static_cast<FrameType>(in[3]);

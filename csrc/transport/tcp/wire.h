@@ -21,6 +21,12 @@
 //              message), total (message bytes); data follows. Checked against the grant: a
 //              chunk outside it, or for no grant, closes the connection.
 //   MSG_NOTIFY req_id, size (1: an int payload in key; 0: bytes in meta)
+//   WRITE_GATHER      req_id, aux (pieces), total (data bytes); meta: per piece addr u64,
+//                     length u64, key u32, 0 u32 (kGatherPieceMeta bytes); data: the pieces'
+//                     bytes one after another. The target checks each piece on its own (inside
+//                     one region registered for remote writes) and places those that pass.
+//   WRITE_GATHER_ACK  req_id, size (data bytes), status (0: every piece placed; else meta
+//                     holds one AccessStatus byte per piece)
 // The MSG_* frames carry the control messages of transport/ctrl_message.h.
 //   GOODBYE    the peer closes the connection on purpose
 #pragma once
@@ -44,12 +50,17 @@ enum class FrameType : uint8_t {
   kMsgData = 9,
   kGoodbye = 10,
   kMsgNotify = 11,
+  kWriteGather = 12,
+  kWriteGatherAck = 13,
 };
 const char* frame_type_name(FrameType type);
 // The frame that carries a control message of `type`, and back (for the kMsg* control frames:
 // RTS, EAGER, CTS, REJECT, NOTIFY; shared by the TCP and shm channels).
 FrameType frame_type_of(CtrlType type);
 CtrlType ctrl_type_of(FrameType type);
+
+// Bytes of WRITE_GATHER metadata per piece.
+constexpr uint32_t kGatherPieceMeta = 24;
 
 struct FrameHeader {
   static constexpr size_t kSize = 64;

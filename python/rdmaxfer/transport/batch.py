@@ -31,7 +31,10 @@ if TYPE_CHECKING:
 
 __all__ = ["BatchOps", "BatchResult", "Notify", "PreparedBatch"]
 
-#: A notification payload: at most 64 bytes, or an int in 0..2**32-1 (an IMM's 32 bits).
+#: A notification payload (``notify=`` of ``write``/``write_batch``; what
+#: ``Engine.wait_notification`` returns after the peer's address): bytes, at most 64, or an int
+#: in 0..2**32-1 (an IMM's 32 bits). Anything else raises InvalidArgumentError before any
+#: byte moves.
 Notify = bytes | int
 
 #: Operations outstanding at once (``csrc/protocol/batch.h``: ``BatchRun::kDefaultWindow``).
@@ -42,19 +45,26 @@ _CLEANUP_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True)
 class BatchResult:
-    """What one posted batch did.
+    """What one posted batch did (``write_batch``/``read_batch``, ``PreparedBatch.post``).
+
+    Entries are numbered as given (0-based), zero-length ones included. A batch fails whole
+    (the call raises instead of returning a result) only when the endpoint fails under it:
+    ConnectionFailedError, EndpointClosedError, TransferTimeoutError.
 
     Attributes:
         entries: entries in the batch (zero-length ones included).
-        nbytes: bytes moved by the entries that completed.
-        failed: ``{entry index: error}`` for the entries that failed (an
-            :class:`~rdmaxfer.errors.RdmaxferError` subclass naming why: InvalidArgumentError
-            for a range outside its region, RemoteAccessError when the peer refused...); every
-            other non-empty entry completed.
+        nbytes: bytes moved by the entries that completed (an int, bytes).
+        failed: ``{entry index: error}`` for the entries that failed, each an
+            :class:`~rdmaxfer.errors.RdmaxferError` subclass naming why:
+            :class:`~rdmaxfer.errors.InvalidArgumentError` for a range outside its local
+            region or the remote descriptor (checked before anything is posted, so its bytes
+            never move), :class:`~rdmaxfer.errors.RemoteAccessError` when the peer refused it
+            (unknown key, out of bounds, region not writable/readable). Every other non-empty
+            entry completed.
         skipped: zero-length entries (not moved, not failed).
-        operations: operations posted after merging contiguous neighbours.
-        window: the most operations allowed outstanding at once.
-        peak_outstanding: the most operations that were outstanding at once (<= window).
+        operations: operations posted after merging neighbours contiguous on both sides.
+        window: the most operations allowed outstanding at once (256 by default).
+        peak_outstanding: the most operations that were outstanding at once (1..window).
         notified: True when a notification was asked for and sent (it is sent only when no
             entry failed).
     """
@@ -74,7 +84,12 @@ class BatchResult:
         return not self.failed
 
     def check(self) -> None:
-        """Raise the first failed entry's error (with its index in the message), if any."""
+        """Raise the first failed entry's error, if any.
+
+        Raises:
+            RdmaxferError: the lowest-numbered failed entry's error class, its message
+                starting ``"batch entry <index> (of <n> failed): "``.
+        """
         if self.failed:
             index = min(self.failed)
             error = self.failed[index]
@@ -211,8 +226,12 @@ def no_staged_notify(notify: Notify | None) -> None:
 class PreparedBatch:
     """A batch validated and looked up once (``Endpoint.prepare_batch``), posted as often as
     wanted: each :meth:`post` skips the entry checks and registration lookups, like NIXL's
-    prepared descriptor lists. Holds its arrays and temporary registrations until
-    :meth:`close` (or the endpoint closes).
+    prepared descriptor lists. The entries keep naming the same memory: change the bytes in
+    it between posts, not the arrays. Holds its arrays and temporary registrations until
+    :meth:`close` (a context manager; also when the endpoint closes).
+
+    Lifecycle: prepared -> posted any number of times (posts may overlap; each returns its
+    own :class:`~rdmaxfer.transport.transfer.Transfer`) -> closed (later posts raise).
     """
 
     def __init__(self, endpoint: BatchOps, op: str, plan: _Plan) -> None:
@@ -227,7 +246,7 @@ class PreparedBatch:
 
     @property
     def entries(self) -> int:
-        """Entries in the batch."""
+        """Entries in the batch (zero-length and invalid ones included)."""
         return self._live().core.entries
 
     @property
@@ -238,7 +257,7 @@ class PreparedBatch:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the valid entries."""
+        """Bytes of the valid entries (what one post moves when none fails)."""
         return self._live().core.bytes
 
     def post(self, *, notify: Notify | None = None) -> Transfer[BatchResult]:

@@ -7,7 +7,8 @@ endpoint it made, open or closed, plus connection set-ups that failed. Keys:
 ``<kind>.ops`` (operations), ``<kind>.bytes`` (bytes)
     Completed operations of this side and the payload bytes they moved, for each kind:
     ``write`` and ``read`` (one-sided; the peer's accesses to this side are counted by the
-    peer), ``send`` and ``recv`` (two-sided messages; ``send.bytes`` is the array's size, not
+    peer; on TCP a group of a batch's small WRITEs that travelled as one frame counts once),
+    ``send`` and ``recv`` (two-sided messages; ``send.bytes`` is the array's size, not
     counting metadata; a rendezvous's notified WRITE counts here), ``ctrl``
     (control messages this side sent: RTS, EAGER (with its payload), CTS, REJECT, and GOODBYE
     on TCP; bytes on the wire).

@@ -10,17 +10,17 @@ memory; the server's CPU only serves the bytes.
 
 Protocol (two-sided messages on one endpoint, each a 1-D ``uint8`` array holding UTF-8 JSON):
 
-1. client -> server ``{"v": 2, "op": "catalog", "min_version": m, "wait_s": s}`` (the server
+1. client -> server ``{"v": 3, "op": "catalog", "min_version": m, "wait_s": s}`` (the server
    waits up to ``s`` seconds for version ``m``, then answers with its current version);
-2. server -> client ``{"v": 2, "version": n, "regions": [<descriptor hex>, ...], "header":
+2. server -> client ``{"v": 3, "version": n, "regions": [<descriptor hex>, ...], "header":
    <hex or null>, "tensors": {name: {"dtype": "F32", "shape": [...], "region": i, "offset":
    bytes}}}``; ``dtype`` uses safetensors' names (F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16
    U8 BOOL F8_E4M3 F8_E5M2), ``offset`` is the tensor's first byte in region ``i``, and
    ``header`` is the file's raw safetensors header (version 1 of a file only), so a client can
    write a bit-exact copy. From this answer until the client's "done" (or its endpoint
    closing) the client holds version ``n``: the server never rewrites its memory meanwhile.
-3. client READs the bytes (whole tensors, or the pieces of its shards), then sends
-   ``{"v": 2, "op": "done"}`` and closes.
+3. client READs the bytes (whole tensors, or the pieces of its shards) in one batch
+   (``Endpoint.read_batch``), then sends ``{"v": 3, "op": "done"}`` and closes.
 
 Versions (:mod:`.versions`): version 1 is the source as published (zero-copy); each
 :meth:`WeightServer.update` / :meth:`~WeightServer.refresh` copies the new values into one of
@@ -28,8 +28,8 @@ two server-owned registered buffers that no client holds (double buffering), the
 current. So a pull returns exactly one version (``PulledWeights.version``).
 
 Push (:mod:`.push`): :func:`receive_weights` registers the receiver's arrays,
-:func:`push_weights` WRITEs every tensor into them and then announces the version, which
-:meth:`WeightReceiver.wait` returns.
+:func:`push_weights` WRITEs every tensor into them in one batch (``Endpoint.write_batch``)
+whose notification announces the version, which :meth:`WeightReceiver.wait` returns.
 
 GPU memory: :class:`WeightServer` publishes GPU-resident tensors (a dict of CuPy/PyTorch
 arrays, for trainer -> inference weight sync) registered for GPUDirect RDMA where the engine

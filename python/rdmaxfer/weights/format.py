@@ -1,13 +1,13 @@
 """The weights protocol's vocabulary: safetensors dtype names, the published-tensor record,
-the JSON messages, the pieces a pull is posted in, and safetensors files (read a header,
-write a pulled copy). The protocol itself is described in :mod:`rdmaxfer.weights`."""
+the JSON messages, and safetensors files (read a header, write a pulled copy). The protocol
+itself is described in :mod:`rdmaxfer.weights`."""
 
 from __future__ import annotations
 
 import json
 import os
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,19 +21,15 @@ from ..errors import InvalidArgumentError, ProtocolError
 __all__ = [
     "DTYPES",
     "NAMES",
-    "PIECE_BYTES",
     "PROTOCOL_VERSION",
     "TensorInfo",
     "decode",
     "encode",
-    "pieces",
     "read_safetensors_header",
     "save_safetensors_copy",
 ]
 
-PROTOCOL_VERSION = 2
-PIECE_BYTES = 8 << 20
-"""Pulls are posted in pieces of this many bytes (all in flight at once) so progress moves."""
+PROTOCOL_VERSION = 3
 
 DTYPES: dict[str, np.dtype[Any]] = {
     "F64": np.dtype(np.float64),
@@ -114,14 +110,6 @@ def decode(arr: npt.NDArray[Any], what: str) -> dict[str, Any]:
             f"{PROTOCOL_VERSION}); use the same rdmaxfer on both sides"
         )
     return obj
-
-
-def pieces(length: int) -> Iterable[tuple[int, int]]:
-    offset = 0
-    while offset < length or (length == 0 and offset == 0):
-        n = min(PIECE_BYTES, length - offset)
-        yield offset, n
-        offset += max(n, 1)
 
 
 def save_safetensors_copy(

@@ -4,7 +4,6 @@ arrays, new GPU arrays (``device=``) or the caller's own arrays (``into=``), who
 
 from __future__ import annotations
 
-import collections
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -27,17 +26,15 @@ from ..memory.buffer import Buffer, device_view
 from ..memory.region import MemoryRegion
 from ..transport.endpoint import Endpoint
 from ..transport.engine import Engine
-from ..transport.transfer import Transfer
-from .format import DTYPES, PIECE_BYTES, PROTOCOL_VERSION, TensorInfo, decode, encode
+from .format import DTYPES, PROTOCOL_VERSION, TensorInfo, decode, encode
+from .moving import Piece, move
 from .shard import Names, Shard, destination, select, shard_of
 
-__all__ = ["PulledWeights", "post_windowed", "pull_weights"]
+__all__ = ["PulledWeights", "pull_weights"]
 
 log = logging.getLogger("rdmaxfer.weights")
 
 ALIGN = 64
-WINDOW = 256
-"""READs in flight at once (posting is windowed so any number of pieces needs bounded memory)."""
 
 
 class PulledWeights(dict[str, Any]):
@@ -51,10 +48,6 @@ class PulledWeights(dict[str, Any]):
     def __init__(self, arrays: Mapping[str, Any], version: int) -> None:
         super().__init__(arrays)
         self.version = version
-
-
-# (local array, remote region, byte offset in the local array, remote byte offset, bytes)
-Read = tuple[object, _core.Descriptor, int, int, int]
 
 
 def pull_weights(
@@ -79,7 +72,9 @@ def pull_weights(
     whole tensors that sit next to each other on the server are fetched by one READ. A shard
     that is a range of rows (of the first partial axis, the later axes whole) is one READ;
     other shards (a column block ``np.s_[:, a:b]``, a step) are one READ per contiguous
-    piece, at most 256 in flight.
+    piece. Every READ of the pull goes in one batch (``Endpoint.read_batch``: pieces
+    contiguous on both sides merged, at most 256 operations in flight); GPU memory without a
+    GPUDirect registration is read through the staging pipeline instead, one READ per piece.
 
     Args:
         address: the server, ``"host:port"``.
@@ -140,7 +135,7 @@ def pull_weights(
             chosen = select(tensors, names, address)
             shards = _shards(chosen, into, shard, address)
             placed = {s.tensor.name: destination(s, into) for s in shards}  # checked first
-            reads: list[Read] = []
+            reads: list[Piece] = []
             registrations: list[MemoryRegion] = []
             try:
                 plain = [s.tensor for s in shards if s.pieces and _whole(s, placed)]
@@ -160,7 +155,7 @@ def pull_weights(
                         result[s.tensor.name] = _place(
                             s, placed, regions, reads, ep, ordinal, registrations, arena
                         )
-                post_windowed(ep, "read", reads, limit, progress)
+                move(ep, "read", reads, limit, progress)
             finally:
                 for region in registrations:
                     region.close()
@@ -273,7 +268,7 @@ class _Arena:
 def _allocate_runs(
     tensors: list[TensorInfo],
     regions: list[_core.Descriptor],
-    reads: list[Read],
+    reads: list[Piece],
     arena: _Arena,
 ) -> dict[str, Any]:
     """One READ (in pieces) per run of whole tensors, into the arena."""
@@ -305,7 +300,7 @@ def _register_for_gpudirect(
 def _allocate_runs_device(
     tensors: list[TensorInfo],
     regions: list[_core.Descriptor],
-    reads: list[Read],
+    reads: list[Piece],
     ep: Endpoint,
     device: int,
     registrations: list[MemoryRegion],
@@ -332,7 +327,7 @@ def _place(
     s: Shard,
     placed: Mapping[str, tuple[object, bool] | None],
     regions: list[_core.Descriptor],
-    reads: list[Read],
+    reads: list[Piece],
     ep: Endpoint,
     device: int | None,
     registrations: list[MemoryRegion],
@@ -359,48 +354,3 @@ def _place(
     region = regions[s.tensor.region]
     reads.extend((dest, region, p.local_offset, p.remote_offset, p.nbytes) for p in s.pieces)
     return user
-
-
-def _split(reads: list[Read]) -> list[Read]:
-    """Reads cut into pieces of at most PIECE_BYTES (progress moves; zero-length ones go)."""
-    out: list[Read] = []
-    for dest, region, local, remote, nbytes in reads:
-        for at in range(0, nbytes, PIECE_BYTES):
-            n = min(PIECE_BYTES, nbytes - at)
-            out.append((dest, region, local + at, remote + at, n))
-    return out
-
-
-def post_windowed(
-    ep: Endpoint,
-    op: str,
-    items: list[Read],
-    limit: CallLimits,
-    progress: Callable[[int, int], None] | None,
-) -> None:
-    """Post every READ (``op="read"``) or WRITE (``"write"``) of ``items``, cut into pieces
-    of at most PIECE_BYTES, at most WINDOW in flight, and wait for all of them.
-
-    The one place the weights protocols move bytes: with ``Endpoint.read_batch`` /
-    ``write_batch`` this becomes one call.
-    """
-    pieces = _split(items)
-    total = sum(r[4] for r in pieces)
-    post = ep.post_read if op == "read" else ep.post_write
-    window: collections.deque[Transfer[None]] = collections.deque()
-    done = 0
-
-    def wait_oldest() -> None:
-        nonlocal done
-        transfer = window.popleft()
-        transfer.wait(timeout=limit.timeout_s, deadline=limit.deadline_left())
-        done += transfer.nbytes
-        if progress is not None:
-            progress(done, total)
-
-    for local, region, offset, remote, nbytes in pieces:
-        if len(window) >= WINDOW:
-            wait_oldest()
-        window.append(post(local, region, offset=offset, remote_offset=remote, nbytes=nbytes))
-    while window:
-        wait_oldest()

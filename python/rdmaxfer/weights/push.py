@@ -1,24 +1,29 @@
 """Pushing weights (trainer -> inference): the receiver registers its own destination arrays
-(:func:`receive_weights`), the trainer WRITEs every tensor into them and then announces the
-version (:func:`push_weights`); :meth:`WeightReceiver.wait` returns once a whole version has
-landed.
+(:func:`receive_weights`), the trainer WRITEs every tensor into them in one batch whose
+notification announces the version (:func:`push_weights`); :meth:`WeightReceiver.wait`
+returns once a whole version has landed.
 
 Protocol (two-sided messages as in :mod:`rdmaxfer.weights`, on a connection per push):
 
-1. receiver -> pusher ``{"v": 2, "op": "targets", "regions": [<descriptor hex>, ...],
+1. receiver -> pusher ``{"v": 3, "op": "targets", "regions": [<descriptor hex>, ...],
    "tensors": {name: {"dtype": ..., "shape": [...], "region": i, "offset": 0}}}``
-2. pusher: one-sided WRITEs of every tensor, then it waits for the completion of every WRITE;
-3. pusher -> receiver ``{"v": 2, "op": "version", "version": v}``; receiver -> pusher
-   ``{"v": 2, "op": "landed", "version": v}`` once it recorded it.
+2. pusher: ``write_batch`` of every tensor with ``notify=b"rdmaxfer.version:<v>"``
+   (:data:`VERSION_PREFIX`); the receiver takes it from its engine's
+   ``wait_notification``;
+3. receiver -> pusher ``{"v": 3, "op": "landed", "version": v}`` once it recorded it;
+   pusher -> receiver ``{"v": 3, "op": "done"}``.
 
-Ordering: the version message is posted only after every WRITE completed at the pusher. A
-two-sided message is not ordered with WRITEs that travel on other lanes (other QPs or TCP
-streams), but a WRITE completes at its sender only once its bytes are placed in the target's
-memory (an RC WRITE is acknowledged after placement on verbs; on TCP the target's engine
-acknowledges after copying the bytes in). So when the receiver gets the message, every byte
-of that version is in its arrays. GPU destinations the engine cannot register for GPUDirect
-RDMA receive into a registered host mirror, copied to the GPU when the version message
-arrives (before it is recorded).
+Ordering: the engine delivers a batch's notification only after every byte of the batch is
+in the target's memory, on every lane (QP or TCP stream) that carried it: the NOTIFY control
+message leaves once every WRITE completed at the pusher, and a WRITE completes only once its
+bytes are placed (an RC WRITE is acknowledged after placement on verbs; on TCP the target's
+engine acknowledges after copying the bytes in). GPU sources without a GPUDirect
+registration are written through the staging pipeline before the batch is posted. GPU
+destinations the engine cannot register for GPUDirect RDMA receive into a registered host
+mirror, copied to the GPU when the notification arrives (before the version is recorded).
+
+The receiver's engine's notifications are the receiver's: with ``engine=`` given, nothing
+else should call ``wait_notification`` on it.
 """
 
 from __future__ import annotations
@@ -48,12 +53,18 @@ from ..memory.region import MemoryRegion
 from ..transport.endpoint import Endpoint
 from ..transport.engine import Engine
 from .format import DTYPES, NAMES, PROTOCOL_VERSION, decode, encode
-from .pull import post_windowed
+from .moving import Piece, move
 from .server import accept_next
 
-__all__ = ["WeightReceiver", "push_weights", "receive_weights"]
+__all__ = ["VERSION_PREFIX", "WeightReceiver", "push_weights", "receive_weights"]
 
 log = logging.getLogger("rdmaxfer.weights")
+
+#: A push's notification is this prefix and the version in decimal (at most 64 bytes).
+VERSION_PREFIX = b"rdmaxfer.version:"
+_MAX_VERSION = 2**63 - 1
+#: How often the receiver looks at the pusher's endpoint while it waits for the notification.
+_POLL_S = 0.2
 
 
 class WeightReceiver:
@@ -185,20 +196,47 @@ class WeightReceiver:
 
     def _serve_pusher(self, endpoint: Endpoint) -> None:
         endpoint.send(self._targets, timeout=self._timeout)
+        version = self._wait_version(endpoint)
+        if version is None:
+            return
+        for view, host in self._mirrors:
+            cuda.copy_from_host(view, host)
+        with self._cond:
+            self._landed = version
+            self._cond.notify_all()
+        reply = {"v": PROTOCOL_VERSION, "op": "landed", "version": version}
+        endpoint.send(encode(reply), timeout=self._timeout)
+        message = decode(endpoint.recv(timeout=self._timeout), "push")
+        if message.get("op") != "done":
+            raise ProtocolError(f"unknown push op {message.get('op')!r}")
+
+    def _wait_version(self, endpoint: Endpoint) -> int | None:
+        """The version announced by the pusher's batch notification; None when the pusher
+        left (or the receiver is closing) first."""
+        end = time.monotonic() + self._timeout
         while not self._stop.is_set():
-            message = decode(endpoint.recv(timeout=self._timeout), "push")
-            if message.get("op") == "done":
-                return
-            if message.get("op") != "version":
-                raise ProtocolError(f"unknown push op {message.get('op')!r}")
-            version = int(message["version"])
-            for view, host in self._mirrors:
-                cuda.copy_from_host(view, host)
-            with self._cond:
-                self._landed = version
-                self._cond.notify_all()
-            reply = {"v": PROTOCOL_VERSION, "op": "landed", "version": version}
-            endpoint.send(encode(reply), timeout=self._timeout)
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TransferTimeoutError(
+                    f"pusher {endpoint.peer} sent no version notification within "
+                    f"{self._timeout:g} s"
+                )
+            try:
+                peer, payload = self._engine.wait_notification(min(left, _POLL_S))
+            except TransferTimeoutError:
+                if endpoint.closed:
+                    return None
+                continue
+            if (
+                peer != endpoint.peer
+                or not isinstance(payload, bytes)
+                or not payload.startswith(VERSION_PREFIX)
+                or not payload[len(VERSION_PREFIX) :].isdigit()
+            ):
+                log.warning("receiver: ignored notification %r from %s", payload, peer)
+                continue
+            return int(payload[len(VERSION_PREFIX) :])
+        return None
 
     def close(self) -> None:
         """Stop receiving; release the registrations (the arrays stay the caller's)."""
@@ -260,17 +298,18 @@ def push_weights(
     timeout: float | None = None,
     deadline: float | None = None,
 ) -> int:
-    """WRITE every tensor of ``weights`` into a receiver's arrays, then announce ``version``.
+    """WRITE every tensor of ``weights`` into a receiver's arrays in one batch whose
+    notification announces ``version``.
 
-    Returns once the receiver recorded the version (its ``wait`` returns it). The WRITEs are
-    all posted (at most 256 in flight), all completed, and only then is the version sent: see
-    the ordering note in :mod:`rdmaxfer.weights.push`.
+    Returns once the receiver recorded the version (its ``wait`` returns it). The batch
+    (``Endpoint.write_batch``, at most 256 WRITEs in flight) notifies only after every byte
+    is in the receiver's memory: see the ordering note in :mod:`rdmaxfer.weights.push`.
 
     Args:
         address: the receiver, ``"host:port"``.
         weights: ``{name: array}`` (host or GPU arrays), exactly the receiver's tensor names,
             each of the receiver's dtype and shape.
-        version: the version these weights are (a positive int the receiver reports).
+        version: the version these weights are (an int in 1..2**63-1 the receiver reports).
         timeout, deadline: as :func:`pull_weights`.
 
     Returns:
@@ -281,8 +320,12 @@ def push_weights(
             pushed, or another dtype/shape (the message names the tensor); no byte moved.
         ConnectionFailedError, TransferTimeoutError, ProtocolError, RemoteAccessError.
     """
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise InvalidArgumentError(f"version must be a positive int, got {version!r}")
+    if (
+        isinstance(version, bool)
+        or not isinstance(version, int)
+        or not 1 <= version <= _MAX_VERSION
+    ):
+        raise InvalidArgumentError(f"version must be an int in 1..2**63-1, got {version!r}")
     own = engine is None
     eng = engine if engine is not None else Engine(transport)
     limit = CallLimits(timeout, deadline)
@@ -297,9 +340,7 @@ def push_weights(
             except (KeyError, TypeError, ValueError) as exc:
                 raise ProtocolError(f"malformed targets: {exc!r}") from exc
             writes = _checked_writes(address, weights, tensors, regions)
-            post_windowed(ep, "write", writes, limit, None)
-            message = {"v": PROTOCOL_VERSION, "op": "version", "version": version}
-            ep.send(encode(message), timeout=limit.timeout_s, deadline=limit.deadline_left())
+            move(ep, "write", writes, limit, notify=VERSION_PREFIX + str(version).encode())
             reply = decode(
                 ep.recv(timeout=limit.timeout_s, deadline=limit.deadline_left()), "landed"
             )
@@ -321,7 +362,7 @@ def _checked_writes(
     weights: Mapping[str, Any],
     tensors: Mapping[str, Mapping[str, Any]],
     regions: list[_core.Descriptor],
-) -> list[tuple[object, _core.Descriptor, int, int, int]]:
+) -> list[Piece]:
     unknown = sorted(set(weights) - set(tensors))
     missing = sorted(set(tensors) - set(weights))
     if unknown or missing:
@@ -329,7 +370,7 @@ def _checked_writes(
             f"push to {address}: the receiver has no tensors {unknown} and expects {missing} "
             "too; push exactly the receiver's tensors (a version lands whole)"
         )
-    writes = []
+    writes: list[Piece] = []
     for name, obj in weights.items():
         what = f"pushed tensor {name!r}"
         view = device_view(obj, writable=False, what=what)
