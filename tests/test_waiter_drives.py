@@ -4,16 +4,26 @@ completion reaches it without waking the engine's I/O threads (one thread hand-o
 transfer; the speed this buys is shown by bench/tcp_vs_peers.py, issue 12 item 6). Before, every
 completion woke an I/O thread, which then woke the waiter. The promises hold on that path too:
 the bytes arrive intact and several threads may wait on one stream (a dead peer failing such a
-wait at once: test_endpoint.py's test_peer_killed_during_writes_fails_the_writer[one-stream])."""
+wait at once: test_endpoint.py's test_peer_killed_during_writes_fails_the_writer[one-stream]).
+
+On shm the waiting thread likewise reads the inbound ring itself for a while (ShmChannel::drive)
+instead of being woken by the connection's reader thread (issue 14's small-message speed,
+bench/shm_vs_memcpy.py); the shm runs of test_peer_death, test_interrupt and test_timeouts hold
+the promises on that path."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
+
+import numpy as np
+import pytest
 
 from _peers import digest, make_array, same_bytes
 from _throttle import ThrottledRelay
-from rdmaxfer import Engine
+from rdmaxfer import Engine, _core
+from rdmaxfer.tools import bench
 
 KiB = 1024
 #: Below 4 MiB a transfer is one chunk train on one stream (engine/chunking.h).
@@ -100,3 +110,44 @@ def test_threads_waiting_on_one_stream_all_complete_intact(seed: int) -> None:
         assert not errors, errors
         for target, source in zip(targets, sources, strict=True):
             assert digest(target) == digest(source)
+
+
+SHM_ROUNDS = 30
+#: The shortest nap of the shm reader while waiters drive: it naps until the hand-back is due
+#: (kHandBack, 2 ms after the last waiter, csrc/transport/shm/shm_channel.cc), in whole ms.
+NAP_MIN_S = 0.001
+
+
+@pytest.mark.skipif(
+    _core.available_transports().get("shm", "") != "",
+    reason=f"shm unavailable: {_core.available_transports().get('shm')}",
+)
+def test_a_waiting_thread_reads_the_shm_ring_itself(seed: int) -> None:
+    # The peer is another process, so every thread this one gains on connecting is the shm
+    # reader of this end. Before, every acknowledgement of a loop of blocking WRITEs and READs
+    # found the reader asleep (a round trip outlasts its spin) and woke it, which then woke the
+    # waiter; now the waiting thread reads the ring, and the reader, its doorbell unarmed while
+    # waiters keep coming, naps (2 ms at a time) until they stop.
+    sources = [make_array(seed + i, SIZE) for i in range(SHM_ROUNDS)]
+    backs = [np.zeros(SIZE, dtype=np.uint8) for _ in range(SHM_ROUNDS)]
+    with bench.peer_process("shm", SIZE, 0, bench.RdmaSetup(), "s" * 32) as (_, port, packed):
+        with Engine("shm", secret="s" * 32) as client:
+            before = _threads()
+            ep = client.connect("127.0.0.1", port, timeout=10)
+            reader = _threads() - before
+            assert reader, "an shm connection starts its reader thread when it connects"
+            start, t0 = _wakeups(reader), time.monotonic()
+            for source, back in zip(sources, backs, strict=True):
+                ep.write(source, packed, timeout=30)
+                ep.read(back, packed, timeout=30)
+            woken, elapsed = _wakeups(reader) - start, time.monotonic() - t0
+    for source, back in zip(sources, backs, strict=True):
+        assert digest(back) == digest(source)
+    # While waiters keep coming its naps last NAP_MIN_S or more: a bound that grows with the
+    # loop's time, not with the number of operations.
+    bound = elapsed / NAP_MIN_S + 4
+    assert woken <= bound, (
+        f"the shm reader woke {woken} times for {2 * SHM_ROUNDS} WRITEs and READs in "
+        f"{elapsed:.3f} s (at most {bound:.0f} naps): the waiting thread should have read the "
+        "acknowledgements from the ring itself"
+    )

@@ -15,8 +15,23 @@ namespace rdmaxfer {
 
 namespace {
 
-// The reader spins this long on an empty ring before it sleeps on the doorbell.
+// The reader spins this long on an empty ring (yielding the CPU each turn) before it sleeps
+// on the doorbell.
 constexpr auto kSpin = std::chrono::microseconds(50);
+// A waiting thread reads the ring itself for at most this long (drive()), then sleeps.
+constexpr double kDriveSpinUs = 1000;
+// After the last waiter stopped driving, the doorbell stays unarmed this long (the next
+// operation's acknowledgement, if it comes before its waiter drives, then waits in the ring for
+// that waiter instead of waking the reader); the reader sleeps at most this long meanwhile, and
+// then takes the ring back.
+constexpr auto kHandBack = std::chrono::milliseconds(2);
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // A record that finds the peer's ring full waits at most this long for room.
 constexpr double kFullRingTimeoutS = 30.0;
 
@@ -35,7 +50,9 @@ ShmChannel::ShmChannel(ShmTransport& transport, UniqueFd sock, std::string peer,
       peer_pid_(peer_pid) {}
 
 RequestPtr ShmChannel::new_request(OpKind op, uint64_t bytes) {
-  return std::make_shared<Request>(transport_.next_request_id(), op, bytes);
+  auto req = std::make_shared<Request>(transport_.next_request_id(), op, bytes);
+  req->set_progress(weak_from_this());  // a waiting thread reads the ring (drive())
+  return req;
 }
 
 ChannelLimits ShmChannel::limits() const {
@@ -205,26 +222,55 @@ void ShmChannel::post_write_notify(const RequestPtr& request,
 
 // -- the reader ----------------------------------------------------------------------------
 
+bool ShmChannel::try_consuming() {
+  bool expected = false;
+  return consuming_.compare_exchange_strong(expected, true, std::memory_order_acquire);
+}
+
+void ShmChannel::stop_consuming() { consuming_.store(false, std::memory_order_release); }
+
+bool ShmChannel::consume(bool wait) {
+  if (!try_consuming()) {
+    if (!wait) return false;
+    while (!try_consuming()) std::this_thread::yield();
+  }
+  bool any = false;
+  try {
+    std::string record;
+    while (in_ && in_->try_pop(&record)) {
+      on_record(record);
+      any = true;
+    }
+  } catch (...) {
+    stop_consuming();
+    throw;
+  }
+  stop_consuming();
+  return any;
+}
+
 void ShmChannel::run_reader() {
-  std::string record;
   try {
     for (;;) {
-      if (in_->try_pop(&record)) {
-        on_record(record);
-        continue;
-      }
-      const auto spin_until = std::chrono::steady_clock::now() + kSpin;
-      bool got = false;
-      while (std::chrono::steady_clock::now() < spin_until) {
-        if (!in_->empty()) {
-          got = true;
-          break;
+      // While a waiter drives, it reads the ring; the reader only watches for the peer's end.
+      if (drivers_.load() == 0) {
+        if (consume()) continue;
+        const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+        bool got = false;
+        while (drivers_.load(std::memory_order_relaxed) == 0 &&
+               std::chrono::steady_clock::now() < spin_until) {
+          if (!in_->empty()) {
+            got = true;
+            break;
+          }
+          // The peer's thread that waits for our answer may share this CPU: let it run.
+          std::this_thread::yield();
         }
+        if (got) continue;
       }
-      if (got) continue;
       if (!sleep_until_work()) {
         // The peer closed or died: what it sent before is still delivered.
-        while (in_->try_pop(&record)) on_record(record);
+        consume(/*wait=*/true);
         shut(ErrorKind::kConnection,
              "connection to " + peer_ + " lost: the peer closed the endpoint or exited");
         return;
@@ -238,15 +284,24 @@ void ShmChannel::run_reader() {
 }
 
 bool ShmChannel::sleep_until_work() {
-  in_->set_sleeping(true);
-  if (!in_->empty()) {
-    in_->set_sleeping(false);
-    return true;
+  // The doorbell is armed only while no waiter drives, nor did just before: a driver reads the
+  // ring itself. Unarmed, the reader sleeps only until the hand-back is due.
+  const int64_t wait_ns = drivers_.load() > 0
+                              ? std::chrono::nanoseconds(kHandBack).count()
+                              : hand_back_ns_.load() - steady_ns();
+  const bool arm = wait_ns <= 0;
+  if (arm) {
+    in_->set_sleeping(true);
+    if (!in_->empty()) {
+      in_->set_sleeping(false);
+      return true;
+    }
   }
+  const int timeout_ms = arm ? 1000 : static_cast<int>((wait_ns + 999999) / 1000000);
   pollfd fds[2] = {{in_->doorbell_fd(), POLLIN, 0}, {sock_.get(), POLLIN, 0}};
   // Bounded: wakes every second even without a doorbell (a lost wake costs at most that).
-  const int rc = poll(fds, 2, 1000);
-  in_->set_sleeping(false);
+  const int rc = poll(fds, 2, timeout_ms);
+  if (arm) in_->set_sleeping(false);
   if (rc < 0 && errno != EINTR) throw_errno(ErrorKind::kConnection, "shm: poll", errno);
   if (rc > 0 && (fds[0].revents & POLLIN) != 0) in_->drain_doorbell();
   if (rc > 0 && fds[1].revents != 0) {
@@ -256,6 +311,45 @@ bool ShmChannel::sleep_until_work() {
     if (n > 0) throw Error(ErrorKind::kProtocol, "unexpected bytes on the shm socket");
   }
   return !is_closed() || !in_->empty();
+}
+
+double ShmChannel::drive(const std::atomic<bool>& terminal, double timeout_s) {
+  using Clock = std::chrono::steady_clock;
+  if (timeout_s <= 0 || is_closed()) return timeout_s;
+  const double spin_s = std::min(timeout_s, kDriveSpinUs * 1e-6);
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point until =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spin_s));
+  // A reader asleep on the armed doorbell may still be rung once; from its next sleep on, it
+  // leaves the doorbell unarmed until the hand-back (sleep_until_work).
+  drivers_.fetch_add(1);
+  unsigned idle = 0;
+  try {
+    while (!terminal.load(std::memory_order_acquire)) {
+      if (consume()) {
+        idle = 0;
+        continue;
+      }
+      // Look at the clock now and then only (it may be slow to read in a VM), and give the
+      // CPU away while the ring stays empty: the peer may need it to answer.
+      if (++idle % 16 == 0) {
+        if (Clock::now() >= until) break;
+        std::this_thread::yield();
+      }
+    }
+  } catch (const Error& e) {
+    shut(e.kind() == ErrorKind::kClosed ? ErrorKind::kConnection : e.kind(),
+         "connection to " + peer_ + " failed: " + e.what());
+  }
+  stop_driving();
+  if (terminal.load(std::memory_order_acquire)) return 0.0;
+  return std::max(0.0, timeout_s - std::chrono::duration<double>(Clock::now() - start).count());
+}
+
+void ShmChannel::stop_driving() {
+  // The reader takes the ring back once the hand-back is due (sleep_until_work).
+  hand_back_ns_.store(steady_ns() + std::chrono::nanoseconds(kHandBack).count());
+  drivers_.fetch_sub(1);
 }
 
 void ShmChannel::on_record(const std::string& record) {
@@ -397,6 +491,8 @@ void ShmChannel::release_fds() {
     std::lock_guard<std::mutex> lock(out_mu_);
     out_.reset();
   }
+  // A driver may be reading the ring: wait for it, then keep the others out for good.
+  while (!try_consuming()) std::this_thread::yield();
   in_.reset();
   std::lock_guard<std::mutex> lock(mu_);
   sock_.reset();

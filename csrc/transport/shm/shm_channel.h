@@ -5,6 +5,14 @@
 // A reader thread spins briefly on the inbound ring, then sleeps on its eventfd and the UNIX
 // socket together: the socket carries nothing after the handshake, so it becoming readable
 // means the peer closed or died (the kernel closes it), and every request fails at once.
+// A thread that waits for one of this channel's requests reads the inbound ring itself for a
+// while first (drive(), the Progress of every request: spin on the ring, then sleep on the
+// request as before): the acknowledgement then reaches the waiter without waking the reader.
+// While a waiter drives, and for a short hand-back time after (the next operation's waiter
+// comes soon in a loop of blocking calls), the doorbell is not armed, so the peer does not
+// ring it; the reader sleeps meanwhile, in bounded naps, and takes the ring back once no
+// waiter came. One thread at a time takes records from the ring and handles them
+// (consuming_), in ring order.
 //
 // One-sided WRITE/READ and notified writes are copied by the side that owns the target memory
 // (like TCP, the target checks every access against its RegionTable or grant): WRITE and
@@ -22,6 +30,7 @@
 
 #include "common/deadline.h"
 #include "common/unique_fd.h"
+#include "core/request.h"
 #include "transport/channel.h"
 #include "transport/shm/shm_ring.h"
 #include "transport/tcp/wire.h"
@@ -30,7 +39,9 @@ namespace rdmaxfer {
 
 class ShmTransport;
 
-class ShmChannel : public Channel, public std::enable_shared_from_this<ShmChannel> {
+class ShmChannel : public Channel,
+                   public Progress,
+                   public std::enable_shared_from_this<ShmChannel> {
  public:
   static constexpr uint64_t kRingBytes = 8ull << 20;
   static constexpr uint64_t kEagerLimit = 64 * 1024;
@@ -73,6 +84,13 @@ class ShmChannel : public Channel, public std::enable_shared_from_this<ShmChanne
   int streams() const override { return 1; }
   std::vector<std::pair<std::string, uint64_t>> attributes() const override;
 
+  // Progress (core/request.h): the waiting thread reads the inbound ring for up to
+  // kDriveSpinUs (within `timeout_s`), handling what it finds, until `terminal`; it returns the
+  // seconds of the wait it left uncovered (the reader completes the request after that).
+  double drive(const std::atomic<bool>& terminal, double timeout_s) override;
+  // Nothing to do without a wait: drive() does the work.
+  bool progress() override { return false; }
+
  private:
   struct Pending {
     RequestPtr request;
@@ -88,6 +106,14 @@ class ShmChannel : public Channel, public std::enable_shared_from_this<ShmChanne
   };
 
   void run_reader();
+  // Takes every record the inbound ring holds now and handles it, unless another thread is
+  // doing so (`wait`: then after it); true when it handled any. Throws what handling a record
+  // throws.
+  bool consume(bool wait = false);
+  bool try_consuming();
+  void stop_consuming();
+  // A driver leaves; the reader takes the ring back kHandBack later unless another comes.
+  void stop_driving();
   // Run by the reader thread as it exits (the channel is closed): unmaps the rings and closes
   // the socket and doorbells, though the channel object may live on in its users.
   void release_fds();
@@ -109,7 +135,11 @@ class ShmChannel : public Channel, public std::enable_shared_from_this<ShmChanne
   UniqueFd sock_;
   const std::string peer_;
   const pid_t peer_pid_;
-  std::unique_ptr<ShmRing> in_;   // the peer writes, we read
+  std::unique_ptr<ShmRing> in_;   // the peer writes, we read (with consuming_ held, or the
+                                  // reader thread, which alone resets it)
+  std::atomic<bool> consuming_{false};  // a thread takes records from in_
+  std::atomic<int> drivers_{0};         // threads in drive()
+  std::atomic<int64_t> hand_back_ns_{0};  // steady clock: when the reader re-arms the doorbell
   std::unique_ptr<ShmRing> out_;  // we write, the peer reads
   std::mutex out_mu_;
   mutable std::mutex mu_;

@@ -595,4 +595,5 @@ class Endpoint(BatchOps):
         self, temps: list[MemoryRegion], timeout_s: float | None = None, *, failed: bool = True
     ) -> None:
         """Hand back an operation's temporary registrations (kept cached after a success)."""
-        self._engine._release_temps(temps, resolve_timeout(timeout_s), failed=failed)
+        if temps:  # most operations use registered memory: nothing to hand back
+            self._engine._release_temps(temps, resolve_timeout(timeout_s), failed=failed)

@@ -1,0 +1,132 @@
+"""Before/after table of small-operation speed: two builds of rdmaxfer in alternating rounds.
+
+Each round runs, in a fresh process of each build's interpreter (``--before``, ``--after``): a
+one-sided WRITE per size through the Python API (``rdmaxfer.tools.bench.run_bench``, queue
+depth 1) and in the C++ timing loop (``loop="cpp"``), then the reference measured in the same
+process right after: plain Python sockets (``tcp_vs_peers.python_sockets``: ``sendall`` +
+``recv_into`` + a 1-byte acknowledgement; for 8 bytes and less their 8-byte ping-pong) for
+``--transport tcp``; for ``--transport shm`` the same WRITE over TCP loopback (issue 14's
+64 KiB target), and the plain Python ping-pong for 8 bytes and less (its round-trip target).
+Rounds alternate before, after, before, ... so both builds see the same machine load; the table
+gives each figure's median over the rounds, and each ratio's median over the rounds (a ratio is
+taken within one process).
+Latencies are medians of ``--iters`` operations, in microseconds.
+
+    python bench/before_after.py --before /work/main/.venv/bin/python --transport tcp
+    python bench/before_after.py --before OLD/python --after NEW/python --transport shm \
+        --sizes 8,64K --rounds 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def one_round(transport: str, sizes: list[int], iters: int) -> dict[str, Any]:
+    """This interpreter's figures (microseconds per WRITE, by size) and the reference's."""
+    from rdmaxfer.tools import bench
+
+    sys.path.insert(0, HERE)
+    from tcp_vs_peers import python_sockets
+
+    def lat(loop: str, over: str) -> list[float]:
+        rows = bench.run_bench(
+            transport=over, op="write", sizes=sizes, iters=iters, warmup=20, loop=loop
+        )
+        return [r.lat_us_p50 for r in rows]
+
+    api, cpp = lat("python", transport), lat("cpp", transport)
+    # Sizes of 8 bytes and less take the ping-pong (python_sockets acknowledges those with
+    # all their bytes, not the 1 byte its own loop reads back).
+    big = [s for s in sizes if s > 8] or [4096]
+    rates, rtt = python_sockets(big, iters, iters)
+    rate_of = dict(zip(big, rates, strict=True))
+    if transport == "tcp":
+        ref = [rtt if s <= 8 else s / rate_of[s] * 1e-3 for s in sizes]
+        ref_name = "plain Python sockets (8 bytes and less: their ping-pong)"
+    else:
+        tcp = lat("python", "tcp")
+        ref = [rtt if s <= 8 else t for s, t in zip(sizes, tcp, strict=True)]
+        ref_name = "tcp loopback, Python API (8 bytes and less: plain Python ping-pong)"
+    return {"api_us": api, "cpp_us": cpp, "ref_us": ref, "ref": ref_name}
+
+
+def _run(python: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [python, os.path.abspath(__file__), "--one", "--transport", args.transport,
+           "--sizes", args.sizes, "--iters", str(args.iters)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--before", help="interpreter with the 'before' build installed")
+    parser.add_argument("--after", default=sys.executable, help="the 'after' build's")
+    parser.add_argument("--transport", choices=("tcp", "shm"), default="tcp")
+    parser.add_argument("--sizes", default="8,64K,1M")
+    parser.add_argument("--iters", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", help="also write every round to this file")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    from rdmaxfer.tools import bench
+
+    sizes = bench.parse_sizes(args.sizes)
+    if args.one:
+        print(json.dumps(one_round(args.transport, sizes, args.iters)))
+        return
+    if not args.before:
+        parser.error("--before: the interpreter of the build to compare against")
+    rounds: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    for i in range(args.rounds):
+        for label in ("before", "after"):
+            load = _load()
+            result = _run(args.before if label == "before" else args.after, args)
+            result["load"] = load
+            rounds[label].append(result)
+            figures = zip(sizes, result["api_us"], result["cpp_us"], result["ref_us"], strict=True)
+            text = "  ".join(f"{s}B {a:.1f}/{c:.1f}/{r:.1f}" for s, a, c, r in figures)
+            print(f"round {i + 1} {label:6s} load {load}: api/cpp/ref us {text}", flush=True)
+    ref_name = rounds["after"][0]["ref"]
+
+    def med(label: str, key: str, i: int) -> float:
+        return statistics.median(r[key][i] for r in rounds[label])
+
+    def ratio(label: str, key: str, i: int) -> float:
+        # speed relative to the reference = reference latency / our latency, per round
+        return statistics.median(r["ref_us"][i] / r[key][i] for r in rounds[label])
+
+    print(
+        f"\n{args.transport} WRITE, median of {args.rounds} alternating rounds of {args.iters} "
+        f"operations each; reference: {ref_name} in the same process; speed vs reference = "
+        "reference latency / ours (higher is better)\n"
+    )
+    print("| bytes | before API µs | after API µs | after C++ loop µs | reference µs "
+          "| before vs ref | after vs ref |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for i, size in enumerate(sizes):
+        print(
+            f"| {size} | {med('before', 'api_us', i):.1f} | {med('after', 'api_us', i):.1f} "
+            f"| {med('after', 'cpp_us', i):.1f} | {med('after', 'ref_us', i):.1f} "
+            f"| {ratio('before', 'api_us', i):.2f}x | {ratio('after', 'api_us', i):.2f}x |"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"sizes": sizes, "iters": args.iters, "rounds": rounds}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
