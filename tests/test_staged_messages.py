@@ -93,14 +93,15 @@ def test_messages_larger_than_the_pool(
         _bounded(stager.pool_stats())
         stats = stager.stats()
         assert stats["messages_windowed"] == 1 and stats["messages_whole"] == 0, stats
-        assert stats["overlapped_copies"] >= 1, stats  # a copy ran while a window was on the wire
+        if size >= 1_000_003:  # 16 windows or more: a copy ran while a window was on the wire
+            assert stats["overlapped_copies"] >= 1, stats
 
 
 @pytest.fixture
 def slow_stagers(small_pool: None, pair: Pair) -> Iterator[tuple[_core.Stager, _core.Stager]]:
-    """A Stager on each engine whose "device" copies take 5 ms each."""
-    a = _core.Stager(pair.client.core, _core.HostCopier(delay_us=5_000))
-    b = _core.Stager(pair.server.core, _core.HostCopier(delay_us=5_000))
+    """A Stager on each engine whose "device" copies take 20 ms each."""
+    a = _core.Stager(pair.client.core, _core.HostCopier(delay_us=20_000))
+    b = _core.Stager(pair.server.core, _core.HostCopier(delay_us=20_000))
     yield a, b
     a.close()
     b.close()
@@ -172,10 +173,7 @@ def test_a_receiver_dying_mid_message_frees_the_senders_slabs(
     meta = _meta.encode(device.dtype, device.shape)
     sent = a.post_send(pair.a.core, device.ctypes.data, device.size, meta, 30)
     received = pair.b.post_recv()  # a host receiver: granted window by window
-    end = time.monotonic() + 30
-    while a.stats()["overlapped_copies"] < 2:
-        assert time.monotonic() < end, a.stats()
-        time.sleep(0.005)
+    _wait_mid_message(a)
     pair.b.abort("the receiver died")
     assert sent.wait(MARGIN_S)
     with pytest.raises(RdmaxferError):
@@ -194,10 +192,7 @@ def test_a_sender_dying_mid_message_frees_the_receivers_slabs(
     msg_id, length = _header(pair)
     out = np.zeros(length, np.uint8)
     got = b.post_recv(pair.b.core, msg_id, out.ctypes.data, length, 30)
-    end = time.monotonic() + 30
-    while b.stats()["overlapped_copies"] < 2:
-        assert time.monotonic() < end, b.stats()
-        time.sleep(0.005)
+    _wait_mid_message(b)
     pair.a.abort("the sender died")
     assert got.wait(MARGIN_S)
     with pytest.raises(RdmaxferError):
@@ -205,6 +200,17 @@ def test_a_sender_dying_mid_message_frees_the_receivers_slabs(
     with pytest.raises(RdmaxferError):
         sent.wait(MARGIN_S)
     _wait_slabs_back(b)
+
+
+def _wait_mid_message(stager: _core.Stager) -> None:
+    """Until the stager's message holds its slabs and a few of its 64 windows (20 ms of copy
+    each) moved: well inside the message."""
+    end = time.monotonic() + 30
+    while stager.pool_stats()["acquires"] < 1:
+        assert time.monotonic() < end, stager.pool_stats()
+        time.sleep(0.005)
+    time.sleep(0.1)
+    assert stager.active == 1
 
 
 def _wait_slabs_back(stager: _core.Stager) -> None:
