@@ -191,8 +191,9 @@ def test_gpudirect_meets_staging_at_the_other_end(
     small = rng.integers(0, 256, 100, dtype=np.uint8)
     small_out = Buffer.empty(100, np.uint8, device="cuda:0")
     server.register(small_out, "w")
-    a.send(small, timeout=WAIT_S)  # EAGER: its bytes arrive in a control message
+    sent = a.post_send(small)  # EAGER: its bytes arrive in a control message
     assert b.recv(out=small_out, timeout=WAIT_S) is small_out
+    sent.wait(WAIT_S)
     assert _crc(small_out.copy_to_host()) == _crc(small)
     stats = server._stager(0).stats()
     assert stats["messages_whole"] == 1 and stats["messages_direct"] == 1, stats
