@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "bindings/region_handle.h"
 #include "common/error.h"
 #include "cuda/cuda_context.h"
 #include "cuda/cuda_copier.h"
@@ -243,26 +244,58 @@ void bind_cuda(py::module_& m) {
       .def(
           "post_send",
           [](Stager& s, const std::shared_ptr<Connection>& ep, uint64_t device, long long length,
-             const py::bytes& meta, double timeout, int streams) {
-            auto o = staging_options(0, 1, timeout, streams);
+             const py::bytes& meta, double timeout, int streams, long long chunk_size,
+             int slots) {
+            auto o = staging_options(chunk_size, slots, timeout, streams);
             const uint64_t n = size_arg(length, "length");
             std::string meta_s = meta;
             py::gil_scoped_release release;
             return s.post_send(ep, device, n, meta_s, o);
           },
           py::arg("endpoint"), py::arg("device"), py::arg("length"), py::arg("meta"),
-          py::arg("timeout") = 60.0, py::arg("streams") = 0)
+          py::arg("timeout") = 60.0, py::arg("streams") = 0, py::arg("chunk_size") = 0,
+          py::arg("slots") = 0)
       .def(
           "post_recv",
           [](Stager& s, const std::shared_ptr<Connection>& ep, uint64_t msg_id, uint64_t device,
-             long long length, double timeout) {
-            auto o = staging_options(0, 1, timeout, 0);
+             long long length, double timeout, long long chunk_size, int slots) {
+            auto o = staging_options(chunk_size, slots, timeout, 0);
             const uint64_t n = size_arg(length, "length");
             py::gil_scoped_release release;
             return s.post_recv(ep, msg_id, device, n, o);
           },
           py::arg("endpoint"), py::arg("msg_id"), py::arg("device"), py::arg("length"),
-          py::arg("timeout") = 60.0)
+          py::arg("timeout") = 60.0, py::arg("chunk_size") = 0, py::arg("slots") = 0)
+      .def(
+          "post_send_direct",
+          [](Stager& s, const std::shared_ptr<Connection>& ep,
+             const std::shared_ptr<RegionHandle>& region, long long offset, long long length,
+             const py::bytes& meta, int streams, long long chunk_size) {
+            auto o = staging_options(chunk_size, 0, 60.0, streams);
+            o.wire.chunk_size = static_cast<uint64_t>(chunk_size);
+            auto r = live_region(*region);
+            const uint64_t at = size_arg(offset, "offset");
+            const uint64_t n = size_arg(length, "length");
+            std::string meta_s = meta;
+            py::gil_scoped_release release;
+            return s.post_send_direct(ep, r, at, n, meta_s, o);
+          },
+          py::arg("endpoint"), py::arg("region"), py::arg("offset"), py::arg("length"),
+          py::arg("meta"), py::arg("streams") = 0, py::arg("chunk_size") = 0)
+      .def(
+          "post_recv_direct",
+          [](Stager& s, const std::shared_ptr<Connection>& ep, uint64_t msg_id,
+             const std::shared_ptr<RegionHandle>& region, long long offset, long long length,
+             double timeout) {
+            auto o = staging_options(0, 0, timeout, 0);
+            auto r = live_region(*region);
+            const uint64_t at = size_arg(offset, "offset");
+            const uint64_t n = size_arg(length, "length");
+            py::gil_scoped_release release;
+            return s.post_recv_direct(ep, msg_id, r, at, n, o);
+          },
+          py::arg("endpoint"), py::arg("msg_id"), py::arg("region"), py::arg("offset"),
+          py::arg("length"), py::arg("timeout") = 60.0)
       .def("pool_stats",
            [](const Stager& s) {
              const BouncePoolStats p = s.pool_stats();
@@ -272,11 +305,21 @@ void bind_cuda(py::module_& m) {
              d["slabs"] = p.slabs;
              d["free"] = p.free;
              d["allocations"] = p.allocations;
-             d["message_buffers"] = p.message_buffers;
              d["acquires"] = p.acquires;
              d["waits"] = p.waits;
              d["timeouts"] = p.timeouts;
              d["stranded"] = p.stranded;
+             d["peak_slabs"] = p.peak_slabs;
+             return d;
+           })
+      .def("stats",
+           [](const Stager& s) {
+             const StagerStats t = s.stats();
+             py::dict d;
+             d["messages_direct"] = t.messages_direct;
+             d["messages_whole"] = t.messages_whole;
+             d["messages_windowed"] = t.messages_windowed;
+             d["overlapped_copies"] = t.overlapped_copies;
              return d;
            })
       .def_property_readonly("active", &Stager::active)

@@ -44,9 +44,11 @@ class Connection {
   // Two-sided: a message of `length` bytes with opaque `meta` (dtype, shape...). The receiver
   // first gets the header (post_recv_header), then places the bytes (post_recv) or refuses them
   // (reject), so a mismatch is caught before any byte is written.
+  // `eager`: false for device memory the CPU cannot read (GPUDirect).
   RequestPtr post_send(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                       uint64_t length, const std::string& meta, const TransferOptions& options) {
-    return protocol_->post_send(local, offset, length, meta, options);
+                       uint64_t length, const std::string& meta, const TransferOptions& options,
+                       bool eager = true) {
+    return protocol_->post_send(local, offset, length, meta, options, eager);
   }
   RequestPtr post_recv_header() { return protocol_->post_recv_header(); }
   RequestPtr post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
@@ -69,6 +71,8 @@ class Connection {
   // The channel's negotiated values, then the protocol's (credit window and queues).
   std::vector<std::pair<std::string, uint64_t>> attributes() const;
   Channel& channel() { return *channel_; }
+  // The two-sided protocol itself (the staging pipeline's windowed messages).
+  MessageProtocol& protocol() { return *protocol_; }
   // This endpoint's counters (core/stats.h), kept by its channel.
   const Stats& stats() const { return *channel_->stats(); }
 

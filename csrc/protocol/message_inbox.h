@@ -21,6 +21,8 @@ struct AnnouncedMessage {
   uint64_t length = 0;
   bool eager = false;
   std::string data;  // an eager message's bytes
+  uint64_t window = 0;  // RTS: the sender's window (protocol/message_windows.h; 0: none)
+  uint32_t depth = 0;   // RTS: windows the sender fills at once
 };
 
 class MessageInbox {

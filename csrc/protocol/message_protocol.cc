@@ -40,37 +40,55 @@ void MessageProtocol::protocol_error(const std::string& what) {
   throw Error(ErrorKind::kProtocol, what);
 }
 
-RequestPtr MessageProtocol::post_send(const std::shared_ptr<MemoryRegion>& local,
-                                      uint64_t offset, uint64_t length, const std::string& meta,
-                                      const TransferOptions& options) {
-  check_local_range(local, offset, length, "SEND");
-  std::shared_ptr<Channel> ch = channel();
-  const ChannelLimits limits = ch->limits();
+void MessageProtocol::check_meta(const std::string& meta, const ChannelLimits& limits) const {
   if (meta.size() > limits.ctrl_room) {
     throw Error(ErrorKind::kInvalidArgument,
                 "SEND: metadata of " + bytes_text(meta.size()) + " exceeds the " +
                     bytes_text(limits.ctrl_room) + " a control message can carry");
   }
-  RequestPtr req = ch->new_request(OpKind::kSend, length);
-  const bool eager = length <= limits.eager_limit && meta.size() + length <= limits.ctrl_room;
-  const uint64_t id = req->id();
+}
+
+RequestPtr MessageProtocol::post_send(const std::shared_ptr<MemoryRegion>& local,
+                                      uint64_t offset, uint64_t length, const std::string& meta,
+                                      const TransferOptions& options, bool eager) {
+  check_local_range(local, offset, length, "SEND");
+  std::shared_ptr<Channel> ch = channel();
+  const ChannelLimits limits = ch->limits();
+  check_meta(meta, limits);
+  PendingSend s;
+  s.request = ch->new_request(OpKind::kSend, length);
+  s.region = local;
+  s.offset = offset;
+  s.length = length;
+  s.options = options;
+  s.eager = eager && length <= limits.eager_limit && meta.size() + length <= limits.ctrl_room;
+  s.meta = meta;
+  RequestPtr req = s.request;
+  enqueue(*ch, std::move(s));
+  return req;
+}
+
+void MessageProtocol::enqueue(const Channel& ch, PendingSend send) {
+  const uint32_t window = ch.limits().credit_window;
+  const uint64_t id = send.request->id();
   std::weak_ptr<MessageProtocol> weak = weak_from_this();
-  req->set_on_terminal([weak, id](const Request& done) {
+  send.request->set_on_terminal([weak, id](const Request& done) {
     if (auto self = weak.lock()) {
       self->finished(done);
       self->release_credit(id);
+      self->forget_send(id);
     }
   });
   bool now = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    check_open_locked(*ch);
-    now = limits.credit_window == 0 ||
-          (waiting_.empty() && credits_used_ < limits.credit_window);
-    sends_[id] = PendingSend{req, local, offset, length, options, eager, now, meta};
+    check_open_locked(ch);
+    now = window == 0 || (waiting_.empty() && credits_used_ < window);
+    send.credited = now;
+    sends_[id] = std::move(send);
     if (!now) {
       waiting_.push_back(id);  // announced when an earlier message's send ends
-    } else if (limits.credit_window != 0) {
+    } else if (window != 0) {
       ++credits_used_;
     }
   }
@@ -79,7 +97,6 @@ RequestPtr MessageProtocol::post_send(const std::shared_ptr<MemoryRegion>& local
   } else {
     credit_stall(id);
   }
-  return req;
 }
 
 void MessageProtocol::announce(uint64_t msg_id) {
@@ -93,6 +110,8 @@ void MessageProtocol::announce(uint64_t msg_id) {
     m.type = s.eager ? CtrlType::kEager : CtrlType::kRts;
     m.msg_id = msg_id;
     m.size = s.length;
+    m.addr = s.window;
+    m.key = s.depth;
     m.meta = std::move(s.meta);
     if (s.eager) {
       payload.data = s.region->addr() + s.offset;
@@ -164,6 +183,9 @@ RequestPtr MessageProtocol::post_recv(uint64_t msg_id, const std::shared_ptr<Mem
   cts.msg_id = msg_id;
   bool eager = false;
   std::string data;
+  AnnouncedMessage taken;  // put back if the grant fails
+  std::shared_ptr<RecvWindows> windows;
+  uint32_t value = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     AnnouncedMessage& ann = validate();
@@ -171,6 +193,18 @@ RequestPtr MessageProtocol::post_recv(uint64_t msg_id, const std::shared_ptr<Mem
     if (eager) {
       data = std::move(ann.data);
       inbox_.announced().erase(msg_id);
+    } else if (ann.window != 0 && length > ann.window) {
+      // The sender writes at most ann.window bytes at once: granted window by window.
+      const uint32_t ahead = std::clamp<uint32_t>(ann.depth + 1, 2, kMaxWindowsAhead);
+      windows = start_windows_locked(msg_id, req, length, ann.window);  // `ann` is gone now
+      windows->destination = local;
+      windows->destination_offset = offset;
+      windows->ahead = ahead;
+    } else {
+      taken = std::move(ann);
+      inbox_.announced().erase(msg_id);
+      value = pick_value_locked(static_cast<uint32_t>(msg_id));
+      recv_by_value_[value] = msg_id;  // reserved until the grant is made
     }
   }
   if (eager) {
@@ -181,17 +215,33 @@ RequestPtr MessageProtocol::post_recv(uint64_t msg_id, const std::shared_ptr<Mem
     finished(*req);
     return req;
   }
+  if (windows) {
+    refill(windows);
+    return req;
+  }
+  if (length == 0) {  // an empty rendezvous (a staged send): nothing to grant or write
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      recv_by_value_.erase(value);
+    }
+    ch->send_ctrl(cts, CtrlPayload());
+    req->complete();
+    finished(*req);
+    return req;
+  }
   // Rendezvous: the peer writes straight into the destination, granted for this message.
-  const uint32_t value = static_cast<uint32_t>(msg_id);
-  const Grant grant = ch->grant(local, offset, length, value, req);
+  Grant grant;
+  try {
+    grant = ch->grant(local, offset, length, value, req);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    recv_by_value_.erase(value);
+    if (!closed_) inbox_.announced().emplace(msg_id, std::move(taken));
+    throw;
+  }
   try {
     std::lock_guard<std::mutex> lock(mu_);
-    validate();
-    if (recv_by_value_.count(value) != 0) {
-      protocol_error("RECV: two messages in flight share notification value " + std::to_string(value));
-    }
-    inbox_.announced().erase(msg_id);
-    recv_by_value_[value] = msg_id;
+    check_open_locked(*ch);
     recvs_[msg_id] = PendingRecv{req, grant.id};
   } catch (...) {
     ch->release_grant(grant.id);
@@ -200,6 +250,8 @@ RequestPtr MessageProtocol::post_recv(uint64_t msg_id, const std::shared_ptr<Mem
   cts.addr = grant.addr;
   cts.key = grant.key;
   cts.size = length;
+  // The usual value is taken by a receive in flight: name ours (one window, the whole message).
+  if (value != static_cast<uint32_t>(msg_id)) cts.meta = encode_window(0, value);
   ch->send_ctrl(cts, CtrlPayload());
   return req;
 }
@@ -238,6 +290,10 @@ void MessageProtocol::on_ctrl(CtrlMessage message) {
   ann.length = message.size;
   ann.eager = message.type == CtrlType::kEager;
   ann.data = std::move(message.data);
+  if (message.type == CtrlType::kRts) {
+    ann.window = message.addr;
+    ann.depth = message.key;
+  }
   std::string peer;
   if (auto ch = channel_.lock()) peer = ch->peer();
   {
@@ -249,13 +305,23 @@ void MessageProtocol::on_ctrl(CtrlMessage message) {
 }
 
 void MessageProtocol::on_answer(const CtrlMessage& message) {
+  if (message.type == CtrlType::kCts && !message.meta.empty()) {
+    on_window(message);
+    return;
+  }
   PendingSend send;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sends_.find(message.msg_id);
     if (it == sends_.end()) return;
-    send = std::move(it->second);
-    sends_.erase(it);
+    if (it->second.windows && message.type == CtrlType::kCts) {
+      // Its bytes come window by window (staging): kept until terminal, granted whole now.
+      send = it->second;
+      it->second.granted = it->second.length;
+    } else {
+      send = std::move(it->second);
+      sends_.erase(it);
+    }
   }
   std::shared_ptr<Channel> ch = channel_.lock();
   if (message.type == CtrlType::kReject) {
@@ -272,12 +338,20 @@ void MessageProtocol::on_answer(const CtrlMessage& message) {
       protocol_error(what);
     }
     if (!ch) return;
-    ch->post_write_notify(send.request, send.region, send.offset, send.length, message.addr,
-                          message.key, static_cast<uint32_t>(message.msg_id), send.options);
+    const auto value = static_cast<uint32_t>(message.msg_id);
+    if (send.length == 0) {  // nothing to write
+      send.request->complete();
+    } else if (send.windows) {
+      send.windows->granted(WindowGrant{0, send.length, message.addr, message.key, value});
+    } else {
+      ch->post_write_notify(send.request, send.region, send.offset, send.length, message.addr,
+                            message.key, value, send.options);
+    }
   }
 }
 
 void MessageProtocol::on_notify(uint32_t value) {
+  if (window_landed(value)) return;
   PendingRecv done;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -301,18 +375,25 @@ void MessageProtocol::on_notify(uint32_t value) {
 void MessageProtocol::on_closed(const Error& why) {
   std::vector<RequestPtr> failed_sends;     // counted by their on_terminal
   std::vector<RequestPtr> failed_requests;  // receives and header waits: counted here
+  std::vector<RequestPtr> failed_windows;   // windows of windowed receives: parts, not counted
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
     closed_ = true;
     for (auto& [id, s] : sends_) failed_sends.push_back(s.request);
     for (auto& [id, r] : recvs_) failed_requests.push_back(r.request);
+    for (auto& [id, w] : windowed_) {
+      failed_requests.push_back(w->request);
+      for (auto& [value, p] : w->pending) failed_windows.push_back(p.landed);
+    }
     for (auto& r : inbox_.clear()) failed_requests.push_back(r);
     sends_.clear();
     waiting_.clear();
     recvs_.clear();
     recv_by_value_.clear();
+    windowed_.clear();
   }
+  for (auto& r : failed_windows) r->fail(why);
   // The channel releases the grants itself (verbs: once the flushes are drained).
   for (auto& r : failed_sends) r->fail(why);
   // Receives and header waits are counted before they fail: the failure wakes their waiter,

@@ -15,6 +15,9 @@
 //   (batch.h) NOTIFY after a request's       on_ctrl: NOTIFY -> the engine's notification
 //     bytes were placed                        queue, with the peer's address
 //
+// A message may also move in windows, each its own grant and notified WRITE, when either end
+// cannot take it in one range (message_windows.h: the staging pipeline's GPU messages).
+//
 // Credits: at most `credit_window` messages (ChannelLimits; 0 = no limit) are announced and not
 // yet terminal at the sender; later sends wait here, in order, as headers only. A message
 // holds its credit until its send is terminal (CTS of an EAGER, its data written, REJECT,
@@ -37,6 +40,7 @@
 #include <vector>
 
 #include "protocol/message_inbox.h"
+#include "protocol/message_windows.h"
 #include "protocol/notifications.h"
 #include "transport/channel.h"
 
@@ -51,14 +55,34 @@ class MessageProtocol : public ChannelEvents,
   // Bound to its channel once the channel exists (held weakly: the channel owns the protocol).
   void bind(const std::shared_ptr<Channel>& channel) { channel_ = channel; }
 
+  // `eager`: false keeps the bytes out of control messages (device memory the CPU cannot read).
   RequestPtr post_send(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                       uint64_t length, const std::string& meta, const TransferOptions& options);
+                       uint64_t length, const std::string& meta, const TransferOptions& options,
+                       bool eager = true);
   RequestPtr post_recv_header();
   RequestPtr post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
                        uint64_t offset, uint64_t length);
   void reject(uint64_t msg_id, const std::string& reason);
   // Withdraws a header wait that has not matched a message yet; true when withdrawn.
   bool cancel_recv_header(const RequestPtr& request);
+  // Windowed rendezvous (message_windows.h). A message whose bytes the caller supplies window
+  // by window, WRITEs of at most `window` bytes, `depth` of them at once (RTS sent now or when
+  // a credit frees).
+  std::shared_ptr<SendWindows> post_send_windows(uint64_t length, const std::string& meta,
+                                                 uint64_t window, uint32_t depth,
+                                                 const TransferOptions& options);
+  // The announced message `msg_id`, if it still waits to be received.
+  std::optional<Announcement> announcement(uint64_t msg_id) const;
+  // Takes the announced rendezvous message `msg_id` of `length` bytes to be received in windows
+  // of `window` bytes, which the caller grants (grant_window).
+  std::shared_ptr<RecvWindows> post_recv_windows(uint64_t msg_id, uint64_t length,
+                                                 uint64_t window);
+  // Grants the next window of `recv` into region[offset:]; false when every window was granted.
+  // `landed` is done once the window's bytes are in place.
+  bool grant_window(const std::shared_ptr<RecvWindows>& recv,
+                    const std::shared_ptr<MemoryRegion>& region, uint64_t offset,
+                    WindowGrant* window, RequestPtr* landed);
+
   // credit_window, sends_waiting_for_credit, messages_waiting_for_recv (with a window only).
   std::vector<std::pair<std::string, uint64_t>> attributes() const;
 
@@ -76,6 +100,10 @@ class MessageProtocol : public ChannelEvents,
     bool eager = false;
     bool credited = false;  // holds a credit (announced)
     std::string meta;       // until announced
+    uint64_t window = 0;    // RTS: the most bytes one WRITE may carry (0: any)
+    uint32_t depth = 0;     // RTS: windows written at once
+    uint64_t granted = 0;   // bytes the receiver granted in windows so far
+    std::shared_ptr<SendWindows> windows;  // set by the first windowed CTS (or at post)
   };
   struct PendingRecv {
     RequestPtr request;
@@ -84,11 +112,25 @@ class MessageProtocol : public ChannelEvents,
 
   std::shared_ptr<Channel> channel() const;
   void check_open_locked(const Channel& channel) const;
+  void check_meta(const std::string& meta, const ChannelLimits& limits) const;
+  // Takes a credit for `send` (or queues it for one) and announces it when it has one.
+  void enqueue(const Channel& channel, PendingSend send);
   // Sends the RTS or EAGER of a message that holds a credit.
   void announce(uint64_t msg_id);
   // A send is terminal: its credit goes to the next waiting message, if any.
   void release_credit(uint64_t msg_id);
   void on_answer(const CtrlMessage& message);
+  // Windowed rendezvous (message_windows.cc).
+  void on_window(const CtrlMessage& message);
+  // A free notification value: `preferred` unless taken (by a receive in flight).
+  uint32_t pick_value_locked(uint32_t preferred);
+  std::shared_ptr<RecvWindows> start_windows_locked(uint64_t msg_id, const RequestPtr& request,
+                                                    uint64_t length, uint64_t window);
+  // Grants windows of a receive into its destination until `ahead` are in flight.
+  void refill(const std::shared_ptr<RecvWindows>& recv);
+  // A window of a windowed receive landed (on_notify); false when `value` names none.
+  bool window_landed(uint32_t value);
+  void forget_send(uint64_t msg_id);
   // The counting points (see the header comment).
   void finished(const Request& request);
   void credit_stall(uint64_t msg_id);
@@ -103,7 +145,10 @@ class MessageProtocol : public ChannelEvents,
   std::deque<uint64_t> waiting_;  // sends (by msg id) waiting for a credit, in post order
   MessageInbox inbox_;
   std::unordered_map<uint64_t, PendingRecv> recvs_;     // by msg id
+  static constexpr uint32_t kMaxWindowsAhead = 8;  // windows granted at once into a destination
   std::unordered_map<uint32_t, uint64_t> recv_by_value_;  // notify value -> msg id
+  std::unordered_map<uint64_t, std::shared_ptr<RecvWindows>> windowed_;  // by msg id
+  uint32_t next_value_ = 0x80000000u;  // notification values the receiver picks itself
 };
 
 }  // namespace rdmaxfer

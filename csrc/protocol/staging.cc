@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "common/deadline.h"
 #include "common/error.h"
@@ -30,8 +31,7 @@ struct Stager::Op {
   uint64_t msg_id = 0;
   StagingOptions options;
   RequestPtr request;
-  uint64_t send_ticket = 0;  // kSend: its place among the connection's staged sends
-  bool send_turn_open = false;
+  std::shared_ptr<SendWindows> windows;  // kSend: announced when posted (message_windows.h)
 };
 
 // Runs one operation on a worker thread. Owns the lane and its slabs until the end; on failure
@@ -63,8 +63,9 @@ class Stager::Pipeline {
   enum class State { kFree, kCopying, kWire };
   struct Slot {
     State state = State::kFree;
-    uint64_t chunk = 0;
+    uint64_t chunk = 0;  // the chunk (write/read) or window offset (messages): age order
     RequestPtr req;
+    WindowGrant window;  // messages sent or received in windows
   };
 
   BouncePool& pool() {
@@ -154,6 +155,7 @@ class Stager::Pipeline {
             progress = true;
           }
           if (x.state == State::kFree && next < n) {
+            copy_starts();
             lane_->to_host(k, slab.data(), op_.device + next * c, len(next));
             x.state = State::kCopying;
             x.chunk = next++;
@@ -163,6 +165,7 @@ class Stager::Pipeline {
           if (x.state == State::kWire && x.req->done()) {
             x.req->rethrow();
             x.req.reset();
+            copy_starts();
             lane_->to_device(k, op_.device + x.chunk * c, slab.data(), len(x.chunk));
             x.state = State::kCopying;
             progress = true;
@@ -230,49 +233,189 @@ class Stager::Pipeline {
     while (!lane_->wait(slot, slice(kSliceS))) check_deadline(what, endpoint_matters);
   }
 
-  // One registered range for a whole message: a slab when it fits, else a one-off buffer.
-  BounceSlab& message_buffer(const std::string& what) {
-    if (op_.length <= pool().slab_bytes()) {
-      take_slabs(1, what);
-    } else {
-      slabs_.push_back(pool().acquire_message(op_.length));
+  // Takes `count` slabs for the receive of an announced message; if there are none in time,
+  // the message is rejected too (its sender learns why instead of waiting for a CTS).
+  void take_slabs_for_recv(int count, const std::string& what) {
+    try {
+      take_slabs(count, what);
+    } catch (const Error& e) {
+      try {
+        op_.conn->reject(op_.msg_id, std::string("the receiver could not stage it: ") + e.what());
+      } catch (const Error&) {
+        // closed meanwhile: the sender learns that instead
+      }
+      throw;
     }
-    return *slabs_[0];
   }
 
+  int window_slots(uint64_t window) {
+    const uint64_t n = (op_.length + window - 1) / window;
+    return static_cast<int>(std::min<uint64_t>(
+        {static_cast<uint64_t>(op_.options.slots), n, pool().max_slabs()}));
+  }
+
+  // A staged message was announced when posted (Stager::post_send: so messages keep the
+  // order they were posted in, staged or not) and moves in windows of at most a chunk: each
+  // window the receiver grants is copied device-to-host into a free slab and written from
+  // there, window k+1's copy overlapping window k's WRITE, through at most `slots` slabs
+  // whatever the message's size. A message of one chunk or less is granted as one window.
   void message_send() {
     const std::string what = "staged send of " + std::to_string(op_.length) + " bytes";
-    while (!stager_.wait_send_turn(op_, slice(kSliceS))) {
-      check_deadline(what + " (waiting for the staged sends posted before it)");
+    windows_ = op_.windows;
+    if (op_.length == 0) {  // nothing to copy: done when the receiver answered
+      wait_request(windows_->request(), what);
+      return;
     }
-    BounceSlab& buffer = message_buffer(what);
-    lane_ = stager_.copier_->open_lane(1);
-    lane_->to_host(0, buffer.data(), op_.device, op_.length);
-    wait_copy(0, what + " (device to host copy)", true);
-    slots_.assign(1, Slot{});
-    slots_[0].state = State::kWire;
-    slots_[0].req = op_.conn->post_send(buffer.region(), 0, op_.length, op_.meta, op_.options.wire);
-    stager_.end_send_turn(op_);
-    wait_request(slots_[0].req, what);
-    slots_[0] = Slot{};
+    const uint64_t c = chunk_bytes();
+    ++(op_.length > c ? stager_.messages_windowed_ : stager_.messages_whole_);
+    const int s = window_slots(c);
+    take_slabs(s, what);
+    lane_ = stager_.copier_->open_lane(s);
+    slots_.assign(static_cast<size_t>(s), Slot{});
+    std::deque<WindowGrant> ready;  // granted, waiting for a free slab
+    uint64_t sent = 0;
+    while (sent < op_.length) {
+      bool progress = false;
+      while (std::optional<WindowGrant> w = windows_->take()) {
+        ready.push_back(*w);
+        progress = true;
+      }
+      for (int k = 0; k < s; ++k) {
+        Slot& x = slots_[static_cast<size_t>(k)];
+        const BounceSlab& slab = *slabs_[static_cast<size_t>(k)];
+        if (x.state == State::kWire && x.req->done()) {
+          x.req->rethrow();
+          x.req.reset();
+          x.state = State::kFree;
+          sent += x.window.length;
+          progressed(x.window.length);
+          progress = true;
+        }
+        if (x.state == State::kCopying && lane_->ready(k)) {
+          x.req = windows_->write(x.window, slab.region(), 0);
+          x.state = State::kWire;
+          progress = true;
+        }
+        if (x.state == State::kFree && !ready.empty()) {
+          x.window = ready.front();
+          ready.pop_front();
+          x.chunk = x.window.offset;
+          copy_starts();
+          lane_->to_host(k, slab.data(), op_.device + x.window.offset, x.window.length);
+          x.state = State::kCopying;
+          progress = true;
+        }
+      }
+      if (progress) continue;
+      check_deadline(what);
+      if (windows_->request()->done()) windows_->request()->rethrow();  // rejected, failed
+      if (busy()) {
+        wait_any(/*prefer_copy=*/true);
+      } else {
+        windows_->wait(slice(kSliceS));
+      }
+    }
+    wait_request(windows_->request(), what);
   }
 
+  // A message that fits one chunk (or came EAGER) lands whole in one slab; a longer one is
+  // granted window by window into free slabs (recv_windows).
   void message_recv() {
     const std::string what = "staged recv of " + std::to_string(op_.length) + " bytes";
-    BounceSlab& buffer = message_buffer(what);
+    const std::optional<Announcement> a = op_.conn->protocol().announcement(op_.msg_id);
+    uint64_t w = chunk_bytes();
+    if (a && a->window != 0) w = std::min(w, a->window);
+    if (a && !a->eager && op_.length > w) {
+      ++stager_.messages_windowed_;
+      recv_windows(w, what);
+      return;
+    }
+    ++stager_.messages_whole_;
+    take_slabs_for_recv(1, what);
+    BounceSlab& slab = *slabs_[0];
     lane_ = stager_.copier_->open_lane(1);
     slots_.assign(1, Slot{});
     slots_[0].state = State::kWire;
-    slots_[0].req = op_.conn->post_recv(op_.msg_id, buffer.region(), 0, op_.length);
+    slots_[0].req = op_.conn->post_recv(op_.msg_id, slab.region(), 0, op_.length);
     wait_request(slots_[0].req, what);
     slots_[0] = Slot{};
-    lane_->to_device(0, op_.device, buffer.data(), op_.length);
+    lane_->to_device(0, op_.device, slab.data(), op_.length);
     wait_copy(0, what + " (host to device copy)", false);
+  }
+
+  // Each free slab is granted the next window; a landed window goes up by H2D while the next
+  // ones land in the other slabs.
+  void recv_windows(uint64_t w, const std::string& what) {
+    const int s = window_slots(w);
+    take_slabs_for_recv(s, what);
+    lane_ = stager_.copier_->open_lane(s);
+    slots_.assign(static_cast<size_t>(s), Slot{});
+    MessageProtocol& protocol = op_.conn->protocol();
+    recv_ = protocol.post_recv_windows(op_.msg_id, op_.length, w);
+    uint64_t placed = 0;
+    while (placed < op_.length) {
+      bool progress = false;
+      uint64_t copying = 0;
+      for (int k = 0; k < s; ++k) {
+        Slot& x = slots_[static_cast<size_t>(k)];
+        const BounceSlab& slab = *slabs_[static_cast<size_t>(k)];
+        if (x.state == State::kFree) {
+          RequestPtr landed;
+          if (protocol.grant_window(recv_, slab.region(), 0, &x.window, &landed)) {
+            x.req = std::move(landed);
+            x.chunk = x.window.offset;
+            x.state = State::kWire;
+            progress = true;
+          }
+        }
+        if (x.state == State::kWire && x.req->done()) {
+          x.req->rethrow();
+          x.req.reset();
+          copy_starts();
+          lane_->to_device(k, op_.device + x.window.offset, slab.data(), x.window.length);
+          x.state = State::kCopying;
+          progress = true;
+        }
+        if (x.state == State::kCopying && lane_->ready(k)) {
+          x.state = State::kFree;
+          placed += x.window.length;
+          progressed(x.window.length);
+          progress = true;
+        }
+        if (x.state == State::kCopying) copying += x.window.length;
+      }
+      if (progress) continue;
+      check_deadline(what, placed + copying < op_.length);  // bytes still to cross the wire
+      wait_any(/*prefer_copy=*/false);
+    }
+    wait_request(recv_->request, what);
+  }
+
+  // Counts a copy that starts while other bytes of the operation are on the wire.
+  void copy_starts() {
+    for (const Slot& x : slots_) {
+      if (x.state == State::kWire) {
+        stager_.overlapped_copies_.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+    }
+  }
+
+  bool busy() const {
+    for (const Slot& x : slots_) {
+      if (x.state != State::kFree) return true;
+    }
+    return false;
   }
 
   // After a failure: let wire operations in flight end (abort the connection if they do not,
   // or at once after a timeout), so that nothing touches the bounce buffer afterwards.
   void cleanup_after_failure(const Error& e) {
+    // In the middle of a windowed message the peer would wait for windows that never come.
+    if ((windows_ && !windows_->request()->done()) || (recv_ && !recv_->request->done())) {
+      op_.conn->abort(e.kind(), std::string("staging failed in the middle of a message: ") +
+                                    e.what());
+    }
     std::vector<RequestPtr> pending;
     for (const Slot& x : slots_) {
       if (x.state == State::kWire && x.req && !x.req->done()) pending.push_back(x.req);
@@ -306,6 +449,8 @@ class Stager::Pipeline {
   std::vector<std::unique_ptr<BounceSlab>> slabs_;
   std::unique_ptr<CopyLane> lane_;
   std::vector<Slot> slots_;
+  std::shared_ptr<SendWindows> windows_;  // a windowed send's protocol side
+  std::shared_ptr<RecvWindows> recv_;     // a windowed receive's protocol side
 };
 
 Stager::Stager(Transport& transport, std::shared_ptr<DeviceCopier> copier)
@@ -366,6 +511,30 @@ RequestPtr Stager::post_recv(const std::shared_ptr<Connection>& conn, uint64_t m
   return start(std::move(op));
 }
 
+RequestPtr Stager::post_send_direct(const std::shared_ptr<Connection>& conn,
+                                    const std::shared_ptr<MemoryRegion>& region, uint64_t offset,
+                                    uint64_t length, const std::string& meta,
+                                    const StagingOptions& options) {
+  if (!conn) throw Error(ErrorKind::kInvalidArgument, "staging: no endpoint");
+  RequestPtr request = conn->post_send(region, offset, length, meta, options.wire, false);
+  messages_direct_.fetch_add(1, std::memory_order_relaxed);
+  return request;
+}
+
+RequestPtr Stager::post_recv_direct(const std::shared_ptr<Connection>& conn, uint64_t msg_id,
+                                    const std::shared_ptr<MemoryRegion>& region, uint64_t offset,
+                                    uint64_t length, const StagingOptions& options) {
+  if (!conn) throw Error(ErrorKind::kInvalidArgument, "staging: no endpoint");
+  const std::optional<Announcement> a = conn->protocol().announcement(msg_id);
+  if (a && a->eager) {  // its bytes are in host memory already: copied up from a slab
+    return post_recv(conn, msg_id, reinterpret_cast<uint64_t>(region->addr()) + offset, length,
+                     options);
+  }
+  RequestPtr request = conn->post_recv(msg_id, region, offset, length);
+  messages_direct_.fetch_add(1, std::memory_order_relaxed);
+  return request;
+}
+
 RequestPtr Stager::start(std::unique_ptr<Op> op) {
   if (!op->conn) throw Error(ErrorKind::kInvalidArgument, "staging: no endpoint");
   if (op->conn->is_closed()) {
@@ -389,8 +558,12 @@ RequestPtr Stager::start(std::unique_ptr<Op> op) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) throw Error(ErrorKind::kClosed, "staging: the engine is closed");
   if (shared->kind == Op::Kind::kSend) {
-    shared->send_ticket = send_order_[shared->conn.get()].next++;
-    shared->send_turn_open = true;
+    // Announced now, under the lock: messages keep the order they were posted in.
+    const uint64_t c = std::min(o.chunk != 0 ? o.chunk : StagingOptions::kDefaultChunk,
+                                transport_.domain().bounce_pool().slab_bytes());
+    shared->windows = shared->conn->protocol().post_send_windows(
+        shared->length, shared->meta, std::max<uint64_t>(1, c), static_cast<uint32_t>(o.slots),
+        o.wire);
   }
   queue_.push_back(std::move(shared));
   // A worker per queued operation that no idle worker will take, up to kMaxWorkers.
@@ -430,41 +603,8 @@ void Stager::work() {
   }
 }
 
-bool Stager::wait_send_turn(const Op& op, double seconds) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return send_turn_.wait_for(lock, std::chrono::duration<double>(seconds), [&] {
-    return closing_.load() || send_order_[op.conn.get()].serving == op.send_ticket;
-  });
-}
-
-void Stager::end_send_turn(Op& op) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!op.send_turn_open) return;
-    op.send_turn_open = false;
-    auto it = send_order_.find(op.conn.get());
-    if (it == send_order_.end()) return;
-    // A send that failed before its turn came is skipped when the turn reaches it, so the
-    // sends before it keep their order.
-    SendOrder& order = it->second;
-    if (order.serving != op.send_ticket) {
-      order.abandoned.insert(op.send_ticket);
-      return;
-    }
-    ++order.serving;
-    while (order.abandoned.erase(order.serving) != 0) ++order.serving;
-    if (order.serving == order.next) send_order_.erase(it);
-  }
-  send_turn_.notify_all();
-}
-
 std::function<void()> Stager::run(Op& op) {
   const RequestPtr request = op.request;
-  struct EndTurn {
-    Stager& stager;
-    Op& op;
-    ~EndTurn() { stager.end_send_turn(op); }
-  } end_turn{*this, op};
   try {
     copier_->bind_thread();
     Pipeline pipeline(*this, op);
@@ -492,6 +632,8 @@ void Stager::close() {
   }
   queued_.notify_all();
   for (const auto& op : queued) {
+    // A send was announced when posted: its receiver would wait for windows that never come.
+    if (op->windows) op->conn->abort(ErrorKind::kClosed, "the engine was closed mid-message");
     op->request->fail(ErrorKind::kClosed, "staging: the engine was closed before it started");
   }
   // Every operation in flight ends within one wait slice (and at once when its endpoint is
@@ -504,6 +646,15 @@ void Stager::close() {
 int Stager::active() const {
   std::lock_guard<std::mutex> lock(mu_);
   return active_;
+}
+
+StagerStats Stager::stats() const {
+  StagerStats s;
+  s.messages_direct = messages_direct_.load(std::memory_order_relaxed);
+  s.messages_whole = messages_whole_.load(std::memory_order_relaxed);
+  s.messages_windowed = messages_windowed_.load(std::memory_order_relaxed);
+  s.overlapped_copies = overlapped_copies_.load(std::memory_order_relaxed);
+  return s;
 }
 
 int Stager::workers() const {

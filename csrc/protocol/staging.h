@@ -3,10 +3,15 @@
 //
 //   write:  D2H chunk i into slab k   while chunk i-1 (slab k-1) goes out as a WRITE
 //   read:   READ chunk i into slab k  while chunk i-1 (slab k-1) goes up by H2D
-//   send:   D2H into one slab (a message larger than a slab: one message-sized buffer), then
-//           one SEND (a two-sided message comes from one registered range, so the receiver
-//           sees an ordinary message)
-//   recv:   RECV into a slab (or a message-sized buffer), then H2D
+//   send:   announced (RTS) when posted, so messages keep their post order, staged or not;
+//           then in windows of at most a chunk (protocol/message_windows.h): the receiver
+//           grants the message window by window (one window when it fits a chunk), each window
+//           is copied D2H into a free slab and WRITTEN from there, window k+1's copy
+//           overlapping window k's WRITE
+//   recv:   a message of at most one chunk (or EAGER): RECV into one slab, then H2D; a longer
+//           one: each free slab is granted the next window, a landed window goes up by H2D
+//           while the next ones land in the other slabs
+// Either way a message never needs more than `slots` slabs at each end, whatever its size.
 //
 // Chunks are `chunk` bytes (at most a slab; the last one shorter); `slots` slabs (1 = no
 // overlap, 2 = double, 3 = triple buffering). The slabs come from the memory domain's bounce
@@ -31,10 +36,8 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,6 +62,15 @@ struct StagingOptions {
   static constexpr int kMaxSlots = 8;
 };
 
+// What a Stager's operations did so far (for tests, Engine reports and tuning).
+struct StagerStats {
+  uint64_t messages_direct = 0;    // messages moved by GPUDirect, between registrations
+  uint64_t messages_whole = 0;     // messages staged whole through one slab
+  uint64_t messages_windowed = 0;  // messages staged window by window (longer than a chunk)
+  uint64_t overlapped_copies = 0;  // device copies started while the same operation had other
+                                   // bytes on the wire
+};
+
 class Stager {
  public:
   Stager(Transport& transport, std::shared_ptr<DeviceCopier> copier);
@@ -80,6 +92,19 @@ class Stager {
   RequestPtr post_recv(const std::shared_ptr<Connection>& conn, uint64_t msg_id, uint64_t device,
                        uint64_t length, const StagingOptions& options);
 
+  // GPUDirect (both ends' device memory registered for the NIC, dmabuf or peermem): the message
+  // moves by rendezvous WRITE between the registrations (`region` is the device memory), no
+  // slab, no copy; never EAGER, as the CPU cannot read device memory. A received EAGER message
+  // (a small one from host memory) is staged through a slab instead. Counted as
+  // messages_direct (the staged ones as messages_whole / messages_windowed).
+  RequestPtr post_send_direct(const std::shared_ptr<Connection>& conn,
+                              const std::shared_ptr<MemoryRegion>& region, uint64_t offset,
+                              uint64_t length, const std::string& meta,
+                              const StagingOptions& options);
+  RequestPtr post_recv_direct(const std::shared_ptr<Connection>& conn, uint64_t msg_id,
+                              const std::shared_ptr<MemoryRegion>& region, uint64_t offset,
+                              uint64_t length, const StagingOptions& options);
+
   void close();
   std::string describe() const { return copier_->describe(); }
   // Operations running, and worker threads made so far (never more than kMaxWorkers).
@@ -87,6 +112,7 @@ class Stager {
   int workers() const;
   // The counters of the bounce pool this Stager's transfers take their slabs from.
   BouncePoolStats pool_stats() const { return transport_.domain().bounce_pool().stats(); }
+  StagerStats stats() const;
 
   static constexpr int kMaxWorkers = 8;
 
@@ -100,11 +126,6 @@ class Stager {
   void work();
   // Runs the operation; returns what ends its request (complete or fail).
   std::function<void()> run(Op& op);
-  // Staged sends on one connection reach the wire in the order they were posted (messages
-  // match in send order): a send waits for its turn, up to `seconds`, before its copy starts,
-  // and passes the turn on once its message is posted or it failed. Returns false on timeout.
-  bool wait_send_turn(const Op& op, double seconds);
-  void end_send_turn(Op& op);
 
   Transport& transport_;
   std::shared_ptr<DeviceCopier> copier_;
@@ -116,13 +137,10 @@ class Stager {
   std::vector<std::thread> workers_;
   int idle_ = 0;
   int active_ = 0;
-  struct SendOrder {
-    uint64_t next = 0;     // the ticket of the next send posted
-    uint64_t serving = 0;  // the ticket whose turn it is
-    std::set<uint64_t> abandoned;  // sends that failed before their turn came: skipped
-  };
-  std::map<const Connection*, SendOrder> send_order_;  // connections with staged sends pending
-  std::condition_variable send_turn_;
+  std::atomic<uint64_t> messages_direct_{0};
+  std::atomic<uint64_t> messages_whole_{0};
+  std::atomic<uint64_t> messages_windowed_{0};
+  std::atomic<uint64_t> overlapped_copies_{0};
 };
 
 }  // namespace rdmaxfer

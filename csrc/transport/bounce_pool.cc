@@ -138,10 +138,11 @@ std::vector<std::unique_ptr<BounceSlab>> BouncePool::acquire(int count, const De
     }
     to_make = want - taken.size();
     slabs_ += to_make;  // reserved: nobody else can take these places
+    counts_.peak_slabs = std::max(counts_.peak_slabs, slabs_);
     ++counts_.acquires;
   }
   try {
-    for (; to_make > 0; --to_make) taken.push_back(make_slab(slab_bytes_));
+    for (; to_make > 0; --to_make) taken.push_back(make_slab());
   } catch (...) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -154,19 +155,8 @@ std::vector<std::unique_ptr<BounceSlab>> BouncePool::acquire(int count, const De
   return taken;
 }
 
-std::unique_ptr<BounceSlab> BouncePool::acquire_message(uint64_t length) {
-  if (length <= slab_bytes_) {
-    throw Error(ErrorKind::kInvalidArgument, "bounce pool: a message of " + mib(length) +
-                                                 " fits a slab; acquire() one instead");
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) throw Error(ErrorKind::kClosed, "bounce pool: the engine is closed");
-  }
-  return make_slab(length);
-}
-
-std::unique_ptr<BounceSlab> BouncePool::make_slab(uint64_t length) {
+std::unique_ptr<BounceSlab> BouncePool::make_slab() {
+  const uint64_t length = slab_bytes_;
   std::unique_ptr<BounceSlab> slab;
   if (cuda_api(nullptr) != nullptr) {
     slab = std::make_unique<PinnedSlab>(length);
@@ -180,7 +170,7 @@ std::unique_ptr<BounceSlab> BouncePool::make_slab(uint64_t length) {
                 e.err_no());
   }
   std::lock_guard<std::mutex> lock(mu_);
-  ++(pooled(*slab) ? counts_.allocations : counts_.message_buffers);
+  ++counts_.allocations;
   return slab;
 }
 
@@ -189,9 +179,9 @@ void BouncePool::release(std::unique_ptr<BounceSlab> slab, bool in_use) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (in_use) {
-      if (pooled(*slab)) --slabs_;  // its place can be taken by a new slab
+      --slabs_;  // its place can be taken by a new slab
       stranded_.push_back(std::move(slab));
-    } else if (!closed_ && pooled(*slab)) {
+    } else if (!closed_) {
       free_.push_back(std::move(slab));
     }
   }
@@ -207,7 +197,7 @@ void BouncePool::free_slab(std::unique_ptr<BounceSlab> slab, double timeout_s) {
     freed = false;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (pooled(*slab)) --slabs_;
+  --slabs_;
   if (!freed) stranded_.push_back(std::move(slab));
 }
 

@@ -52,11 +52,11 @@ struct BouncePoolStats {
   uint64_t slabs = 0;        // made so far (free + in use), never more than max_slabs
   uint64_t free = 0;
   uint64_t allocations = 0;  // slabs ever made (each one registered once)
-  uint64_t message_buffers = 0;  // one-off buffers ever made by acquire_message
   uint64_t acquires = 0;     // operations served
   uint64_t waits = 0;        // operations that had to wait for slabs
   uint64_t timeouts = 0;     // waits that ran out of time
   uint64_t stranded = 0;
+  uint64_t peak_slabs = 0;   // the most slabs that existed at once (never more than max_slabs)
 };
 
 class BounceSlab {
@@ -91,18 +91,13 @@ class BouncePool {
   // close(), Error(kRegistration) when a new slab cannot be allocated or registered.
   std::vector<std::unique_ptr<BounceSlab>> acquire(int count, const Deadline& deadline,
                                                    const std::function<void()>& stop);
-  // A one-off buffer of `length` bytes (more than a slab) for a two-sided message, which must
-  // come from one registered range: allocated and registered now, freed by release(). It is
-  // outside the bound (a message may be larger than the pool).
-  std::unique_ptr<BounceSlab> acquire_message(uint64_t length);
   // Gives a slab back (`in_use`: see the header comment).
   void release(std::unique_ptr<BounceSlab> slab, bool in_use);
   void close(double timeout_s);
   BouncePoolStats stats() const;
 
  private:
-  std::unique_ptr<BounceSlab> make_slab(uint64_t length);
-  bool pooled(const BounceSlab& slab) const { return slab.length() == slab_bytes_; }
+  std::unique_ptr<BounceSlab> make_slab();
   void free_slab(std::unique_ptr<BounceSlab> slab, double timeout_s);
 
   MemoryDomain& domain_;

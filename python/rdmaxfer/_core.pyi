@@ -292,7 +292,9 @@ class Stager:
     bounce pool (csrc/transport/bounce_pool.h), copies overlapped with the wire, run by at most
     8 worker threads. Each post_* returns at once; its Request completes when the bytes are in
     place. ``chunk_size`` in bytes (0: 8 MiB; at most a slab), ``slots`` bounce slabs (0: 3, at
-    most 8), ``timeout`` in seconds without progress (waiting for slabs included)."""
+    most 8), ``timeout`` in seconds without progress (waiting for slabs included). A message
+    longer than a chunk moves in windows of at most a chunk (csrc/protocol/message_windows.h),
+    through at most ``slots`` slabs at each end whatever its size."""
 
     def __init__(self, engine: Engine, copier: DeviceCopier) -> None: ...
     def post_write(
@@ -327,11 +329,40 @@ class Stager:
         meta: builtins.bytes,
         timeout: float = 60.0,
         streams: int = 0,
+        chunk_size: int = 0,
+        slots: int = 0,
     ) -> Request: ...
     def post_recv(
-        self, endpoint: Endpoint, msg_id: int, device: int, length: int, timeout: float = 60.0
+        self,
+        endpoint: Endpoint,
+        msg_id: int,
+        device: int,
+        length: int,
+        timeout: float = 60.0,
+        chunk_size: int = 0,
+        slots: int = 0,
+    ) -> Request: ...
+    def post_send_direct(
+        self,
+        endpoint: Endpoint,
+        region: Region,
+        offset: int,
+        length: int,
+        meta: builtins.bytes,
+        streams: int = 0,
+        chunk_size: int = 0,
+    ) -> Request: ...
+    def post_recv_direct(
+        self,
+        endpoint: Endpoint,
+        msg_id: int,
+        region: Region,
+        offset: int,
+        length: int,
+        timeout: float = 60.0,
     ) -> Request: ...
     def pool_stats(self) -> dict[str, int]: ...
+    def stats(self) -> dict[str, int]: ...
     @property
     def active(self) -> int: ...
     @property

@@ -18,9 +18,15 @@
 //   allocation, or an unknown pointer, stream or event, fails with CUDA_ERROR_INVALID_VALUE.
 // - cuMemGetHandleForAddressRange fails with CUDA_ERROR_NOT_SUPPORTED, as on a driver without
 //   dmabuf (RDMAXFER_CUDA_STANDIN_DMABUF=1 lets it export page-aligned ranges, recorded for the
-//   tests); the device attributes say neither dmabuf nor GPUDirect RDMA is supported.
+//   tests); the device attributes say neither dmabuf nor GPUDirect RDMA is supported (but see
+//   RDMAXFER_CUDA_STANDIN_PEERMEM below).
 // - cuPointerSetAttribute(SYNC_MEMOPS) is recorded per allocation and read back by
 //   cuPointerGetAttribute, so a test can see it was set.
+// - RDMAXFER_CUDA_STANDIN_PEERMEM=1 (read at each cuMemAlloc) pretends nvidia-peermem: the
+//   allocation's device address is mapped read-write, so a NIC (rxe, whose CPU copies reach
+//   any mapped page) can register and access it as peermem lets a real NIC reach GPU memory,
+//   and the device reports CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED. The CPU could then
+//   touch such memory too: only the GPUDirect tests use it.
 //
 // The entry points and values are those of the CUDA Driver API reference
 // (docs.nvidia.com/cuda/cuda-driver-api); only the subset csrc/cuda loads is implemented.
@@ -156,6 +162,11 @@ thread_local int current_device = 0;  // set by cuCtxSetCurrent
 
 size_t page_size() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 
+bool peermem() {
+  const char* on = std::getenv("RDMAXFER_CUDA_STANDIN_PEERMEM");
+  return on != nullptr && std::strcmp(on, "1") == 0;
+}
+
 // The allocation holding [ptr, ptr+len), or nullptr. Caller holds state().mu.
 DeviceAllocation* find_device(uintptr_t ptr, size_t len, uintptr_t* base) {
   State& s = state();
@@ -268,7 +279,7 @@ CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device) {
     case 50: *value = 0; break;              // PCI_DOMAIN_ID
     case 75: *value = 9; break;              // COMPUTE_CAPABILITY_MAJOR
     case 76: *value = 0; break;              // COMPUTE_CAPABILITY_MINOR
-    case 116: *value = 0; break;             // GPU_DIRECT_RDMA_SUPPORTED
+    case 116: *value = peermem() ? 1 : 0; break;  // GPU_DIRECT_RDMA_SUPPORTED
     case 124: *value = 0; break;             // DMA_BUF_SUPPORTED
     default: *value = 0; break;
   }
@@ -319,7 +330,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr* out, size_t size) {
     close(fd);
     return kOutOfMemory;
   }
-  void* device = mmap(nullptr, mapped, PROT_NONE, MAP_SHARED, fd, 0);
+  const int device_prot = peermem() ? PROT_READ | PROT_WRITE : PROT_NONE;
+  void* device = mmap(nullptr, mapped, device_prot, MAP_SHARED, fd, 0);
   void* shadow = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (device == MAP_FAILED || shadow == MAP_FAILED) {

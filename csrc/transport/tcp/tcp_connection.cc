@@ -260,8 +260,8 @@ void TcpConnection::send_ctrl(const CtrlMessage& m, CtrlPayload payload) {
   h.req_id = m.msg_id;
   h.size = m.size;
   h.type = frame_type_of(m.type);
-  if (m.type == CtrlType::kCts) h.addr = m.addr;
-  if (m.type == CtrlType::kCts || m.type == CtrlType::kNotify) h.key = m.key;
+  h.addr = m.addr;  // CTS: the grant; RTS: the sender's window (protocol/message_windows.h)
+  h.key = m.key;
   h.payload_len = payload.length;
   OutFrame f = make_frame(h, m.meta);
   if (payload.length > 0) {

@@ -21,8 +21,9 @@ from typing import Any
 from .. import _core
 from ..errors import RdmaxferError
 from ..memory import cuda
+from ..memory import meta as _meta
 
-__all__ = ["StagerPool", "host_standin", "to_user_array"]
+__all__ = ["StagerPool", "host_standin", "post_device_send", "to_user_array"]
 
 CopierFactory = Callable[[int], _core.DeviceCopier]
 
@@ -80,6 +81,31 @@ class StagerPool:
         for stager in stagers:
             with contextlib.suppress(RdmaxferError):
                 stager.close()
+
+
+def post_device_send(
+    stager: _core.Stager,
+    endpoint: _core.Endpoint,
+    view: cuda.CudaArray,
+    direct: tuple[Any, int] | None,
+    timeout: float,
+    chunk_size: int,
+    streams: int,
+) -> _core.Request:
+    """Post the send of the GPU array ``view`` as one message (its dtype and shape in the
+    metadata): by GPUDirect when ``direct`` is its registration (a ``MemoryRegion`` and the
+    array's byte offset in it), else staged through the engine's bounce slabs, in windows of
+    ``chunk_size`` bytes (0: a slab) when longer; ``timeout``: the staging's inactivity bound in
+    seconds. ``stager.stats()`` counts which path each message took."""
+    meta = _meta.encode(view.dtype, tuple(view.shape))
+    if direct is not None:
+        region, offset = direct
+        return stager.post_send_direct(
+            endpoint, region.core, offset, int(view.nbytes), meta, streams, chunk_size
+        )
+    return stager.post_send(
+        endpoint, view.ptr, int(view.nbytes), meta, timeout, streams, chunk_size
+    )
 
 
 def to_user_array(buffer: Any) -> Any:

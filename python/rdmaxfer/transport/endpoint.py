@@ -23,6 +23,7 @@ import numpy.typing as npt
 from .. import _core
 from .._config import resolve_timeout
 from ..errors import EndpointClosedError, RdmaxferError
+from ..gpu.staging import post_device_send
 from ..memory import meta as _meta
 from ..memory.buffer import Buffer
 from ..memory.region import MemoryRegion
@@ -178,13 +179,13 @@ class Endpoint(BatchOps):
             except BaseException:
                 self._release(temps)
                 raise
-        else:  # GPU memory: copied into pinned message buffers by the staging pipeline
-            meta = _meta.encode(arr.dtype, arr.shape)
+        else:  # GPU memory: by GPUDirect from its registration, else staged through slabs
+            direct = self._engine._device_local(arr)
+            keep = [arr] if direct is None else [arr, direct[0]]
             stager = self._engine._stager(arr.device)
-            request = stager.post_send(
-                self._core, arr.ptr, nbytes, meta, staged_backstop_s(), streams
+            request = post_device_send(
+                stager, self._core, arr, direct, staged_backstop_s(), chunk_size, streams
             )
-            keep = [arr]
         return self._track(
             Transfer(self, "send", nbytes, request, keep=keep, temps=temps, result=None)
         )

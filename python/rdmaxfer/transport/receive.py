@@ -3,7 +3,8 @@
 When a message's header has arrived, :func:`recv_step` reads its dtype and shape, checks them
 against ``out`` (rejecting the message, with ``out`` untouched, on a mismatch) or allocates the
 array (host memory, or GPU memory on the asked GPU), then places the bytes: into host memory
-through a registration of the engine, into GPU memory through the engine's staging pipeline.
+through a registration of the engine, into GPU memory straight into its GPUDirect registration
+when it has one, else through the engine's staging pipeline.
 """
 
 from __future__ import annotations
@@ -95,8 +96,15 @@ def recv_step(
                 if expected is not None:
                     transfer._on_done = _checksum_verifier(landing, expected, core.peer, target)
                 return core.post_recv(msg_id, region.core, offset, length)
-            transfer._add_resources([landing], [])
             stager = domain._stager(landing.device)
+            direct = domain._device_local(landing)
+            if direct is not None:  # GPUDirect: the sender WRITEs into the registration
+                region, base = direct
+                transfer._add_resources([landing, region], [])
+                return stager.post_recv_direct(
+                    core, msg_id, region.core, base, length, staged_backstop_s()
+                )
+            transfer._add_resources([landing], [])
             return stager.post_recv(core, msg_id, landing.ptr, length, staged_backstop_s())
         except BaseException as exc:
             if not rejected:
