@@ -93,7 +93,10 @@ def test_messages_larger_than_the_pool(
         _bounded(stager.pool_stats())
         stats = stager.stats()
         assert stats["messages_windowed"] == 1 and stats["messages_whole"] == 0, stats
-        if size >= 1_000_003:  # 16 windows or more: a copy ran while a window was on the wire
+        if size >= 1_000_003 and engine is pair.server:
+            # 16 windows or more: the receiver grants every free slab a window before any lands,
+            # so its first H2D copy starts while the next windows are still on the wire. (A
+            # sender's overlap depends on how fast the wire acknowledges, so it is not asserted.)
             assert stats["overlapped_copies"] >= 1, stats
 
 
