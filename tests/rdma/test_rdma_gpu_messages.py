@@ -97,7 +97,8 @@ def test_messages_larger_than_the_pool_over_verbs(
         _bounded(stager.pool_stats())
         stats = stager.stats()
         assert stats["messages_windowed"] == 1 and stats["messages_direct"] == 0, stats
-        assert stats["overlapped_copies"] >= 1, stats
+        if engine is server:  # certain on the receiver; a sender's overlap depends on the wire
+            assert stats["overlapped_copies"] >= 1, stats
 
 
 def test_a_receiver_dying_mid_message_frees_the_slabs_over_verbs(
