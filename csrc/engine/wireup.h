@@ -15,6 +15,11 @@
 // With a forced transport ("tcp", "rdma", "shm") there is no companion and every connection
 // goes over that transport.
 //
+// The shm listener is found by port number alone (its abstract socket is per network
+// namespace, not per address): two engines of one host listening on one port number at two
+// different addresses share one abstract name, and the second gets no shm listener (logged; its
+// same-host peers connect over the network transport).
+//
 // Lifecycle: made by the engine with its transports -> listen (optional) -> accept/connect;
 // the engine shuts the transports down (the Wireup holds no thread and no handle).
 #pragma once
