@@ -4,7 +4,45 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rdmaxfer import Endpoint, Engine
+import numpy as np
+
+from rdmaxfer import Endpoint, Engine, _core
+
+#: The host transports and "auto" (per connection: shm for a same-host peer): the failure suites
+#: (peer death, kill loop) run on each through ``pytest.mark.parametrize("transport", ...,
+#: indirect=True)`` of the ``transport`` fixture.
+WITH_AUTO = ("tcp", "shm", "auto")
+
+
+def same_host_transport(transport: str) -> str:
+    """The transport of a connection between two processes of this host under ``transport``
+    (RDMAXFER_TRANSPORT unset): "auto" gives shm where it can run, else tcp."""
+    if transport != "auto":
+        return transport
+    return "shm" if _core.available_transports().get("shm") == "" else "tcp"
+
+
+def write_halves(
+    owner: Engine, first: Endpoint, second: Endpoint, rng: np.random.Generator, timeout: float
+) -> None:
+    """``first`` and ``second``, connections to ``owner`` over different transports, WRITE
+    random bytes into the two halves of one registration of ``owner`` at once; ``first`` READs
+    the whole back. Every byte is checked."""
+    target = np.zeros(2 << 20, np.uint8)
+    region = owner.register(target)
+    x = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    y = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    wx = first.post_write(x, region.descriptor())
+    wy = second.post_write(y, region.descriptor(), remote_offset=1 << 20)
+    wx.wait(timeout)
+    wy.wait(timeout)
+    assert target[: 1 << 20].tobytes() == x.tobytes()
+    assert target[1 << 20 :].tobytes() == y.tobytes()
+    back = np.zeros_like(target)
+    first.read(back, region.descriptor(), timeout=timeout)
+    assert back.tobytes() == target.tobytes()
+    region.deregister()
+
 
 #: Slack allowed past a timeout before "raised within the timeout" counts as failed.
 MARGIN_S = 5.0

@@ -23,11 +23,12 @@ HOST_TRANSPORTS = ("tcp", "shm")
 
 @pytest.fixture(params=HOST_TRANSPORTS)
 def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each host transport in turn ("shm" skips, with the reason, where it cannot run). It is
-    also RDMAXFER_TRANSPORT for the test, so that the module-level API and peers started in
-    other processes use it too."""
+    """Each host transport in turn ("shm" skips, with the reason, where it cannot run; "auto",
+    from _common.WITH_AUTO, always runs). It is also RDMAXFER_TRANSPORT for the test, so that
+    the module-level API and peers started in other processes use it too."""
     name = str(request.param)
-    why = rdmaxfer._core.available_transports().get(name, "unknown transport")
+    known = {**rdmaxfer._core.available_transports(), "auto": ""}
+    why = known.get(name, "unknown transport")
     if why:
         pytest.skip(f"transport {name!r} is unavailable here: {why}")
     monkeypatch.setenv("RDMAXFER_TRANSPORT", name)

@@ -31,6 +31,8 @@ def test_info_names_transports_and_reasons() -> None:
     info = json.loads(out.stdout)
     assert info["transports"]["tcp"] == "available"
     assert info["transports"]["rdma"] != "available" or info["auto_selects"] == "rdma"
+    shm = info["transports"]["shm"]
+    assert info["auto_same_host"].startswith("shm when") or shm in info["auto_same_host"]
     assert info["memlock_limit"]
 
 

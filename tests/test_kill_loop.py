@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from _common import WITH_AUTO
 from rdmaxfer import ConnectionFailedError, Engine, TransferTimeoutError, _core
 
 ITERATIONS = int(os.environ.get("RDMAXFER_KILL_ITERATIONS", "200"))
@@ -33,20 +34,21 @@ HELLO = b"RXHI" + (1).to_bytes(2, "little") + bytes([1, 0, 1, 0]) + bytes(6) + b
 
 
 def engine_kwargs(transport: str, side: int) -> dict[str, Any]:
-    if transport in ("tcp", "shm"):
+    if transport in WITH_AUTO:
         return {}
     devices = os.environ.get("RDMAXFER_RXE_DEVICES", "rxe0 rxe1").split()
     return {"rdma_device": devices[side]}
 
 
 def listen_host(transport: str) -> str:
-    if transport in ("tcp", "shm"):
+    if transport in WITH_AUTO:
         return "127.0.0.1"
     return os.environ.get("RDMAXFER_RXE_ADDRS", "10.77.0.1 10.77.0.2").split()[0]
 
 
 def raw_connect(transport: str, host: str, port: int) -> socket.socket:
-    """A plain socket to the listener (shm: its abstract UNIX socket), no handshake."""
+    """A plain socket to the listener (shm: its abstract UNIX socket; auto: its TCP port), no
+    handshake."""
     if transport != "shm":
         return socket.create_connection((host, port), timeout=5)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -177,6 +179,7 @@ def check_next_peer(
         theirs.close()
 
 
+@pytest.mark.parametrize("transport", WITH_AUTO, indirect=True)
 def test_kill_loop_host(transport: str) -> None:
     raised = run_kill_loop(transport, 8 << 20)
     assert sum(raised.values()) == ITERATIONS

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from _common import WITH_AUTO, same_host_transport
 from _interrupts import child_env, server
 from rdmaxfer import ConnectionFailedError, Engine
 
@@ -28,6 +29,7 @@ def wait_stopped(pid: int, timeout: float) -> None:
     raise AssertionError(f"the receiver did not stop within {timeout} s")
 
 
+@pytest.mark.parametrize("transport", WITH_AUTO, indirect=True)
 def test_killing_the_receiver_fails_a_large_send_at_once(transport: str) -> None:
     with (
         server("receive-stop", "127.0.0.1", child_env(RDMAXFER_TRANSPORT=transport)) as (
@@ -37,6 +39,7 @@ def test_killing_the_receiver_fails_a_large_send_at_once(transport: str) -> None
         Engine(transport) as engine,
     ):
         ep = engine.connect(address, timeout=30)
+        assert ep.info["transport"] == same_host_transport(transport)
         header_wait = ep.post_recv()  # a request in another table: fails too
         data = np.full(256 << 20, 0x5A, np.uint8)
         transfer = ep.post_send(data)

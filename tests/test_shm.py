@@ -110,6 +110,8 @@ def test_info_lists_shm_and_bench_runs_over_it() -> None:
         ).stdout
     )
     assert info["transports"]["shm"] == "available"
+    if not os.environ.get("RDMAXFER_TRANSPORT"):
+        assert info["auto_same_host"].startswith("shm when the peer runs as the same user")
     out = subprocess.run(
         [*run, "bench", "--transport", "shm", "--size", "8,1M", "--iters", "3", "--json"],
         capture_output=True,
@@ -123,14 +125,16 @@ def test_info_lists_shm_and_bench_runs_over_it() -> None:
 
 
 def test_demo_uses_shm_and_says_so() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RDMAXFER_TRANSPORT"}
     out = subprocess.run(
         [sys.executable, "-m", "rdmaxfer", "demo", "--quiet"],
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "both ends run on this host: using the shm transport" in out.stdout
+    assert "both ends run on this host: transport auto picks shm for this peer" in out.stdout
     assert "pulled 104 tensors, 90856960 bytes over shm in" in out.stdout
     assert "all 104 tensors bit-exact" in out.stdout
 

@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "bindings/batch_bindings.h"
+#include "bindings/same_host_bindings.h"
 #include "bindings/cuda_bindings.h"
 #include "bindings/errors.h"
 #include "bindings/log_bridge.h"
@@ -96,6 +97,13 @@ template <typename T>
 std::shared_ptr<T> kept_in_child(std::shared_ptr<T> obj) {
   rdmaxfer::keep_in_child(obj);
   return obj;
+}
+
+// The endpoint of a connection the engine's wireup made, naming its transport.
+std::shared_ptr<Connection> linked(rdmaxfer::Link link) {
+  auto c = std::make_shared<Connection>(std::move(link.channel));
+  c->set_transport(std::move(link.transport), std::move(link.note));
+  return c;
 }
 
 // Counters (core/stats.h) as a dict of str -> int.
@@ -214,6 +222,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("closed", &Connection::is_closed)
       .def_property_readonly("error", &Connection::error)
       .def("describe", &Connection::describe)
+      .def_property_readonly("transport", &Connection::transport)
+      .def_property_readonly("transport_note", &Connection::transport_note)
       .def("stats", [](const Connection& c) { return stats_dict(c.stats()); })
       .def("attributes",
            [](const Connection& c) {
@@ -383,6 +393,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("default_streams") = 0, py::arg("rdma_device") = "",
            py::arg("gid_index") = -1, py::arg("poll_mode") = "", py::arg("secret") = "")
       .def_property_readonly("transport", &Engine::transport_name)
+      .def_property_readonly("automatic", &Engine::automatic)
+      .def_property_readonly("shm_off", [](Engine& e) { return e.wireup().shm_off(); })
       .def_property_readonly("engine_id", &Engine::engine_id)
       .def_property_readonly("notify_fd", [](const Engine& e) { return e.notifier()->fd(); })
       .def("capabilities",
@@ -405,18 +417,18 @@ PYBIND11_MODULE(_core, m) {
               throw Error(ErrorKind::kInvalidArgument,
                           "port=" + std::to_string(port) + " must be in 0..65535");
             }
-            return e.transport().listen(host, static_cast<uint16_t>(port));
+            return e.wireup().listen(host, static_cast<uint16_t>(port));
           },
           py::arg("host"), py::arg("port"))
       .def(
           "accept",
           [](Engine& e, double timeout) {
             checked_timeout(timeout, "accept");
-            auto& t = e.transport();
+            auto& w = e.wireup();
             rdmaxfer::refresh_log_level();
             rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
             py::gil_scoped_release release;
-            return kept_in_child(std::make_shared<Connection>(t.accept(timeout)));
+            return kept_in_child(linked(w.accept(timeout)));
           },
           py::arg("timeout"), py::keep_alive<0, 1>())
       .def(
@@ -429,7 +441,7 @@ PYBIND11_MODULE(_core, m) {
                           "port=" + std::to_string(port) + " must be in 1..65535");
             }
             if (streams < 0) throw Error(ErrorKind::kInvalidArgument, "streams must be >= 0");
-            auto& t = e.transport();
+            auto& w = e.wireup();
             rdmaxfer::refresh_log_level();
             rdmaxfer::ConnectOptions o;
             o.streams = streams;
@@ -437,8 +449,7 @@ PYBIND11_MODULE(_core, m) {
             o.retry_refused = retry_refused;
             rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
             py::gil_scoped_release release;
-            return kept_in_child(
-                std::make_shared<Connection>(t.connect(host, static_cast<uint16_t>(port), o)));
+            return kept_in_child(linked(w.connect(host, static_cast<uint16_t>(port), o)));
           },
           py::arg("host"), py::arg("port"), py::arg("streams"), py::arg("timeout"),
           py::arg("retry_refused") = true, py::keep_alive<0, 1>())
@@ -498,4 +509,5 @@ PYBIND11_MODULE(_core, m) {
 
   rdmaxfer::bind_cuda(m);
   rdmaxfer::bind_batches(m);
+  rdmaxfer::bind_same_host(m);
 }

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/fork_guard.h"
+#include "common/log.h"
 #include "protocol/connection.h"
 
 namespace rdmaxfer {
@@ -15,19 +16,40 @@ uint64_t random_engine_id() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
+
+// "auto": the network transport, verbs when a device is active here.
+std::string network_name(const std::string& transport) {
+  if (transport != "auto") return transport;
+  return available_transports()["rdma"].empty() ? "rdma" : "tcp";
+}
 }  // namespace
 
 Engine::Engine(const std::string& transport, const TransportConfig& config)
-    : transport_name_(transport),
+    : transport_name_(network_name(transport)),
       engine_id_(random_engine_id()),
-      transport_(make_transport(transport, engine_id_, config)),
+      automatic_(transport == "auto"),
+      transport_(make_transport(transport_name_, engine_id_, config)),
       stats_(transport_->stats()),
       notifier_(std::make_shared<Notifier>()),
       notifications_(std::make_shared<NotificationQueue>()),
       fork_generation_(fork_generation()) {
-  transport_->set_protocol([queue = notifications_](const std::shared_ptr<Channel>& channel) {
+  const ProtocolFactory protocol = [queue = notifications_](
+                                       const std::shared_ptr<Channel>& channel) {
     return make_message_protocol(channel, queue);
-  });
+  };
+  transport_->set_protocol(protocol);
+  std::string shm_off;  // forced transport: shm is not in question
+  if (automatic_) {
+    try {
+      shm_ = make_same_host_companion(*transport_, config);
+      shm_->set_protocol(protocol);
+    } catch (const Error& e) {
+      shm_off = e.what();
+      log::write(log::Level::kInfo, "transport auto: same-host peers connect over " +
+                                        transport_name_ + ": " + shm_off);
+    }
+  }
+  wireup_ = std::make_unique<Wireup>(*transport_, shm_.get(), shm_off);
 }
 
 Engine::~Engine() { close(); }
@@ -42,17 +64,24 @@ Transport& Engine::transport() {
   return *transport_;
 }
 
+Wireup& Engine::wireup() {
+  transport();  // raises when closed or inherited through fork()
+  return *wireup_;
+}
+
 void Engine::close() {
   if (closed_.exchange(true)) return;
   if (fork_generation_ != fork_generation()) {
     // Inherited through fork(): the transport's threads are not here and its sockets, QPs and
     // MRs are the parent's. Never shut it down or destroy it in this process.
+    static_cast<void>(shm_.release());
     static_cast<void>(transport_.release());
     return;
   }
   // The staging operations have ended (their Stagers are closed first): free the slabs while
   // the transport can still deregister them.
   transport_->domain().close_bounce_pool(kPoolCloseS);
+  if (shm_) shm_->shutdown();
   transport_->shutdown();
   notifications_->close();
 }

@@ -1,5 +1,6 @@
-// The engine: one transport, its registrations and connections, and the completion notifier
-// that event loops watch.
+// The engine: its transport (with transport="auto" a network transport plus a same-host shm
+// companion, picked per connection by the Wireup, engine/wireup.h), its registrations and
+// connections, and the completion notifier that event loops watch.
 //
 // Lifecycle: constructed (transport threads running) -> used -> close(): the transport shuts
 // down (connections aborted, threads joined). Every call after close() raises a closed error.
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "core/notifier.h"
+#include "engine/wireup.h"
 #include "protocol/notifications.h"
 #include "transport/registry.h"
 
@@ -19,13 +21,20 @@ namespace rdmaxfer {
 
 class Engine {
  public:
+  // `transport`: "tcp", "rdma", "shm", or "auto" (rdma when a device is active, else tcp;
+  // shm for same-host peers when it can run here).
   Engine(const std::string& transport, const TransportConfig& config);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // The transport that holds the registrations (with "auto": the network transport).
   Transport& transport();
   const std::string& transport_name() const { return transport_name_; }
+  // Listening and connecting pick each connection's transport (wireup.h).
+  Wireup& wireup();
+  // True for transport="auto".
+  bool automatic() const { return automatic_; }
   uint64_t engine_id() const { return engine_id_; }
   const std::shared_ptr<Notifier>& notifier() const { return notifier_; }
   // The notifications peers sent with their WRITEs, from every connection (closed with the
@@ -40,7 +49,10 @@ class Engine {
  private:
   std::string transport_name_;
   uint64_t engine_id_;
+  bool automatic_;
   std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Transport> shm_;  // the same-host companion (transport="auto")
+  std::unique_ptr<Wireup> wireup_;
   std::shared_ptr<Stats> stats_;
   std::shared_ptr<Notifier> notifier_;
   std::shared_ptr<NotificationQueue> notifications_;

@@ -73,12 +73,22 @@ class Connection {
   Channel& channel() { return *channel_; }
   // The two-sided protocol itself (the staging pipeline's windowed messages).
   MessageProtocol& protocol() { return *protocol_; }
+  // The transport carrying this connection ("tcp", "rdma", "shm") and, with transport="auto",
+  // why shm was not chosen ("" when it was or was never in question; engine/wireup.h).
+  void set_transport(std::string name, std::string note) {
+    transport_ = std::move(name);
+    transport_note_ = std::move(note);
+  }
+  const std::string& transport() const { return transport_; }
+  const std::string& transport_note() const { return transport_note_; }
   // This endpoint's counters (core/stats.h), kept by its channel.
   const Stats& stats() const { return *channel_->stats(); }
 
  private:
   std::shared_ptr<Channel> channel_;
   std::shared_ptr<MessageProtocol> protocol_;
+  std::string transport_;
+  std::string transport_note_;
 };
 
 // The ProtocolFactory (transport.h) every engine gives its transport, bound to the engine's

@@ -34,4 +34,9 @@ std::unique_ptr<Transport> make_transport(const std::string& name, uint64_t engi
   throw Error(ErrorKind::kUnsupported, "transport '" + name + "' is unavailable: " + it->second);
 }
 
+std::unique_ptr<Transport> make_same_host_companion(Transport& owner,
+                                                    const TransportConfig& config) {
+  return std::make_unique<ShmTransport>(owner, config.tcp);
+}
+
 }  // namespace rdmaxfer

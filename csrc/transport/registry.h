@@ -23,4 +23,10 @@ std::map<std::string, std::string> available_transports();
 std::unique_ptr<Transport> make_transport(const std::string& name, uint64_t engine_id,
                                           const TransportConfig& config);
 
+// The same-host companion of the engine's network transport `owner` (transport="auto",
+// engine/wireup.h): the shm transport serving owner's registrations. Throws Error(kUnsupported)
+// with the reason when shm cannot run here.
+std::unique_ptr<Transport> make_same_host_companion(Transport& owner,
+                                                    const TransportConfig& config);
+
 }  // namespace rdmaxfer

@@ -15,16 +15,19 @@ log::Level connection_end_level(ErrorKind kind) {
 
 std::shared_ptr<Channel> Transport::counted_connect(
     const std::string& peer,
-    const std::function<std::shared_ptr<Channel>(int* retries)>& attempt) {
+    const std::function<std::shared_ptr<Channel>(int* retries)>& attempt, bool probe) {
   int retries = 0;
   std::shared_ptr<Channel> conn;
   try {
     conn = attempt(&retries);
   } catch (const Error& e) {
-    for (int i = 0; i < retries; ++i) stats_->add_retry();
-    stats_->add_error("connect");
-    const log::Level level = e.kind() == ErrorKind::kInvalidArgument ? log::Level::kDebug
-                                                                      : log::Level::kWarning;
+    if (!probe) {
+      for (int i = 0; i < retries; ++i) stats_->add_retry();
+      stats_->add_error("connect");
+    }
+    const log::Level level = probe || e.kind() == ErrorKind::kInvalidArgument
+                                 ? log::Level::kDebug
+                                 : log::Level::kWarning;
     if (log::enabled(level)) {
       log::write(level, "connect to " + peer + " failed (" + error_kind_name(e.kind()) +
                             "): " + e.what());

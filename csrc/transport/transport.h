@@ -46,11 +46,19 @@ struct ConnectOptions {
   int streams = 0;  // parallel streams (TCP) or QPs (verbs); 0: the transport's default
   double timeout_s = 10.0;
   bool retry_refused = true;  // retry a refused connection until the timeout (see socket.h)
+  // A failure is an answer, not an error (transport="auto" asking whether shm reaches the
+  // peer, engine/wireup.h): logged at DEBUG and not counted in "errors.connect".
+  bool probe = false;
 };
 
 class Transport : public RegistrationBackend {
  public:
   explicit Transport(uint64_t engine_id) : domain_(*this), engine_id_(engine_id) {}
+  // A companion of `owner` in one engine (engine/wireup.h): it serves owner's registrations
+  // (domain() is owner's), counts into owner's stats and draws owner's request ids, so a peer
+  // names the same region whichever of the two carries its connection. `owner` outlives it.
+  explicit Transport(Transport& owner)
+      : domain_(*this), owner_(&owner), engine_id_(owner.engine_id_), stats_(owner.stats_) {}
   virtual ~Transport() = default;
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
@@ -59,8 +67,8 @@ class Transport : public RegistrationBackend {
   virtual std::string describe() const = 0;
 
   // Every registration of this transport (register, alloc_pinned, device memory, deregister).
-  MemoryDomain& domain() { return domain_; }
-  const MemoryDomain& domain() const { return domain_; }
+  MemoryDomain& domain() { return owner_ != nullptr ? owner_->domain() : domain_; }
+  const MemoryDomain& domain() const { return owner_ != nullptr ? owner_->domain() : domain_; }
   Descriptor describe_region(const MemoryRegion& region) const;
 
   virtual uint16_t listen(const std::string& host, uint16_t port) = 0;
@@ -73,7 +81,9 @@ class Transport : public RegistrationBackend {
   uint64_t engine_id() const { return engine_id_; }
   // The engine's counters: every connection's, plus set-ups that failed (core/stats.h).
   const std::shared_ptr<Stats>& stats() const { return stats_; }
-  uint64_t next_request_id() { return next_request_id_.fetch_add(1); }
+  uint64_t next_request_id() {
+    return owner_ != nullptr ? owner_->next_request_id() : next_request_id_.fetch_add(1);
+  }
   // Set once by the engine, before any connection (protocol/connection.h).
   void set_protocol(ProtocolFactory factory) { protocol_ = std::move(factory); }
 
@@ -86,9 +96,10 @@ class Transport : public RegistrationBackend {
   // Runs a connect to `peer` through `attempt` (which counts refused, retried tries in
   // *retries): counts the retries, logs and counts ("errors.connect") a failure before
   // rethrowing it, and logs the new endpoint at DEBUG.
+  // With `probe` (ConnectOptions::probe) a failure is logged at DEBUG and not counted.
   std::shared_ptr<Channel> counted_connect(
       const std::string& peer,
-      const std::function<std::shared_ptr<Channel>(int* retries)>& attempt);
+      const std::function<std::shared_ptr<Channel>(int* retries)>& attempt, bool probe = false);
   // Logs an accepted endpoint at DEBUG.
   void log_accepted(const Channel& channel) const;
   // Logs (WARNING) and counts ("errors.accept") an incoming connection from `peer` whose
@@ -100,6 +111,7 @@ class Transport : public RegistrationBackend {
 
  private:
   MemoryDomain domain_;
+  Transport* const owner_ = nullptr;
   ProtocolFactory protocol_;
   const uint64_t engine_id_;
   const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();

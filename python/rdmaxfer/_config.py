@@ -5,7 +5,8 @@ Environment variables:
 * ``RDMAXFER_TIMEOUT``: default timeout in seconds of every blocking call (default 60): for
   connect, accept and handshakes a fixed bound, for data transfers an inactivity bound (no
   progress for that long).
-* ``RDMAXFER_TRANSPORT``: the transport ``Engine(transport="auto")`` picks ("tcp", "rdma" or "shm").
+* ``RDMAXFER_TRANSPORT``: forces the transport ``Engine(transport="auto")`` uses ("tcp", "rdma" or
+  "shm"; unset or "auto": shm for same-host peers, else rdma or tcp).
 """
 
 from __future__ import annotations

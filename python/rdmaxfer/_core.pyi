@@ -18,6 +18,18 @@ ACCESS_LOCAL_WRITE: int  # local operations may write the region (READ/RECV dest
 def available_transports() -> dict[str, str]:
     """Transport name -> "" when usable here, else the reason it is not."""
 
+def host_identity() -> dict[str, str | int]:
+    """This process as the shm handshake announces it: ``boot_id``
+    (/proc/sys/kernel/random/boot_id), ``netns`` (readlink /proc/self/ns/net), ``uid``
+    (effective), ``pid``."""
+
+def same_host_mismatch(boot_id: str, netns: str, uid: int, pid: int, peer_pid: int) -> str:
+    """ "" when a peer announcing these values (``peer_pid``: its pid as SO_PEERCRED reports it
+    here) can use shm with this process, else the reason, naming the fix."""
+
+def yama_ptrace_scope() -> int:
+    """/proc/sys/kernel/yama/ptrace_scope, or -1 without Yama."""
+
 def record_kinds() -> list[str]:
     """Wire records parse_record() knows ("descriptor", "hello", "frame", ...)."""
 
@@ -103,6 +115,12 @@ class Endpoint:
     @property
     def peer(self) -> str: ...
     @property
+    def transport(self) -> str:
+        """The transport carrying this connection: "tcp", "rdma" or "shm"."""
+    @property
+    def transport_note(self) -> str:
+        """Why shm was not chosen ("shm not used: ...") or ""."""
+    @property
     def streams(self) -> int: ...
     @property
     def closed(self) -> bool: ...
@@ -185,7 +203,8 @@ class Engine:
         secret: str = "",
     ) -> None:
         """``transport``: "tcp", "rdma" or "shm" (or "loopback": the internal in-process test
-        transport, csrc/transport/loopback/, not listed by ``rdmaxfer info``).
+        transport, csrc/transport/loopback/, not listed by ``rdmaxfer info``), or "auto": rdma
+        when a device is active, else tcp, plus shm for same-host peers (csrc/engine/wireup.h).
         ``default_streams``: TCP streams or RC QPs per connection (0: 4 on TCP, 1 on rdma).
         ``secret``: shared secret for the bootstrap's HMAC-SHA256 challenge-response ("" =
         none; see csrc/transport/auth.h).
@@ -196,7 +215,13 @@ class Engine:
         completion channel; "busy" spins on the CQ; "" -> env RDMAXFER_POLL_MODE -> "event").
         """
     @property
-    def transport(self) -> str: ...
+    def transport(self) -> str:
+        """The transport holding the registrations (with "auto": the network transport)."""
+    @property
+    def automatic(self) -> bool: ...
+    @property
+    def shm_off(self) -> str:
+        """ "" when same-host peers get shm (or the transport was forced), else why not."""
     @property
     def engine_id(self) -> int: ...
     @property

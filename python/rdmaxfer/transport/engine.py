@@ -26,16 +26,17 @@ if TYPE_CHECKING:
     import asyncio
     from types import TracebackType
 
-__all__ = ["Endpoint", "Engine", "Transfer", "resolve_transport"]
+__all__ = ["Endpoint", "Engine", "Transfer", "is_automatic", "resolve_transport"]
 
 _TRANSPORTS = ("tcp", "rdma", "shm")
 
 
 def resolve_transport(transport: str = "auto") -> str:
-    """The transport ``Engine(transport)`` uses.
+    """The transport ``Engine(transport)`` registers memory with and uses for other hosts.
 
     ``"auto"`` picks ``RDMAXFER_TRANSPORT`` when set, else ``"rdma"`` when
-    ``_core.available_transports()`` says it is usable here, else ``"tcp"``.
+    ``_core.available_transports()`` says it is usable here, else ``"tcp"``; an automatic
+    engine (see :func:`is_automatic`) also connects same-host peers over ``"shm"``.
 
     Raises:
         InvalidArgumentError: not "auto", "tcp", "rdma" or "shm" (or a bad
@@ -57,6 +58,15 @@ def resolve_transport(transport: str = "auto") -> str:
     return transport
 
 
+def is_automatic(transport: str = "auto") -> bool:
+    """True when ``Engine(transport)`` picks the transport of each connection: ``"auto"``
+    without a ``RDMAXFER_TRANSPORT`` that names one. Such an engine connects a peer on this
+    host (same kernel, network and PID namespace, user, and CMA allowed) over shm, any other
+    over its network transport, and says why when a same-host peer does not get shm."""
+    env = os.environ.get(ENV_TRANSPORT, "").strip().lower()
+    return transport == "auto" and env in ("", "auto")
+
+
 class Engine(MemoryDomain):
     """One transport instance: listens, connects, registers memory (see
     :class:`~rdmaxfer.transport.domain.MemoryDomain` for the memory side).
@@ -66,10 +76,12 @@ class Engine(MemoryDomain):
     the transport's threads stop; idempotent). Thread-safe.
 
     Args:
-        transport: ``"auto"`` (see :func:`resolve_transport`), ``"tcp"``, ``"rdma"`` or
-            ``"shm"`` (processes on this host only: a control ring in shared memory and
-            one-sided copies with ``process_vm_readv``/``writev``; ``connect`` to another host
-            raises :class:`~rdmaxfer.errors.UnsupportedError`).
+        transport: ``"auto"`` (per connection: ``"shm"`` for a peer on this host that shm
+            can reach, else ``"rdma"`` when a device is active here, else ``"tcp"``; see
+            :func:`is_automatic` and :attr:`Endpoint.info` ``transport``/``shm_not_used``),
+            ``"tcp"``, ``"rdma"`` or ``"shm"`` (processes on this host only: a control ring in
+            shared memory and one-sided copies with ``process_vm_readv``/``writev``;
+            ``connect`` to another host raises :class:`~rdmaxfer.errors.UnsupportedError`).
         io_threads: I/O threads (0: the transport's default).
         socket_buffer: SO_SNDBUF/SO_RCVBUF in bytes (0: the system's default).
         streams: default parallel streams (TCP) or queue pairs per connection (0: default).
@@ -108,7 +120,7 @@ class Engine(MemoryDomain):
         self._authenticated = bool(secret)
         super().__init__(
             _core.Engine(
-                resolve_transport(transport),
+                "auto" if is_automatic(transport) else resolve_transport(transport),
                 io_threads,
                 socket_buffer,
                 streams,
@@ -122,6 +134,7 @@ class Engine(MemoryDomain):
         # Endpoints are held until closed: dropping the last handle must not cut a connection
         # that a peer still uses (e.g. for one-sided access to our memory).
         self._endpoints: dict[int, Endpoint] = {}
+        self._links: dict[str, int] = {}
 
     # -- properties ------------------------------------------------------------------------
     @property
@@ -144,8 +157,28 @@ class Engine(MemoryDomain):
         return self._core.capabilities()
 
     def describe(self) -> str:
-        """One line naming the transport and its devices/settings."""
-        return self._core.describe()
+        """One line naming the transport and its devices/settings; with ``"auto"`` it also
+        says whether same-host peers connect over shm, or why not."""
+        text = self._core.describe()
+        if not self._core.automatic:
+            return text
+        off = self._core.shm_off
+        return f"{text}; auto: " + (
+            "shm for peers on this host" if not off else f"no shm for peers on this host ({off})"
+        )
+
+    @property
+    def shm_off(self) -> str | None:
+        """With ``transport="auto"``: ``""`` when peers on this host connect over shm, else why
+        not (shm cannot run here, or its listener could not open); None with a forced
+        transport."""
+        return self._core.shm_off if self._core.automatic else None
+
+    def links(self) -> dict[str, int]:
+        """How many connections (accepted or made, open or closed) each transport carried, e.g.
+        ``{"shm": 1, "tcp": 2}``."""
+        with self._lock:
+            return dict(self._links)
 
     def stats(self) -> dict[str, int]:
         """The counters of every endpoint this engine made (open or closed) plus failed
@@ -298,6 +331,7 @@ class Engine(MemoryDomain):
                 if known.closed:
                     del self._endpoints[key]
             self._endpoints[id(endpoint)] = endpoint
+            self._links[core.transport] = self._links.get(core.transport, 0) + 1
         return endpoint
 
     def _forget_endpoint(self, endpoint: Endpoint) -> None:
