@@ -32,6 +32,8 @@ def test_info_names_transports_and_reasons() -> None:
     assert info["transports"]["tcp"] == "available"
     assert info["transports"]["rdma"] != "available" or info["auto_selects"] == "rdma"
     assert info["memlock_limit"]
+    assert info["rdma_rails"] == [] or info["transports"]["rdma"] == "available"
+    assert all("nearest_rail" in g for g in info["gpu"]["gpus"])
 
 
 def test_bench_json_schema() -> None:

@@ -7,7 +7,16 @@ import pytest
 
 from rdmaxfer.errors import ConnectionFailedError, ProtocolError
 
-from .rdma_helpers import RW, RdmaPair, api_pair, connect_pair, random_bytes, region_array, wait_ok
+from .rdma_helpers import (
+    RW,
+    RdmaPair,
+    api_pair,
+    connect_pair,
+    rails,
+    random_bytes,
+    region_array,
+    wait_ok,
+)
 
 pytestmark = pytest.mark.rdma
 
@@ -23,7 +32,9 @@ def test_connection_set_up_and_capabilities(rdma_pair: RdmaPair) -> None:
     text = rdma_pair.client.describe()
     for word in ("rxe0", "port 1", "GID index", "active MTU", "link layer", "poll mode event"):
         assert word in text, text
-    assert rdma_pair.a.streams == 1 and not rdma_pair.a.closed and not rdma_pair.b.closed
+    assert (
+        rdma_pair.a.streams == len(rails(0)) and not rdma_pair.a.closed and not rdma_pair.b.closed
+    )
 
 
 def test_negotiated_rc_attributes_are_shown() -> None:

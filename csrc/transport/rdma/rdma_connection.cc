@@ -32,25 +32,29 @@ ErrorKind kind_of(ibv_wc_status status) {
 }  // namespace
 
 RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& settings,
-                               RdmaShared shared, uint32_t tag, int n_qps)
+                               RdmaShared shared, uint32_t tag, const std::vector<LaneSpec>& lanes)
     : Channel(transport.stats()),
       transport_(transport),
       settings_(settings),
       shared_(std::move(shared)),
       tag_(tag) {
-  lanes_.resize(static_cast<size_t>(n_qps));
-  posted_recvs_ = std::make_unique<std::atomic<int>[]>(static_cast<size_t>(n_qps));
-  for (int i = 0; i < n_qps; ++i) {
-    Lane& lane = lanes_[static_cast<size_t>(i)];
+  const size_t n_rails = shared_.rails.size();
+  rail_up_.assign(n_rails, true);
+  rail_cause_.assign(n_rails, "");
+  rail_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(n_rails);
+  lanes_.resize(lanes.size());
+  posted_recvs_ = std::make_unique<std::atomic<int>[]>(lanes.size());
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    Lane& lane = lanes_[i];
+    const Rail& rail = shared_.rails.at(static_cast<size_t>(lanes[i].rail));
+    lane.rail = lanes[i].rail;
+    lane.peer_rail = lanes[i].peer_rail;
     lane.recv_slab =
-        std::make_unique<BufferSlab>(shared_.pd, settings_.ctrl_size, settings_.ctrl_depth);
+        std::make_unique<BufferSlab>(rail.pd, settings_.ctrl_size, settings_.ctrl_depth);
     lane.send_slab =
-        std::make_unique<BufferSlab>(shared_.pd, settings_.ctrl_size, settings_.ctrl_slots);
-    lane.qp = std::make_unique<QueuePair>(shared_.pd, shared_.cq, settings_.limits, tag_);
-    lane.sq = std::make_unique<SendQueue>(*lane.qp, wr_prefix(tag_, i, false), *lane.send_slab,
-                                          std::max<uint32_t>(1, settings_.limits.sq_depth / 4));
+        std::make_unique<BufferSlab>(rail.pd, settings_.ctrl_size, settings_.ctrl_slots);
+    lane.qp = std::make_unique<QueuePair>(rail.pd, rail.cq, settings_.limits, tag_);
     lane.qp->to_init();
-    for (uint32_t s = 0; s < settings_.ctrl_depth; ++s) post_recv_slot(i, s);
   }
 }
 
@@ -63,62 +67,96 @@ RdmaConnection::~RdmaConnection() {
 }
 
 EndpointRecord RdmaConnection::local_record() const {
-  const DeviceContext& dc = shared_.pd->context();
   EndpointRecord r;
-  r.link_layer = dc.ethernet() ? EndpointRecord::kLinkEthernet : EndpointRecord::kLinkInfiniBand;
-  r.lid = dc.port_attr().lid;
-  r.active_mtu = static_cast<uint8_t>(dc.port_attr().active_mtu);
-  r.port = dc.port();
-  r.gid_index = static_cast<uint8_t>(dc.gid_index());
-  std::memcpy(r.gid, dc.gid().raw, 16);
+  for (const Rail& rail : shared_.rails) r.rails.push_back(rail.record);
   r.max_message = static_cast<uint32_t>(std::min<uint64_t>(settings_.max_message, 0xffffffffu));
   r.ctrl_size = settings_.ctrl_size;
   r.ctrl_depth = settings_.ctrl_depth;
   r.responder_resources = settings_.limits.responder_resources;
   r.initiator_depth = settings_.limits.initiator_depth;
   r.engine_id = transport_.engine_id();
-  for (const Lane& lane : lanes_) r.qps.push_back({lane.qp->qp_num(), lane.qp->psn()});
+  for (const Lane& lane : lanes_) {
+    r.qps.push_back({lane.qp->qp_num(), lane.qp->psn(), static_cast<uint8_t>(lane.rail),
+                     static_cast<uint8_t>(lane.peer_rail)});
+  }
   return r;
 }
 
-void RdmaConnection::connect_qps(const EndpointRecord& peer) {
-  const DeviceContext& dc = shared_.pd->context();
-  const uint8_t own_link =
-      dc.ethernet() ? EndpointRecord::kLinkEthernet : EndpointRecord::kLinkInfiniBand;
-  auto link_name = [](uint8_t l) {
-    return l == EndpointRecord::kLinkEthernet ? "Ethernet (RoCE)" : "InfiniBand";
-  };
-  if (peer.link_layer != own_link) {
-    throw Error(ErrorKind::kConnection,
-                std::string("the peer's RDMA port has link layer ") + link_name(peer.link_layer) +
-                    " but " + dc.name() + " has " + link_name(own_link) +
-                    "; both ends must be on the same fabric");
-  }
-  if (peer.qps.size() != lanes_.size()) {
-    throw Error(ErrorKind::kProtocol, "the peer offers " + std::to_string(peer.qps.size()) +
-                                          " QPs for a connection of " +
-                                          std::to_string(lanes_.size()));
-  }
+void RdmaConnection::connect_qps(const EndpointRecord& peer, bool acceptor) {
+  if (peer.qps.empty()) throw Error(ErrorKind::kConnection, no_rail_pair(shared_.rails, peer));
   if (peer.ctrl_size < CtrlHeader::kSize) {
     throw Error(ErrorKind::kProtocol, "the peer's control buffers (" +
                                           std::to_string(peer.ctrl_size) + " bytes) are too small");
   }
-  const auto mtu = static_cast<ibv_mtu>(
-      std::min<int>(peer.active_mtu, static_cast<int>(dc.port_attr().active_mtu)));
+  // QPs pair within groups named by the connector's rail: the k-th of ours in a group with the
+  // k-th of the peer's in the same group.
+  auto group_of_mine = [acceptor](const Lane& l) { return acceptor ? l.peer_rail : l.rail; };
+  auto group_of_peer = [acceptor](const EndpointRecord::Qp& q) {
+    return acceptor ? static_cast<int>(q.rail) : static_cast<int>(q.peer_rail);
+  };
+  std::vector<Lane> paired;
+  std::vector<const EndpointRecord::Qp*> peer_qps;
+  std::vector<size_t> used(peer.qps.size(), 0);
+  for (Lane& lane : lanes_) {
+    const EndpointRecord::Qp* match = nullptr;
+    for (size_t j = 0; j < peer.qps.size() && match == nullptr; ++j) {
+      if (used[j] == 0 && group_of_peer(peer.qps[j]) == group_of_mine(lane)) {
+        used[j] = 1;
+        match = &peer.qps[j];
+      }
+    }
+    if (match == nullptr) {
+      if (acceptor) {
+        throw Error(ErrorKind::kProtocol, "the peer offers no QP to pair with ours on " +
+                                              rail_name(lane.rail));
+      }
+      continue;  // a rail of ours that no rail of the acceptor reaches: its QP goes
+    }
+    lane.peer_rail = match->rail;
+    paired.push_back(std::move(lane));
+    peer_qps.push_back(match);
+  }
+  // The acceptor leaves the connector's unreachable rails unpaired; the connector pairs all the
+  // acceptor offers.
+  if (paired.empty() || (!acceptor && std::find(used.begin(), used.end(), 0) != used.end())) {
+    throw Error(ErrorKind::kConnection,
+                "no rail pair: the peer's QPs do not match ours (" +
+                    std::to_string(peer.qps.size()) + " offered, " +
+                    std::to_string(paired.size()) + " paired)");
+  }
+  lanes_ = std::move(paired);
+  posted_recvs_ = std::make_unique<std::atomic<int>[]>(lanes_.size());
   const QpLimits& own = settings_.limits;
-  negotiated_.path_mtu = mtu_bytes(mtu);
   negotiated_.max_rd_atomic =
       std::max<uint8_t>(1, std::min(own.initiator_depth, peer.responder_resources));
   negotiated_.max_dest_rd_atomic =
       std::max<uint8_t>(1, std::min(own.responder_resources, peer.initiator_depth));
+  negotiated_.path_mtu = 0;
   for (size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = lanes_[i];
+    const Rail& rail = shared_.rails.at(static_cast<size_t>(lane.rail));
+    const EndpointRecord::Rail& theirs = peer.rails.at(static_cast<size_t>(lane.peer_rail));
+    if (!rails_reach(rail.record, theirs)) {
+      throw Error(ErrorKind::kConnection,
+                  "the peer paired " + rail_text(rail.context->name(), rail.record) +
+                      " with its rail " + std::to_string(lane.peer_rail) +
+                      " on another link layer or network; both ends must share a fabric");
+    }
+    lane.sq = std::make_unique<SendQueue>(*lane.qp, wr_prefix(tag_, static_cast<int>(i), false),
+                                          *lane.send_slab,
+                                          std::max<uint32_t>(1, settings_.limits.sq_depth / 4));
+    for (uint32_t s = 0; s < settings_.ctrl_depth; ++s) post_recv_slot(static_cast<int>(i), s);
+    const auto mtu = static_cast<ibv_mtu>(
+        std::min<int>(theirs.active_mtu, static_cast<int>(rail.record.active_mtu)));
+    const int bytes = mtu_bytes(mtu);
+    negotiated_.path_mtu = negotiated_.path_mtu == 0 ? bytes : std::min(negotiated_.path_mtu, bytes);
     QpAddress addr;
-    addr.qpn = peer.qps[i].qpn;
-    addr.psn = peer.qps[i].psn;
-    addr.lid = peer.lid;
-    std::memcpy(addr.gid.raw, peer.gid, 16);
-    lanes_[i].qp->to_rtr(addr, mtu, negotiated_.max_dest_rd_atomic);
-    lanes_[i].qp->to_rts(negotiated_.max_rd_atomic);
+    addr.qpn = peer_qps[i]->qpn;
+    addr.psn = peer_qps[i]->psn;
+    addr.lid = theirs.lid;
+    std::memcpy(addr.gid.raw, theirs.gid, 16);
+    lane.qp->to_rtr(addr, mtu, negotiated_.max_dest_rd_atomic);
+    lane.qp->to_rts(negotiated_.max_rd_atomic);
   }
   uint64_t peer_max = peer.max_message == 0 ? settings_.max_message : peer.max_message;
   max_chunk_ = std::min<uint64_t>({settings_.max_message, peer_max, 1ull << 30});
@@ -134,7 +172,7 @@ void RdmaConnection::start(UniqueFd socket, std::string peer) {
     peer_ = std::move(peer);
   }
   socket_ = std::move(socket);
-  shared_.poller->watch_socket(socket_.get(), tag_);
+  control_poller().watch_socket(socket_.get(), tag_);
 }
 
 RdmaConnection::State RdmaConnection::state() const {
@@ -147,16 +185,39 @@ std::string RdmaConnection::peer() const {
   return peer_;
 }
 
+std::string RdmaConnection::rail_name(int rail) const {
+  return shared_.rails.at(static_cast<size_t>(rail)).context->name();
+}
+
+std::vector<int> RdmaConnection::used_rails() const {
+  std::vector<int> rails;
+  for (const Lane& lane : lanes_) {
+    if (std::find(rails.begin(), rails.end(), lane.rail) == rails.end()) rails.push_back(lane.rail);
+  }
+  return rails;
+}
+
 std::string RdmaConnection::describe() const {
-  std::string s = "rdma to " + peer() + ", " + std::to_string(streams()) + " RC QP(s) on " +
-                  shared_.pd->context().name();
+  const std::vector<int> rails = used_rails();
+  std::string names;
+  for (int r : rails) names += (names.empty() ? "" : "+") + rail_name(r);
+  std::string s = "rdma to " + peer() + ", " + std::to_string(streams()) + " RC QP(s) on " + names;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s += ", rails:";
+    for (int r : rails) {
+      const size_t i = static_cast<size_t>(r);
+      s += " " + rail_name(r) + " " + (rail_up_[i] ? "up" : "failed (" + rail_cause_[i] + ")") +
+           " " + std::to_string(rail_bytes_[i].load()) + " bytes;";
+    }
+  }
   for (const auto& [name, value] : attributes()) s += ", " + name + " " + std::to_string(value);
   return s;
 }
 
 uint64_t RdmaConnection::outstanding_wrs() const {
   uint64_t n = 0;
-  for (const Lane& lane : lanes_) n += lane.sq->in_flight();
+  for (const Lane& lane : lanes_) n += lane.sq ? lane.sq->in_flight() : 0;
   return n;
 }
 
@@ -167,18 +228,31 @@ uint64_t RdmaConnection::posted_receives() const {
 }
 
 std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const {
-  return {{"path_mtu", negotiated_.path_mtu},
+  std::vector<std::pair<std::string, uint64_t>> rails;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int r : used_rails()) {
+      const std::string key = "rail_" + rail_name(r);
+      const size_t i = static_cast<size_t>(r);
+      rails.emplace_back(key + "_bytes", rail_bytes_[i].load());
+      rails.emplace_back(key + "_up", rail_up_[i] ? 1 : 0);
+    }
+  }
+  std::vector<std::pair<std::string, uint64_t>> out = {{"path_mtu", negotiated_.path_mtu},
           {"max_rd_atomic", negotiated_.max_rd_atomic},
           {"max_dest_rd_atomic", negotiated_.max_dest_rd_atomic},
           {"max_inline", lanes_.empty() ? 0 : lanes_[0].qp->limits().max_inline},
           {"rnr_retry", kRnrRetries},
           {"outstanding_wrs", outstanding_wrs()},
-          {"posted_receives", posted_receives()}};
+          {"posted_receives", posted_receives()},
+          {"rails", rails.size() / 2}};
+  out.insert(out.end(), rails.begin(), rails.end());
+  return out;
 }
 
 RequestPtr RdmaConnection::new_request(OpKind op, uint64_t bytes) {
   auto req = std::make_shared<Request>(transport_.next_request_id(), op, bytes);
-  req->set_progress(shared_.poller);
+  req->set_progress(shared_.rails[static_cast<size_t>(lanes_[0].rail)].poller);
   return req;
 }
 
@@ -204,10 +278,26 @@ void RdmaConnection::check_remote(const Descriptor& remote, uint64_t remote_offs
   check_remote_range(remote, remote_offset, length, what);
 }
 
-int RdmaConnection::least_loaded(int among) const {
-  int best = 0;
-  uint64_t best_bytes = lanes_[0].sq->queued_bytes();
-  for (int i = 1; i < among; ++i) {
+std::vector<int> RdmaConnection::usable_lanes(const std::vector<uint32_t>* keys) const {
+  std::vector<int> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    const Lane& lane = lanes_[i];
+    if (!rail_up_[static_cast<size_t>(lane.rail)]) continue;
+    if (keys == nullptr ? lane.rail != lanes_[0].rail
+                        : static_cast<size_t>(lane.peer_rail) >= keys->size() ||
+                              (*keys)[static_cast<size_t>(lane.peer_rail)] == 0) {
+      continue;
+    }
+    out.push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
+int RdmaConnection::least_loaded(const std::vector<int>& among) const {
+  int best = among.at(0);
+  uint64_t best_bytes = ~0ull;
+  for (int i : among) {
     const uint64_t b = lanes_[static_cast<size_t>(i)].sq->queued_bytes();
     if (b < best_bytes) {
       best = i;
@@ -217,14 +307,45 @@ int RdmaConnection::least_loaded(int among) const {
   return best;
 }
 
+std::vector<int> RdmaConnection::stripe(const std::vector<int>& rails, uint64_t count) const {
+  // Smooth weighted round robin (nginx's): each pick adds every rail's weight to its credit,
+  // takes the rail with the most and charges it the total, so the picks interleave and each
+  // rail gets count * weight / total of them. Unknown speeds weigh the same.
+  std::vector<int64_t> weight;
+  int64_t total = 0;
+  for (int r : rails) {
+    const uint32_t mbps = shared_.rails[static_cast<size_t>(r)].record.speed_mbps;
+    weight.push_back(mbps > 0 ? mbps : 1);
+    total += weight.back();
+  }
+  std::vector<int64_t> credit(rails.size(), 0);
+  std::vector<int> out;
+  out.reserve(count);
+  for (uint64_t c = 0; c < count; ++c) {
+    size_t best = 0;
+    for (size_t i = 0; i < rails.size(); ++i) {
+      credit[i] += weight[i];
+      if (credit[i] > credit[best]) best = i;
+    }
+    credit[best] -= total;
+    out.push_back(rails[best]);
+  }
+  return out;
+}
+
 uint64_t RdmaConnection::max_chunk() const { return max_chunk_; }
 
 void RdmaConnection::submit(int lane, std::vector<SendWork> works) {
+  std::vector<SendWork> refused;
   try {
-    lanes_[static_cast<size_t>(lane)].sq->submit(std::move(works));
+    refused = lanes_[static_cast<size_t>(lane)].sq->submit(std::move(works));
   } catch (const Error& e) {
     abort(ErrorKind::kTransport, std::string("connection to ") + peer() + " aborted: " + e.what());
+    return;
   }
+  // The lane's rail failed over meanwhile: its chunks go on the live rails (a closed
+  // connection's teardown fails their requests instead).
+  if (!refused.empty() && !is_closed()) repost(std::move(refused));
 }
 
 RequestPtr RdmaConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
@@ -253,18 +374,51 @@ RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<Memor
   check_remote(remote, remote_offset, length, what);
   auto req = new_request(op, length);
   count_when_terminal(req, op == OpKind::kRead ? "read" : "write");
-  post_chunks(op, req, local, local_offset, remote.addr + remote_offset, remote.key, length,
+  auto keys = std::make_shared<std::vector<uint32_t>>();
+  keys->push_back(remote.key);
+  keys->insert(keys->end(), remote.rail_keys.begin(), remote.rail_keys.end());
+  post_chunks(op, req, local, local_offset, remote.addr + remote_offset, std::move(keys), length,
               false, 0, options);
   return req;
 }
 
 void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
                                  const std::shared_ptr<MemoryRegion>& local,
-                                 uint64_t local_offset, uint64_t remote_addr, uint32_t rkey,
+                                 uint64_t local_offset, uint64_t remote_addr,
+                                 std::shared_ptr<const std::vector<uint32_t>> remote_keys,
                                  uint64_t length, bool with_imm, uint32_t imm,
                                  const TransferOptions& options) {
-  // With an immediate, every chunk goes on one QP so the WRITE_WITH_IMM lands last.
-  const int available = with_imm ? 1 : streams();
+  // With an immediate, every chunk goes on one QP of the control rail so the WRITE_WITH_IMM
+  // lands last (the grant's rkey is on the peer's control rail).
+  const std::vector<int> usable = usable_lanes(with_imm ? nullptr : remote_keys.get());
+  if (usable.empty()) {
+    throw Error(ErrorKind::kConnection,
+                "endpoint to " + peer() + ": no live rail reaches the remote region (its "
+                "descriptor has no key on the peer's remaining rails); connect again");
+  }
+  std::vector<int> rails;  // live rails, in lane order
+  for (int l : usable) {
+    const int r = lanes_[static_cast<size_t>(l)].rail;
+    if (std::find(rails.begin(), rails.end(), r) == rails.end()) rails.push_back(r);
+  }
+  const bool striped = !with_imm && rails.size() > 1 && length >= kStripeMin;
+  if (!striped) {
+    // One rail: the local region's home rail if it is live, else the least loaded lane's.
+    const auto* region = dynamic_cast<const RdmaRegion*>(local.get());
+    const int home = region != nullptr ? region->home_rail() : -1;
+    const int rail = std::find(rails.begin(), rails.end(), home) != rails.end()
+                         ? home
+                         : lanes_[static_cast<size_t>(least_loaded(usable))].rail;
+    rails = {rail};
+  }
+  std::vector<std::vector<int>> lanes_of(rails.size());  // per rail in `rails`, its lanes
+  for (int l : usable) {
+    const auto it = std::find(rails.begin(), rails.end(), lanes_[static_cast<size_t>(l)].rail);
+    if (it != rails.end()) lanes_of[static_cast<size_t>(it - rails.begin())].push_back(l);
+  }
+  size_t n_lanes = 0;
+  for (const auto& v : lanes_of) n_lanes += v.size();
+  const int available = with_imm ? 1 : static_cast<int>(n_lanes);
   const ChunkPlan plan = plan_chunks(length, available, options, max_chunk());
   req->set_parts(plan.count);
   {
@@ -272,14 +426,29 @@ void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
     check_open_locked();
     active_[req->id()] = req;
   }
-  const int first = with_imm ? least_loaded(streams()) : least_loaded(plan.streams);
+  // Chunk i goes on rail rail_of[i]; within a rail, round robin over its first
+  // plan.streams QPs (at most), starting at the least loaded.
+  const std::vector<int> rail_of = stripe(rails, plan.count);
+  std::vector<int> first(rails.size());
+  std::vector<int> spread(rails.size());
+  std::vector<uint64_t> next(rails.size(), 0);
+  for (size_t r = 0; r < rails.size(); ++r) {
+    spread[r] = with_imm ? 1 : std::clamp(plan.streams, 1, static_cast<int>(lanes_of[r].size()));
+    const int best = least_loaded(lanes_of[r]);
+    first[r] = static_cast<int>(std::find(lanes_of[r].begin(), lanes_of[r].end(), best) -
+                                lanes_of[r].begin());
+  }
+  auto* rdma_region = dynamic_cast<const RdmaRegion*>(local.get());
   std::vector<std::vector<SendWork>> per_lane(lanes_.size());
   for (uint64_t i = 0; i < plan.count; ++i) {
     const uint64_t off = i * plan.chunk;
     const uint64_t n = std::min(plan.chunk, length - std::min(length, off));
-    const int lane =
-        with_imm ? first : (first + static_cast<int>(i % static_cast<uint64_t>(plan.streams))) %
-                               plan.streams;
+    const size_t r = static_cast<size_t>(std::find(rails.begin(), rails.end(), rail_of[i]) -
+                                         rails.begin());
+    const int pick = (first[r] + static_cast<int>(next[r]++ % static_cast<uint64_t>(spread[r]))) %
+                     static_cast<int>(lanes_of[r].size());
+    const int lane = lanes_of[r][static_cast<size_t>(pick)];
+    const Lane& l = lanes_[static_cast<size_t>(lane)];
     SendWork w;
     w.opcode = op == OpKind::kRead ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
     if (with_imm && i + 1 == plan.count) {
@@ -288,11 +457,14 @@ void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
     }
     w.local_addr = reinterpret_cast<uint64_t>(local->addr() + local_offset + off);
     w.length = static_cast<uint32_t>(n);
-    w.lkey = local->lkey();
+    w.lkey = rdma_region != nullptr ? rdma_region->lkey_on(static_cast<size_t>(l.rail))
+                                    : local->lkey();
     w.remote_addr = remote_addr + off;
-    w.rkey = rkey;
+    w.rkey = with_imm ? (*remote_keys)[0]
+                      : (*remote_keys)[static_cast<size_t>(l.peer_rail)];
     w.request = req;
     w.hold = RegionUse(local);
+    if (!with_imm) w.remote_keys = remote_keys;
     per_lane[static_cast<size_t>(lane)].push_back(std::move(w));
   }
   for (size_t l = 0; l < per_lane.size(); ++l) {
@@ -366,6 +538,15 @@ void RdmaConnection::on_completion(const ibv_wc& wc) {
   const int lane = static_cast<int>((wc.wr_id >> 33) & 0x7f);
   const bool is_recv = ((wc.wr_id >> 32) & 1) != 0;
   if (lane >= streams()) return;
+  const int rail = lanes_[static_cast<size_t>(lane)].rail;
+  bool failed_over = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_over = !rail_up_[static_cast<size_t>(rail)];
+  }
+  // A failed-over rail's flushes: its chunks were taken and posted elsewhere (drained() no
+  // longer counts its QPs).
+  if (failed_over) return;
   if (is_recv) posted_recvs_[static_cast<size_t>(lane)].fetch_sub(1);  // consumed or flushed
   if (state() == State::kClosed) {
     // Flushed (or completed) after teardown began: retire it; the last one releases.
@@ -374,6 +555,13 @@ void RdmaConnection::on_completion(const ibv_wc& wc) {
     return;
   }
   if (wc.status != IBV_WC_SUCCESS) {
+    if (rail != lanes_[0].rail && wc.status != IBV_WC_REM_ACCESS_ERR) {
+      // A data rail failed: its chunks, the failed one included, move (a bad descriptor
+      // fails the transfer instead: it would on every rail).
+      rail_down(rail, std::string(is_recv ? "a receive" : "a WR") + " failed: " +
+                          wc_status_text(wc.status) + " (QP " + std::to_string(wc.qp_num) + ")");
+      return;
+    }
     if (is_recv) {
       fail_from_completion(wc, nullptr, "receive");
       return;
@@ -398,7 +586,10 @@ void RdmaConnection::on_completion(const ibv_wc& wc) {
     abort(ErrorKind::kTransport, std::string("connection to ") + peer() + " aborted: " + e.what());
     return;
   }
-  if (!r.parts_done.empty()) stats_->add_lane(lane, r.part_bytes);
+  if (!r.parts_done.empty()) {
+    stats_->add_lane(lane, r.part_bytes);
+    rail_bytes_[static_cast<size_t>(rail)] += r.part_bytes;
+  }
   if (r.ctrl_bytes > 0) stats_->add_op("ctrl", r.ctrl_bytes);
   finish_parts(r.parts_done);
 }
@@ -428,13 +619,88 @@ void RdmaConnection::on_socket_ready() {
   // Other bytes are not part of the protocol; ignore them.
 }
 
-void RdmaConnection::on_qp_event(const std::string& what) {
+void RdmaConnection::on_qp_event(uint32_t qp_num, const std::string& what) {
+  for (const Lane& lane : lanes_) {
+    if (lane.qp->qp_num() == qp_num && lane.rail != lanes_[0].rail) {
+      rail_down(lane.rail, what + " on QP " + std::to_string(qp_num));
+      return;
+    }
+  }
   abort(ErrorKind::kConnection, "connection to " + peer() + " aborted: " + what);
 }
 
+void RdmaConnection::rail_down(int rail, const std::string& cause) {
+  const size_t r = static_cast<size_t>(rail);
+  std::string causes;
+  bool lost = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::vector<int> rails = used_rails();
+    if (state_ != State::kConnected || r >= rail_up_.size() || !rail_up_[r] ||
+        std::find(rails.begin(), rails.end(), rail) == rails.end()) {
+      return;
+    }
+    rail_up_[r] = false;
+    rail_cause_[r] = cause;
+    lost = rail == lanes_[0].rail;
+    bool any_up = false;
+    for (int x : rails) {
+      const size_t i = static_cast<size_t>(x);
+      any_up = any_up || rail_up_[i];
+      if (!rail_up_[i]) causes += (causes.empty() ? "" : "; ") + rail_name(x) + ": " + rail_cause_[i];
+    }
+    lost = lost || !any_up;
+  }
+  if (lost) {
+    abort(ErrorKind::kConnection,
+          "connection to " + peer() + " lost " +
+              (rail == lanes_[0].rail ? "its control rail " + rail_name(rail) : "every rail") +
+              ": " + causes);
+    return;
+  }
+  std::vector<SendWork> orphans;
+  for (Lane& lane : lanes_) {
+    if (lane.rail != rail) continue;
+    lane.qp->to_error();
+    for (auto& w : lane.sq->take_works()) orphans.push_back(std::move(w));
+  }
+  if (log::enabled(log::Level::kWarning)) {
+    log::write(log::Level::kWarning,
+               "rdma endpoint to " + peer() + ": rail " + rail_name(rail) + " failed (" + cause +
+                   "); " + std::to_string(orphans.size()) +
+                   " outstanding chunk(s) move to the remaining rails");
+  }
+  repost(std::move(orphans));
+}
+
+void RdmaConnection::repost(std::vector<SendWork> works) {
+  std::vector<std::vector<SendWork>> per_lane(lanes_.size());
+  for (SendWork& w : works) {
+    if (w.request && w.request->done()) continue;  // failed meanwhile
+    const std::vector<int> usable = usable_lanes(w.remote_keys.get());
+    if (!w.remote_keys || usable.empty()) {
+      abort(ErrorKind::kConnection,
+            "connection to " + peer() + ": a failed rail's chunk has no live rail to move to");
+      return;
+    }
+    const int lane = least_loaded(usable);
+    const Lane& l = lanes_[static_cast<size_t>(lane)];
+    const auto* region = dynamic_cast<const RdmaRegion*>(w.hold.get());
+    w.lkey = region != nullptr ? region->lkey_on(static_cast<size_t>(l.rail)) : w.hold.get()->lkey();
+    w.rkey = (*w.remote_keys)[static_cast<size_t>(l.peer_rail)];
+    w.last = true;  // signaled: its part completes on its own
+    per_lane[static_cast<size_t>(lane)].push_back(std::move(w));
+  }
+  for (size_t l = 0; l < per_lane.size(); ++l) {
+    if (!per_lane[l].empty()) submit(static_cast<int>(l), std::move(per_lane[l]));
+  }
+}
+
 bool RdmaConnection::drained() const {
+  std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < lanes_.size(); ++i) {
-    if (!lanes_[i].sq->idle() || posted_recvs_[i].load() > 0) return false;
+    if (!rail_up_[static_cast<size_t>(lanes_[i].rail)]) continue;  // failed over: nothing kept
+    if ((lanes_[i].sq && !lanes_[i].sq->idle()) || posted_recvs_[i].load() > 0) return false;
   }
   return true;
 }
@@ -465,9 +731,12 @@ void RdmaConnection::wait_drained(double timeout_s) {
   };
   // A teardown begun by another thread (an error completion, the peer's GOODBYE) may still be
   // failing its requests after the flushes drained: wait for both.
-  while (!(torn_down() && release_if_drained()) && shared_.poller->running() &&
+  const CqPoller& poller = control_poller();
+  while (!(torn_down() && release_if_drained()) && poller.running() &&
          std::chrono::steady_clock::now() < deadline) {
-    if (shared_.poller->progress()) continue;
+    bool progressed = false;
+    for (const Rail& rail : shared_.rails) progressed = rail.poller->progress() || progressed;
+    if (progressed) continue;
     std::unique_lock<std::mutex> lock(drain_mu_);
     drain_cv_.wait_for(lock, std::chrono::milliseconds(2));
   }
@@ -539,7 +808,7 @@ void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
     // EOF. The queued GOODBYE byte, if any, still goes out before the FIN.
     std::lock_guard<std::mutex> lock(socket_mu_);
     if (socket_.valid()) {
-      shared_.poller->unwatch_socket(socket_.get());
+      control_poller().unwatch_socket(socket_.get());
       ::shutdown(socket_.get(), SHUT_WR);
       socket_.reset();
     }
