@@ -14,7 +14,8 @@ out=bench/results/rails.jsonl
 for ((i = 0; i < rounds; i++)); do
     for rails in 1 2; do
         json=$(python -m rdmaxfer bench --transport rdma --rails "$rails" --op write \
-            --size 1M,16M --iters "$iters" --warmup 1 --json)
+            --size 1M,16M --iters "$iters" --warmup 1 --json |
+            python -c 'import json, sys; print(json.dumps(json.load(sys.stdin)))')
         printf '{"rails": %d, "round": %d, "results": %s}\n' "$rails" "$i" "$json" >> "$out"
         echo "round $i, $rails rail(s): $json"
     done
