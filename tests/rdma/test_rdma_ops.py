@@ -44,7 +44,8 @@ def test_negotiated_rc_attributes_are_shown() -> None:
     with api_pair() as (_, _, ep, peer):
         for side in (ep, peer):
             info = side.info
-            assert info["transport"] == "rdma" and info["streams"] == 1, info
+            # One RC QP per rail pair (run-in-vm.sh --rails 2: two).
+            assert info["transport"] == "rdma" and info["streams"] == len(rails(0)), info
             assert info["path_mtu"] == 4096, info
             assert info["max_rd_atomic"] == info["max_dest_rd_atomic"] == 16, info
             assert 0 < int(info["rnr_retry"]) < 7, info  # finite
@@ -152,7 +153,8 @@ def test_rendezvous_write_with_imm_over_many_wrs(
 def test_one_sided_larger_than_one_wr(rng: np.random.Generator, streams: int) -> None:
     pair = connect_pair(streams=streams)
     try:
-        assert pair.a.streams == streams and pair.b.streams == streams
+        qps = streams * len(rails(0))  # QPs per rail pair, on every rail pair
+        assert pair.a.streams == qps and pair.b.streams == qps
         size = (1 << 20) + 3
         src = pair.client.alloc_pinned(size, 0)
         dst = pair.server.alloc_pinned(size, RW)
