@@ -55,6 +55,19 @@ def test_rdma_setup_from_the_rxe_environment(monkeypatch: pytest.MonkeyPatch) ->
     assert bench.RdmaSetup.resolve("mlx5_0", "mlx5_1", "192.0.2.2").bind == "192.0.2.2"
 
 
+def test_rdma_setup_with_two_rails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RDMAXFER_RXE_DEVICES", "rxe0 rxe1")
+    monkeypatch.setenv("RDMAXFER_RXE_ADDRS", "10.77.0.1 10.77.0.2")
+    monkeypatch.setenv("RDMAXFER_RXE_RAIL_DEVICES", "rxe0,rxe2 rxe1,rxe3")
+    assert bench.RdmaSetup.resolve(rails=2) == bench.RdmaSetup(
+        "rxe0,rxe2", "rxe1,rxe3", "10.77.0.2"
+    )
+    assert bench.RdmaSetup.resolve(rails=1) == bench.RdmaSetup("rxe0", "rxe1", "10.77.0.2")
+    monkeypatch.delenv("RDMAXFER_RXE_RAIL_DEVICES")
+    with pytest.raises(InvalidArgumentError, match=r"--rails 2: RDMAXFER_RXE_RAIL_DEVICES"):
+        bench.RdmaSetup.resolve(rails=2)
+
+
 def test_reference_fields_and_table() -> None:
     (r,) = bench.run_bench(transport="tcp", op="write", sizes=[65536], iters=3)
     assert "ref_tool" not in r.as_dict()

@@ -34,6 +34,8 @@ def test_info_names_transports_and_reasons() -> None:
     shm = info["transports"]["shm"]
     assert info["auto_same_host"].startswith("shm when") or shm in info["auto_same_host"]
     assert info["memlock_limit"]
+    assert info["rdma_rails"] == [] or info["transports"]["rdma"] == "available"
+    assert all("nearest_rail" in g for g in info["gpu"]["gpus"])
 
 
 def test_bench_json_schema() -> None:

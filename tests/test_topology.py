@@ -213,3 +213,11 @@ def test_kernel_version() -> None:
     assert gpudirect.kernel_version("6.8.12") == (6, 8)
     assert gpudirect.kernel_version("garbage") == (0, 0)
     assert gpudirect.kernel_version() >= (2, 6)
+
+
+def test_nearest_rail_picks_the_closest_of_an_engines_devices(sysfs: Path) -> None:
+    """Small transfers from GPU memory go on this rail (Region.home_rail)."""
+    assert topology.nearest_rail(GPU, ["mlx5_4", "mlx5_2", "mlx5_1"], sysfs) == 2  # PXB
+    assert topology.nearest_rail(GPU, ["mlx5_4", "mlx5_3"], sysfs) == 1  # NODE before SYS
+    assert topology.nearest_rail(GPU, ["rxe0"], sysfs) == -1  # no PCI path
+    assert topology.nearest_rail("0000:ff:00.0", ["mlx5_0"], sysfs) == -1

@@ -161,6 +161,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("addr", &Descriptor::addr)
       .def_readonly("length", &Descriptor::length)
       .def_readonly("key", &Descriptor::key)
+      .def_readonly("rail_keys", &Descriptor::rail_keys)
       .def_readonly("engine_id", &Descriptor::engine_id)
       .def("pack", [](const Descriptor& d) { return py::bytes(d.pack()); })
       .def_static("unpack", &unpack_descriptor, py::arg("data"))
@@ -191,6 +192,8 @@ PYBIND11_MODULE(_core, m) {
                              [](const RegionHandle& h) { return h.region->local_write(); })
       .def_property_readonly("pinned", [](const RegionHandle& h) { return h.region->pinned(); })
       .def_property_readonly("registered", [](const RegionHandle& h) { return h.registered; })
+      .def_property("home_rail", [](const RegionHandle& h) { return h.region->home_rail(); },
+                    [](RegionHandle& h, int rail) { h.region->set_home_rail(rail); })
       .def("descriptor", [](const RegionHandle& h) {
         return h.engine->transport().describe_region(*h.region);
       });
@@ -359,7 +362,8 @@ PYBIND11_MODULE(_core, m) {
   py::class_<Engine, EnginePtr>(m, "Engine")
       .def(py::init([](const std::string& transport, int io_threads, int socket_buffer,
                        int default_streams, const std::string& rdma_device, int gid_index,
-                       const std::string& poll_mode, const std::string& secret) {
+                       const std::string& poll_mode, const std::string& secret,
+                       const std::vector<std::string>& rdma_devices) {
              if (io_threads < 0 || io_threads > 64) {
                throw Error(ErrorKind::kInvalidArgument,
                            "io_threads=" + std::to_string(io_threads) + " must be in 0..64");
@@ -380,6 +384,7 @@ PYBIND11_MODULE(_core, m) {
                                " must be -1 (auto) or a GID table index");
              }
              config.rdma.device = rdma_device;
+             config.rdma.devices = rdma_devices;
              config.rdma.gid_index = gid_index;
              config.rdma.poll_mode = poll_mode;
              config.tcp.secret = secret;
@@ -391,7 +396,8 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("transport") = "tcp", py::arg("io_threads") = 0, py::arg("socket_buffer") = 0,
            py::arg("default_streams") = 0, py::arg("rdma_device") = "",
-           py::arg("gid_index") = -1, py::arg("poll_mode") = "", py::arg("secret") = "")
+           py::arg("gid_index") = -1, py::arg("poll_mode") = "", py::arg("secret") = "",
+           py::arg("rdma_devices") = std::vector<std::string>{})
       .def_property_readonly("transport", &Engine::transport_name)
       .def_property_readonly("automatic", &Engine::automatic)
       .def_property_readonly("shm_off", [](Engine& e) { return e.wireup().shm_off(); })
@@ -409,6 +415,7 @@ PYBIND11_MODULE(_core, m) {
              return d;
            })
       .def("describe", [](Engine& e) { return e.transport().describe(); })
+      .def("rails", [](Engine& e) { return e.transport().rails(); })
       .def("stats", [](const Engine& e) { return stats_dict(e.stats()); })
       .def(
           "listen",

@@ -1,14 +1,18 @@
 // A descriptor names a registered remote region: what a peer needs to READ or WRITE it.
 //
-// Wire record, 40 bytes, little-endian, version 1:
+// Wire record, little-endian; version 1 (40 bytes) for a region on one rail, version 2 (40 + 4n
+// bytes) for one registered on n more rails (a verbs engine on several devices, rdma_rails.h):
 //   0  magic   "RXMR"         4  version u16       6  transport u8   7  access u8
-//   8  addr    u64           16  length  u64      24  key u32       28  reserved u32 (0)
+//   8  addr    u64           16  length  u64      24  key u32 (rail 0)
+//  28  n u8 (version 2: the extra rail keys that follow; version 1: 0)   29  reserved (3 bytes, 0)
 //  32  engine_id u64 (the engine that registered the region)
+//  40  version 2 only: key u32 on rail 1, rail 2, ... (n of them)
 // Never pickled: unpack() checks every field and raises a protocol error on anything else.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace rdmaxfer {
 
@@ -16,8 +20,10 @@ enum class TransportKind : uint8_t { kTcp = 1, kRdma = 2, kLoopback = 3, kShm = 
 const char* transport_kind_name(TransportKind kind);
 
 struct Descriptor {
-  static constexpr size_t kSize = 40;
+  static constexpr size_t kSize = 40;  // version 1; version 2 adds 4 bytes per extra rail
   static constexpr uint16_t kVersion = 1;
+  static constexpr uint16_t kVersionRails = 2;
+  static constexpr size_t kMaxRailKeys = 255;
 
   TransportKind transport = TransportKind::kTcp;
   uint32_t access = 0;
@@ -25,7 +31,12 @@ struct Descriptor {
   uint64_t length = 0;
   uint32_t key = 0;
   uint64_t engine_id = 0;
+  std::vector<uint32_t> rail_keys;  // the keys on rails 1, 2, ... (verbs: one rkey per device)
 
+  // The key on `rail` (0: key), or 0 when the region has none there.
+  uint32_t key_on(size_t rail) const {
+    return rail == 0 ? key : rail <= rail_keys.size() ? rail_keys[rail - 1] : 0;
+  }
   std::string pack() const;
   // Throws Error(kProtocol) naming the first bad field.
   static Descriptor unpack(const uint8_t* data, size_t size);

@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace rdmaxfer {
 
@@ -74,6 +75,13 @@ class MemoryRegion {
   void set_key(uint32_t key) { key_ = key; }
   // The key local work requests use (the lkey on verbs; equal to key() on TCP).
   virtual uint32_t lkey() const { return key_; }
+  // The keys of the same memory on the transport's other rails (verbs on several devices: an
+  // rkey per extra device, in rail order); its descriptor carries them. Empty on one rail.
+  virtual std::vector<uint32_t> rail_keys() const { return {}; }
+  // The rail nearest the memory (verbs: the NIC nearest its GPU), which transfers too small to
+  // stripe prefer; -1: none. Ignored by transports without rails.
+  virtual int home_rail() const { return -1; }
+  virtual void set_home_rail(int /*rail*/) {}
 
   // Ends the registration (after the in-flight uses ended): the transport's handle is freed
   // (verbs: ibv_dereg_mr) and local operations refuse the region from then on.

@@ -84,6 +84,7 @@ Descriptor Transport::describe_region(const MemoryRegion& region) const {
   d.addr = reinterpret_cast<uint64_t>(region.addr());
   d.length = region.length();
   d.key = region.key();
+  d.rail_keys = region.rail_keys();
   d.engine_id = engine_id_;
   return d;
 }

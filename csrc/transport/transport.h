@@ -64,6 +64,8 @@ class Transport : public RegistrationBackend {
   Transport& operator=(const Transport&) = delete;
 
   virtual Capabilities capabilities() const = 0;
+  // The devices the transport runs on, in rail order (verbs: one per rail); empty elsewhere.
+  virtual std::vector<std::string> rails() const { return {}; }
   virtual std::string describe() const = 0;
 
   // Every registration of this transport (register, alloc_pinned, device memory, deregister).

@@ -46,7 +46,8 @@ def memlock_limit() -> str:
     """The RLIMIT_MEMLOCK soft limit as ``ulimit -l`` prints it ("unlimited" or "N KiB")."""
 
 class Descriptor:
-    """Names a registered region for a peer: 40-byte versioned little-endian record."""
+    """Names a registered region for a peer: versioned little-endian record, ``SIZE`` (40)
+    bytes, plus 4 per extra rail of a multi-rail rdma engine (``rail_keys``)."""
 
     SIZE: int
     @property
@@ -59,6 +60,9 @@ class Descriptor:
     def length(self) -> int: ...
     @property
     def key(self) -> int: ...
+    @property
+    def rail_keys(self) -> list[int]:
+        """The rkeys on the registering engine's rails 1, 2, ... ([] on one rail)."""
     @property
     def engine_id(self) -> int: ...
     def pack(self) -> bytes: ...
@@ -84,6 +88,12 @@ class Region:
     def pinned(self) -> bool: ...
     @property
     def registered(self) -> bool: ...
+    @property
+    def home_rail(self) -> int:
+        """The rail (index into ``Engine.rails()``) that transfers too small to stripe use
+        from this region: the NIC nearest its GPU; -1: none (the least loaded rail)."""
+    @home_rail.setter
+    def home_rail(self, rail: int) -> None: ...
     def descriptor(self) -> Descriptor: ...
 
 class Request:
@@ -201,6 +211,7 @@ class Engine:
         gid_index: int = -1,
         poll_mode: str = "",
         secret: str = "",
+        rdma_devices: list[str] = ...,
     ) -> None:
         """``transport``: "tcp", "rdma" or "shm" (or "loopback": the internal in-process test
         transport, csrc/transport/loopback/, not listed by ``rdmaxfer info``), or "auto": rdma
@@ -209,9 +220,11 @@ class Engine:
         ``secret``: shared secret for the bootstrap's HMAC-SHA256 challenge-response ("" =
         none; see csrc/transport/auth.h).
 
-        rdma only: ``rdma_device`` ("" -> env RDMAXFER_RDMA_DEVICE -> the first device with an
-        active port); ``gid_index`` (-1 -> env RDMAXFER_GID_INDEX -> auto: the first RoCE v2 GID
-        holding an IPv4-mapped address); ``poll_mode`` ("event", the default, sleeps on the
+        rdma only: ``rdma_devices`` (the rails: names, or ["auto"] for every device with an
+        active port; [] -> ``rdma_device``), ``rdma_device`` ("" -> env RDMAXFER_RDMA_DEVICES
+        -> env RDMAXFER_RDMA_DEVICE -> the first device with an active port); ``gid_index``
+        (-1 -> env RDMAXFER_GID_INDEX -> auto: the first RoCE v2 GID holding an IPv4-mapped
+        address); ``poll_mode`` ("event", the default, sleeps on the
         completion channel; "busy" spins on the CQ; "" -> env RDMAXFER_POLL_MODE -> "event").
         """
     @property
@@ -228,6 +241,8 @@ class Engine:
     def notify_fd(self) -> int: ...
     def capabilities(self) -> dict[str, int | bool | str]: ...
     def describe(self) -> str: ...
+    def rails(self) -> list[str]:
+        """The devices of an rdma engine, in rail order ([] on other transports)."""
     def stats(self) -> dict[str, int]:
         """Counters of every connection made, open or closed, and of failed set-ups."""
     def listen(self, host: str, port: int) -> int: ...

@@ -26,13 +26,22 @@ def devices() -> list[str]:
     return os.environ.get("RDMAXFER_RXE_DEVICES", "rxe0 rxe1").split()
 
 
+def rails(index: int) -> list[str]:
+    """The rails of side `index` (0: client, 1: server): with ``run-in-vm.sh --rails 2``
+    (``RDMAXFER_RXE_RAIL_DEVICES="rxe0,rxe2 rxe1,rxe3"``) two devices each, else
+    ``[devices()[index]]``."""
+    sides = os.environ.get("RDMAXFER_RXE_RAIL_DEVICES", "").split()
+    return sides[index].split(",") if len(sides) == 2 else [devices()[index]]
+
+
 def addrs() -> list[str]:
     return os.environ.get("RDMAXFER_RXE_ADDRS", "10.77.0.1 10.77.0.2").split()
 
 
 def make_engine(index: int, **kwargs: object) -> _core.Engine:
-    """An rdma engine on device `index` (0: rxe0, 1: rxe1); GID from RDMAXFER_GID_INDEX/auto."""
-    return _core.Engine("rdma", rdma_device=devices()[index], **kwargs)  # type: ignore[arg-type]
+    """An rdma engine on side `index`'s rails (0: rxe0 [+rxe2], 1: rxe1 [+rxe3]); GID from
+    RDMAXFER_GID_INDEX/auto."""
+    return _core.Engine("rdma", rdma_devices=rails(index), **kwargs)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -63,8 +72,8 @@ def api_pair(secret: str = "rxe-tests") -> Iterator[tuple[Engine, Engine, Endpoi
     """Python-API engines on rxe1 (server, listening on 10.77.0.2) and rxe0 (client), and the
     client's and the server's endpoint of one connection; everything closed on exit."""
     with (
-        Engine("rdma", rdma_device=devices()[1], secret=secret) as server,
-        Engine("rdma", rdma_device=devices()[0], secret=secret) as client,
+        Engine("rdma", rdma_devices=rails(1), secret=secret) as server,
+        Engine("rdma", rdma_devices=rails(0), secret=secret) as client,
     ):
         port = server.listen(addrs()[1], 0)
         ep = client.connect(addrs()[1], port, timeout=WAIT_S)

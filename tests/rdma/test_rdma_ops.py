@@ -7,7 +7,16 @@ import pytest
 
 from rdmaxfer.errors import ConnectionFailedError, ProtocolError
 
-from .rdma_helpers import RW, RdmaPair, api_pair, connect_pair, random_bytes, region_array, wait_ok
+from .rdma_helpers import (
+    RW,
+    RdmaPair,
+    api_pair,
+    connect_pair,
+    rails,
+    random_bytes,
+    region_array,
+    wait_ok,
+)
 
 pytestmark = pytest.mark.rdma
 
@@ -23,7 +32,9 @@ def test_connection_set_up_and_capabilities(rdma_pair: RdmaPair) -> None:
     text = rdma_pair.client.describe()
     for word in ("rxe0", "port 1", "GID index", "active MTU", "link layer", "poll mode event"):
         assert word in text, text
-    assert rdma_pair.a.streams == 1 and not rdma_pair.a.closed and not rdma_pair.b.closed
+    assert (
+        rdma_pair.a.streams == len(rails(0)) and not rdma_pair.a.closed and not rdma_pair.b.closed
+    )
 
 
 def test_negotiated_rc_attributes_are_shown() -> None:
@@ -33,7 +44,8 @@ def test_negotiated_rc_attributes_are_shown() -> None:
     with api_pair() as (_, _, ep, peer):
         for side in (ep, peer):
             info = side.info
-            assert info["transport"] == "rdma" and info["streams"] == 1, info
+            # One RC QP per rail pair (run-in-vm.sh --rails 2: two).
+            assert info["transport"] == "rdma" and info["streams"] == len(rails(0)), info
             assert info["path_mtu"] == 4096, info
             assert info["max_rd_atomic"] == info["max_dest_rd_atomic"] == 16, info
             assert 0 < int(info["rnr_retry"]) < 7, info  # finite
@@ -141,7 +153,8 @@ def test_rendezvous_write_with_imm_over_many_wrs(
 def test_one_sided_larger_than_one_wr(rng: np.random.Generator, streams: int) -> None:
     pair = connect_pair(streams=streams)
     try:
-        assert pair.a.streams == streams and pair.b.streams == streams
+        qps = streams * len(rails(0))  # QPs per rail pair, on every rail pair
+        assert pair.a.streams == qps and pair.b.streams == qps
         size = (1 << 20) + 3
         src = pair.client.alloc_pinned(size, 0)
         dst = pair.server.alloc_pinned(size, RW)

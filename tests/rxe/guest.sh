@@ -4,9 +4,11 @@
 #   guest.sh RUN_DIR
 #
 # RUN_DIR (under the read-write repo) holds `env` (the caller's environment, cwd, command and
-# deadline, written by run-in-vm.sh). This script sets up two soft-RoCE devices:
+# deadline, written by run-in-vm.sh). This script sets up two soft-RoCE devices per rail
+# (RXE_RAILS, 1 or 2):
 #
 #   rxe0 on veth0 (10.77.0.1)  <-- veth pair, MTU 9000 -->  rxe1 on veth1 (10.77.0.2)
+#   rxe2 on veth2 (10.78.0.1)  <-- veth pair, MTU 9000 -->  rxe3 on veth3 (10.78.0.2)  (2 rails)
 #
 # then runs the command with stdout and stderr merged, teeing them to the host and to
 # tests/rxe/.last-run.log, and writes the command's exit status to RUN_DIR/rc.
@@ -47,47 +49,60 @@ port_ready() { # port_ready DEV: port 1 ACTIVE and its GID[1] (IPv4-mapped RoCE 
     [[ $gid == 0000:0000:0000:0000:0000:ffff:* ]]
 }
 
-setup_rxe() {
-    log "kernel $(uname -r), $(nproc) cpus; setting up rxe"
-    modprobe -a veth ib_uverbs rdma_rxe rdma_ucm
-
+setup_pair() { # setup_pair I: veth(2I) 10.(77+I).0.1 <-> veth(2I+1) 10.(77+I).0.2, rxe(2I), rxe(2I+1)
+    local i=$1 a=veth$((2 * $1)) b=veth$((2 * $1 + 1)) net=10.$((77 + $1)).0
+    local ra=rxe$((2 * $1)) rb=rxe$((2 * $1 + 1))
     # Both addresses are local to this one kernel, so by default traffic between them goes
     # through `lo`, where rxe drops it. Route locally generated traffic for the other address
     # out through the veth pair instead: per-destination tables consulted (for `iif lo`, i.e.
     # locally generated, packets only) before the `local` table, which moves below them.
-    ip -batch - <<'EOF'
-link add veth0 mtu 9000 type veth peer name veth1 mtu 9000
-addr add 10.77.0.1/24 dev veth0
-addr add 10.77.0.2/24 dev veth1
-link set veth0 up
-link set veth1 up
-route add 10.77.0.2/32 dev veth0 src 10.77.0.1 table 100
-route add 10.77.0.1/32 dev veth1 src 10.77.0.2 table 101
-rule add pref 100 iif lo to 10.77.0.2/32 lookup 100
-rule add pref 101 iif lo to 10.77.0.1/32 lookup 101
-rule add pref 200 lookup local
-rule del pref 0 lookup local
+    ip -batch - <<EOF
+link add $a mtu 9000 type veth peer name $b mtu 9000
+addr add $net.1/24 dev $a
+addr add $net.2/24 dev $b
+link set $a up
+link set $b up
+route add $net.2/32 dev $a src $net.1 table $((100 + 2 * i))
+route add $net.1/32 dev $b src $net.2 table $((101 + 2 * i))
+rule add pref $((100 + 2 * i)) iif lo to $net.2/32 lookup $((100 + 2 * i))
+rule add pref $((101 + 2 * i)) iif lo to $net.1/32 lookup $((101 + 2 * i))
 EOF
     # Packets from a local source address arriving on veth must be accepted.
     local c
-    for c in all default veth0 veth1; do
+    for c in $a $b; do
         echo 1 > "/proc/sys/net/ipv4/conf/$c/accept_local"
         echo 0 > "/proc/sys/net/ipv4/conf/$c/rp_filter"
     done
-
-    rdma -b - <<'EOF'
-link add rxe0 type rxe netdev veth0
-link add rxe1 type rxe netdev veth1
+    rdma -b - <<EOF
+link add $ra type rxe netdev $a
+link add $rb type rxe netdev $b
 EOF
-    wait_for 30 "rxe0 ACTIVE with GID[1]" port_ready rxe0
-    wait_for 30 "rxe1 ACTIVE with GID[1]" port_ready rxe1
-    [[ -e /dev/infiniband/uverbs0 && -e /dev/infiniband/uverbs1 ]] ||
-        wait_for 10 "/dev/infiniband/uverbs*" test -e /dev/infiniband/uverbs1
+    wait_for 30 "$ra ACTIVE with GID[1]" port_ready "$ra"
+    wait_for 30 "$rb ACTIVE with GID[1]" port_ready "$rb"
+    local ga gb
+    read -r ga < "/sys/class/infiniband/$ra/ports/1/gids/1"
+    read -r gb < "/sys/class/infiniband/$rb/ports/1/gids/1"
+    log "$ra ($a $net.1, GID[1] $ga) and $rb ($b $net.2, GID[1] $gb) ACTIVE"
+}
 
-    local g0 g1
-    read -r g0 < /sys/class/infiniband/rxe0/ports/1/gids/1
-    read -r g1 < /sys/class/infiniband/rxe1/ports/1/gids/1
-    log "rxe0 (veth0 10.77.0.1, GID[1] $g0) and rxe1 (veth1 10.77.0.2, GID[1] $g1) ACTIVE"
+setup_rxe() {
+    log "kernel $(uname -r), $(nproc) cpus; setting up rxe (${RXE_RAILS:-1} rail(s))"
+    modprobe -a veth ib_uverbs rdma_rxe rdma_ucm
+    local c i
+    for c in all default; do
+        echo 1 > "/proc/sys/net/ipv4/conf/$c/accept_local"
+        echo 0 > "/proc/sys/net/ipv4/conf/$c/rp_filter"
+    done
+    for ((i = 0; i < ${RXE_RAILS:-1}; i++)); do
+        setup_pair "$i"
+    done
+    ip -batch - <<'EOF'
+rule add pref 200 lookup local
+rule del pref 0 lookup local
+EOF
+    local last=$((2 * ${RXE_RAILS:-1} - 1))
+    [[ -e /dev/infiniband/uverbs$last ]] ||
+        wait_for 10 "/dev/infiniband/uverbs*" test -e "/dev/infiniband/uverbs$last"
 }
 
 inner() { # set-up, then the command; stdout+stderr of both are merged by the caller
@@ -111,6 +126,10 @@ inner() { # set-up, then the command; stdout+stderr of both are merged by the ca
     export RDMAXFER_RXE_NETDEVS="veth0 veth1"
     export RDMAXFER_RXE_ADDRS="10.77.0.1 10.77.0.2"
     export RDMAXFER_GID_INDEX=1
+    export RDMAXFER_RXE_RAILS=${RXE_RAILS:-1}
+    if ((RDMAXFER_RXE_RAILS == 2)); then
+        export RDMAXFER_RXE_RAIL_DEVICES="rxe0,rxe2 rxe1,rxe3"
+    fi
     # Debian's pyverbs alone, for another CPython 3.11 (a venv's) to put on its sys.path
     # without all of /usr/lib/python3/dist-packages.
     if [[ -d /usr/lib/python3/dist-packages/pyverbs ]]; then

@@ -13,6 +13,9 @@
 #   --timeout SECONDS   limit for the whole run, boot included (default 1800)
 #   --cpus N            guest CPUs (default: the host's, at most 4)
 #   --memory SIZE       guest memory (default 4G)
+#   --rails N           1 (default) or 2: with 2, a second veth pair (veth2 10.78.0.1, veth3
+#                       10.78.0.2) carries rxe2 and rxe3, so one side has rails rxe0+rxe2 and
+#                       the other rxe1+rxe3
 #   --keep-udev         run the guest's real udev coldplug (slow under TCG; for debugging)
 #   --verbose           show the guest kernel's console
 #
@@ -21,6 +24,8 @@
 #   RDMAXFER_RXE=1 RDMAXFER_RXE_DEVICES="rxe0 rxe1" RDMAXFER_RXE_NETDEVS="veth0 veth1"
 #   RDMAXFER_RXE_ADDRS="10.77.0.1 10.77.0.2" RDMAXFER_GID_INDEX=1
 #   RDMAXFER_PYVERBS_PATH (a directory holding only Debian's pyverbs, for a venv's sys.path)
+#   RDMAXFER_RXE_RAILS=N, and with --rails 2 RDMAXFER_RXE_RAIL_DEVICES="rxe0,rxe2 rxe1,rxe3"
+#   (each side's rails, comma-separated; the first of each is the one RDMAXFER_RXE_DEVICES names)
 # and `ulimit -l unlimited`. Its stdout and stderr are merged, shown as they come and also
 # written to tests/rxe/.last-run.log. The exit status is CMD's; 124 when the time limit was hit,
 # 125 when the VM or the rxe set-up failed.
@@ -48,6 +53,7 @@ setup_only=0
 cpus=$(nproc)
 ((cpus > 4)) && cpus=4
 memory=4G
+rails=1
 keep_udev=0
 verbose=0
 while (($#)); do
@@ -59,6 +65,8 @@ while (($#)); do
     --cpus=*) cpus=${1#*=} ;;
     --memory) memory=${2:?--memory needs SIZE}; shift ;;
     --memory=*) memory=${1#*=} ;;
+    --rails) rails=${2:?--rails needs N}; shift ;;
+    --rails=*) rails=${1#*=} ;;
     --keep-udev) keep_udev=1 ;;
     --verbose | -v) verbose=1 ;;
     -h | --help) usage 0 ;;
@@ -68,6 +76,7 @@ while (($#)); do
     shift
 done
 [[ $timeout_s =~ ^[0-9]+$ ]] || die "--timeout wants whole seconds, got '$timeout_s'"
+[[ $rails == 1 || $rails == 2 ]] || die "--rails wants 1 or 2, got '$rails'"
 if ((!setup_only && $# == 0)); then
     usage
 fi
@@ -121,6 +130,7 @@ log_file=$HERE/.last-run.log
     printf 'RXE_DEADLINE=%d\n' "$deadline"
     printf 'RXE_LOG=%q\n' "$log_file"
     printf 'RXE_SETUP_ONLY=%d\n' "$setup_only"
+    printf 'RXE_RAILS=%d\n' "$rails"
     rxe_cmd=("$@")
     declare -p rxe_cmd | sed 's/^declare -a rxe_cmd=/RXE_CMD=/'
 } > "$run_dir/env"
@@ -143,8 +153,8 @@ if ((!keep_udev)) && [[ -n $udevadm ]] && unshare --mount --propagation private 
     launcher=(unshare --mount --propagation private -- bash -c "$binds"'exec env "$@"' run-in-vm)
 fi
 
-printf 'run-in-vm: booting %s (%s, %s CPUs, %s) for at most %ss\n' "$kernel" \
-    "$([[ ${#kvm_opt[@]} -eq 0 ]] && echo KVM || echo TCG)" "$cpus" "$memory" "$timeout_s" >&2
+printf 'run-in-vm: booting %s (%s, %s CPUs, %s, %s rail(s)) for at most %ss\n' "$kernel" \
+    "$([[ ${#kvm_opt[@]} -eq 0 ]] && echo KVM || echo TCG)" "$cpus" "$memory" "$rails" "$timeout_s" >&2
 start=$(date +%s)
 # timeout signals its whole process group, QEMU included; stdin must not be the caller's.
 # QEMU reopens /proc/self/fd/1 and 2 with O_TRUNC, which would wipe (NUL-fill) a caller's log

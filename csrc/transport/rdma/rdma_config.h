@@ -4,11 +4,14 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace rdmaxfer {
 
 struct RdmaConfig {
-  std::string device;       // "" -> env RDMAXFER_RDMA_DEVICE -> first device with an active port
+  std::vector<std::string> devices;  // the rails (rdma_rails.h); {} -> `device`
+  std::string device;       // "" -> env RDMAXFER_RDMA_DEVICES -> env RDMAXFER_RDMA_DEVICE ->
+                            // first device with an active port
   int port = 0;             // 0 -> the device's first active port
   int gid_index = -1;       // -1 -> env RDMAXFER_GID_INDEX -> auto (see verbs_context.h)
   std::string poll_mode;    // "event" (default; env RDMAXFER_POLL_MODE) or "busy"

@@ -1,5 +1,6 @@
-// RdmaConnection: set-up, one-sided operations, completions and teardown. The protocol's
-// primitives (control SENDs, grants, WRITE_WITH_IMM) are in rdma_messages.cc.
+// RdmaConnection: set-up, completions and teardown. The protocol's
+// primitives (control SENDs, grants, WRITE_WITH_IMM) are in rdma_messages.cc, the placement of
+// one-sided chunks on the rails and failover in rdma_striping.cc.
 #include "transport/rdma/rdma_connection.h"
 
 #include <sys/socket.h>
@@ -10,7 +11,6 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "transport/chunking.h"
 
 namespace rdmaxfer {
 
@@ -32,25 +32,29 @@ ErrorKind kind_of(ibv_wc_status status) {
 }  // namespace
 
 RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& settings,
-                               RdmaShared shared, uint32_t tag, int n_qps)
+                               RdmaShared shared, uint32_t tag, const std::vector<LaneSpec>& lanes)
     : Channel(transport.stats()),
       transport_(transport),
       settings_(settings),
       shared_(std::move(shared)),
       tag_(tag) {
-  lanes_.resize(static_cast<size_t>(n_qps));
-  posted_recvs_ = std::make_unique<std::atomic<int>[]>(static_cast<size_t>(n_qps));
-  for (int i = 0; i < n_qps; ++i) {
-    Lane& lane = lanes_[static_cast<size_t>(i)];
+  const size_t n_rails = shared_.rails.size();
+  rail_up_.assign(n_rails, true);
+  rail_cause_.assign(n_rails, "");
+  rail_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(n_rails);
+  lanes_.resize(lanes.size());
+  posted_recvs_ = std::make_unique<std::atomic<int>[]>(lanes.size());
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    Lane& lane = lanes_[i];
+    const Rail& rail = shared_.rails.at(static_cast<size_t>(lanes[i].rail));
+    lane.rail = lanes[i].rail;
+    lane.peer_rail = lanes[i].peer_rail;
     lane.recv_slab =
-        std::make_unique<BufferSlab>(shared_.pd, settings_.ctrl_size, settings_.ctrl_depth);
+        std::make_unique<BufferSlab>(rail.pd, settings_.ctrl_size, settings_.ctrl_depth);
     lane.send_slab =
-        std::make_unique<BufferSlab>(shared_.pd, settings_.ctrl_size, settings_.ctrl_slots);
-    lane.qp = std::make_unique<QueuePair>(shared_.pd, shared_.cq, settings_.limits, tag_);
-    lane.sq = std::make_unique<SendQueue>(*lane.qp, wr_prefix(tag_, i, false), *lane.send_slab,
-                                          std::max<uint32_t>(1, settings_.limits.sq_depth / 4));
+        std::make_unique<BufferSlab>(rail.pd, settings_.ctrl_size, settings_.ctrl_slots);
+    lane.qp = std::make_unique<QueuePair>(rail.pd, rail.cq, settings_.limits, tag_);
     lane.qp->to_init();
-    for (uint32_t s = 0; s < settings_.ctrl_depth; ++s) post_recv_slot(i, s);
   }
 }
 
@@ -63,62 +67,96 @@ RdmaConnection::~RdmaConnection() {
 }
 
 EndpointRecord RdmaConnection::local_record() const {
-  const DeviceContext& dc = shared_.pd->context();
   EndpointRecord r;
-  r.link_layer = dc.ethernet() ? EndpointRecord::kLinkEthernet : EndpointRecord::kLinkInfiniBand;
-  r.lid = dc.port_attr().lid;
-  r.active_mtu = static_cast<uint8_t>(dc.port_attr().active_mtu);
-  r.port = dc.port();
-  r.gid_index = static_cast<uint8_t>(dc.gid_index());
-  std::memcpy(r.gid, dc.gid().raw, 16);
+  for (const Rail& rail : shared_.rails) r.rails.push_back(rail.record);
   r.max_message = static_cast<uint32_t>(std::min<uint64_t>(settings_.max_message, 0xffffffffu));
   r.ctrl_size = settings_.ctrl_size;
   r.ctrl_depth = settings_.ctrl_depth;
   r.responder_resources = settings_.limits.responder_resources;
   r.initiator_depth = settings_.limits.initiator_depth;
   r.engine_id = transport_.engine_id();
-  for (const Lane& lane : lanes_) r.qps.push_back({lane.qp->qp_num(), lane.qp->psn()});
+  for (const Lane& lane : lanes_) {
+    r.qps.push_back({lane.qp->qp_num(), lane.qp->psn(), static_cast<uint8_t>(lane.rail),
+                     static_cast<uint8_t>(lane.peer_rail)});
+  }
   return r;
 }
 
-void RdmaConnection::connect_qps(const EndpointRecord& peer) {
-  const DeviceContext& dc = shared_.pd->context();
-  const uint8_t own_link =
-      dc.ethernet() ? EndpointRecord::kLinkEthernet : EndpointRecord::kLinkInfiniBand;
-  auto link_name = [](uint8_t l) {
-    return l == EndpointRecord::kLinkEthernet ? "Ethernet (RoCE)" : "InfiniBand";
-  };
-  if (peer.link_layer != own_link) {
-    throw Error(ErrorKind::kConnection,
-                std::string("the peer's RDMA port has link layer ") + link_name(peer.link_layer) +
-                    " but " + dc.name() + " has " + link_name(own_link) +
-                    "; both ends must be on the same fabric");
-  }
-  if (peer.qps.size() != lanes_.size()) {
-    throw Error(ErrorKind::kProtocol, "the peer offers " + std::to_string(peer.qps.size()) +
-                                          " QPs for a connection of " +
-                                          std::to_string(lanes_.size()));
-  }
+void RdmaConnection::connect_qps(const EndpointRecord& peer, bool acceptor) {
+  if (peer.qps.empty()) throw Error(ErrorKind::kConnection, no_rail_pair(shared_.rails, peer));
   if (peer.ctrl_size < CtrlHeader::kSize) {
     throw Error(ErrorKind::kProtocol, "the peer's control buffers (" +
                                           std::to_string(peer.ctrl_size) + " bytes) are too small");
   }
-  const auto mtu = static_cast<ibv_mtu>(
-      std::min<int>(peer.active_mtu, static_cast<int>(dc.port_attr().active_mtu)));
+  // QPs pair within groups named by the connector's rail: the k-th of ours in a group with the
+  // k-th of the peer's in the same group.
+  auto group_of_mine = [acceptor](const Lane& l) { return acceptor ? l.peer_rail : l.rail; };
+  auto group_of_peer = [acceptor](const EndpointRecord::Qp& q) {
+    return acceptor ? static_cast<int>(q.rail) : static_cast<int>(q.peer_rail);
+  };
+  std::vector<Lane> paired;
+  std::vector<const EndpointRecord::Qp*> peer_qps;
+  std::vector<size_t> used(peer.qps.size(), 0);
+  for (Lane& lane : lanes_) {
+    const EndpointRecord::Qp* match = nullptr;
+    for (size_t j = 0; j < peer.qps.size() && match == nullptr; ++j) {
+      if (used[j] == 0 && group_of_peer(peer.qps[j]) == group_of_mine(lane)) {
+        used[j] = 1;
+        match = &peer.qps[j];
+      }
+    }
+    if (match == nullptr) {
+      if (acceptor) {
+        throw Error(ErrorKind::kProtocol, "the peer offers no QP to pair with ours on " +
+                                              rail_name(lane.rail));
+      }
+      continue;  // a rail of ours that no rail of the acceptor reaches: its QP goes
+    }
+    lane.peer_rail = match->rail;
+    paired.push_back(std::move(lane));
+    peer_qps.push_back(match);
+  }
+  // The acceptor leaves the connector's unreachable rails unpaired; the connector pairs all the
+  // acceptor offers.
+  if (paired.empty() || (!acceptor && std::find(used.begin(), used.end(), 0) != used.end())) {
+    throw Error(ErrorKind::kConnection,
+                "no rail pair: the peer's QPs do not match ours (" +
+                    std::to_string(peer.qps.size()) + " offered, " +
+                    std::to_string(paired.size()) + " paired)");
+  }
+  lanes_ = std::move(paired);
+  posted_recvs_ = std::make_unique<std::atomic<int>[]>(lanes_.size());
   const QpLimits& own = settings_.limits;
-  negotiated_.path_mtu = mtu_bytes(mtu);
   negotiated_.max_rd_atomic =
       std::max<uint8_t>(1, std::min(own.initiator_depth, peer.responder_resources));
   negotiated_.max_dest_rd_atomic =
       std::max<uint8_t>(1, std::min(own.responder_resources, peer.initiator_depth));
+  negotiated_.path_mtu = 0;
   for (size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = lanes_[i];
+    const Rail& rail = shared_.rails.at(static_cast<size_t>(lane.rail));
+    const EndpointRecord::Rail& theirs = peer.rails.at(static_cast<size_t>(lane.peer_rail));
+    if (!rails_reach(rail.record, theirs)) {
+      throw Error(ErrorKind::kConnection,
+                  "the peer paired " + rail_text(rail.context->name(), rail.record) +
+                      " with its rail " + std::to_string(lane.peer_rail) +
+                      " on another link layer or network; both ends must share a fabric");
+    }
+    lane.sq = std::make_unique<SendQueue>(*lane.qp, wr_prefix(tag_, static_cast<int>(i), false),
+                                          *lane.send_slab,
+                                          std::max<uint32_t>(1, settings_.limits.sq_depth / 4));
+    for (uint32_t s = 0; s < settings_.ctrl_depth; ++s) post_recv_slot(static_cast<int>(i), s);
+    const auto mtu = static_cast<ibv_mtu>(
+        std::min<int>(theirs.active_mtu, static_cast<int>(rail.record.active_mtu)));
+    const int bytes = mtu_bytes(mtu);
+    negotiated_.path_mtu = negotiated_.path_mtu == 0 ? bytes : std::min(negotiated_.path_mtu, bytes);
     QpAddress addr;
-    addr.qpn = peer.qps[i].qpn;
-    addr.psn = peer.qps[i].psn;
-    addr.lid = peer.lid;
-    std::memcpy(addr.gid.raw, peer.gid, 16);
-    lanes_[i].qp->to_rtr(addr, mtu, negotiated_.max_dest_rd_atomic);
-    lanes_[i].qp->to_rts(negotiated_.max_rd_atomic);
+    addr.qpn = peer_qps[i]->qpn;
+    addr.psn = peer_qps[i]->psn;
+    addr.lid = theirs.lid;
+    std::memcpy(addr.gid.raw, theirs.gid, 16);
+    lane.qp->to_rtr(addr, mtu, negotiated_.max_dest_rd_atomic);
+    lane.qp->to_rts(negotiated_.max_rd_atomic);
   }
   uint64_t peer_max = peer.max_message == 0 ? settings_.max_message : peer.max_message;
   max_chunk_ = std::min<uint64_t>({settings_.max_message, peer_max, 1ull << 30});
@@ -134,7 +172,7 @@ void RdmaConnection::start(UniqueFd socket, std::string peer) {
     peer_ = std::move(peer);
   }
   socket_ = std::move(socket);
-  shared_.poller->watch_socket(socket_.get(), tag_);
+  control_poller().watch_socket(socket_.get(), tag_);
 }
 
 RdmaConnection::State RdmaConnection::state() const {
@@ -148,15 +186,26 @@ std::string RdmaConnection::peer() const {
 }
 
 std::string RdmaConnection::describe() const {
-  std::string s = "rdma to " + peer() + ", " + std::to_string(streams()) + " RC QP(s) on " +
-                  shared_.pd->context().name();
+  const std::vector<int> rails = used_rails();
+  std::string names;
+  for (int r : rails) names += (names.empty() ? "" : "+") + rail_name(r);
+  std::string s = "rdma to " + peer() + ", " + std::to_string(streams()) + " RC QP(s) on " + names;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s += ", rails:";
+    for (int r : rails) {
+      const size_t i = static_cast<size_t>(r);
+      s += " " + rail_name(r) + " " + (rail_up_[i] ? "up" : "failed (" + rail_cause_[i] + ")") +
+           " " + std::to_string(rail_bytes_[i].load()) + " bytes;";
+    }
+  }
   for (const auto& [name, value] : attributes()) s += ", " + name + " " + std::to_string(value);
   return s;
 }
 
 uint64_t RdmaConnection::outstanding_wrs() const {
   uint64_t n = 0;
-  for (const Lane& lane : lanes_) n += lane.sq->in_flight();
+  for (const Lane& lane : lanes_) n += lane.sq ? lane.sq->in_flight() : 0;
   return n;
 }
 
@@ -167,18 +216,31 @@ uint64_t RdmaConnection::posted_receives() const {
 }
 
 std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const {
-  return {{"path_mtu", negotiated_.path_mtu},
+  std::vector<std::pair<std::string, uint64_t>> rails;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int r : used_rails()) {
+      const std::string key = "rail_" + rail_name(r);
+      const size_t i = static_cast<size_t>(r);
+      rails.emplace_back(key + "_bytes", rail_bytes_[i].load());
+      rails.emplace_back(key + "_up", rail_up_[i] ? 1 : 0);
+    }
+  }
+  std::vector<std::pair<std::string, uint64_t>> out = {{"path_mtu", negotiated_.path_mtu},
           {"max_rd_atomic", negotiated_.max_rd_atomic},
           {"max_dest_rd_atomic", negotiated_.max_dest_rd_atomic},
           {"max_inline", lanes_.empty() ? 0 : lanes_[0].qp->limits().max_inline},
           {"rnr_retry", kRnrRetries},
           {"outstanding_wrs", outstanding_wrs()},
-          {"posted_receives", posted_receives()}};
+          {"posted_receives", posted_receives()},
+          {"rails", rails.size() / 2}};
+  out.insert(out.end(), rails.begin(), rails.end());
+  return out;
 }
 
 RequestPtr RdmaConnection::new_request(OpKind op, uint64_t bytes) {
   auto req = std::make_shared<Request>(transport_.next_request_id(), op, bytes);
-  req->set_progress(shared_.poller);
+  req->set_progress(shared_.rails[static_cast<size_t>(lanes_[0].rail)].poller);
   return req;
 }
 
@@ -204,103 +266,7 @@ void RdmaConnection::check_remote(const Descriptor& remote, uint64_t remote_offs
   check_remote_range(remote, remote_offset, length, what);
 }
 
-int RdmaConnection::least_loaded(int among) const {
-  int best = 0;
-  uint64_t best_bytes = lanes_[0].sq->queued_bytes();
-  for (int i = 1; i < among; ++i) {
-    const uint64_t b = lanes_[static_cast<size_t>(i)].sq->queued_bytes();
-    if (b < best_bytes) {
-      best = i;
-      best_bytes = b;
-    }
-  }
-  return best;
-}
-
 uint64_t RdmaConnection::max_chunk() const { return max_chunk_; }
-
-void RdmaConnection::submit(int lane, std::vector<SendWork> works) {
-  try {
-    lanes_[static_cast<size_t>(lane)].sq->submit(std::move(works));
-  } catch (const Error& e) {
-    abort(ErrorKind::kTransport, std::string("connection to ") + peer() + " aborted: " + e.what());
-  }
-}
-
-RequestPtr RdmaConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
-                                      uint64_t local_offset, const Descriptor& remote,
-                                      uint64_t remote_offset, uint64_t length,
-                                      const TransferOptions& options) {
-  return post_one_sided(OpKind::kWrite, local, local_offset, remote, remote_offset, length,
-                        options);
-}
-
-RequestPtr RdmaConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
-                                     uint64_t local_offset, const Descriptor& remote,
-                                     uint64_t remote_offset, uint64_t length,
-                                     const TransferOptions& options) {
-  return post_one_sided(OpKind::kRead, local, local_offset, remote, remote_offset, length,
-                        options);
-}
-
-RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
-                                          uint64_t local_offset, const Descriptor& remote,
-                                          uint64_t remote_offset, uint64_t length,
-                                          const TransferOptions& options) {
-  const char* what = op == OpKind::kWrite ? "WRITE" : "READ";
-  check_local_range(local, local_offset, length, what,
-                    op == OpKind::kRead ? LocalUse::kDestination : LocalUse::kSource);
-  check_remote(remote, remote_offset, length, what);
-  auto req = new_request(op, length);
-  count_when_terminal(req, op == OpKind::kRead ? "read" : "write");
-  post_chunks(op, req, local, local_offset, remote.addr + remote_offset, remote.key, length,
-              false, 0, options);
-  return req;
-}
-
-void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
-                                 const std::shared_ptr<MemoryRegion>& local,
-                                 uint64_t local_offset, uint64_t remote_addr, uint32_t rkey,
-                                 uint64_t length, bool with_imm, uint32_t imm,
-                                 const TransferOptions& options) {
-  // With an immediate, every chunk goes on one QP so the WRITE_WITH_IMM lands last.
-  const int available = with_imm ? 1 : streams();
-  const ChunkPlan plan = plan_chunks(length, available, options, max_chunk());
-  req->set_parts(plan.count);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    check_open_locked();
-    active_[req->id()] = req;
-  }
-  const int first = with_imm ? least_loaded(streams()) : least_loaded(plan.streams);
-  std::vector<std::vector<SendWork>> per_lane(lanes_.size());
-  for (uint64_t i = 0; i < plan.count; ++i) {
-    const uint64_t off = i * plan.chunk;
-    const uint64_t n = std::min(plan.chunk, length - std::min(length, off));
-    const int lane =
-        with_imm ? first : (first + static_cast<int>(i % static_cast<uint64_t>(plan.streams))) %
-                               plan.streams;
-    SendWork w;
-    w.opcode = op == OpKind::kRead ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
-    if (with_imm && i + 1 == plan.count) {
-      w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-      w.imm = imm;
-    }
-    w.local_addr = reinterpret_cast<uint64_t>(local->addr() + local_offset + off);
-    w.length = static_cast<uint32_t>(n);
-    w.lkey = local->lkey();
-    w.remote_addr = remote_addr + off;
-    w.rkey = rkey;
-    w.request = req;
-    w.hold = RegionUse(local);
-    per_lane[static_cast<size_t>(lane)].push_back(std::move(w));
-  }
-  for (size_t l = 0; l < per_lane.size(); ++l) {
-    if (per_lane[l].empty()) continue;
-    per_lane[l].back().last = true;
-    submit(static_cast<int>(l), std::move(per_lane[l]));
-  }
-}
 
 void RdmaConnection::post_recv_slot(int lane, uint32_t slot) {
   Lane& l = lanes_[static_cast<size_t>(lane)];
@@ -366,6 +332,15 @@ void RdmaConnection::on_completion(const ibv_wc& wc) {
   const int lane = static_cast<int>((wc.wr_id >> 33) & 0x7f);
   const bool is_recv = ((wc.wr_id >> 32) & 1) != 0;
   if (lane >= streams()) return;
+  const int rail = lanes_[static_cast<size_t>(lane)].rail;
+  bool failed_over = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_over = !rail_up_[static_cast<size_t>(rail)];
+  }
+  // A failed-over rail's flushes: its chunks were taken and posted elsewhere (drained() no
+  // longer counts its QPs).
+  if (failed_over) return;
   if (is_recv) posted_recvs_[static_cast<size_t>(lane)].fetch_sub(1);  // consumed or flushed
   if (state() == State::kClosed) {
     // Flushed (or completed) after teardown began: retire it; the last one releases.
@@ -374,6 +349,13 @@ void RdmaConnection::on_completion(const ibv_wc& wc) {
     return;
   }
   if (wc.status != IBV_WC_SUCCESS) {
+    if (rail != lanes_[0].rail && wc.status != IBV_WC_REM_ACCESS_ERR) {
+      // A data rail failed: its chunks, the failed one included, move (a bad descriptor
+      // fails the transfer instead: it would on every rail).
+      rail_down(rail, std::string(is_recv ? "a receive" : "a WR") + " failed: " +
+                          wc_status_text(wc.status) + " (QP " + std::to_string(wc.qp_num) + ")");
+      return;
+    }
     if (is_recv) {
       fail_from_completion(wc, nullptr, "receive");
       return;
@@ -398,7 +380,10 @@ void RdmaConnection::on_completion(const ibv_wc& wc) {
     abort(ErrorKind::kTransport, std::string("connection to ") + peer() + " aborted: " + e.what());
     return;
   }
-  if (!r.parts_done.empty()) stats_->add_lane(lane, r.part_bytes);
+  if (!r.parts_done.empty()) {
+    stats_->add_lane(lane, r.part_bytes);
+    rail_bytes_[static_cast<size_t>(rail)] += r.part_bytes;
+  }
   if (r.ctrl_bytes > 0) stats_->add_op("ctrl", r.ctrl_bytes);
   finish_parts(r.parts_done);
 }
@@ -428,13 +413,11 @@ void RdmaConnection::on_socket_ready() {
   // Other bytes are not part of the protocol; ignore them.
 }
 
-void RdmaConnection::on_qp_event(const std::string& what) {
-  abort(ErrorKind::kConnection, "connection to " + peer() + " aborted: " + what);
-}
-
 bool RdmaConnection::drained() const {
+  std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < lanes_.size(); ++i) {
-    if (!lanes_[i].sq->idle() || posted_recvs_[i].load() > 0) return false;
+    if (!rail_up_[static_cast<size_t>(lanes_[i].rail)]) continue;  // failed over: nothing kept
+    if ((lanes_[i].sq && !lanes_[i].sq->idle()) || posted_recvs_[i].load() > 0) return false;
   }
   return true;
 }
@@ -465,9 +448,12 @@ void RdmaConnection::wait_drained(double timeout_s) {
   };
   // A teardown begun by another thread (an error completion, the peer's GOODBYE) may still be
   // failing its requests after the flushes drained: wait for both.
-  while (!(torn_down() && release_if_drained()) && shared_.poller->running() &&
+  const CqPoller& poller = control_poller();
+  while (!(torn_down() && release_if_drained()) && poller.running() &&
          std::chrono::steady_clock::now() < deadline) {
-    if (shared_.poller->progress()) continue;
+    bool progressed = false;
+    for (const Rail& rail : shared_.rails) progressed = rail.poller->progress() || progressed;
+    if (progressed) continue;
     std::unique_lock<std::mutex> lock(drain_mu_);
     drain_cv_.wait_for(lock, std::chrono::milliseconds(2));
   }
@@ -539,7 +525,7 @@ void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
     // EOF. The queued GOODBYE byte, if any, still goes out before the FIN.
     std::lock_guard<std::mutex> lock(socket_mu_);
     if (socket_.valid()) {
-      shared_.poller->unwatch_socket(socket_.get());
+      control_poller().unwatch_socket(socket_.get());
       ::shutdown(socket_.get(), SHUT_WR);
       socket_.reset();
     }

@@ -1,4 +1,7 @@
-// A connection to one peer over one or more RC QPs (the verbs Connection).
+// A connection to one peer over one or more RC QPs (the verbs Connection), on one or more rails
+// (rdma_rails.h): each QP sits on one of this engine's rails and pairs with a QP on the peer's
+// rail that it reaches (endpoint_record.h). Lane 0 (the first QP) carries the control SENDs,
+// the grants and WRITE_WITH_IMM; its rail is the control rail.
 //
 // Lifecycle (explicit state, see State):
 //   kPrepared   constructed by the transport: QPs created and in INIT, control receive buffers
@@ -19,7 +22,17 @@
 //
 // Operations (same semantics as TcpConnection):
 //   WRITE / READ    one-sided, chunked (chunking.h, capped at the smaller max message of the two
-//                   ports) and spread over the QPs; done when every chunk's WR completed.
+//                   ports); done when every chunk's WR completed. From kStripeMin bytes on, the
+//                   chunks are striped over every live rail, each rail's share in proportion
+//                   to its link speed (smooth weighted round robin), and over that rail's QPs;
+//                   smaller ones go on one rail: the local region's home rail when it has one
+//                   (the NIC nearest its GPU, set at registration), else the least loaded.
+//   failover        when a rail fails (an error completion or async QP error on one of its
+//                   QPs, its device removed or its port down), its QPs go to ERR and every
+//                   one-sided chunk queued or in flight on them is posted again on the live
+//                   rails (with that rail's lkey and the peer rail's rkey from the descriptor):
+//                   the transfer completes. When no rail is left, or the control rail fails,
+//                   the connection closes with every failed rail's cause in the error.
 //   control         SENDs of control_msg.h into the peer's control receive buffers (lane 0).
 //   grant           the destination's region, or a temporary MR with REMOTE_WRITE over it if
 //                   its region lacks that access; its address and rkey go out in the CTS.
@@ -47,12 +60,16 @@
 #include "transport/rdma/control_msg.h"
 #include "transport/rdma/cq_poller.h"
 #include "transport/rdma/endpoint_record.h"
+#include "transport/rdma/rdma_rails.h"
 #include "transport/rdma/send_queue.h"
 #include "transport/rdma/verbs_mr.h"
 #include "transport/rdma/verbs_qp.h"
 #include "transport/transport.h"
 
 namespace rdmaxfer {
+
+// One-sided transfers of at least this many bytes are striped over the rails.
+constexpr uint64_t kStripeMin = 512 * 1024;
 
 struct RdmaConnSettings {
   uint64_t eager_limit = 8192;
@@ -63,11 +80,17 @@ struct RdmaConnSettings {
   uint64_t max_message = 1ull << 30;  // local port's max_msg_sz
 };
 
-// What every connection of one transport shares; held by shared_ptr so it outlives them all.
+// What every connection of one transport shares: its rails (each holds its PD, CQ and poller by
+// shared_ptr, so they outlive the connections).
 struct RdmaShared {
-  std::shared_ptr<ProtectionDomain> pd;
-  std::shared_ptr<CompletionQueue> cq;
-  std::shared_ptr<CqPoller> poller;
+  std::vector<Rail> rails;
+};
+
+// Where one QP of a connection sits: this engine's rail, and the peer's rail it pairs with
+// (EndpointRecord::kAnyRail on the connecting side until the acceptor chose).
+struct LaneSpec {
+  int rail = 0;
+  int peer_rail = EndpointRecord::kAnyRail;
 };
 
 // wr_id layout: tag (24 bits) << 40 | qp index (7 bits) << 33 | is_recv << 32 | seq or slot.
@@ -82,12 +105,14 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
   enum class State { kPrepared, kConnected, kClosed };
 
   RdmaConnection(Transport& transport, const RdmaConnSettings& settings, RdmaShared shared,
-                 uint32_t tag, int n_qps);
+                 uint32_t tag, const std::vector<LaneSpec>& lanes);
   ~RdmaConnection() override;
 
   // Set-up, on the thread that connects or accepts.
   EndpointRecord local_record() const;
-  void connect_qps(const EndpointRecord& peer);
+  // Pairs every QP with one of the peer's (the connector drops those the acceptor left
+  // unpaired), posts the control receives and brings the QPs to RTS.
+  void connect_qps(const EndpointRecord& peer, bool acceptor);
   void start(UniqueFd socket, std::string peer);
   uint32_t tag() const { return tag_; }
 
@@ -125,11 +150,15 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
   // Completion thread.
   void on_completion(const ibv_wc& wc);
   void on_socket_ready();
-  void on_qp_event(const std::string& what);
+  void on_qp_event(uint32_t qp_num, const std::string& what);
+  // The local rail `rail` failed (`cause` says how): failover, see above.
+  void rail_down(int rail, const std::string& cause);
 
  private:
   // One QP with its buffers; members in destruction-safe order (the QP dies before its buffers).
   struct Lane {
+    int rail = 0;
+    int peer_rail = 0;
     std::unique_ptr<BufferSlab> recv_slab;
     std::unique_ptr<BufferSlab> send_slab;
     std::unique_ptr<QueuePair> qp;
@@ -153,13 +182,27 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
                             const TransferOptions& options);
   // Registers `req` as active and posts its WRs: striped over the lanes, or (with_imm) all on
   // one lane with the last one a WRITE_WITH_IMM carrying `imm`.
+  // `remote_keys`: the remote region's rkey on each peer rail (with_imm: the grant's, on the
+  // peer's control rail, alone).
   void post_chunks(OpKind op, const RequestPtr& req, const std::shared_ptr<MemoryRegion>& local,
-                   uint64_t local_offset, uint64_t remote_addr, uint32_t rkey, uint64_t length,
+                   uint64_t local_offset, uint64_t remote_addr,
+                   std::shared_ptr<const std::vector<uint32_t>> remote_keys, uint64_t length,
                    bool with_imm, uint32_t imm, const TransferOptions& options);
-  int least_loaded(int among) const;
+  // Lanes on a live rail whose peer rail has a key in `keys` (null: lanes of the control rail).
+  std::vector<int> usable_lanes(const std::vector<uint32_t>* keys) const;
+  int least_loaded(const std::vector<int>& among) const;
+  // The rail each of `count` chunks goes on: `rails` weighted by link speed.
+  std::vector<int> stripe(const std::vector<int>& rails, uint64_t count) const;
   uint64_t max_chunk() const;
-  // Posts on a lane; a failed ibv_post_send aborts the connection.
+  // Posts on a lane; a failed ibv_post_send aborts the connection; works a failed-over lane
+  // refuses move to the live rails.
   void submit(int lane, std::vector<SendWork> works);
+  // Failover: posts `works` (chunks of a failed rail) on the live lanes.
+  void repost(std::vector<SendWork> works);
+  std::string rail_name(int rail) const;
+  std::vector<int> used_rails() const;  // the rails of the lanes, in lane order
+  // The control rail's completion thread (it also watches the bootstrap socket).
+  CqPoller& control_poller() const { return *shared_.rails[static_cast<size_t>(lanes_[0].rail)].poller; }
   void post_recv_slot(int lane, uint32_t slot);
   void on_recv(int lane, const ibv_wc& wc);
   void finish_parts(const std::vector<RequestPtr>& parts);
@@ -201,6 +244,10 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
   ErrorKind error_kind_ = ErrorKind::kClosed;
   std::string error_;
   std::unordered_map<uint64_t, RequestPtr> active_;  // one-sided ops and write_notify data
+  // Per local rail (index as in shared_.rails): up, why it failed, and bytes it carried.
+  std::vector<bool> rail_up_;
+  std::vector<std::string> rail_cause_;
+  std::unique_ptr<std::atomic<uint64_t>[]> rail_bytes_;
   uint32_t window_ = 1;  // the credit window the peer's receive buffers allow
   std::unordered_map<uint64_t, GrantHold> grants_;
   uint64_t next_grant_ = 1;

@@ -45,11 +45,14 @@ Grant RdmaConnection::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t
                             uint64_t length, uint32_t value,
                             const RequestPtr& /*progress: the CQ drives it*/) {
   uint8_t* dst = local->addr() + offset;
-  // The peer writes straight into dst, which needs REMOTE_WRITE.
+  // The peer writes straight into dst, which needs REMOTE_WRITE, on the control rail (its
+  // WRITE_WITH_IMM comes on the QP paired with our first).
+  const size_t rail = static_cast<size_t>(lanes_[0].rail);
   std::unique_ptr<VerbsMr> temp;
-  uint32_t rkey = local->key();
+  const auto* region = dynamic_cast<const RdmaRegion*>(local.get());
+  uint32_t rkey = region != nullptr ? region->rkey_on(rail) : local->key();
   if ((local->access() & kAccessRemoteWrite) == 0) {
-    temp = std::make_unique<VerbsMr>(shared_.pd, dst, length,
+    temp = std::make_unique<VerbsMr>(shared_.rails[rail].pd, dst, length,
                                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     rkey = temp->rkey();
   }
@@ -75,7 +78,9 @@ void RdmaConnection::post_write_notify(const RequestPtr& request,
                                        uint32_t key, uint32_t value,
                                        const TransferOptions& options) {
   try {
-    post_chunks(OpKind::kWrite, request, local, offset, addr, key, length, true, value, options);
+    post_chunks(OpKind::kWrite, request, local, offset, addr,
+                std::make_shared<const std::vector<uint32_t>>(1, key), length, true, value,
+                options);
   } catch (const Error& e) {
     request->fail(e);  // closed meanwhile: nothing was posted
   }
@@ -98,6 +103,7 @@ void RdmaConnection::on_recv(int lane, const ibv_wc& wc) {
       }
     }
     stats_->add_lane(lane, landed);  // every chunk of a notified WRITE comes on one QP
+    rail_bytes_[static_cast<size_t>(l.rail)] += landed;
     events()->on_notify(value);
     return;
   }

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/interrupt.h"
+#include "transport/rdma/rdma_rails.h"
 #include "transport/socket.h"
 
 namespace rdmaxfer {
@@ -39,8 +40,13 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
                 "streams=" + std::to_string(config_.default_qps) + " exceeds " +
                     std::to_string(EndpointRecord::kMaxQps) + " QPs per connection");
   }
-  context_ = DeviceContext::open(config_.device, config_.port, config_.gid_index);
-  const ibv_device_attr& dev = context_->device_attr();
+  for (const std::string& name : rail_devices(config_)) {
+    Rail rail;
+    rail.context = DeviceContext::open(name, config_.port, config_.gid_index);
+    rail.record = rail_record(*rail.context);
+    rails_.push_back(std::move(rail));
+  }
+  const ibv_device_attr& dev = rails_[0].context->device_attr();
   settings_.eager_limit = config_.eager_limit > 0 ? config_.eager_limit : 8192;
   if (settings_.eager_limit > settings_.ctrl_size - CtrlHeader::kSize - 1024) {
     throw Error(ErrorKind::kInvalidArgument,
@@ -48,26 +54,47 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
                     std::to_string(settings_.ctrl_size - CtrlHeader::kSize - 1024) +
                     " bytes on rdma");
   }
-  const int max_wr = std::max(16, dev.max_qp_wr);
+  // Every rail's QPs use the same limits: the smallest of the devices'.
+  int max_wr = dev.max_qp_wr;
+  int init_rd = dev.max_qp_init_rd_atom;
+  int rd = dev.max_qp_rd_atom;
+  int max_cqe = dev.max_cqe;
+  settings_.max_message = 1ull << 30;
+  for (const Rail& rail : rails_) {
+    const ibv_device_attr& a = rail.context->device_attr();
+    max_wr = std::min(max_wr, a.max_qp_wr);
+    init_rd = std::min(init_rd, a.max_qp_init_rd_atom);
+    rd = std::min(rd, a.max_qp_rd_atom);
+    max_cqe = std::min(max_cqe, a.max_cqe);
+    const uint64_t msg = rail.context->port_attr().max_msg_sz;
+    if (msg > 0) settings_.max_message = std::min<uint64_t>(settings_.max_message, msg);
+  }
+  max_wr = std::max(16, max_wr);
   settings_.limits.sq_depth = static_cast<uint32_t>(
       std::min(max_wr, config_.sq_depth > 0 ? config_.sq_depth : 256));
   settings_.limits.rq_depth = settings_.ctrl_depth;
-  settings_.limits.initiator_depth =
-      static_cast<uint8_t>(std::clamp(dev.max_qp_init_rd_atom, 1, 16));
-  settings_.limits.responder_resources = static_cast<uint8_t>(std::clamp(dev.max_qp_rd_atom, 1, 16));
-  settings_.max_message = context_->port_attr().max_msg_sz > 0
-                              ? context_->port_attr().max_msg_sz
-                              : (1ull << 30);
-  pd_ = std::make_shared<ProtectionDomain>(context_);
-  channel_ = std::make_shared<CompletionChannel>(context_);
-  cq_ = std::make_shared<CompletionQueue>(context_, channel_, std::min(kMaxCqe, dev.max_cqe));
-  CqPoller::Handlers h;
-  h.completions = [this](const ibv_wc* wcs, int n) { on_completions(wcs, n); };
-  h.async_event = [this](const ibv_async_event& e) { on_async_event(e); };
-  h.socket_ready = [this](uint64_t tag) { on_socket(tag); };
-  h.fatal = [this](const std::string& why) { abort_all(ErrorKind::kTransport, why); };
-  poller_ = std::make_shared<CqPoller>(context_, channel_, cq_, busy_poll_, std::move(h));
-  poller_->start();
+  settings_.limits.initiator_depth = static_cast<uint8_t>(std::clamp(init_rd, 1, 16));
+  settings_.limits.responder_resources = static_cast<uint8_t>(std::clamp(rd, 1, 16));
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    Rail& rail = rails_[i];
+    rail.pd = std::make_shared<ProtectionDomain>(rail.context);
+    rail.channel = std::make_shared<CompletionChannel>(rail.context);
+    rail.cq = std::make_shared<CompletionQueue>(rail.context, rail.channel,
+                                                std::min(kMaxCqe, max_cqe));
+    const int index = static_cast<int>(i);
+    CqPoller::Handlers h;
+    h.completions = [this](const ibv_wc* wcs, int n) { on_completions(wcs, n); };
+    h.async_event = [this, index](const ibv_async_event& e) { on_async_event(index, e); };
+    h.socket_ready = [this](uint64_t tag) { on_socket(tag); };
+    h.fatal = [this, index](const std::string& why) {
+      rail_failed(index, "completion thread of " + rails_[static_cast<size_t>(index)].context->name() +
+                             " failed: " + why);
+    };
+    rail.poller =
+        std::make_shared<CqPoller>(rail.context, rail.channel, rail.cq, busy_poll_, std::move(h));
+    pds_.push_back(rail.pd);
+  }
+  for (Rail& rail : rails_) rail.poller->start();
 }
 
 RdmaTransport::~RdmaTransport() { shutdown(); }
@@ -83,35 +110,45 @@ Capabilities RdmaTransport::capabilities() const {
 }
 
 std::string RdmaTransport::describe() const {
-  const ibv_port_attr& pa = context_->port_attr();
-  const bool eth = context_->ethernet();
-  std::string s = "rdma: device " + context_->name() + " port " +
-                  std::to_string(context_->port()) + ", link layer " +
-                  (eth ? "Ethernet (RoCE)" : "InfiniBand") + ", ";
+  const DeviceContext& dc = *rails_[0].context;
+  const ibv_port_attr& pa = dc.port_attr();
+  const bool eth = dc.ethernet();
+  std::string s = "rdma: device " + dc.name() + " port " + std::to_string(dc.port()) +
+                  ", link layer " + (eth ? "Ethernet (RoCE)" : "InfiniBand") + ", ";
   if (eth) {
-    s += "GID index " + std::to_string(context_->gid_index()) + " " + context_->gid_text() +
-         " (" + context_->gid_choice() + ")";
+    s += "GID index " + std::to_string(dc.gid_index()) + " " + dc.gid_text() + " (" +
+         dc.gid_choice() + ")";
   } else {
     s += "LID " + std::to_string(pa.lid);
   }
   s += ", active MTU " + std::to_string(mtu_bytes(pa.active_mtu)) + ", max message " +
        std::to_string(settings_.max_message) + " bytes, poll mode " + config_.poll_mode + ", " +
-       std::to_string(config_.default_qps) + " QP(s) per connection, send queue " +
+       std::to_string(config_.default_qps) + " QP(s) per connection and rail, send queue " +
        std::to_string(settings_.limits.sq_depth) + " WRs, eager limit " +
-       std::to_string(settings_.eager_limit) + " bytes";
+       std::to_string(settings_.eager_limit) + " bytes, " + std::to_string(rails_.size()) +
+       " rail(s):";
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    s += (i == 0 ? " " : ", ") + rail_text(rails_[i].context->name(), rails_[i].record);
+  }
   return s;
+}
+
+std::vector<std::string> RdmaTransport::rails() const {
+  std::vector<std::string> out;
+  for (const Rail& rail : rails_) out.push_back(rail.context->name());
+  return out;
 }
 
 std::shared_ptr<MemoryRegion> RdmaTransport::make_region(uint8_t* addr, uint64_t length,
                                                          uint32_t access,
                                                          std::unique_ptr<PinnedAllocation> owned) {
-  return std::make_shared<RdmaRegion>(pd_, addr, length, access, std::move(owned));
+  return std::make_shared<RdmaRegion>(pds_, addr, length, access, std::move(owned));
 }
 
 std::shared_ptr<MemoryRegion> RdmaTransport::make_device_region(uint8_t* addr, uint64_t length,
                                                                 uint32_t access, int dmabuf_fd,
                                                                 uint64_t dmabuf_offset) {
-  return std::make_shared<RdmaRegion>(pd_, addr, length, access, dmabuf_fd, dmabuf_offset);
+  return std::make_shared<RdmaRegion>(pds_, addr, length, access, dmabuf_fd, dmabuf_offset);
 }
 
 uint16_t RdmaTransport::listen(const std::string& host, uint16_t port) {
@@ -129,8 +166,13 @@ uint16_t RdmaTransport::listen(const std::string& host, uint16_t port) {
   return acceptor_->port();
 }
 
-std::shared_ptr<RdmaConnection> RdmaTransport::prepare(int n_qps) {
+std::shared_ptr<RdmaConnection> RdmaTransport::prepare(const std::vector<LaneSpec>& lanes) {
+  // Each rail's CQ takes the entries of the QPs on it: reserve for the busiest rail.
+  std::vector<int> per_rail(rails_.size(), 0);
+  for (const LaneSpec& l : lanes) ++per_rail[static_cast<size_t>(l.rail)];
+  const int n_qps = *std::max_element(per_rail.begin(), per_rail.end());
   const int need = n_qps * static_cast<int>(settings_.limits.sq_depth + settings_.ctrl_depth);
+  const int cq_size = rails_[0].cq->size();
   uint32_t tag = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -145,11 +187,11 @@ std::shared_ptr<RdmaConnection> RdmaTransport::prepare(int n_qps) {
         ++it;
       }
     }
-    if (cq_reserved_ + need > cq_->size()) {
+    if (cq_reserved_ + need > cq_size) {
       throw Error(ErrorKind::kConnection,
                   "too many open rdma connections: the completion queue (" +
-                      std::to_string(cq_->size()) + " entries) has room for " +
-                      std::to_string(cq_->size() - cq_reserved_) + " more, this one needs " +
+                      std::to_string(cq_size) + " entries) has room for " +
+                      std::to_string(cq_size - cq_reserved_) + " more, this one needs " +
                       std::to_string(need) + "; close endpoints you no longer use");
     }
     do {
@@ -159,8 +201,7 @@ std::shared_ptr<RdmaConnection> RdmaTransport::prepare(int n_qps) {
     reservations_[tag] = need;
   }
   try {
-    auto conn = std::make_shared<RdmaConnection>(*this, settings_,
-                                                 RdmaShared{pd_, cq_, poller_}, tag, n_qps);
+    auto conn = std::make_shared<RdmaConnection>(*this, settings_, RdmaShared{rails_}, tag, lanes);
     attach_protocol(conn);
     std::lock_guard<std::mutex> lock(mu_);
     connections_[tag] = conn;
@@ -177,8 +218,7 @@ EndpointRecord RdmaTransport::read_record(int fd, const Deadline& deadline) {
   std::string buf(EndpointRecord::kHeaderSize, '\0');
   recv_exact(fd, buf.data(), buf.size(), deadline,
              "rdma handshake: waiting for the peer's endpoint record");
-  const int n = EndpointRecord::peek_qps(reinterpret_cast<const uint8_t*>(buf.data()));
-  buf.resize(EndpointRecord::size_for(n));
+  buf.resize(EndpointRecord::peek_size(reinterpret_cast<const uint8_t*>(buf.data())));
   recv_exact(fd, buf.data() + EndpointRecord::kHeaderSize,
              buf.size() - EndpointRecord::kHeaderSize, deadline,
              "rdma handshake: reading the peer's QP list");
@@ -190,7 +230,7 @@ void RdmaTransport::handshake(RdmaConnection& conn, int fd, const EndpointRecord
   const std::string rec = conn.local_record().pack();
   send_exact(fd, rec.data(), rec.size(), deadline, "rdma handshake: sending the endpoint record");
   const EndpointRecord peer = peer_record != nullptr ? *peer_record : read_record(fd, deadline);
-  conn.connect_qps(peer);
+  conn.connect_qps(peer, peer_record != nullptr);
   const uint8_t ready = EndpointRecord::kReadyByte;
   send_exact(fd, &ready, 1, deadline, "rdma handshake: sending READY");
   uint8_t got = 0;
@@ -204,9 +244,20 @@ void RdmaTransport::handshake(RdmaConnection& conn, int fd, const EndpointRecord
 std::shared_ptr<RdmaConnection> RdmaTransport::accept_one(AcceptedGroup group) {
   UniqueFd fd = std::move(group.fds[0]);
   Deadline deadline(kAcceptHandshakeS);
-  // The connector states the QP count in its record: read it before creating ours.
+  // The connector offers QPs on each of its rails: read its record before creating ours.
   const EndpointRecord peer = read_record(fd.get(), deadline);
-  auto conn = prepare(static_cast<int>(peer.qps.size()));
+  const std::vector<LaneSpec> lanes = pair_rails(peer);
+  if (lanes.empty()) {
+    // Our rails alone (no QP): the connector reports the same error.
+    EndpointRecord ours;
+    for (const Rail& rail : rails_) ours.rails.push_back(rail.record);
+    ours.engine_id = engine_id();
+    const std::string rec = ours.pack();
+    send_exact(fd.get(), rec.data(), rec.size(), deadline,
+               "rdma handshake: sending the endpoint record");
+    throw Error(ErrorKind::kConnection, no_rail_pair(rails_, peer));
+  }
+  auto conn = prepare(lanes);
   handshake(*conn, fd.get(), &peer, deadline);
   conn->start(std::move(fd), group.peer);
   return conn;
@@ -253,10 +304,11 @@ std::shared_ptr<Channel> RdmaTransport::accept(double timeout_s) {
 std::shared_ptr<Channel> RdmaTransport::connect(const std::string& host, uint16_t port,
                                                    const ConnectOptions& options) {
   const int n = options.streams > 0 ? options.streams : config_.default_qps;
-  if (n > EndpointRecord::kMaxQps) {
-    throw Error(ErrorKind::kInvalidArgument, "streams=" + std::to_string(n) + " exceeds " +
-                                                 std::to_string(EndpointRecord::kMaxQps) +
-                                                 " QPs per connection");
+  if (n * static_cast<int>(rails_.size()) > EndpointRecord::kMaxQps) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "streams=" + std::to_string(n) + " on " + std::to_string(rails_.size()) +
+                    " rail(s) exceeds " + std::to_string(EndpointRecord::kMaxQps) +
+                    " QPs per connection");
   }
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   Deadline deadline(options.timeout_s);
@@ -266,7 +318,11 @@ std::shared_ptr<Channel> RdmaTransport::connect(const std::string& host, uint16_
   return counted_connect(peer, [&](int* retries) {
     std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kRdma, 1,
                                                   engine_id(), rng(), sockets, deadline, retries);
-    auto conn = prepare(n);
+    std::vector<LaneSpec> lanes;
+    for (size_t r = 0; r < rails_.size(); ++r) {
+      for (int i = 0; i < n; ++i) lanes.push_back({static_cast<int>(r), EndpointRecord::kAnyRail});
+    }
+    auto conn = prepare(lanes);
     handshake(*conn, fds[0].get(), nullptr, deadline);
     conn->start(std::move(fds[0]), peer);
     return std::static_pointer_cast<Channel>(conn);
@@ -288,7 +344,7 @@ void RdmaTransport::on_completions(const ibv_wc* wcs, int n) {
   }
 }
 
-void RdmaTransport::on_async_event(const ibv_async_event& event) {
+void RdmaTransport::on_async_event(int rail, const ibv_async_event& event) {
   const std::string what =
       std::string("asynchronous event: ") + verbs().event_type_str(event.event_type);
   switch (event.event_type) {
@@ -297,16 +353,57 @@ void RdmaTransport::on_async_event(const ibv_async_event& event) {
     case IBV_EVENT_QP_ACCESS_ERR:
     case IBV_EVENT_PATH_MIG_ERR: {
       const auto tag = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(event.element.qp->qp_context));
-      if (auto conn = find(tag)) conn->on_qp_event(what);
+      if (auto conn = find(tag)) conn->on_qp_event(event.element.qp->qp_num, what);
       return;
     }
     case IBV_EVENT_CQ_ERR:
     case IBV_EVENT_DEVICE_FATAL:
     case IBV_EVENT_PORT_ERR:
-      abort_all(ErrorKind::kTransport, "device " + context_->name() + ": " + what);
+      rail_failed(rail, "device " + rails_[static_cast<size_t>(rail)].context->name() + ": " + what);
       return;
     default: return;  // informational (LID change, last WQE reached, ...)
   }
+}
+
+std::vector<std::shared_ptr<RdmaConnection>> RdmaTransport::live_connections() {
+  std::vector<std::shared_ptr<RdmaConnection>> conns;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [tag, w] : connections_) {
+    if (auto c = w.lock()) conns.push_back(std::move(c));
+  }
+  return conns;
+}
+
+void RdmaTransport::rail_failed(int rail, const std::string& cause) {
+  const std::vector<std::shared_ptr<RdmaConnection>> conns = live_connections();
+  // One rail: its connections close (rail_down of their only rail says so).
+  for (const auto& c : conns) c->rail_down(rail, cause);
+}
+
+std::vector<LaneSpec> RdmaTransport::pair_rails(const EndpointRecord& peer) const {
+  // For each connector rail that offers QPs, the first of our rails that reaches it, preferring
+  // one not paired yet (so two rails each side pair one to one).
+  std::vector<int> load(rails_.size(), 0);
+  std::vector<LaneSpec> lanes;
+  for (size_t c = 0; c < peer.rails.size(); ++c) {
+    int n = 0;
+    for (const auto& q : peer.qps) n += q.rail == c ? 1 : 0;
+    if (n == 0) continue;
+    int best = -1;
+    for (size_t r = 0; r < rails_.size(); ++r) {
+      if (!rails_reach(rails_[r].record, peer.rails[c])) continue;
+      if (best < 0 || load[r] < load[static_cast<size_t>(best)]) best = static_cast<int>(r);
+    }
+    if (best < 0) continue;
+    ++load[static_cast<size_t>(best)];
+    for (int i = 0; i < n; ++i) lanes.push_back({best, static_cast<int>(c)});
+  }
+  if (static_cast<int>(lanes.size()) > EndpointRecord::kMaxQps) {
+    throw Error(ErrorKind::kProtocol, "the peer asks for " + std::to_string(lanes.size()) +
+                                          " QPs; at most " +
+                                          std::to_string(EndpointRecord::kMaxQps));
+  }
+  return lanes;
 }
 
 void RdmaTransport::on_socket(uint64_t tag) {
@@ -314,14 +411,8 @@ void RdmaTransport::on_socket(uint64_t tag) {
 }
 
 void RdmaTransport::abort_all(ErrorKind kind, const std::string& reason) {
-  std::vector<std::shared_ptr<RdmaConnection>> conns;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [tag, w] : connections_) {
-      if (auto c = w.lock()) conns.push_back(std::move(c));
-    }
-  }
-  for (auto& c : conns) c->abort(kind, reason);
+  const std::vector<std::shared_ptr<RdmaConnection>> conns = live_connections();
+  for (const auto& c : conns) c->abort(kind, reason);
 }
 
 void RdmaTransport::shutdown() {
@@ -342,15 +433,9 @@ void RdmaTransport::shutdown() {
   acceptor.reset();
   abort_all(ErrorKind::kClosed, "the engine was closed");
   // Drain every connection's flush completions before the completion thread stops.
-  std::vector<std::shared_ptr<RdmaConnection>> conns;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [tag, w] : connections_) {
-      if (auto c = w.lock()) conns.push_back(std::move(c));
-    }
-  }
-  for (auto& c : conns) c->close();  // closed already: waits (bounded) for the drain
-  poller_->stop();
+  const std::vector<std::shared_ptr<RdmaConnection>> conns = live_connections();
+  for (const auto& c : conns) c->close();  // closed already: waits (bounded) for the drain
+  for (Rail& rail : rails_) rail.poller->stop();
 }
 
 }  // namespace rdmaxfer

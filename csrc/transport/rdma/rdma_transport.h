@@ -1,7 +1,7 @@
 // The verbs transport: the whole API over RC queue pairs (libibverbs, loaded at run time).
 //
-// Lifecycle: constructed (device opened, PD, one completion channel + CQ, completion thread
-// running) -> listen() (bootstrap acceptor thread, plus a listener thread that runs the verbs
+// Lifecycle: constructed (each rail's device opened with its PD, completion channel, CQ and
+// completion thread running; rdma_rails.h) -> listen() (bootstrap acceptor thread, plus a listener thread that runs the verbs
 // handshake of each accepted peer, so a connect() completes before accept() is called, as on
 // TCP) -> connections by accept()/connect(): the
 // TCP bootstrap (one stream, TransportKind::kRdma) carries the endpoint records
@@ -9,9 +9,11 @@
 // every connection aborted, the completion thread stopped. Verbs objects are freed when their
 // last holder goes (regions and connections keep the PD, CQ and context alive).
 //
-// Every connection's QPs complete on the one CQ; a completion finds its connection through the
-// tag in its wr_id. The CQ has a fixed size, so connections reserve their share of it and a
-// connection that would not fit is refused (ConnectionFailed) rather than risking an overrun.
+// Every connection's QPs complete on their rail's CQ; a completion finds its connection through
+// the tag in its wr_id. The CQs have a fixed size, so connections reserve their share (of the
+// busiest rail) and a connection that would not fit is refused (ConnectionFailed) rather than
+// risking an overrun. A device's fatal event or a failed completion thread fails its rail over
+// in every connection (rdma_connection.h).
 #pragma once
 
 #include <atomic>
@@ -38,6 +40,7 @@ class RdmaTransport : public Transport {
 
   Capabilities capabilities() const override;
   std::string describe() const override;
+  std::vector<std::string> rails() const override;
   uint16_t listen(const std::string& host, uint16_t port) override;
   std::shared_ptr<Channel> accept(double timeout_s) override;
   std::shared_ptr<Channel> connect(const std::string& host, uint16_t port,
@@ -52,15 +55,21 @@ class RdmaTransport : public Transport {
                                                    uint64_t dmabuf_offset) override;
 
  private:
-  std::shared_ptr<RdmaConnection> prepare(int n_qps);
+  std::shared_ptr<RdmaConnection> prepare(const std::vector<LaneSpec>& lanes);
+  // The acceptor's QPs for a connector's record (see endpoint_record.h); none when no rail of
+  // ours reaches one of the peer's (the acceptor then answers with a record without QPs).
+  std::vector<LaneSpec> pair_rails(const EndpointRecord& peer) const;
+  // A rail's device failed: every connection fails over (RdmaConnection::rail_down).
+  void rail_failed(int rail, const std::string& cause);
   static EndpointRecord read_record(int fd, const Deadline& deadline);
   // Sends our record, reads the peer's (unless the acceptor already has it), brings the QPs to
   // RTS, then the READY exchange.
   void handshake(RdmaConnection& conn, int fd, const EndpointRecord* peer_record,
                  const Deadline& deadline);
   std::shared_ptr<RdmaConnection> find(uint32_t tag);
+  std::vector<std::shared_ptr<RdmaConnection>> live_connections();
   void on_completions(const ibv_wc* wcs, int n);
-  void on_async_event(const ibv_async_event& event);
+  void on_async_event(int rail, const ibv_async_event& event);
   void on_socket(uint64_t tag);
   void abort_all(ErrorKind kind, const std::string& reason);
   void listener_loop();
@@ -70,11 +79,8 @@ class RdmaTransport : public Transport {
   RdmaConfig config_;
   bool busy_poll_ = false;
   RdmaConnSettings settings_;
-  std::shared_ptr<DeviceContext> context_;
-  std::shared_ptr<ProtectionDomain> pd_;
-  std::shared_ptr<CompletionChannel> channel_;
-  std::shared_ptr<CompletionQueue> cq_;
-  std::shared_ptr<CqPoller> poller_;
+  std::vector<Rail> rails_;  // rdma_rails.h; rail 0 first
+  PdList pds_;              // each rail's PD, in rail order: every registration covers them
   int cq_reserved_ = 0;
 
   std::unique_ptr<Acceptor> acceptor_;

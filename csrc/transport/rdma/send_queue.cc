@@ -34,20 +34,21 @@ SendQueue::SendQueue(QueuePair& qp, uint64_t wr_prefix, BufferSlab& ctrl_slots,
   for (uint32_t i = ctrl_.count(); i > 0; --i) free_slots_.push_back(static_cast<int>(i - 1));
 }
 
-void SendQueue::submit(SendWork work) {
+std::vector<SendWork> SendQueue::submit(SendWork work) {
   std::vector<SendWork> works;
   works.push_back(std::move(work));
-  submit(std::move(works));
+  return submit(std::move(works));
 }
 
-void SendQueue::submit(std::vector<SendWork> works) {
+std::vector<SendWork> SendQueue::submit(std::vector<SendWork> works) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (dead_) return;  // the connection is being torn down; its abort fails the requests
+  if (dead_) return works;  // torn down (its abort fails the requests) or failed over
   for (auto& w : works) {
     queued_bytes_ += w.length;
     backlog_.push_back(std::move(w));
   }
   pump_locked();
+  return {};
 }
 
 void SendQueue::pump_locked() {
@@ -97,7 +98,8 @@ void SendQueue::pump_locked() {
       if (n > 0) wrs[n - 1].next = &wr;
       const bool counts_part = w.request != nullptr;
       in_flight_.push_back(InFlight{seq, w.opcode, std::move(w.request), counts_part, slot,
-                                    w.length, std::move(w.hold)});
+                                    w.length, std::move(w.hold), w.local_addr, w.remote_addr,
+                                    std::move(w.remote_keys)});
       backlog_.pop_front();
       ++n;
     }
@@ -162,6 +164,29 @@ std::vector<RequestPtr> SendQueue::take_all() {
     if (w.request && seen.insert(w.request.get()).second) out.push_back(w.request);
   }
   backlog_.clear();  // never posted: nothing of it is on the device
+  queued_bytes_ = 0;
+  return out;
+}
+
+std::vector<SendWork> SendQueue::take_works() {
+  std::vector<SendWork> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  dead_ = true;
+  for (auto& f : in_flight_) {
+    if (!f.counts_part) continue;  // a control SEND: it belongs to the control QP's rail
+    SendWork w;
+    w.opcode = f.opcode;
+    w.local_addr = f.local_addr;
+    w.length = f.length;
+    w.remote_addr = f.remote_addr;
+    w.request = std::move(f.request);
+    w.hold = std::move(f.hold);
+    w.remote_keys = std::move(f.remote_keys);
+    out.push_back(std::move(w));
+  }
+  in_flight_.clear();
+  for (auto& w : backlog_) out.push_back(std::move(w));
+  backlog_.clear();
   queued_bytes_ = 0;
   return out;
 }

@@ -42,6 +42,9 @@ struct SendWork {
   bool last = false;            // last WR of its request: always signaled
   RegionUse hold;               // keeps the local region registered while in flight
   std::string ctrl;             // control SEND: the message, copied into a slot when posted
+  // One-sided chunks that may move to another rail (failover): the remote region's rkey on
+  // each of the peer's rails (Descriptor::key_on). Null: bound to this QP (WRITE_WITH_IMM).
+  std::shared_ptr<const std::vector<uint32_t>> remote_keys;
 };
 
 // What retire() learned from one completion.
@@ -61,15 +64,21 @@ class SendQueue {
   SendQueue(const SendQueue&) = delete;
   SendQueue& operator=(const SendQueue&) = delete;
 
-  // Queues the works and posts what fits. Throws Error(kTransport) when ibv_post_send fails
-  // (the connection then aborts).
-  void submit(std::vector<SendWork> works);
-  void submit(SendWork work);
+  // Queues the works and posts what fits; returns those refused because the queue is dead (its
+  // QP failed or was torn down). Throws Error(kTransport) when ibv_post_send fails (the
+  // connection then aborts).
+  std::vector<SendWork> submit(std::vector<SendWork> works);
+  std::vector<SendWork> submit(SendWork work);
   // A completion of this queue (`wc.status` may be an error). Posts queued work after freeing.
   Retired retire(const ibv_wc& wc);
   // Teardown: every request that is queued or in flight (duplicates removed); the backlog is
   // dropped, the WRs in flight wait for their (flush) completions.
   std::vector<RequestPtr> take_all();
+  // Failover of this queue's rail: the queue dies and hands back, as works to post elsewhere,
+  // every one-sided chunk queued or in flight (a chunk that completed unsignaled is sent again:
+  // WRITE and READ are idempotent). Its QP must be in ERR first; the flushes that follow retire
+  // nothing.
+  std::vector<SendWork> take_works();
   // No WR in flight (all completed or flushed).
   bool idle() const;
   size_t in_flight() const;
@@ -84,6 +93,9 @@ class SendQueue {
     int slot;  // control slot, or -1
     uint32_t length;
     RegionUse hold;
+    uint64_t local_addr;
+    uint64_t remote_addr;
+    std::shared_ptr<const std::vector<uint32_t>> remote_keys;
   };
   void pump_locked();
 

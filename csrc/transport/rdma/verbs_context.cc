@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "transport/rdma/endpoint_record.h"
 #include "transport/rdma/rdma_config.h"
 
 namespace rdmaxfer {
@@ -52,13 +53,6 @@ bool gid_is_zero(const ibv_gid& g) {
     if (b != 0) return false;
   }
   return true;
-}
-
-bool gid_is_ipv4_mapped(const ibv_gid& g) {
-  for (int i = 0; i < 10; ++i) {
-    if (g.raw[i] != 0) return false;
-  }
-  return g.raw[10] == 0xff && g.raw[11] == 0xff;
 }
 
 // First active port of an open context (0 when none).
@@ -173,7 +167,7 @@ std::shared_ptr<DeviceContext> DeviceContext::open(const std::string& device_in,
       ibv_gid g{};
       if (api.query_gid(dc->ctx_, dc->port_, i, &g) != 0 || gid_is_zero(g)) continue;
       const bool v2 = read_sysfs_line(base + std::to_string(i)) == "RoCE v2";
-      const int rank = v2 ? (gid_is_ipv4_mapped(g) ? 3 : 2) : 1;
+      const int rank = v2 ? (gid_is_ipv4(g.raw) ? 3 : 2) : 1;
       if (rank > best_rank) {
         best = i;
         best_rank = rank;
@@ -193,6 +187,22 @@ std::shared_ptr<DeviceContext> DeviceContext::open(const std::string& device_in,
                     " is empty (no IP address on the netdev?); pick another gid_index");
   }
   return dc;
+}
+
+std::vector<std::string> DeviceContext::active_devices() {
+  const VerbsApi& api = verbs();
+  DeviceList list(api);
+  std::vector<std::string> out;
+  for (int i = 0; i < list.size(); ++i) {
+    ibv_context* ctx = api.open_device(list[i]);
+    if (ctx == nullptr) continue;
+    ibv_device_attr attr{};
+    if (api.query_device(ctx, &attr) == 0 && first_active_port(api, ctx, attr) != 0) {
+      out.emplace_back(api.get_device_name(list[i]));
+    }
+    api.close_device(ctx);
+  }
+  return out;
 }
 
 DeviceContext::~DeviceContext() {

@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "transport/rdma/verbs_api.h"
 
@@ -23,6 +24,8 @@ class DeviceContext {
  public:
   // Throws Error(kUnsupported) when no such device / no active port, kTransport on verbs errors.
   static std::shared_ptr<DeviceContext> open(const std::string& device, int port, int gid_index);
+  // Every device with an active port, in ibv_get_device_list order.
+  static std::vector<std::string> active_devices();
   ~DeviceContext();
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;

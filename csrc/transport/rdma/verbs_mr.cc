@@ -99,25 +99,35 @@ unsigned verbs_access(uint32_t access) {
   return flags;
 }
 
-RdmaRegion::RdmaRegion(std::shared_ptr<ProtectionDomain> pd, uint8_t* addr, uint64_t length,
-                       uint32_t access, std::unique_ptr<PinnedAllocation> owned)
-    : MemoryRegion(addr, length, access, std::move(owned)),
-      mr_(std::make_unique<VerbsMr>(std::move(pd), addr, length, verbs_access(access))) {
-  set_key(mr_->rkey());
-  lkey_ = mr_->lkey();
+RdmaRegion::RdmaRegion(const PdList& pds, uint8_t* addr, uint64_t length, uint32_t access,
+                       std::unique_ptr<PinnedAllocation> owned)
+    : MemoryRegion(addr, length, access, std::move(owned)) {
+  for (const auto& pd : pds) {
+    mrs_.push_back(std::make_unique<VerbsMr>(pd, addr, length, verbs_access(access)));
+  }
+  keep_keys();
+}
+
+void RdmaRegion::keep_keys() {
+  for (const auto& mr : mrs_) {
+    lkeys_.push_back(mr->lkey());
+    rkeys_.push_back(mr->rkey());
+  }
+  set_key(rkeys_.at(0));
 }
 
 }  // namespace rdmaxfer
 
 namespace rdmaxfer {
 
-RdmaRegion::RdmaRegion(std::shared_ptr<ProtectionDomain> pd, uint8_t* device_addr,
-                       uint64_t length, uint32_t access, int dmabuf_fd, uint64_t dmabuf_offset)
-    : MemoryRegion(device_addr, length, access, nullptr),
-      mr_(std::make_unique<VerbsMr>(std::move(pd), device_addr, length, verbs_access(access),
-                                    dmabuf_fd, dmabuf_offset)) {
-  set_key(mr_->rkey());
-  lkey_ = mr_->lkey();
+RdmaRegion::RdmaRegion(const PdList& pds, uint8_t* device_addr, uint64_t length,
+                       uint32_t access, int dmabuf_fd, uint64_t dmabuf_offset)
+    : MemoryRegion(device_addr, length, access, nullptr) {
+  for (const auto& pd : pds) {
+    mrs_.push_back(std::make_unique<VerbsMr>(pd, device_addr, length, verbs_access(access),
+                                             dmabuf_fd, dmabuf_offset));
+  }
+  keep_keys();
 }
 
 }  // namespace rdmaxfer

@@ -4,14 +4,17 @@
 // ibv_access_flags -> lkey for local SGEs, rkey for peers -> ibv_dereg_mr on destruction. It holds
 // its PD, so the PD outlives it.
 //
-// RdmaRegion is the engine-visible MemoryRegion: its key() is the rkey (what descriptors carry)
-// and lkey() the lkey. Access from use (core/region.h): IBV_ACCESS_LOCAL_WRITE only with
+// RdmaRegion is the engine-visible MemoryRegion: one VerbsMr in each rail's PD (rdma_rails.h);
+// its key() is the rkey on rail 0 (what descriptors carry, with rail_keys() for the others) and
+// lkey() the lkey on rail 0; lkey_on(rail) / rkey_on(rail) name the other rails'. Access from use (core/region.h): IBV_ACCESS_LOCAL_WRITE only with
 // kAccessLocalWrite (a READ lands in it, a receive writes it; a read-only mapping refuses it with
 // EFAULT), REMOTE_READ / REMOTE_WRITE only when asked for. revoke() (at deregistration)
 // destroys the MR at once: the rkey is dead even while the object lives on.
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <vector>
 
 #include "core/region.h"
 #include "transport/rdma/verbs_pd.h"
@@ -46,21 +49,33 @@ class VerbsMr {
 // The ibv_access_flags for a region with the engine's Access bits.
 unsigned verbs_access(uint32_t access);
 
+using PdList = std::vector<std::shared_ptr<ProtectionDomain>>;
+
 class RdmaRegion : public MemoryRegion {
  public:
-  RdmaRegion(std::shared_ptr<ProtectionDomain> pd, uint8_t* addr, uint64_t length,
-             uint32_t access, std::unique_ptr<PinnedAllocation> owned);
+  RdmaRegion(const PdList& pds, uint8_t* addr, uint64_t length, uint32_t access,
+             std::unique_ptr<PinnedAllocation> owned);
   // GPU memory registered for GPUDirect RDMA (see VerbsMr's device constructor).
-  RdmaRegion(std::shared_ptr<ProtectionDomain> pd, uint8_t* device_addr, uint64_t length,
-             uint32_t access, int dmabuf_fd, uint64_t dmabuf_offset);
-  uint32_t lkey() const override { return lkey_; }
+  RdmaRegion(const PdList& pds, uint8_t* device_addr, uint64_t length, uint32_t access,
+             int dmabuf_fd, uint64_t dmabuf_offset);
+  uint32_t lkey() const override { return lkeys_[0]; }
+  std::vector<uint32_t> rail_keys() const override {
+    return std::vector<uint32_t>(rkeys_.begin() + 1, rkeys_.end());
+  }
+  uint32_t lkey_on(size_t rail) const { return lkeys_.at(rail); }
+  uint32_t rkey_on(size_t rail) const { return rkeys_.at(rail); }
+  int home_rail() const override { return home_rail_.load(); }
+  void set_home_rail(int rail) override { home_rail_.store(rail); }
 
  protected:
-  void release_handle() override { mr_.reset(); }
+  void release_handle() override { mrs_.clear(); }
 
  private:
-  std::unique_ptr<VerbsMr> mr_;
-  uint32_t lkey_ = 0;
+  void keep_keys();
+  std::vector<std::unique_ptr<VerbsMr>> mrs_;
+  std::vector<uint32_t> lkeys_;
+  std::vector<uint32_t> rkeys_;
+  std::atomic<int> home_rail_{-1};
 };
 
 }  // namespace rdmaxfer

@@ -148,3 +148,15 @@ def nearest_nics(gpu_bdf: str, sysfs_root: str | os.PathLike[str] = "/sys") -> l
         nics.append(NicInfo(name, bdf, kind, software=not bdf or name.startswith(("rxe", "siw"))))
     rank = {k: i for i, k in enumerate(LINK_ORDER)}
     return sorted(nics, key=lambda n: (n.link is None, rank.get(n.link or "", 99), n.name))
+
+
+def nearest_rail(
+    gpu_bdf: str, rails: list[str], sysfs_root: str | os.PathLike[str] = "/sys"
+) -> int:
+    """The index in ``rails`` (an engine's RDMA devices, ``Engine.core.rails()``) of the one
+    nearest the GPU at ``gpu_bdf``: PIX/PXB before PHB before NODE before SYS (see
+    :func:`nearest_nics`); -1 when no rail has a PCI path to it (software devices, no sysfs)."""
+    for nic in nearest_nics(gpu_bdf, sysfs_root):
+        if nic.link is not None and nic.name in rails:
+            return rails.index(nic.name)
+    return -1

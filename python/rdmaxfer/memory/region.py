@@ -202,7 +202,8 @@ class MemoryRegion:
     def descriptor(self) -> _core.Descriptor:
         """The descriptor a peer passes to ``Endpoint.write``/``read`` to access this region.
 
-        Send ``descriptor().pack()`` (40 bytes) to the peer; ``Descriptor.unpack`` reads it.
+        Send ``descriptor().pack()`` (40 bytes, plus 4 per extra rail on a multi-rail rdma
+        engine) to the peer; ``Descriptor.unpack`` reads it.
 
         Raises:
             InvalidArgumentError: the region was deregistered.

@@ -151,7 +151,7 @@ class BenchResult:
 class RdmaSetup:
     """Where the two engines of an rdma benchmark run: this process on ``device``, the peer on
     ``peer_device`` listening on ``bind`` (an address of the peer device's netdev, or loopback
-    when both use one device)."""
+    when both use one device). A device may be a comma-separated list: one rail each."""
 
     device: str | None = None
     peer_device: str | None = None
@@ -159,13 +159,28 @@ class RdmaSetup:
 
     @classmethod
     def resolve(
-        cls, device: str | None = None, peer_device: str | None = None, bind: str | None = None
+        cls,
+        device: str | None = None,
+        peer_device: str | None = None,
+        bind: str | None = None,
+        rails: int = 1,
     ) -> RdmaSetup:
         """Fill what is not given from the rxe guest's ``RDMAXFER_RXE_DEVICES`` (``"rxe0
         rxe1"``: this side, peer side) and ``RDMAXFER_RXE_ADDRS`` (the peer listens on the
-        second address); else the engine's default device and loopback."""
+        second address); else the engine's default device and loopback. ``rails`` > 1 takes
+        that many devices a side from ``RDMAXFER_RXE_RAIL_DEVICES`` (``"rxe0,rxe2 rxe1,rxe3"``,
+        ``run-in-vm.sh --rails 2``); raises InvalidArgumentError when it has fewer."""
         devs = os.environ.get("RDMAXFER_RXE_DEVICES", "").split()
         addrs = os.environ.get("RDMAXFER_RXE_ADDRS", "").split()
+        if rails > 1:
+            sides = [s.split(",") for s in os.environ.get("RDMAXFER_RXE_RAIL_DEVICES", "").split()]
+            if len(sides) != 2 or min(len(s) for s in sides) < rails:
+                raise InvalidArgumentError(
+                    f"--rails {rails}: RDMAXFER_RXE_RAIL_DEVICES lists "
+                    f"{sides or 'no devices'}; run in tests/rxe/run-in-vm.sh --rails {rails}, "
+                    "or give --device and --peer-device as comma-separated lists"
+                )
+            devs = [",".join(side[:rails]) for side in sides]
         if device is None and len(devs) >= 2:
             device = devs[0]
         if peer_device is None:
@@ -178,7 +193,7 @@ class RdmaSetup:
 
 def _engine(transport: str, streams: int, device: str | None, secret: str) -> Engine:
     if transport == "rdma":
-        return Engine("rdma", streams=streams, rdma_device=device, secret=secret)
+        return Engine("rdma", streams=streams, rdma_devices=device, secret=secret)
     return Engine(transport, streams=streams, secret=secret)
 
 

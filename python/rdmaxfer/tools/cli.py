@@ -111,10 +111,16 @@ def cmd_info(args: argparse.Namespace) -> int:
         if not reason:
             with Engine(name) as engine:
                 details[name] = engine.describe()
+                if name == "rdma":
+                    info["rdma_rails"] = engine.core.rails()
     info["details"] = details
+    info.setdefault("rdma_rails", [])
     words = details.get("rdma", "").split()  # "rdma: device mlx5_0 port 1, ..."
     rdma_device = words[words.index("device") + 1] if "device" in words[:-1] else None
     info["gpu"] = gpu_report(available, rdma_device=rdma_device)
+    for g in info["gpu"]["gpus"]:  # the engine's rail nearest each GPU (its small transfers)
+        near = [n["name"] for n in g["nics"] if n["link"] and n["name"] in info["rdma_rails"]]
+        g["nearest_rail"] = near[0] if near else None
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -124,6 +130,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  {name:5} {state}")
     print(f"auto selects: {info['auto_selects']}  (override: RDMAXFER_TRANSPORT or --transport)")
     print(f"auto, peers on this host: {info['auto_same_host']}")
+    print(f"rdma rails: {', '.join(info['rdma_rails']) or 'none'} (RDMAXFER_RDMA_DEVICES)")
     print(f"locked-memory limit (ulimit -l): {info['memlock_limit']}")
     _print_gpu(info["gpu"])
     return 0
@@ -141,6 +148,8 @@ def _print_gpu(gpu: dict[str, Any]) -> None:
         )
         if not g["nics"]:
             print("    nearest RDMA NIC: none found in /sys/class/infiniband")
+        if g["nearest_rail"]:
+            print(f"    nearest rail: {g['nearest_rail']}")
         for nic in g["nics"][:3]:
             where = f"PCIe {nic['pci_bus_id']}" if nic["pci_bus_id"] else "software device"
             print(f"    RDMA NIC {nic['name']} ({where}): {nic['link'] or 'n/a'}")
@@ -281,7 +290,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     sizes = bench.parse_sizes(args.size)
     rdma = (
-        bench.RdmaSetup.resolve(args.device, args.peer_device, args.bind)
+        bench.RdmaSetup.resolve(args.device, args.peer_device, args.bind, args.rails)
         if transport == "rdma"
         else None
     )
@@ -540,6 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="rdma: this side's device (default: env / first active)")
     p.add_argument("--peer-device", help="rdma: the peer's device (default: env / --device)")
     p.add_argument("--bind", help="rdma: address the peer listens on (default: env / 127.0.0.1)")
+    p.add_argument(
+        "--rails", type=int, default=1, help="rdma: devices a side, from the rxe guest (--rails 2)"
+    )
     p.add_argument(
         "--reference", action="store_true", help="also run iperf3 (tcp) or ib_write_bw/lat (rdma)"
     )

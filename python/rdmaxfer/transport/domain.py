@@ -211,12 +211,23 @@ class MemoryDomain:
             except (RegistrationError, UnsupportedError) as exc:
                 errors.append(f"{method}: {exc}")
                 continue
+            core.home_rail = self._nearest_rail(view.device)
             region = MemoryRegion(self, core, view, np.empty(0, np.uint8), device=view.device)
             with self._lock:
                 self._regions[region.key] = region
                 self._by_range[(view.ptr, view.nbytes, bits)] = region
             return region
         raise RegistrationError("GPU memory registration failed: " + "; ".join(errors))
+
+    def _nearest_rail(self, device: int) -> int:
+        """This engine's rail nearest GPU ``device`` (small transfers of its memory take it), or
+        -1 with one rail or no PCI path (:func:`rdmaxfer.gpu.topology.nearest_rail`)."""
+        from ..gpu import topology
+        from ..memory import cuda
+
+        rails = self._core.rails()
+        bdf = next((g["pci_bus_id"] for g in cuda.status()["gpus"] if g["index"] == device), "")
+        return topology.nearest_rail(bdf, rails) if len(rails) > 1 and bdf else -1
 
     def _device_local(self, view: cuda.CudaArray) -> tuple[MemoryRegion, int] | None:
         """The live GPUDirect registration covering ``view`` (region, byte offset of the view in

@@ -111,7 +111,8 @@ class Endpoint(BatchOps):
         ``max_rd_atomic`` (RDMA READs this side keeps outstanding: the minimum of its
         initiator depth and the peer's responder resources), ``max_dest_rd_atomic`` (READs it
         serves at once: its responder resources against the peer's initiator depth, both from
-        the endpoint records), ``max_inline`` (bytes) and ``rnr_retry``.
+        the endpoint records), ``max_inline`` (bytes), ``rnr_retry``, ``rails`` and per rail
+        ``rail_<device>_bytes`` (carried) and ``rail_<device>_up`` (1, or 0 once failed).
         """
         info: dict[str, int | str] = {
             "transport": self._core.transport,

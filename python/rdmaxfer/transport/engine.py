@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from .. import _core
@@ -86,7 +87,17 @@ class Engine(MemoryDomain):
         socket_buffer: SO_SNDBUF/SO_RCVBUF in bytes (0: the system's default).
         streams: default parallel streams (TCP) or queue pairs per connection (0: default).
         rdma_device: rdma only: the device ("mlx5_0", "rxe0"; default: env
-            ``RDMAXFER_RDMA_DEVICE``, else the first device with an active port).
+            ``RDMAXFER_RDMA_DEVICES``, else ``RDMAXFER_RDMA_DEVICE``, else the first device with
+            an active port).
+        rdma_devices: rdma only: several devices, one rail each (``["mlx5_0", "mlx5_1"]``, or
+            ``"auto"``: every device with an active port; default: env
+            ``RDMAXFER_RDMA_DEVICES``, names separated by commas or spaces). Registrations
+            cover every rail (an rkey each, in the descriptor); a connection holds QPs on each
+            pair of rails the two engines share (same fabric and IPv4 network); transfers of
+            512 KiB and more are striped over the rails in proportion to link speed, smaller
+            ones take one rail (the NIC nearest the buffer's GPU when it has one). When a rail
+            fails mid-transfer its chunks move to the others; :meth:`Endpoint.describe` shows
+            each rail's state and bytes.
         gid_index: rdma only: the GID table index (default: env ``RDMAXFER_GID_INDEX``, else
             the first RoCE v2 GID holding an IPv4-mapped address).
         poll_mode: rdma only: ``"event"`` (default; the completion thread sleeps on the
@@ -109,6 +120,7 @@ class Engine(MemoryDomain):
         streams: int = 0,
         *,
         rdma_device: str | None = None,
+        rdma_devices: Sequence[str] | str | None = None,
         gid_index: int | None = None,
         poll_mode: str | None = None,
         secret: str | bytes | None = None,
@@ -128,6 +140,7 @@ class Engine(MemoryDomain):
                 gid_index=-1 if gid_index is None else gid_index,
                 poll_mode=poll_mode or "",
                 secret=secret,
+                rdma_devices=_device_list(rdma_devices),
             )
         )
         self._port: int | None = None
@@ -387,6 +400,19 @@ class Engine(MemoryDomain):
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _device_list(devices: Sequence[str] | str | None) -> list[str]:
+    """``rdma_devices=`` as the core takes it: [] (the environment decides), ``["auto"]`` or
+    names. Raises InvalidArgumentError for anything but a string or a sequence of strings."""
+    if devices is None:
+        return []
+    names = devices.replace(",", " ").split() if isinstance(devices, str) else list(devices)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise InvalidArgumentError(
+            f"rdma_devices={devices!r}: give device names (['mlx5_0', 'mlx5_1']) or 'auto'"
+        )
+    return names
 
 
 def _is_loopback(host: str) -> bool:

@@ -1,0 +1,54 @@
+// The rails of a verbs engine: the devices (ports) one engine runs on at once.
+//
+// A rail is one opened device port (DeviceContext) with its own PD, completion channel, CQ and
+// completion thread (CqPoller). Every registration makes an MR in each rail's PD (RdmaRegion),
+// so a descriptor carries an rkey per rail; every connection holds QPs on each pair of rails the
+// two sides share (endpoint_record.h: rails_reach), and stripes large one-sided transfers over
+// them in proportion to link speed (rdma_connection.h).
+//
+// Which devices: Engine(rdma_devices=[...]) or rdma_device=, else env RDMAXFER_RDMA_DEVICES
+// (names separated by commas or spaces; "auto" = every device with an active port), else env
+// RDMAXFER_RDMA_DEVICE, else the first device with an active port.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/rdma/cq_poller.h"
+#include "transport/rdma/endpoint_record.h"
+#include "transport/rdma/rdma_config.h"
+#include "transport/rdma/verbs_cq.h"
+#include "transport/rdma/verbs_pd.h"
+
+namespace rdmaxfer {
+
+struct Rail {
+  std::shared_ptr<DeviceContext> context;
+  std::shared_ptr<ProtectionDomain> pd;
+  std::shared_ptr<CompletionChannel> channel;
+  std::shared_ptr<CompletionQueue> cq;
+  std::shared_ptr<CqPoller> poller;
+  EndpointRecord::Rail record;  // what the peer learns about it
+};
+
+// The device names to open, in rail order ("" once: the default device). Throws
+// Error(kInvalidArgument) for a repeated name or more than EndpointRecord::kMaxRails, and
+// Error(kUnsupported) when "auto" finds no active port.
+std::vector<std::string> rail_devices(const RdmaConfig& config);
+
+// The port's data rate in Mb/s from its active_speed and active_width (0: unknown).
+uint32_t link_speed_mbps(uint8_t active_speed, uint8_t active_width);
+
+// The record of an opened port: link layer, LID, MTU, GID, speed and, on RoCE with an
+// IPv4-mapped GID, the prefix length of the local interface address it carries (getifaddrs).
+EndpointRecord::Rail rail_record(const DeviceContext& dc);
+
+// "rxe0 (10.77.0.1/24, 10000 Mb/s)" for messages.
+std::string rail_text(const std::string& name, const EndpointRecord::Rail& r);
+
+// Why no QP pairs: "no rail of this engine (...) reaches a rail of the peer (...)".
+std::string no_rail_pair(const std::vector<Rail>& ours, const EndpointRecord& peer);
+
+}  // namespace rdmaxfer

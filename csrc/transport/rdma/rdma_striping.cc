@@ -1,0 +1,296 @@
+// RdmaConnection on several rails: which QPs a one-sided transfer's chunks go on (striping by
+// link speed, the home rail for small ones) and, when a data rail fails, moving its chunks to
+// the live rails (failover). Set-up, completions and teardown are in rdma_connection.cc.
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "transport/chunking.h"
+#include "transport/rdma/rdma_connection.h"
+
+namespace rdmaxfer {
+
+std::string RdmaConnection::rail_name(int rail) const {
+  return shared_.rails.at(static_cast<size_t>(rail)).context->name();
+}
+
+std::vector<int> RdmaConnection::used_rails() const {
+  std::vector<int> rails;
+  for (const Lane& lane : lanes_) {
+    if (std::find(rails.begin(), rails.end(), lane.rail) == rails.end()) rails.push_back(lane.rail);
+  }
+  return rails;
+}
+
+std::vector<int> RdmaConnection::usable_lanes(const std::vector<uint32_t>* keys) const {
+  std::vector<int> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    const Lane& lane = lanes_[i];
+    if (!rail_up_[static_cast<size_t>(lane.rail)]) continue;
+    if (keys == nullptr ? lane.rail != lanes_[0].rail
+                        : static_cast<size_t>(lane.peer_rail) >= keys->size() ||
+                              (*keys)[static_cast<size_t>(lane.peer_rail)] == 0) {
+      continue;
+    }
+    out.push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
+int RdmaConnection::least_loaded(const std::vector<int>& among) const {
+  int best = among.at(0);
+  uint64_t best_bytes = ~0ull;
+  for (int i : among) {
+    const uint64_t b = lanes_[static_cast<size_t>(i)].sq->queued_bytes();
+    if (b < best_bytes) {
+      best = i;
+      best_bytes = b;
+    }
+  }
+  return best;
+}
+
+std::vector<int> RdmaConnection::stripe(const std::vector<int>& rails, uint64_t count) const {
+  // Smooth weighted round robin (nginx's): each pick adds every rail's weight to its credit,
+  // takes the rail with the most and charges it the total, so the picks interleave and each
+  // rail gets count * weight / total of them. Unknown speeds weigh the same.
+  std::vector<int64_t> weight;
+  int64_t total = 0;
+  for (int r : rails) {
+    const uint32_t mbps = shared_.rails[static_cast<size_t>(r)].record.speed_mbps;
+    weight.push_back(mbps > 0 ? mbps : 1);
+    total += weight.back();
+  }
+  std::vector<int64_t> credit(rails.size(), 0);
+  std::vector<int> out;
+  out.reserve(count);
+  for (uint64_t c = 0; c < count; ++c) {
+    size_t best = 0;
+    for (size_t i = 0; i < rails.size(); ++i) {
+      credit[i] += weight[i];
+      if (credit[i] > credit[best]) best = i;
+    }
+    credit[best] -= total;
+    out.push_back(rails[best]);
+  }
+  return out;
+}
+
+void RdmaConnection::submit(int lane, std::vector<SendWork> works) {
+  std::vector<SendWork> refused;
+  try {
+    refused = lanes_[static_cast<size_t>(lane)].sq->submit(std::move(works));
+  } catch (const Error& e) {
+    abort(ErrorKind::kTransport, std::string("connection to ") + peer() + " aborted: " + e.what());
+    return;
+  }
+  // The lane's rail failed over meanwhile: its chunks go on the live rails (a closed
+  // connection's teardown fails their requests instead).
+  if (!refused.empty() && !is_closed()) repost(std::move(refused));
+}
+
+RequestPtr RdmaConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
+                                      uint64_t local_offset, const Descriptor& remote,
+                                      uint64_t remote_offset, uint64_t length,
+                                      const TransferOptions& options) {
+  return post_one_sided(OpKind::kWrite, local, local_offset, remote, remote_offset, length,
+                        options);
+}
+
+RequestPtr RdmaConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
+                                     uint64_t local_offset, const Descriptor& remote,
+                                     uint64_t remote_offset, uint64_t length,
+                                     const TransferOptions& options) {
+  return post_one_sided(OpKind::kRead, local, local_offset, remote, remote_offset, length,
+                        options);
+}
+
+RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
+                                          uint64_t local_offset, const Descriptor& remote,
+                                          uint64_t remote_offset, uint64_t length,
+                                          const TransferOptions& options) {
+  const char* what = op == OpKind::kWrite ? "WRITE" : "READ";
+  check_local_range(local, local_offset, length, what,
+                    op == OpKind::kRead ? LocalUse::kDestination : LocalUse::kSource);
+  check_remote(remote, remote_offset, length, what);
+  auto req = new_request(op, length);
+  count_when_terminal(req, op == OpKind::kRead ? "read" : "write");
+  auto keys = std::make_shared<std::vector<uint32_t>>();
+  keys->push_back(remote.key);
+  keys->insert(keys->end(), remote.rail_keys.begin(), remote.rail_keys.end());
+  post_chunks(op, req, local, local_offset, remote.addr + remote_offset, std::move(keys), length,
+              false, 0, options);
+  return req;
+}
+
+void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
+                                 const std::shared_ptr<MemoryRegion>& local,
+                                 uint64_t local_offset, uint64_t remote_addr,
+                                 std::shared_ptr<const std::vector<uint32_t>> remote_keys,
+                                 uint64_t length, bool with_imm, uint32_t imm,
+                                 const TransferOptions& options) {
+  // With an immediate, every chunk goes on one QP of the control rail so the WRITE_WITH_IMM
+  // lands last (the grant's rkey is on the peer's control rail).
+  const std::vector<int> usable = usable_lanes(with_imm ? nullptr : remote_keys.get());
+  if (usable.empty()) {
+    throw Error(ErrorKind::kConnection,
+                "endpoint to " + peer() + ": no live rail reaches the remote region (its "
+                "descriptor has no key on the peer's remaining rails); connect again");
+  }
+  std::vector<int> rails;  // live rails, in lane order
+  for (int l : usable) {
+    const int r = lanes_[static_cast<size_t>(l)].rail;
+    if (std::find(rails.begin(), rails.end(), r) == rails.end()) rails.push_back(r);
+  }
+  const bool striped = !with_imm && rails.size() > 1 && length >= kStripeMin;
+  if (!striped) {
+    // One rail: the local region's home rail if it is live, else the least loaded lane's.
+    const auto* region = dynamic_cast<const RdmaRegion*>(local.get());
+    const int home = region != nullptr ? region->home_rail() : -1;
+    const int rail = std::find(rails.begin(), rails.end(), home) != rails.end()
+                         ? home
+                         : lanes_[static_cast<size_t>(least_loaded(usable))].rail;
+    rails = {rail};
+  }
+  std::vector<std::vector<int>> lanes_of(rails.size());  // per rail in `rails`, its lanes
+  for (int l : usable) {
+    const auto it = std::find(rails.begin(), rails.end(), lanes_[static_cast<size_t>(l)].rail);
+    if (it != rails.end()) lanes_of[static_cast<size_t>(it - rails.begin())].push_back(l);
+  }
+  size_t n_lanes = 0;
+  for (const auto& v : lanes_of) n_lanes += v.size();
+  const int available = with_imm ? 1 : static_cast<int>(n_lanes);
+  const ChunkPlan plan = plan_chunks(length, available, options, max_chunk());
+  req->set_parts(plan.count);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_open_locked();
+    active_[req->id()] = req;
+  }
+  // Chunk i goes on rail rail_of[i]; within a rail, round robin over its first
+  // plan.streams QPs (at most), starting at the least loaded.
+  const std::vector<int> rail_of = stripe(rails, plan.count);
+  std::vector<int> first(rails.size());
+  std::vector<int> spread(rails.size());
+  std::vector<uint64_t> next(rails.size(), 0);
+  for (size_t r = 0; r < rails.size(); ++r) {
+    spread[r] = with_imm ? 1 : std::clamp(plan.streams, 1, static_cast<int>(lanes_of[r].size()));
+    const int best = least_loaded(lanes_of[r]);
+    first[r] = static_cast<int>(std::find(lanes_of[r].begin(), lanes_of[r].end(), best) -
+                                lanes_of[r].begin());
+  }
+  auto* rdma_region = dynamic_cast<const RdmaRegion*>(local.get());
+  std::vector<std::vector<SendWork>> per_lane(lanes_.size());
+  for (uint64_t i = 0; i < plan.count; ++i) {
+    const uint64_t off = i * plan.chunk;
+    const uint64_t n = std::min(plan.chunk, length - std::min(length, off));
+    const size_t r = static_cast<size_t>(std::find(rails.begin(), rails.end(), rail_of[i]) -
+                                         rails.begin());
+    const int pick = (first[r] + static_cast<int>(next[r]++ % static_cast<uint64_t>(spread[r]))) %
+                     static_cast<int>(lanes_of[r].size());
+    const int lane = lanes_of[r][static_cast<size_t>(pick)];
+    const Lane& l = lanes_[static_cast<size_t>(lane)];
+    SendWork w;
+    w.opcode = op == OpKind::kRead ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+    if (with_imm && i + 1 == plan.count) {
+      w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      w.imm = imm;
+    }
+    w.local_addr = reinterpret_cast<uint64_t>(local->addr() + local_offset + off);
+    w.length = static_cast<uint32_t>(n);
+    w.lkey = rdma_region != nullptr ? rdma_region->lkey_on(static_cast<size_t>(l.rail))
+                                    : local->lkey();
+    w.remote_addr = remote_addr + off;
+    w.rkey = with_imm ? (*remote_keys)[0]
+                      : (*remote_keys)[static_cast<size_t>(l.peer_rail)];
+    w.request = req;
+    w.hold = RegionUse(local);
+    if (!with_imm) w.remote_keys = remote_keys;
+    per_lane[static_cast<size_t>(lane)].push_back(std::move(w));
+  }
+  for (size_t l = 0; l < per_lane.size(); ++l) {
+    if (per_lane[l].empty()) continue;
+    per_lane[l].back().last = true;
+    submit(static_cast<int>(l), std::move(per_lane[l]));
+  }
+}
+
+void RdmaConnection::on_qp_event(uint32_t qp_num, const std::string& what) {
+  for (const Lane& lane : lanes_) {
+    if (lane.qp->qp_num() == qp_num && lane.rail != lanes_[0].rail) {
+      rail_down(lane.rail, what + " on QP " + std::to_string(qp_num));
+      return;
+    }
+  }
+  abort(ErrorKind::kConnection, "connection to " + peer() + " aborted: " + what);
+}
+
+void RdmaConnection::rail_down(int rail, const std::string& cause) {
+  const size_t r = static_cast<size_t>(rail);
+  std::string causes;
+  bool lost = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::vector<int> rails = used_rails();
+    if (state_ != State::kConnected || r >= rail_up_.size() || !rail_up_[r] ||
+        std::find(rails.begin(), rails.end(), rail) == rails.end()) {
+      return;
+    }
+    rail_up_[r] = false;
+    rail_cause_[r] = cause;
+    lost = rail == lanes_[0].rail;
+    bool any_up = false;
+    for (int x : rails) {
+      const size_t i = static_cast<size_t>(x);
+      any_up = any_up || rail_up_[i];
+      if (!rail_up_[i]) causes += (causes.empty() ? "" : "; ") + rail_name(x) + ": " + rail_cause_[i];
+    }
+    lost = lost || !any_up;
+  }
+  if (lost) {
+    abort(ErrorKind::kConnection,
+          "connection to " + peer() + " lost " +
+              (rail == lanes_[0].rail ? "its control rail " + rail_name(rail) : "every rail") +
+              ": " + causes);
+    return;
+  }
+  std::vector<SendWork> orphans;
+  for (Lane& lane : lanes_) {
+    if (lane.rail != rail) continue;
+    lane.qp->to_error();
+    for (auto& w : lane.sq->take_works()) orphans.push_back(std::move(w));
+  }
+  if (log::enabled(log::Level::kWarning)) {
+    log::write(log::Level::kWarning,
+               "rdma endpoint to " + peer() + ": rail " + rail_name(rail) + " failed (" + cause +
+                   "); " + std::to_string(orphans.size()) +
+                   " outstanding chunk(s) move to the remaining rails");
+  }
+  repost(std::move(orphans));
+}
+
+void RdmaConnection::repost(std::vector<SendWork> works) {
+  std::vector<std::vector<SendWork>> per_lane(lanes_.size());
+  for (SendWork& w : works) {
+    if (w.request && w.request->done()) continue;  // failed meanwhile
+    const std::vector<int> usable = usable_lanes(w.remote_keys.get());
+    if (!w.remote_keys || usable.empty()) {
+      abort(ErrorKind::kConnection,
+            "connection to " + peer() + ": a failed rail's chunk has no live rail to move to");
+      return;
+    }
+    const int lane = least_loaded(usable);
+    const Lane& l = lanes_[static_cast<size_t>(lane)];
+    const auto* region = dynamic_cast<const RdmaRegion*>(w.hold.get());
+    w.lkey = region != nullptr ? region->lkey_on(static_cast<size_t>(l.rail)) : w.hold.get()->lkey();
+    w.rkey = (*w.remote_keys)[static_cast<size_t>(l.peer_rail)];
+    w.last = true;  // signaled: its part completes on its own
+    per_lane[static_cast<size_t>(lane)].push_back(std::move(w));
+  }
+  for (size_t l = 0; l < per_lane.size(); ++l) {
+    if (!per_lane[l].empty()) submit(static_cast<int>(l), std::move(per_lane[l]));
+  }
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,230 @@
+"""Several rails per engine (``tests/rxe/run-in-vm.sh --rails 2``): the client on rxe0+rxe2, the
+server on rxe1+rxe3 (rxe0/rxe1 on 10.77.0.0/24, rxe2/rxe3 on 10.78.0.0/24). Striping is byte
+exact and loads both rails; a rail that fails mid-transfer
+(its port down) hands its chunks to the other and the transfer completes;
+only when no rail is left does it fail, naming every rail's cause."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from rdmaxfer import _core
+from rdmaxfer.errors import ConnectionFailedError, InvalidArgumentError
+
+from .rdma_helpers import RW, WAIT_S, addrs, rails, random_bytes, region_array, wait_ok
+
+pytestmark = [
+    pytest.mark.rdma,
+    pytest.mark.skipif(
+        len(rails(0)) < 2, reason="needs two rails per side: tests/rxe/run-in-vm.sh --rails 2"
+    ),
+]
+
+MIB = 1 << 20
+
+
+@contextmanager
+def rail_pair(
+    client_rails: list[str] | None = None, server_rails: list[str] | None = None
+) -> Iterator[tuple[_core.Engine, _core.Engine, _core.Endpoint, _core.Endpoint]]:
+    server = _core.Engine("rdma", rdma_devices=server_rails or rails(1))
+    client = _core.Engine("rdma", rdma_devices=client_rails or rails(0))
+    try:
+        port = server.listen(addrs()[1], 0)
+        a = client.connect(addrs()[1], port, 0, WAIT_S)
+        b = server.accept(WAIT_S)
+        yield client, server, a, b
+    finally:
+        client.close()
+        server.close()
+
+
+def rail_bytes(ep: _core.Endpoint) -> dict[str, int]:
+    attrs = ep.attributes()
+    return {
+        k[5:-6]: int(v) for k, v in attrs.items() if k.startswith("rail_") and k.endswith("_bytes")
+    }
+
+
+def test_engine_lists_its_rails_and_registers_on_each() -> None:
+    with rail_pair() as (client, server, a, b):
+        assert client.rails() == rails(0) and server.rails() == rails(1)
+        text = client.describe()
+        assert "2 rail(s): rxe0 (10.77.0.1/24" in text and "rxe2 (10.78.0.1/24" in text, text
+        region = server.alloc_pinned(4096, RW)
+        d = region.descriptor()
+        assert d.key == region.key and len(d.rail_keys) == 1 and d.rail_keys[0] != 0, d
+        packed = d.pack()
+        assert len(packed) == _core.Descriptor.SIZE + 4
+        assert _core.Descriptor.unpack(packed).rail_keys == d.rail_keys
+        # One QP on each pair of rails that reach each other: rxe0-rxe1 and rxe2-rxe3.
+        assert a.streams == 2 and b.streams == 2
+        assert a.attributes()["rails"] == 2 and set(rail_bytes(a)) == {"rxe0", "rxe2"}
+        assert set(rail_bytes(b)) == {"rxe1", "rxe3"}
+        assert "RC QP(s) on rxe0+rxe2" in a.describe(), a.describe()
+
+
+def test_devices_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RDMAXFER_RDMA_DEVICES", ",".join(rails(0)))
+    engine = _core.Engine("rdma")
+    try:
+        assert engine.rails() == rails(0)
+    finally:
+        engine.close()
+    monkeypatch.setenv("RDMAXFER_RDMA_DEVICES", "auto")
+    engine = _core.Engine("rdma")
+    try:  # every active port of the guest: rxe0..rxe3
+        assert sorted(engine.rails()) == sorted(rails(0) + rails(1)), engine.rails()
+    finally:
+        engine.close()
+    with pytest.raises(InvalidArgumentError, match="names rxe0 twice"):
+        _core.Engine("rdma", rdma_devices=["rxe0", "rxe0"])
+
+
+def test_info_lists_the_rails(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {**os.environ, "RDMAXFER_RDMA_DEVICES": ",".join(rails(0))}
+    out = subprocess.run(
+        [sys.executable, "-m", "rdmaxfer", "info", "--json"],
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert json.loads(out.stdout)["rdma_rails"] == rails(0), out.stdout
+
+
+def test_striped_write_and_read_are_exact_and_use_both_rails(
+    rng: np.random.Generator,
+) -> None:
+    size = 8 * MIB + 12345
+    with rail_pair() as (client, server, a, _):
+        src = client.alloc_pinned(size, 0)
+        dst = server.alloc_pinned(size, RW)
+        back = client.alloc_pinned(size, _core.ACCESS_LOCAL_WRITE)
+        data = random_bytes(rng, size)
+        region_array(src)[:] = data
+        wait_ok(a.post_write(src, 0, dst.descriptor(), 0, size))
+        assert np.array_equal(region_array(dst), data)
+        per_rail = rail_bytes(a)
+        assert per_rail["rxe0"] > 0 and per_rail["rxe2"] > 0, per_rail
+        assert sum(per_rail.values()) == size, per_rail
+        # Equal link speeds: equal shares, within one chunk.
+        assert abs(per_rail["rxe0"] - per_rail["rxe2"]) <= 2 * MIB, per_rail
+        wait_ok(a.post_read(back, 0, dst.descriptor(), 0, size))
+        assert np.array_equal(region_array(back), data)
+        assert sum(rail_bytes(a).values()) == 2 * size
+        text = a.describe()
+        assert "rxe0 up" in text and "rxe2 up" in text, text
+
+
+def test_small_transfers_take_one_rail(rng: np.random.Generator) -> None:
+    with rail_pair() as (client, server, a, _):
+        src = client.alloc_pinned(64 * 1024, 0)
+        dst = server.alloc_pinned(64 * 1024, RW)
+        data = random_bytes(rng, 64 * 1024)
+        region_array(src)[:] = data
+        src.home_rail = 1  # rxe2: as if it were the NIC nearest the buffer's GPU
+        wait_ok(a.post_write(src, 0, dst.descriptor(), 0, 64 * 1024))
+        assert np.array_equal(region_array(dst), data)
+        assert rail_bytes(a) == {"rxe0": 0, "rxe2": 64 * 1024}
+
+
+def test_only_rails_that_reach_each_other_pair() -> None:
+    # rxe2 (10.78.0.0/24) cannot reach rxe1 (10.77.0.0/24): only rxe0-rxe1 pairs.
+    with rail_pair(server_rails=rails(1)[:1]) as (_, _, a, b):
+        assert a.streams == 1 and b.streams == 1 and set(rail_bytes(a)) == {"rxe0"}
+    server = _core.Engine("rdma", rdma_devices=rails(1)[:1])
+    client = _core.Engine("rdma", rdma_devices=rails(0)[1:])
+    try:
+        port = server.listen(addrs()[1], 0)
+        with pytest.raises(ConnectionFailedError, match=r"no rail of this engine .* reaches"):
+            client.connect(addrs()[1], port, 0, WAIT_S)
+    finally:
+        client.close()
+        server.close()
+
+
+def _port_active(device: str) -> bool:
+    try:
+        with open(f"/sys/class/infiniband/{device}/ports/1/state") as f:
+            return "ACTIVE" in f.read()
+    except OSError:
+        return False
+
+
+def _wait_for(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.1)
+
+
+def _run(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, timeout=60, capture_output=True)
+
+
+@contextmanager
+def striped_write(
+    rng: np.random.Generator, size: int = 24 * MIB, before: tuple[str, ...] = ()
+) -> Iterator[tuple[_core.Endpoint, _core.Request, Callable[[], bool]]]:
+    """A striped WRITE of `size` random bytes in 64 KiB chunks, yielded once an eighth has moved,
+    with the client's endpoint and a check that the server holds exactly the bytes sent.
+    `before`: a command run once connected, before the WRITE is posted."""
+    with rail_pair() as (client, server, a, _):
+        if before:
+            _run(*before)
+        src = client.alloc_pinned(size, 0)
+        dst = server.alloc_pinned(size, RW)
+        data = random_bytes(rng, size)
+        region_array(src)[:] = data
+        request = a.post_write(src, 0, dst.descriptor(), 0, size, chunk_size=64 * 1024)
+        _wait_for("an eighth of the write", lambda: request.moved >= size // 8 or request.done())
+        assert not request.done(), "the write finished before a rail could fail: make it larger"
+        yield a, request, lambda: bool(np.array_equal(region_array(dst), data))
+
+
+def test_port_down_mid_transfer_moves_its_chunks(rng: np.random.Generator) -> None:
+    try:
+        with striped_write(rng) as (a, request, exact):
+            _run("ip", "link", "set", "veth2", "down")  # rxe2's port goes down (PORT_ERR)
+            wait_ok(request)
+            assert exact()
+            text = a.describe()
+            assert "rxe0 up" in text and "rxe2 failed (" in text, text
+            assert a.attributes()["rail_rxe2_up"] == 0 and not a.closed
+            assert sum(rail_bytes(a).values()) >= 24 * MIB  # resent chunks count twice
+    finally:
+        _run("ip", "link", "set", "veth2", "up")
+        _wait_for("rxe2 ACTIVE again", lambda: _port_active("rxe2"))
+
+
+def test_no_rail_left_fails_with_every_cause(rng: np.random.Generator) -> None:
+    """rxe2's port goes down first (the connection goes on over rxe0), then rxe0's in the middle
+    of a WRITE: the WRITE fails naming both rails' causes."""
+    try:
+        with striped_write(rng, 64 * MIB, before=("ip", "link", "set", "veth2", "down")) as (
+            a,
+            request,
+            _,
+        ):
+            _wait_for("rxe2 to fail over", lambda: a.attributes()["rail_rxe2_up"] == 0)
+            _run("ip", "link", "set", "veth0", "down")
+            assert request.wait(WAIT_S), "the write neither completed nor failed"
+            with pytest.raises(ConnectionFailedError) as failed:
+                request.check()
+            text = str(failed.value)
+            assert "lost its control rail rxe0" in text, text
+            assert "rxe2: device rxe2: asynchronous event: port error" in text, text
+            assert "rxe0: device rxe0: asynchronous event: port error" in text, text
+            assert a.closed
+    finally:
+        for netdev, device in (("veth0", "rxe0"), ("veth2", "rxe2")):
+            _run("ip", "link", "set", netdev, "up")
+            _wait_for(f"{device} ACTIVE again", functools.partial(_port_active, device))
