@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import sys
 import types
-import zlib
-from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -16,6 +14,8 @@ import xxhash
 
 import rdmaxfer
 from _common import Pair
+from _gpu_data import crc as _crc
+from _gpu_data import device_random as _device_random
 from rdmaxfer import Buffer, _core
 from rdmaxfer.gpu.staging import to_user_array
 from rdmaxfer.memory import cuda
@@ -25,18 +25,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not cuda.available(), reason=cuda.unavailable_reason() or "no GPU"),
 ]
-
-
-def _crc(x: Any) -> int:
-    return zlib.crc32(np.ascontiguousarray(x).view(np.uint8))
-
-
-def _device_random(rng: np.random.Generator, shape: Any, dtype: Any) -> tuple[Buffer, np.ndarray]:
-    host = rng.integers(0, 256, int(np.prod(shape)) * np.dtype(dtype).itemsize, dtype=np.uint8)
-    host = host.view(dtype).reshape(shape)
-    buf = Buffer.empty(shape, dtype, device="cuda:0")
-    cuda.copy_from_host(buf._device_view(), host)
-    return buf, host
 
 
 def test_status_and_pointer_kinds() -> None:

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 
 import rdmaxfer
 from _common import MARGIN_S, Pair
+from _gpu_data import crc as _crc
 from rdmaxfer import Buffer, _core
 from rdmaxfer.errors import (
     InvalidArgumentError,
@@ -202,10 +202,6 @@ def test_host_dlpack_objects_are_not_device_memory() -> None:
 def standin() -> Iterator[None]:
     with staging.host_standin():
         yield
-
-
-def _crc(x: Any) -> int:
-    return zlib.crc32(np.ascontiguousarray(x).view(np.uint8))
 
 
 def test_device_buffer_interfaces(standin: None, rng: np.random.Generator) -> None:

@@ -11,13 +11,14 @@ and the messages are larger than a whole pool. Every message is random bytes com
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from _common import MARGIN_S, Pair
+from _gpu_data import crc as _crc
+from _gpu_data import device_random as _device
 from rdmaxfer import Buffer, _core
 from rdmaxfer.errors import RdmaxferError
 from rdmaxfer.memory import cuda
@@ -25,10 +26,6 @@ from rdmaxfer.memory import meta as _meta
 
 SLAB = 1 << 16
 POOL = 3 * SLAB
-
-
-def _crc(x: np.ndarray) -> int:
-    return zlib.crc32(np.ascontiguousarray(x).view(np.uint8))
 
 
 def _random(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -47,13 +44,6 @@ def _bounded(stats: dict[str, int]) -> None:
     assert stats["slab_bytes"] == SLAB and stats["max_slabs"] == 3
     assert 1 <= stats["peak_slabs"] <= 3 and stats["allocations"] <= 3
     assert stats["free"] == stats["slabs"] and stats["stranded"] == 0
-
-
-def _device(rng: np.random.Generator, n: int) -> tuple[Buffer, np.ndarray]:
-    host = _random(rng, n)
-    buf = Buffer.empty(n, np.uint8, device="cuda:0")
-    cuda.copy_from_host(buf._device_view(), host)
-    return buf, host
 
 
 def _host_of(x: object) -> np.ndarray:

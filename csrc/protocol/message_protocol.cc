@@ -157,26 +157,28 @@ bool MessageProtocol::cancel_recv_header(const RequestPtr& request) {
   return inbox_.cancel(request);
 }
 
+AnnouncedMessage& MessageProtocol::announced_locked(const Channel& channel, uint64_t msg_id,
+                                                   uint64_t length) {
+  check_open_locked(channel);
+  auto it = inbox_.announced().find(msg_id);
+  if (it == inbox_.announced().end()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "RECV: message " + std::to_string(msg_id) +
+                    " was not announced by the peer or was already received");
+  }
+  if (it->second.length != length) {
+    throw Error(ErrorKind::kInvalidArgument, "RECV: the message has " +
+                                                 bytes_text(it->second.length) +
+                                                 " but the destination has " + bytes_text(length));
+  }
+  return it->second;
+}
+
 RequestPtr MessageProtocol::post_recv(uint64_t msg_id, const std::shared_ptr<MemoryRegion>& local,
                                       uint64_t offset, uint64_t length) {
   check_local_range(local, offset, length, "RECV", LocalUse::kDestination);
   std::shared_ptr<Channel> ch = channel();
   RequestPtr req = ch->new_request(OpKind::kRecv, length);
-  auto validate = [&]() -> AnnouncedMessage& {
-    check_open_locked(*ch);
-    auto it = inbox_.announced().find(msg_id);
-    if (it == inbox_.announced().end()) {
-      throw Error(ErrorKind::kInvalidArgument,
-                  "RECV: message " + std::to_string(msg_id) +
-                      " was not announced by the peer or was already received");
-    }
-    if (it->second.length != length) {
-      throw Error(ErrorKind::kInvalidArgument,
-                  "RECV: the message has " + bytes_text(it->second.length) +
-                      " but the destination has " + bytes_text(length));
-    }
-    return it->second;
-  };
   uint8_t* dst = local->addr() + offset;
   CtrlMessage cts;
   cts.type = CtrlType::kCts;
@@ -188,7 +190,7 @@ RequestPtr MessageProtocol::post_recv(uint64_t msg_id, const std::shared_ptr<Mem
   uint32_t value = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    AnnouncedMessage& ann = validate();
+    AnnouncedMessage& ann = announced_locked(*ch, msg_id, length);
     eager = ann.eager;
     if (eager) {
       data = std::move(ann.data);

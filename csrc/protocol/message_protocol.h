@@ -112,6 +112,8 @@ class MessageProtocol : public ChannelEvents,
 
   std::shared_ptr<Channel> channel() const;
   void check_open_locked(const Channel& channel) const;
+  // The announced message `msg_id`, checked open and `length` bytes long, for a RECV (mu_ held).
+  AnnouncedMessage& announced_locked(const Channel& channel, uint64_t msg_id, uint64_t length);
   void check_meta(const std::string& meta, const ChannelLimits& limits) const;
   // Takes a credit for `send` (or queues it for one) and announces it when it has one.
   void enqueue(const Channel& channel, PendingSend send);

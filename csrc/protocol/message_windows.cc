@@ -201,18 +201,7 @@ std::shared_ptr<RecvWindows> MessageProtocol::post_recv_windows(uint64_t msg_id,
   std::shared_ptr<Channel> ch = channel();
   RequestPtr req = ch->new_request(OpKind::kRecv, length);
   std::lock_guard<std::mutex> lock(mu_);
-  check_open_locked(*ch);
-  auto it = inbox_.announced().find(msg_id);
-  if (it == inbox_.announced().end()) {
-    throw Error(ErrorKind::kInvalidArgument,
-                "RECV: message " + std::to_string(msg_id) +
-                    " was not announced by the peer or was already received");
-  }
-  const AnnouncedMessage& a = it->second;
-  if (a.length != length) {
-    throw Error(ErrorKind::kInvalidArgument, "RECV: the message has " + bytes_text(a.length) +
-                                                 " but the destination has " + bytes_text(length));
-  }
+  const AnnouncedMessage& a = announced_locked(*ch, msg_id, length);
   if (a.eager || window == 0 || (a.window != 0 && window > a.window)) {
     throw Error(ErrorKind::kInvalidArgument,
                 "RECV: message " + std::to_string(msg_id) + " cannot be received in windows of " +

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import zlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -17,6 +16,8 @@ import xxhash
 
 import rdmaxfer
 import rdmaxfer.memory.meta
+from _gpu_data import crc as _crc
+from _gpu_data import device_random as _device_random
 from rdmaxfer import Buffer, Engine, _core, cuda
 from rdmaxfer.errors import RdmaxferError
 
@@ -29,17 +30,6 @@ pytestmark = [
 ]
 
 SECRET = "rxe-gpu-test"
-
-
-def _crc(x: np.ndarray) -> int:
-    return zlib.crc32(np.ascontiguousarray(x).view(np.uint8))
-
-
-def _device_random(rng: np.random.Generator, size: int) -> tuple[Buffer, np.ndarray]:
-    host = rng.integers(0, 256, size, dtype=np.uint8)
-    buf = Buffer.empty(size, np.uint8, device="cuda:0")
-    cuda.copy_from_host(buf._device_view(), host)
-    return buf, host
 
 
 @pytest.fixture

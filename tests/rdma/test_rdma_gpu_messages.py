@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import time
-import zlib
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 import rdmaxfer
+from _gpu_data import crc as _crc
+from _gpu_data import device_random as _device
 from rdmaxfer import Buffer, Engine, _core, cuda
 from rdmaxfer.errors import RdmaxferError
 from rdmaxfer.gpu import gpudirect
@@ -38,17 +39,6 @@ SLAB = 1 << 16
 POOL = 3 * SLAB
 
 Engines = tuple[Engine, Engine, rdmaxfer.Endpoint, rdmaxfer.Endpoint]
-
-
-def _crc(x: np.ndarray) -> int:
-    return zlib.crc32(np.ascontiguousarray(x).view(np.uint8))
-
-
-def _device(rng: np.random.Generator, n: int) -> tuple[Buffer, np.ndarray]:
-    host = rng.integers(0, 256, n, dtype=np.uint8)
-    buf = Buffer.empty(n, np.uint8, device="cuda:0")
-    cuda.copy_from_host(buf._device_view(), host)
-    return buf, host
 
 
 def _host_of(x: object) -> np.ndarray:
