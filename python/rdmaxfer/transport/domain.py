@@ -258,6 +258,22 @@ class MemoryDomain:
             stagers = self._stagers
         return stagers.get(device)
 
+    def _post_device_send(
+        self, endpoint: _core.Endpoint, view: cuda.CudaArray, chunk_size: int, streams: int
+    ) -> tuple[_core.Request, list[object]]:
+        """Post the send of the GPU array ``view`` on ``endpoint``: by GPUDirect from its
+        registration when it has one, else staged through the bounce slabs of its device
+        (:func:`rdmaxfer.gpu.staging.post_device_send`). Returns the request and the objects
+        that must stay alive until it completes."""
+        from ..gpu.staging import post_device_send
+
+        direct = self._device_local(view)
+        stager = self._stager(view.device)
+        request = post_device_send(
+            stager, endpoint, view, direct, staged_backstop_s(), chunk_size, streams
+        )
+        return request, [view] if direct is None else [view, direct[0]]
+
     def alloc_pinned(self, nbytes: int, access: str = "rw") -> MemoryRegion:
         """Allocate ``nbytes`` of page-aligned host memory locked in RAM, registered.
 

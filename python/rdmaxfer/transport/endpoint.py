@@ -23,7 +23,6 @@ import numpy.typing as npt
 from .. import _core
 from .._config import resolve_timeout
 from ..errors import EndpointClosedError, RdmaxferError
-from ..gpu.staging import post_device_send
 from ..memory import meta as _meta
 from ..memory.buffer import Buffer
 from ..memory.region import MemoryRegion
@@ -183,12 +182,7 @@ class Endpoint(BatchOps):
                 self._release(temps)
                 raise
         else:  # GPU memory: by GPUDirect from its registration, else staged through slabs
-            direct = self._engine._device_local(arr)
-            keep = [arr] if direct is None else [arr, direct[0]]
-            stager = self._engine._stager(arr.device)
-            request = post_device_send(
-                stager, self._core, arr, direct, staged_backstop_s(), chunk_size, streams
-            )
+            request, keep = self._engine._post_device_send(self._core, arr, chunk_size, streams)
         return self._track(
             Transfer(self, "send", nbytes, request, keep=keep, temps=temps, result=None)
         )

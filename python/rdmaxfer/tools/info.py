@@ -1,0 +1,89 @@
+"""``rdmaxfer info``: the transports this machine offers (and why a missing one is missing),
+what ``transport="auto"`` picks, the RDMA rails, the locked-memory limit and the GPUs with their
+nearest NIC and GPU-memory method, as text or ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .. import _core
+from ..gpu.report import gpu_report
+from ..transport.engine import Engine, is_automatic, resolve_transport
+
+
+def auto_same_host(available: dict[str, str]) -> str:
+    """What ``transport="auto"`` uses for a peer on this host, and why not shm when not."""
+    network = resolve_transport("auto")
+    if not is_automatic("auto"):
+        return f"{network} (RDMAXFER_TRANSPORT forces it)"
+    if available.get("shm"):
+        return f"{network} (shm unavailable: {available['shm']})"
+    return (
+        "shm when the peer runs as the same user in the same network and PID namespace and "
+        f"CMA is allowed; else {network}, saying why"
+    )
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    available = _core.available_transports()
+    info: dict[str, Any] = {
+        "transports": {name: (reason or "available") for name, reason in available.items()},
+        "auto_selects": resolve_transport("auto"),
+        "auto_same_host": auto_same_host(available),
+        "memlock_limit": _core.memlock_limit(),
+    }
+    details = {}
+    for name, reason in available.items():
+        if not reason:
+            with Engine(name) as engine:
+                details[name] = engine.describe()
+                if name == "rdma":
+                    info["rdma_rails"] = engine.core.rails()
+    info["details"] = details
+    info.setdefault("rdma_rails", [])
+    words = details.get("rdma", "").split()  # "rdma: device mlx5_0 port 1, ..."
+    rdma_device = words[words.index("device") + 1] if "device" in words[:-1] else None
+    info["gpu"] = gpu_report(available, rdma_device=rdma_device)
+    for g in info["gpu"]["gpus"]:  # the engine's rail nearest each GPU (its small transfers)
+        near = [n["name"] for n in g["nics"] if n["link"] and n["name"] in info["rdma_rails"]]
+        g["nearest_rail"] = near[0] if near else None
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print("rdmaxfer transports on this machine:")
+    for name, reason in available.items():
+        state = f"available: {details[name]}" if not reason else f"unavailable: {reason}"
+        print(f"  {name:5} {state}")
+    print(f"auto selects: {info['auto_selects']}  (override: RDMAXFER_TRANSPORT or --transport)")
+    print(f"auto, peers on this host: {info['auto_same_host']}")
+    print(f"rdma rails: {', '.join(info['rdma_rails']) or 'none'} (RDMAXFER_RDMA_DEVICES)")
+    print(f"locked-memory limit (ulimit -l): {info['memlock_limit']}")
+    _print_gpu(info["gpu"])
+    return 0
+
+
+def _print_gpu(gpu: dict[str, Any]) -> None:
+    if gpu["cuda"] != "available":
+        print(f"GPUs: none usable: {gpu['cuda']}")
+    else:
+        print(f"CUDA driver {gpu['driver_version']}, {len(gpu['gpus'])} GPU(s):")
+    for g in gpu["gpus"]:
+        print(
+            f"  cuda:{g['index']} {g['name']} PCIe {g['pci_bus_id']} "
+            f"{g['total_memory'] / 2**30:.0f} GiB, dmabuf {'yes' if g['dma_buf'] else 'no'}"
+        )
+        if not g["nics"]:
+            print("    nearest RDMA NIC: none found in /sys/class/infiniband")
+        if g["nearest_rail"]:
+            print(f"    nearest rail: {g['nearest_rail']}")
+        for nic in g["nics"][:3]:
+            where = f"PCIe {nic['pci_bus_id']}" if nic["pci_bus_id"] else "software device"
+            print(f"    RDMA NIC {nic['name']} ({where}): {nic['link'] or 'n/a'}")
+    for transport, check in gpu["gpudirect"].items():
+        print(f"GPU memory on {transport}: {check['method']}")
+        for method in ("dmabuf", "peermem"):
+            why = check["reasons"].get(method, "")
+            print(f"  {method}: {'available' if not why else 'unavailable: ' + why}")
