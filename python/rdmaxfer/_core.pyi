@@ -183,6 +183,9 @@ class Engine:
         gid_index: int = -1,
         poll_mode: str = "",
         secret: str = "",
+        service_level: int = -1,
+        traffic_class: int = -1,
+        min_rnr_timer: int = -1,
     ) -> None:
         """``transport``: "tcp", "rdma" or "shm" (or "loopback": the internal in-process test
         transport, csrc/transport/loopback/, not listed by ``rdmaxfer info``).
@@ -190,7 +193,10 @@ class Engine:
         ``secret``: shared secret for the bootstrap's HMAC-SHA256 challenge-response ("" =
         none; see csrc/transport/auth.h).
 
-        rdma only: ``rdma_device`` ("" -> env RDMAXFER_RDMA_DEVICE -> the first device with an
+        rdma only: ``service_level`` 0..15, ``traffic_class`` 0..255, ``min_rnr_timer`` 0..31
+        (-1 -> env RDMAXFER_SERVICE_LEVEL / RDMAXFER_TRAFFIC_CLASS / RDMAXFER_MIN_RNR_TIMER ->
+        0 / 0 / 18; InvalidArgumentError outside the range); ``rdma_device`` ("" -> env
+        RDMAXFER_RDMA_DEVICE -> the first device with an
         active port); ``gid_index`` (-1 -> env RDMAXFER_GID_INDEX -> auto: the first RoCE v2 GID
         holding an IPv4-mapped address); ``poll_mode`` ("event", the default, sleeps on the
         completion channel; "busy" spins on the CQ; "" -> env RDMAXFER_POLL_MODE -> "event").

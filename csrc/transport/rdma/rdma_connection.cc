@@ -167,13 +167,22 @@ uint64_t RdmaConnection::posted_receives() const {
 }
 
 std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const {
-  return {{"path_mtu", negotiated_.path_mtu},
-          {"max_rd_atomic", negotiated_.max_rd_atomic},
-          {"max_dest_rd_atomic", negotiated_.max_dest_rd_atomic},
-          {"max_inline", lanes_.empty() ? 0 : lanes_[0].qp->limits().max_inline},
-          {"rnr_retry", kRnrRetries},
-          {"outstanding_wrs", outstanding_wrs()},
-          {"posted_receives", posted_receives()}};
+  std::vector<std::pair<std::string, uint64_t>> a = {
+      {"path_mtu", negotiated_.path_mtu},
+      {"max_rd_atomic", negotiated_.max_rd_atomic},
+      {"max_dest_rd_atomic", negotiated_.max_dest_rd_atomic},
+      {"max_inline", lanes_.empty() ? 0 : lanes_[0].qp->limits().max_inline},
+      {"rnr_retry", kRnrRetries},
+      {"outstanding_wrs", outstanding_wrs()},
+      {"posted_receives", posted_receives()}};
+  if (!lanes_.empty()) {
+    // What the QP holds (ibv_query_qp), not what was asked for.
+    const FabricSettings f = lanes_[0].qp->query_fabric();
+    a.insert(a.end(), {{"service_level", f.service_level},
+                       {"traffic_class", f.traffic_class},
+                       {"min_rnr_timer", f.min_rnr_timer}});
+  }
+  return a;
 }
 
 RequestPtr RdmaConnection::new_request(OpKind op, uint64_t bytes) {

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/interrupt.h"
+#include "transport/rdma/fabric_settings.h"
 #include "transport/socket.h"
 
 namespace rdmaxfer {
@@ -39,6 +40,7 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
                 "streams=" + std::to_string(config_.default_qps) + " exceeds " +
                     std::to_string(EndpointRecord::kMaxQps) + " QPs per connection");
   }
+  settings_.limits.fabric = resolve_fabric_settings(config_);
   context_ = DeviceContext::open(config_.device, config_.port, config_.gid_index);
   const ibv_device_attr& dev = context_->device_attr();
   settings_.eager_limit = config_.eager_limit > 0 ? config_.eager_limit : 8192;
@@ -60,13 +62,13 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
                               : (1ull << 30);
   pd_ = std::make_shared<ProtectionDomain>(context_);
   channel_ = std::make_shared<CompletionChannel>(context_);
-  cq_ = std::make_shared<CompletionQueue>(context_, channel_, std::min(kMaxCqe, dev.max_cqe));
   CqPoller::Handlers h;
   h.completions = [this](const ibv_wc* wcs, int n) { on_completions(wcs, n); };
   h.async_event = [this](const ibv_async_event& e) { on_async_event(e); };
   h.socket_ready = [this](uint64_t tag) { on_socket(tag); };
   h.fatal = [this](const std::string& why) { abort_all(ErrorKind::kTransport, why); };
-  poller_ = std::make_shared<CqPoller>(context_, channel_, cq_, busy_poll_, std::move(h));
+  poller_ = std::make_shared<CqPoller>(context_, channel_, busy_poll_, std::move(h));
+  cqs_ = std::make_unique<CqSet>(context_, channel_, poller_, std::min(kMaxCqe, dev.max_cqe));
   poller_->start();
 }
 
@@ -98,7 +100,8 @@ std::string RdmaTransport::describe() const {
        std::to_string(settings_.max_message) + " bytes, poll mode " + config_.poll_mode + ", " +
        std::to_string(config_.default_qps) + " QP(s) per connection, send queue " +
        std::to_string(settings_.limits.sq_depth) + " WRs, eager limit " +
-       std::to_string(settings_.eager_limit) + " bytes";
+       std::to_string(settings_.eager_limit) + " bytes, " +
+       describe_fabric_settings(settings_.limits.fabric);
   return s;
 }
 
@@ -124,8 +127,8 @@ uint16_t RdmaTransport::listen(const std::string& host, uint16_t port) {
   }
   acceptor_ = std::make_unique<Acceptor>(
       host, port, TransportKind::kRdma, engine_id(), bootstrap_options(),
-      [this](const std::string& peer, const std::string& cause) { accept_failed(peer, cause); });
-  listener_ = std::thread([this] { listener_loop(); });
+      [this](const std::string& peer, const std::string& cause) { accept_failed(peer, cause); },
+      [this](AcceptedGroup group) { accept_group(std::move(group)); });
   return acceptor_->port();
 }
 
@@ -138,37 +141,37 @@ std::shared_ptr<RdmaConnection> RdmaTransport::prepare(int n_qps) {
     for (auto it = connections_.begin(); it != connections_.end();) {
       auto c = it->second.lock();
       if (!c || c->is_closed()) {
-        cq_reserved_ -= reservations_[it->first];
-        reservations_.erase(it->first);
+        cqs_->release(it->first);
         it = connections_.erase(it);
       } else {
         ++it;
       }
     }
-    if (cq_reserved_ + need > cq_->size()) {
-      throw Error(ErrorKind::kConnection,
-                  "too many open rdma connections: the completion queue (" +
-                      std::to_string(cq_->size()) + " entries) has room for " +
-                      std::to_string(cq_->size() - cq_reserved_) + " more, this one needs " +
-                      std::to_string(need) + "; close endpoints you no longer use");
-    }
     do {
       tag = next_tag_++ & 0xffffff;
-    } while (tag == 0 || connections_.count(tag) != 0);
-    cq_reserved_ += need;
-    reservations_[tag] = need;
+    } while (tag == 0 || connections_.count(tag) != 0 || pending_.count(tag) != 0);
+    pending_.insert(tag);  // held until the connection is made or given up
+  }
+  std::shared_ptr<CompletionQueue> cq;
+  try {
+    cq = cqs_->reserve(tag, need);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(tag);
+    throw;
   }
   try {
     auto conn = std::make_shared<RdmaConnection>(*this, settings_,
-                                                 RdmaShared{pd_, cq_, poller_}, tag, n_qps);
+                                                 RdmaShared{pd_, cq, poller_}, tag, n_qps);
     attach_protocol(conn);
     std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(tag);
     connections_[tag] = conn;
     return conn;
   } catch (...) {
+    cqs_->release(tag);
     std::lock_guard<std::mutex> lock(mu_);
-    cq_reserved_ -= reservations_[tag];
-    reservations_.erase(tag);
+    pending_.erase(tag);
     throw;
   }
 }
@@ -212,25 +215,24 @@ std::shared_ptr<RdmaConnection> RdmaTransport::accept_one(AcceptedGroup group) {
   return conn;
 }
 
-void RdmaTransport::listener_loop() {
-  while (!stop_listener_.load()) {
-    AcceptedGroup group;
-    try {
-      group = acceptor_->accept(0.1);
-    } catch (const Error&) {
-      continue;  // timeout: look at stop_listener_ again
-    }
-    const std::string peer = group.peer;
-    try {
-      auto conn = accept_one(std::move(group));
-      log_accepted(*conn);
+void RdmaTransport::accept_group(AcceptedGroup group) {
+  const std::string peer = group.peer;
+  try {
+    auto conn = accept_one(std::move(group));
+    log_accepted(*conn);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;  // the connection closes with its last holder
+    accepted_.push_back(std::move(conn));
+    accepted_cv_.notify_all();
+  } catch (const Error& e) {
+    // A peer whose handshake fails loses its own connection (its connect() reports why); one
+    // cut short by shutdown() is no refusal.
+    bool closing = false;
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      accepted_.push_back(std::move(conn));
-      accepted_cv_.notify_all();
-    } catch (const Error& e) {
-      // A peer whose handshake fails loses its own connection (its connect() reports why).
-      accept_failed(peer, std::string("rdma handshake: ") + e.what());
+      closing = shut_down_;
     }
+    if (!closing) accept_failed(peer, std::string("rdma handshake: ") + e.what());
   }
 }
 
@@ -332,14 +334,12 @@ void RdmaTransport::shutdown() {
     shut_down_ = true;
     accepted_cv_.notify_all();
   }
-  stop_listener_.store(true);
-  if (listener_.joinable()) listener_.join();
   {
     std::lock_guard<std::mutex> lock(mu_);
     acceptor = std::move(acceptor_);
     accepted_.clear();
   }
-  acceptor.reset();
+  acceptor.reset();  // cuts the handshakes in progress and waits for their threads
   abort_all(ErrorKind::kClosed, "the engine was closed");
   // Drain every connection's flush completions before the completion thread stops.
   std::vector<std::shared_ptr<RdmaConnection>> conns;

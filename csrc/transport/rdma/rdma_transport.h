@@ -1,30 +1,31 @@
 // The verbs transport: the whole API over RC queue pairs (libibverbs, loaded at run time).
 //
-// Lifecycle: constructed (device opened, PD, one completion channel + CQ, completion thread
-// running) -> listen() (bootstrap acceptor thread, plus a listener thread that runs the verbs
-// handshake of each accepted peer, so a connect() completes before accept() is called, as on
-// TCP) -> connections by accept()/connect(): the
-// TCP bootstrap (one stream, TransportKind::kRdma) carries the endpoint records
-// (endpoint_record.h), then stays open as the connection's liveness/close channel -> shutdown():
-// every connection aborted, the completion thread stopped. Verbs objects are freed when their
-// last holder goes (regions and connections keep the PD, CQ and context alive).
+// Lifecycle: constructed (fabric settings checked, device opened, PD, one completion channel,
+// completion thread running) -> listen() (bootstrap acceptor: every peer's Hello and then its
+// verbs handshake run on a thread of their own, bounded by the handshake timeout, so a
+// connect() completes before accept() is called, as on TCP, and a stalled peer delays nobody)
+// -> connections by accept()/connect(): the TCP bootstrap (one stream, TransportKind::kRdma)
+// carries the endpoint records (endpoint_record.h), then stays open as the connection's
+// liveness/close channel -> shutdown(): handshakes in progress cut, every connection aborted,
+// the completion thread stopped. Verbs objects are freed when their last holder goes (regions
+// and connections keep the PD, CQs and context alive).
 //
-// Every connection's QPs complete on the one CQ; a completion finds its connection through the
-// tag in its wr_id. The CQ has a fixed size, so connections reserve their share of it and a
-// connection that would not fit is refused (ConnectionFailed) rather than risking an overrun.
+// A connection's QPs complete on one CQ of the transport's CqSet (cq_set.h: CQs created on
+// demand, all on one channel and one poller); a completion finds its connection through the
+// tag in its wr_id. Each connection reserves its share of its CQ, so a CQ never overruns.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
-#include <thread>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "transport/bootstrap.h"
+#include "transport/rdma/cq_set.h"
 #include "transport/rdma/rdma_config.h"
 #include "transport/rdma/rdma_connection.h"
 #include "transport/transport.h"
@@ -63,7 +64,8 @@ class RdmaTransport : public Transport {
   void on_async_event(const ibv_async_event& event);
   void on_socket(uint64_t tag);
   void abort_all(ErrorKind kind, const std::string& reason);
-  void listener_loop();
+  // The acceptor's on_group: the verbs handshake of one peer, on its handshake thread.
+  void accept_group(AcceptedGroup group);
   std::shared_ptr<RdmaConnection> accept_one(AcceptedGroup group);
 
   SocketOptions bootstrap_options() const { return SocketOptions{0, config_.secret}; }
@@ -73,20 +75,17 @@ class RdmaTransport : public Transport {
   std::shared_ptr<DeviceContext> context_;
   std::shared_ptr<ProtectionDomain> pd_;
   std::shared_ptr<CompletionChannel> channel_;
-  std::shared_ptr<CompletionQueue> cq_;
   std::shared_ptr<CqPoller> poller_;
-  int cq_reserved_ = 0;
+  std::unique_ptr<CqSet> cqs_;
 
   std::unique_ptr<Acceptor> acceptor_;
-  std::thread listener_;
-  std::atomic<bool> stop_listener_{false};
   std::condition_variable accepted_cv_;
   std::deque<std::shared_ptr<RdmaConnection>> accepted_;  // handshake done, not yet accept()ed
   std::mutex mu_;
   bool shut_down_ = false;
   uint32_t next_tag_ = 1;
   std::unordered_map<uint32_t, std::weak_ptr<RdmaConnection>> connections_;
-  std::unordered_map<uint32_t, int> reservations_;  // CQ entries per connection tag
+  std::unordered_set<uint32_t> pending_;  // tags of connections being set up (prepare)
 };
 
 }  // namespace rdmaxfer
