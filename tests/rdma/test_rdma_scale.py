@@ -4,7 +4,8 @@
   while two handshakes stall (a client that never speaks and one that stops after its Hello);
   bytes are exact on every connection (a tag each) and on a sample (64 KiB each);
 - the service level, traffic class and min_rnr_timer given to the engine (or in the
-  environment) are what the QPs hold, read back with ibv_query_qp (Endpoint.info).
+  environment) reach ibv_modify_qp, and the QPs hold what their link layer carries, read back
+  with ibv_query_qp (Endpoint.info): on RoCE the traffic class, on InfiniBand the SL.
 """
 
 from __future__ import annotations
@@ -109,9 +110,28 @@ def test_512_connections_with_stalled_handshakes(rng: np.random.Generator) -> No
         spoke.close()
 
 
-def settings_of(ep: Endpoint) -> tuple[object, object, object]:
+def applied(ep: Endpoint) -> tuple[object, object, object]:
+    """The settings the engine gave ibv_modify_qp (INIT -> RTR)."""
     info = ep.info
-    return info["service_level"], info["traffic_class"], info["min_rnr_timer"]
+    return (
+        info["applied_service_level"],
+        info["applied_traffic_class"],
+        info["applied_min_rnr_timer"],
+    )
+
+
+def assert_held(ep: Endpoint, service_level: int, traffic_class: int, min_rnr_timer: int) -> None:
+    """What the QP holds (ibv_query_qp) and what the link layer carries: on RoCE the traffic
+    class (the IP TOS byte) rides in every packet's GRH, and the SL is no field of the QP that
+    rxe keeps (it reads back 0); on InfiniBand the SL is in the address, with no GRH."""
+    info = ep.info
+    assert info["min_rnr_timer"] == min_rnr_timer
+    if info["roce"]:
+        assert applied(ep) == (service_level, traffic_class, min_rnr_timer)
+        assert info["traffic_class"] == traffic_class
+    else:
+        assert applied(ep) == (service_level, 0, min_rnr_timer)
+        assert info["service_level"] == service_level
 
 
 @pytest.mark.parametrize("source", ["arguments", "environment"])
@@ -133,7 +153,9 @@ def test_fabric_settings_reach_the_qps(
         port = server.listen(addrs()[1], 0)
         ep = client.connect(addrs()[1], port, timeout=WAIT_S)
         peer = server.accept(timeout=WAIT_S)
-        assert settings_of(ep) == settings_of(peer) == (3, 104, 12)
+        assert ep.info["roce"] == 1  # rxe: RoCE v2
+        assert_held(ep, 3, 104, 12)
+        assert_held(peer, 3, 104, 12)
         data = random_bytes(rng, 300_000)
         sending = ep.post_send(data)
         assert peer.recv(timeout=WAIT_S).tobytes() == data.tobytes()
@@ -150,4 +172,5 @@ def test_default_fabric_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         port = server.listen(addrs()[1], 0)
         ep = client.connect(addrs()[1], port, timeout=WAIT_S)
         peer = server.accept(timeout=WAIT_S)
-        assert settings_of(ep) == settings_of(peer) == (0, 0, 18)
+        assert_held(ep, 0, 0, 18)
+        assert_held(peer, 0, 0, 18)

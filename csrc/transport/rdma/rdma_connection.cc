@@ -176,11 +176,17 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
       {"outstanding_wrs", outstanding_wrs()},
       {"posted_receives", posted_receives()}};
   if (!lanes_.empty()) {
-    // What the QP holds (ibv_query_qp), not what was asked for.
+    // What the QP holds (ibv_query_qp), and what ibv_modify_qp was given: on RoCE the traffic
+    // class (the IP TOS byte) is what the packets carry, and rxe reads back no SL.
     const FabricSettings f = lanes_[0].qp->query_fabric();
+    const FabricSettings& applied = lanes_[0].qp->applied_fabric();
     a.insert(a.end(), {{"service_level", f.service_level},
                        {"traffic_class", f.traffic_class},
-                       {"min_rnr_timer", f.min_rnr_timer}});
+                       {"min_rnr_timer", f.min_rnr_timer},
+                       {"applied_service_level", applied.service_level},
+                       {"applied_traffic_class", applied.traffic_class},
+                       {"applied_min_rnr_timer", applied.min_rnr_timer},
+                       {"roce", shared_.pd->context().ethernet() ? 1u : 0u}});
   }
   return a;
 }

@@ -90,6 +90,8 @@ void QueuePair::to_rtr(const QpAddress& peer, ibv_mtu path_mtu, uint8_t max_dest
                     "; is the peer's address routable from " + dc.name() + "?)",
                 rc);
   }
+  const uint8_t tclass = attr.ah_attr.is_global ? attr.ah_attr.grh.traffic_class : uint8_t{0};
+  applied_ = {attr.ah_attr.sl, tclass, attr.min_rnr_timer};
 }
 
 void QueuePair::to_rts(uint8_t max_rd_atomic) {

@@ -75,8 +75,11 @@ class QueuePair {
   // Best effort (teardown path): never throws.
   void to_error() noexcept;
   // The fabric settings the QP holds, read back with ibv_query_qp (after to_rtr); throws on
-  // failure.
+  // failure. Providers differ in what they report: rxe keeps no SL for RoCE (reads back 0).
   FabricSettings query_fabric() const;
+  // The fabric settings to_rtr gave ibv_modify_qp (zero before to_rtr). The traffic class is
+  // 0 where the address carries no GRH (InfiniBand inside a subnet).
+  const FabricSettings& applied_fabric() const { return applied_; }
 
  private:
   std::shared_ptr<ProtectionDomain> pd_;
@@ -84,6 +87,7 @@ class QueuePair {
   QpLimits limits_;
   ibv_qp* qp_ = nullptr;
   uint32_t psn_ = 0;
+  FabricSettings applied_{0, 0, 0};
 };
 
 }  // namespace rdmaxfer

@@ -109,7 +109,13 @@ class Endpoint(BatchOps):
         ``max_rd_atomic`` (RDMA READs this side keeps outstanding: the minimum of its
         initiator depth and the peer's responder resources), ``max_dest_rd_atomic`` (READs it
         serves at once: its responder resources against the peer's initiator depth, both from
-        the endpoint records), ``max_inline`` (bytes) and ``rnr_retry``.
+        the endpoint records), ``max_inline`` (bytes), ``rnr_retry``, ``outstanding_wrs``,
+        ``posted_receives``; the fabric settings (fabric_settings.h) as the QP holds them,
+        read back with ``ibv_query_qp`` (``service_level``, ``traffic_class``,
+        ``min_rnr_timer``), and as they were given to ``ibv_modify_qp`` (``applied_`` + each
+        name; the traffic class is 0 where no GRH is sent, InfiniBand); ``roce`` (1 on
+        Ethernet, where the traffic class, the IP TOS byte, is what the packets carry: rxe reads
+        back no service level).
         """
         info: dict[str, int | str] = {
             "transport": self._engine.transport,
