@@ -303,6 +303,13 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;
              c.close();
            })
+      .def("begin_close",
+           [](Connection& c) {
+             if (rdmaxfer::inherited(&c)) return;
+             rdmaxfer::refresh_log_level();
+             py::gil_scoped_release release;
+             c.begin_close();
+           })
       .def(
           "abort",
           [](Connection& c, const std::string& reason, bool timed_out) {

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from rdmaxfer import Endpoint, Engine
+from rdmaxfer import ConnectionFailedError, Endpoint, Engine
 
 from .rdma_helpers import WAIT_S, addrs, devices, random_bytes
 
@@ -108,6 +108,15 @@ def test_512_connections_with_stalled_handshakes(rng: np.random.Generator) -> No
             r2.wait(WAIT_S)
         silent.close()
         spoke.close()
+
+        # Closing the server engine starts all 512 closes, then waits: each client endpoint
+        # learns of its own (the GOODBYE, not an error) and every receive pending there fails.
+        pending = [ep.post_recv() for ep in ours]
+        server.close()
+        assert all(ep.closed for ep in theirs)
+        for r in pending:
+            with pytest.raises(ConnectionFailedError, match="closed the endpoint"):
+                r.wait(WAIT_S)
 
 
 def applied(ep: Endpoint) -> tuple[object, object, object]:

@@ -489,6 +489,12 @@ void RdmaConnection::wait_drained(double timeout_s) {
 }
 
 void RdmaConnection::close() {
+  begin_close();
+  // Closed here, by the peer or by an error: return once the flushes are drained.
+  if (!CqPoller::dispatching()) wait_drained(kDrainTimeoutS);
+}
+
+void RdmaConnection::begin_close() {
   bool open = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -506,8 +512,6 @@ void RdmaConnection::close() {
     }
     abort(ErrorKind::kClosed, "closed locally");
   }
-  // Closed here, by the peer or by an error: return once the flushes are drained.
-  if (!CqPoller::dispatching()) wait_drained(kDrainTimeoutS);
 }
 
 void RdmaConnection::abort(ErrorKind kind, const std::string& reason) {

@@ -108,6 +108,8 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
   ChannelLimits limits() const override;
   void check_open() const override;
   void close() override;
+  // GOODBYE to the peer and the QPs to ERR; close() then waits (bounded) for the flushes.
+  void begin_close() override;
   void abort(ErrorKind kind, const std::string& reason) override;
   bool is_closed() const override;
   std::string error() const override;

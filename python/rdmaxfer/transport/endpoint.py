@@ -553,6 +553,11 @@ class Endpoint(BatchOps):
         self._settle_all()
         self._closed_now()
 
+    def _begin_close(self) -> None:
+        """Start a graceful close without waiting for it (Engine.close, then close())."""
+        with contextlib.suppress(RdmaxferError):
+            self._core.begin_close()
+
     def abort(self, reason: str = "aborted by the application") -> None:
         """Tear down at once: pending transfers fail with ``reason``."""
         self._abort_core(reason, timed_out=False)

@@ -330,6 +330,10 @@ class Engine(MemoryDomain):
                 return
             self._closed = True
             endpoints = list(self._endpoints.values())
+        # Every endpoint's teardown starts before any is waited for: on verbs the flushes of
+        # 512 connections' QPs then drain together, not one connection after another.
+        for endpoint in endpoints:
+            endpoint._begin_close()
         for endpoint in endpoints:
             endpoint.close()
         self._close_memory()
