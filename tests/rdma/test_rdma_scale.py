@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import resource
 import socket
-import threading
 import time
 
 import numpy as np
@@ -20,7 +18,15 @@ import pytest
 
 from rdmaxfer import ConnectionFailedError, Endpoint, Engine
 
-from .rdma_helpers import WAIT_S, addrs, devices, random_bytes
+from .rdma_helpers import (
+    WAIT_S,
+    addrs,
+    connect_many,
+    devices,
+    peers_by_tag,
+    raise_fd_limit,
+    random_bytes,
+)
 
 N_CONNECTIONS = 512
 SAMPLE = 32
@@ -28,18 +34,8 @@ SAMPLE = 32
 OLD_LIMIT = 56
 
 
-def raise_fd_limit(need: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < need:
-        if hard != resource.RLIM_INFINITY and hard < need:
-            pytest.skip(
-                f"{N_CONNECTIONS} connections need {need} file descriptors; hard limit {hard}"
-            )
-        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
-
-
 def test_512_connections_with_stalled_handshakes(rng: np.random.Generator) -> None:
-    raise_fd_limit(4 * N_CONNECTIONS + 256)
+    raise_fd_limit(4 * N_CONNECTIONS + 256, f"{N_CONNECTIONS} connections")
     with (
         Engine("rdma", rdma_device=devices()[1]) as server,
         Engine("rdma", rdma_device=devices()[0]) as client,
@@ -59,43 +55,15 @@ def test_512_connections_with_stalled_handshakes(rng: np.random.Generator) -> No
         )
         assert spoke.recv(16, socket.MSG_WAITALL)[:4] == b"RXOK"
 
-        ours: list[Endpoint] = []
-        errors: list[BaseException] = []
-        lock = threading.Lock()
-
-        def connect(count: int) -> None:
-            try:
-                for _ in range(count):
-                    ep = client.connect(host, port, timeout=WAIT_S)
-                    with lock:
-                        ours.append(ep)
-            except BaseException as e:  # reported by the assert below
-                errors.append(e)
-
         start = time.monotonic()
-        threads = [threading.Thread(target=connect, args=(N_CONNECTIONS // 8,)) for _ in range(8)]
-        for t in threads:
-            t.start()
-        theirs = [server.accept(timeout=WAIT_S) for _ in range(N_CONNECTIONS)]
-        for t in threads:
-            t.join(WAIT_S)
+        ours, theirs = connect_many(client, server, host, port, N_CONNECTIONS)
         elapsed = time.monotonic() - start
-        assert not errors, errors[:3]
-        assert len(ours) == len(theirs) == N_CONNECTIONS > OLD_LIMIT
+        assert len(ours) > OLD_LIMIT
         print(f"{N_CONNECTIONS} rdma connections set up in {elapsed:.1f} s")
 
-        # Every connection carries a tag (random, so no two alike) from the server; the client
-        # learns which of its endpoints is which server endpoint's peer.
-        tags = rng.choice(2**62, size=N_CONNECTIONS, replace=False).astype(np.uint64)
-        sends = [ep.post_send(tags[i : i + 1]) for i, ep in enumerate(theirs)]
-        peer_of: dict[int, int] = {}
-        for j, ep in enumerate(ours):
-            got = ep.recv(timeout=WAIT_S)
-            peer_of[int(np.where(tags == got.view(np.uint64)[0])[0][0])] = j
-        for r in sends:
-            r.wait(WAIT_S)
-        assert sorted(peer_of) == list(range(N_CONNECTIONS))
-        assert sorted(peer_of.values()) == list(range(N_CONNECTIONS))
+        # Every connection carries a tag from the server; the client learns which of its
+        # endpoints is which server endpoint's peer.
+        peer_of = peers_by_tag(rng, ours, theirs)
 
         # 64 KiB of random bytes each way on a sample of the connections.
         for i in rng.choice(N_CONNECTIONS, size=SAMPLE, replace=False):
