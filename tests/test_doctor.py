@@ -117,6 +117,8 @@ class Tree:
     def netdev(self, name: str, bdf: str, mtu: int) -> None:
         dev = self.sys / "class/net" / name
         write(dev / "mtu", str(mtu))
+        write(dev / "qos/trust", "dscp")
+        write(dev / "qos/pfc", "1 0 0 0 0 0 0 0")  # lossless priority 0: traffic class 0's
         (dev / "device").symlink_to(self.sys / "bus/pci/devices" / bdf)
 
     def irqs(self, bdf: str, affinity: dict[int, str], local: str) -> None:
@@ -166,7 +168,7 @@ def test_healthy_machine_is_all_ok(tree: Tree) -> None:
     assert checks == {
         "memlock", "rdma.devices", "rdma.port", "rdma.mtu", "rdma.gid", "gpu.driver",
         "gpu.method", "gpu.dmabuf", "gpu.peermem", "pcie.affinity", "pcie.link", "irq.affinity",
-        "sysctl", "shm",
+        "sysctl", "shm", "fabric",
     }  # fmt: skip
     assert only(findings, "pcie.affinity").message.startswith("nearest NIC mlx5_0: PIX")
     assert "active MTU 4096" in only(findings, "rdma.mtu").message

@@ -34,6 +34,7 @@ from _peers import (
 )
 from rdmaxfer import (
     ConnectionFailedError,
+    Endpoint,
     EndpointClosedError,
     Engine,
     InvalidArgumentError,
@@ -452,6 +453,34 @@ def test_engine_close_closes_endpoints(server: Engine, client: Engine) -> None:
         assert ep.closed
         with pytest.raises(EndpointClosedError, match=r"engine is closed"):
             client.connect("127.0.0.1", port, timeout=1)
+
+
+def test_engine_close_begins_every_close_before_waiting(
+    server: Engine, client: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Engine.close starts every endpoint's close before it waits for any (on verbs the QPs'
+    flushes then drain together); pending receives fail on both sides."""
+    port = server.listen()
+    ours = [client.connect(f"127.0.0.1:{port}", timeout=10) for _ in range(4)]
+    theirs = [server.accept(timeout=10) for _ in ours]
+    pending = [ep.post_recv() for ep in ours]
+    peers_pending = [ep.post_recv() for ep in theirs]
+    seen: list[list[bool]] = []
+    close = Endpoint.close
+
+    def spy(self: Endpoint) -> None:
+        seen.append([ep.closed for ep in ours])
+        close(self)
+
+    monkeypatch.setattr(Endpoint, "close", spy)
+    client.close()
+    assert seen == [[True] * len(ours)] * len(ours)
+    for r in pending:
+        with pytest.raises(EndpointClosedError):
+            r.wait(10)
+    for r in peers_pending:
+        with pytest.raises(ConnectionFailedError, match="closed the endpoint"):
+            r.wait(10)
 
 
 def test_connecting_to_a_closed_port_fails(client: Engine, closed_port: int) -> None:

@@ -316,6 +316,13 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;
              c.close();
            })
+      .def("begin_close",
+           [](Connection& c) {
+             if (rdmaxfer::inherited(&c)) return;
+             rdmaxfer::refresh_log_level();
+             py::gil_scoped_release release;
+             c.begin_close();
+           })
       .def(
           "abort",
           [](Connection& c, const std::string& reason, bool timed_out) {
@@ -363,7 +370,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](const std::string& transport, int io_threads, int socket_buffer,
                        int default_streams, const std::string& rdma_device, int gid_index,
                        const std::string& poll_mode, const std::string& secret,
-                       const std::vector<std::string>& rdma_devices) {
+                       const std::vector<std::string>& rdma_devices, int service_level,
+                       int traffic_class, int min_rnr_timer) {
              if (io_threads < 0 || io_threads > 64) {
                throw Error(ErrorKind::kInvalidArgument,
                            "io_threads=" + std::to_string(io_threads) + " must be in 0..64");
@@ -390,6 +398,9 @@ PYBIND11_MODULE(_core, m) {
              config.tcp.secret = secret;
              config.rdma.secret = secret;
              config.rdma.default_qps = default_streams;
+             config.rdma.service_level = service_level;  // checked by the rdma transport
+             config.rdma.traffic_class = traffic_class;
+             config.rdma.min_rnr_timer = min_rnr_timer;
              rdmaxfer::refresh_log_level();
              py::gil_scoped_release release;
              return EnginePtr(new Engine(transport, config));
@@ -397,7 +408,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("transport") = "tcp", py::arg("io_threads") = 0, py::arg("socket_buffer") = 0,
            py::arg("default_streams") = 0, py::arg("rdma_device") = "",
            py::arg("gid_index") = -1, py::arg("poll_mode") = "", py::arg("secret") = "",
-           py::arg("rdma_devices") = std::vector<std::string>{})
+           py::arg("rdma_devices") = std::vector<std::string>{}, py::arg("service_level") = -1,
+           py::arg("traffic_class") = -1, py::arg("min_rnr_timer") = -1)
       .def_property_readonly("transport", &Engine::transport_name)
       .def_property_readonly("automatic", &Engine::automatic)
       .def_property_readonly("shm_off", [](Engine& e) { return e.wireup().shm_off(); })

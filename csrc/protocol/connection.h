@@ -62,6 +62,7 @@ class Connection {
   }
 
   void close() { channel_->close(); }
+  void begin_close() { channel_->begin_close(); }
   void abort(ErrorKind kind, const std::string& reason) { channel_->abort(kind, reason); }
   bool is_closed() const { return channel_->is_closed(); }
   std::string error() const { return channel_->error(); }

@@ -197,13 +197,15 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
 
 Acceptor::Acceptor(const std::string& host, uint16_t port, TransportKind transport,
                    uint64_t engine_id, SocketOptions options,
-                   std::function<void(const std::string&, const std::string&)> on_refused)
-    : listen_fd_(listen_tcp(host, port, 128)),
+                   std::function<void(const std::string&, const std::string&)> on_refused,
+                   std::function<void(AcceptedGroup)> on_group)
+    : listen_fd_(listen_tcp(host, port, 1024)),
       port_(local_port(listen_fd_.get())),
       transport_(transport),
       engine_id_(engine_id),
       options_(std::move(options)),
-      on_refused_(std::move(on_refused)) {
+      on_refused_(std::move(on_refused)),
+      on_group_(std::move(on_group)) {
   check_secret_usable(options_);
   thread_ = std::thread([this] { run(); });
 }
@@ -211,6 +213,7 @@ Acceptor::Acceptor(const std::string& host, uint16_t port, TransportKind transpo
 Acceptor::~Acceptor() {
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
+  handshakes_.stop();
 }
 
 AcceptedGroup Acceptor::accept(double timeout_s) {
@@ -228,18 +231,31 @@ AcceptedGroup Acceptor::accept(double timeout_s) {
 
 void Acceptor::run() {
   while (!stop_.load()) {
+    if (handshakes_.full()) {
+      // Every handshake slot is taken: leave new clients in the backlog until one ends.
+      poll(nullptr, 0, 10);
+      expire_partial_groups();
+      continue;
+    }
     pollfd p{listen_fd_.get(), POLLIN, 0};
     int rc = poll(&p, 1, 100);
     expire_partial_groups();
     if (rc <= 0) continue;
-    for (;;) {
+    while (!handshakes_.full()) {
       int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) break;
       const std::string peer = peer_name(fd);
       try {
-        handshake(UniqueFd(fd));
+        handshakes_.start(UniqueFd(fd), [this, peer](UniqueFd conn) {
+          try {
+            handshake(std::move(conn));
+          } catch (const Error& e) {
+            // A peer that sends garbage or stalls loses its own connection, nothing else (and
+            // one cut short by the destructor is no refusal).
+            if (!stop_.load()) on_refused_(peer, e.what());
+          }
+        });
       } catch (const Error& e) {
-        // A peer that sends garbage or stalls loses its own connection, nothing else.
         on_refused_(peer, e.what());
       }
     }
@@ -299,7 +315,7 @@ void Acceptor::handshake(UniqueFd fd) {
   tune_socket(fd.get(), options_);
 
   std::string peer = peer_name(fd.get());
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   Partial& partial = partial_[hello.conn_id];
   if (partial.group.fds.empty()) {
     partial.group.hello = hello;
@@ -312,11 +328,16 @@ void Acceptor::handshake(UniqueFd fd) {
     return;
   }
   partial.group.fds[hello.stream_index] = std::move(fd);
-  if (++partial.arrived == hello.n_streams) {
-    ready_.push_back(std::move(partial.group));
-    partial_.erase(hello.conn_id);
+  if (++partial.arrived < hello.n_streams) return;
+  AcceptedGroup group = std::move(partial.group);
+  partial_.erase(hello.conn_id);
+  if (!on_group_) {
+    ready_.push_back(std::move(group));
     cv_.notify_all();
+    return;
   }
+  lock.unlock();
+  on_group_(std::move(group));
 }
 
 void Acceptor::expire_partial_groups() {

@@ -28,6 +28,7 @@
 
 #include "common/unique_fd.h"
 #include "core/descriptor.h"
+#include "transport/handshake_pool.h"
 #include "transport/socket.h"
 
 namespace rdmaxfer {
@@ -95,14 +96,22 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
                                         const SocketOptions& options, const Deadline& deadline,
                                         int* retries);
 
-// Listens and runs the handshake on its own thread; accept() hands out complete groups.
+// Listens on its own thread and runs each stream's handshake on a thread of its own
+// (handshake_pool.h), each bounded by the handshake timeout, so a client that stalls delays
+// neither another client nor the destructor (which cuts the handshakes still running).
+// accept() hands out complete groups, or `on_group` takes them.
 class Acceptor {
  public:
-  // `on_refused(peer, cause)`: called on the acceptor's thread for a peer whose handshake
-  // failed (the transport logs and counts it).
+  // Handshakes running at once; further clients wait in the listen backlog.
+  static constexpr int kMaxHandshakes = 256;
+  // `on_refused(peer, cause)`: called on a handshake thread for a peer whose handshake failed
+  // (the transport logs and counts it). `on_group`, when set, receives each complete group on
+  // the handshake thread of its last stream (to finish a transport's own handshake there, in
+  // parallel too), instead of accept().
   Acceptor(const std::string& host, uint16_t port, TransportKind transport, uint64_t engine_id,
            SocketOptions options,
-           std::function<void(const std::string&, const std::string&)> on_refused);
+           std::function<void(const std::string&, const std::string&)> on_refused,
+           std::function<void(AcceptedGroup)> on_group = nullptr);
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;
   ~Acceptor();
@@ -121,6 +130,7 @@ class Acceptor {
   uint64_t engine_id_;
   SocketOptions options_;
   std::function<void(const std::string&, const std::string&)> on_refused_;
+  std::function<void(AcceptedGroup)> on_group_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -131,6 +141,7 @@ class Acceptor {
     Deadline deadline{10.0};
   };
   std::map<uint64_t, Partial> partial_;
+  HandshakePool handshakes_{kMaxHandshakes};
   std::thread thread_;
 };
 

@@ -90,6 +90,9 @@ class Channel {
 
   // Graceful close: tell the peer, fail what is still pending, release sockets/QPs.
   virtual void close() = 0;
+  // close() without its wait for the teardown to finish, so an engine closing many channels
+  // waits for them together (close() afterwards waits). Where close() does not wait, the same.
+  virtual void begin_close() { close(); }
   // Immediate teardown after an error or timeout: every pending request fails with `reason`.
   virtual void abort(ErrorKind kind, const std::string& reason) = 0;
   virtual bool is_closed() const = 0;

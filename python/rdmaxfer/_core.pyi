@@ -176,6 +176,7 @@ class Endpoint:
     def reject(self, msg_id: int, reason: str) -> None: ...
     def cancel_recv_header(self, request: Request) -> bool: ...
     def close(self) -> None: ...
+    def begin_close(self) -> None: ...
     def abort(self, reason: str, timed_out: bool = False) -> None: ...
     def timed_loop(
         self,
@@ -212,6 +213,9 @@ class Engine:
         poll_mode: str = "",
         secret: str = "",
         rdma_devices: list[str] = ...,
+        service_level: int = -1,
+        traffic_class: int = -1,
+        min_rnr_timer: int = -1,
     ) -> None:
         """``transport``: "tcp", "rdma" or "shm" (or "loopback": the internal in-process test
         transport, csrc/transport/loopback/, not listed by ``rdmaxfer info``), or "auto": rdma
@@ -222,7 +226,10 @@ class Engine:
 
         rdma only: ``rdma_devices`` (the rails: names, or ["auto"] for every device with an
         active port; [] -> ``rdma_device``), ``rdma_device`` ("" -> env RDMAXFER_RDMA_DEVICES
-        -> env RDMAXFER_RDMA_DEVICE -> the first device with an active port); ``gid_index``
+        -> env RDMAXFER_RDMA_DEVICE -> the first device with an active port); ``service_level``
+        0..15, ``traffic_class`` 0..255, ``min_rnr_timer`` 0..31 (-1 -> env
+        RDMAXFER_SERVICE_LEVEL / RDMAXFER_TRAFFIC_CLASS / RDMAXFER_MIN_RNR_TIMER -> 0 / 0 / 18;
+        InvalidArgumentError outside the range; applied to the QPs of every rail); ``gid_index``
         (-1 -> env RDMAXFER_GID_INDEX -> auto: the first RoCE v2 GID holding an IPv4-mapped
         address); ``poll_mode`` ("event", the default, sleeps on the
         completion channel; "busy" spins on the CQ; "" -> env RDMAXFER_POLL_MODE -> "event").

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import resource
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 from rdmaxfer import Endpoint, Engine, _core
 
@@ -96,3 +99,59 @@ def region_array(region: _core.Region) -> np.ndarray:
 def wait_ok(request: _core.Request, timeout: float = WAIT_S) -> None:
     assert request.wait(timeout), f"{request.op} did not finish within {timeout} s"
     request.check()
+
+
+def raise_fd_limit(need: int, what: str) -> None:
+    """Raises the soft RLIMIT_NOFILE to `need` (skips when the hard limit is lower)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"{what} need {need} file descriptors; hard limit {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+def connect_many(
+    client: Engine, server: Engine, host: str, port: int, n: int
+) -> tuple[list[Endpoint], list[Endpoint]]:
+    """`n` connections from `client` to `server` (listening on host:port), made by 8 threads
+    while this one accepts: (client endpoints, server endpoints), in no matching order."""
+    ours: list[Endpoint] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def connect(count: int) -> None:
+        try:
+            for _ in range(count):
+                ep = client.connect(host, port, timeout=WAIT_S)
+                with lock:
+                    ours.append(ep)
+        except BaseException as e:  # reported by the assert below
+            errors.append(e)
+
+    threads = [threading.Thread(target=connect, args=(n // 8,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    theirs = [server.accept(timeout=WAIT_S) for _ in range(n)]
+    for t in threads:
+        t.join(WAIT_S)
+    assert not errors, errors[:3]
+    assert len(ours) == len(theirs) == n
+    return ours, theirs
+
+
+def peers_by_tag(
+    rng: np.random.Generator, ours: list[Endpoint], theirs: list[Endpoint]
+) -> dict[int, int]:
+    """Sends a random tag (no two alike) from each of `theirs`; returns, for each index into
+    `theirs`, the index of its peer in `ours`, after checking every tag arrived exactly once."""
+    tags = rng.choice(2**62, size=len(theirs), replace=False).astype(np.uint64)
+    sends = [ep.post_send(tags[i : i + 1]) for i, ep in enumerate(theirs)]
+    peer_of: dict[int, int] = {}
+    for j, ep in enumerate(ours):
+        got = ep.recv(timeout=WAIT_S)
+        peer_of[int(np.where(tags == got.view(np.uint64)[0])[0][0])] = j
+    for r in sends:
+        r.wait(WAIT_S)
+    assert sorted(peer_of) == list(range(len(theirs)))
+    assert sorted(peer_of.values()) == list(range(len(ours)))
+    return peer_of

@@ -2,7 +2,8 @@
 server on rxe1+rxe3 (rxe0/rxe1 on 10.77.0.0/24, rxe2/rxe3 on 10.78.0.0/24). Striping is byte
 exact and loads both rails; a rail that fails mid-transfer
 (its port down) hands its chunks to the other and the transfer completes;
-only when no rail is left does it fail, naming every rail's cause."""
+only when no rail is left does it fail, naming every rail's cause. Each rail makes its CQs on
+demand, so a two-rail engine holds 512 connections, with the fabric settings on every QP."""
 
 from __future__ import annotations
 
@@ -18,10 +19,21 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from rdmaxfer import _core
+from rdmaxfer import Engine, _core
 from rdmaxfer.errors import ConnectionFailedError, InvalidArgumentError
 
-from .rdma_helpers import RW, WAIT_S, addrs, rails, random_bytes, region_array, wait_ok
+from .rdma_helpers import (
+    RW,
+    WAIT_S,
+    addrs,
+    connect_many,
+    peers_by_tag,
+    rails,
+    raise_fd_limit,
+    random_bytes,
+    region_array,
+    wait_ok,
+)
 
 pytestmark = [
     pytest.mark.rdma,
@@ -228,3 +240,43 @@ def test_no_rail_left_fails_with_every_cause(rng: np.random.Generator) -> None:
         for netdev, device in (("veth0", "rxe0"), ("veth2", "rxe2")):
             _run("ip", "link", "set", netdev, "up")
             _wait_for(f"{device} ACTIVE again", functools.partial(_port_active, device))
+
+
+#: One CQ per rail held 16,384 entries and a connection reserved 288 on each before issue 15
+#: item 3 reached the rails: 56 connections per engine.
+OLD_RAIL_LIMIT = 56
+N_RAIL_CONNECTIONS = 512
+
+
+def test_two_rail_engine_holds_512_connections_with_fabric_settings(
+    rng: np.random.Generator,
+) -> None:
+    """Each rail makes CQs on demand (its own CqSet): 512 connections with a QP on each of the
+    two rails, the fabric settings on every QP, a tag each way exact, striped bytes on both
+    rails of a sample."""
+    raise_fd_limit(4 * N_RAIL_CONNECTIONS + 256, f"{N_RAIL_CONNECTIONS} connections")
+    fabric = {"service_level": 3, "traffic_class": 104, "min_rnr_timer": 12}
+    with (
+        Engine("rdma", rdma_devices=rails(1), **fabric) as server,
+        Engine("rdma", rdma_devices=rails(0), **fabric) as client,
+    ):
+        port = server.listen(addrs()[1], 0)
+        ours, theirs = connect_many(client, server, addrs()[1], port, N_RAIL_CONNECTIONS)
+        assert len(ours) > OLD_RAIL_LIMIT
+        assert all(ep.streams == 2 for ep in ours + theirs)
+        peer_of = peers_by_tag(rng, ours, theirs)
+
+        size = MIB + 4321  # striped: both rails' QPs (and so both rails' CQs) carry bytes
+        for i in rng.choice(N_RAIL_CONNECTIONS, size=4, replace=False):
+            mine, yours = ours[peer_of[int(i)]], theirs[int(i)]
+            data = random_bytes(rng, size)
+            target = np.zeros(size, np.uint8)
+            mine.write(data, server.register(target, access="rw"))
+            assert np.array_equal(target, data)
+            info = mine.info
+            assert info["rails"] == 2, info
+            assert int(info["rail_rxe0_bytes"]) > 0 and int(info["rail_rxe2_bytes"]) > 0, info
+            for ep in (mine, yours):
+                assert ep.info["applied_min_rnr_timer"] == 12 and ep.info["min_rnr_timer"] == 12
+                assert ep.info["applied_traffic_class"] == 104 and ep.info["roce"] == 1
+                assert ep.info["traffic_class"] == 104

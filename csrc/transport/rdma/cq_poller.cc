@@ -28,11 +28,9 @@ void epoll_add(int ep, int fd, uint32_t events, uint64_t key) {
 }  // namespace
 
 CqPoller::CqPoller(std::shared_ptr<DeviceContext> context,
-                   std::shared_ptr<CompletionChannel> channel,
-                   std::shared_ptr<CompletionQueue> cq, bool busy, Handlers handlers)
+                   std::shared_ptr<CompletionChannel> channel, bool busy, Handlers handlers)
     : context_(std::move(context)),
       channel_(std::move(channel)),
-      cq_(std::move(cq)),
       busy_(busy),
       handlers_(std::move(handlers)),
       epoll_(epoll_create1(EPOLL_CLOEXEC)),
@@ -52,9 +50,21 @@ CqPoller::CqPoller(std::shared_ptr<DeviceContext> context,
 
 CqPoller::~CqPoller() { stop(); }
 
-void CqPoller::start() {
-  if (!busy_) cq_->arm();
-  thread_ = std::thread([this] { run(); });
+void CqPoller::start() { thread_ = std::thread([this] { run(); }); }
+
+void CqPoller::add_cq(std::shared_ptr<CompletionQueue> cq) {
+  std::lock_guard<std::mutex> lock(cqs_mu_);
+  const int n = n_cqs_.load(std::memory_order_relaxed);
+  if (n == kMaxCqs) {
+    throw Error(ErrorKind::kConnection,
+                "too many open rdma connections: all " + std::to_string(kMaxCqs) +
+                    " completion queues of this engine are full; close endpoints you no longer "
+                    "use");
+  }
+  if (!busy_) cq->arm();
+  cqs_[static_cast<size_t>(n)] = cq.get();
+  owned_.push_back(std::move(cq));
+  n_cqs_.store(n + 1, std::memory_order_release);
 }
 
 void CqPoller::stop() {
@@ -92,11 +102,17 @@ class DispatchScope {
 
 bool CqPoller::dispatching() { return t_dispatching; }
 
-int CqPoller::poll_once_locked() {
+bool CqPoller::poll_once_locked(int* found) {
   ibv_wc wcs[kBatch];
-  const int n = cq_->poll(kBatch, wcs);
-  if (n > 0) handlers_.completions(wcs, n);
-  return n;
+  bool more = false;
+  const int count = n_cqs_.load(std::memory_order_acquire);
+  for (int i = 0; i < count; ++i) {
+    const int n = cqs_[static_cast<size_t>(i)]->poll(kBatch, wcs);
+    if (n > 0) handlers_.completions(wcs, n);
+    *found += n;
+    more = more || n == kBatch;
+  }
+  return more;
 }
 
 void CqPoller::drain_cq() {
@@ -104,7 +120,8 @@ void CqPoller::drain_cq() {
   if (stopped_ || failed_) return;
   DispatchScope scope;
   try {
-    while (poll_once_locked() == kBatch) {
+    int found = 0;
+    while (poll_once_locked(&found)) {
     }
   } catch (...) {
     failed_ = true;  // run() reports it through the fatal handler and ends the thread
@@ -118,7 +135,9 @@ bool CqPoller::progress() {
   if (!lock.owns_lock() || stopped_ || failed_) return false;
   DispatchScope scope;
   try {
-    return poll_once_locked() > 0;
+    int found = 0;
+    poll_once_locked(&found);
+    return found > 0;
   } catch (const std::exception& e) {
     failed_ = true;
     if (handlers_.fatal) handlers_.fatal(std::string("polling the completion queue: ") + e.what());
@@ -156,9 +175,9 @@ void CqPoller::run() {
         const uint64_t key = events[i].data.u64;
         switch (key & kKindMask) {
           case kChannelKey:
-            while (cq_->take_event()) {
+            while (CompletionQueue* cq = channel_->take_event()) {
+              if (!busy_) cq->arm();
             }
-            if (!busy_) cq_->arm();
             drain_cq();
             break;
           case kAsyncKey: drain_async(); break;

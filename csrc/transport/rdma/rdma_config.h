@@ -19,6 +19,10 @@ struct RdmaConfig {
   uint64_t eager_limit = 0; // bytes sent inside the SEND with the header; 0 -> 8 KiB
   int sq_depth = 0;         // send-queue WRs per QP; 0 -> min(device max_qp_wr, 256)
   std::string secret;       // shared secret for the bootstrap (transport/auth.h); "" = none
+  // Fabric settings (fabric_settings.h): -1 -> the environment variable -> the default.
+  int service_level = -1;   // SL 0..15; env RDMAXFER_SERVICE_LEVEL; default 0
+  int traffic_class = -1;   // GRH traffic class 0..255 (DSCP << 2); env RDMAXFER_TRAFFIC_CLASS; 0
+  int min_rnr_timer = -1;   // IB RNR timer code 0..31; env RDMAXFER_MIN_RNR_TIMER; 18 (5.12 ms)
 };
 
 // "" when the verbs transport can run here (libibverbs loads and a device has an active port),

@@ -53,7 +53,8 @@ RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& set
         std::make_unique<BufferSlab>(rail.pd, settings_.ctrl_size, settings_.ctrl_depth);
     lane.send_slab =
         std::make_unique<BufferSlab>(rail.pd, settings_.ctrl_size, settings_.ctrl_slots);
-    lane.qp = std::make_unique<QueuePair>(rail.pd, rail.cq, settings_.limits, tag_);
+    lane.qp = std::make_unique<QueuePair>(
+        rail.pd, shared_.cqs.at(static_cast<size_t>(lane.rail)), settings_.limits, tag_);
     lane.qp->to_init();
   }
 }
@@ -226,15 +227,31 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
       rails.emplace_back(key + "_up", rail_up_[i] ? 1 : 0);
     }
   }
-  std::vector<std::pair<std::string, uint64_t>> out = {{"path_mtu", negotiated_.path_mtu},
-          {"max_rd_atomic", negotiated_.max_rd_atomic},
-          {"max_dest_rd_atomic", negotiated_.max_dest_rd_atomic},
-          {"max_inline", lanes_.empty() ? 0 : lanes_[0].qp->limits().max_inline},
-          {"rnr_retry", kRnrRetries},
-          {"outstanding_wrs", outstanding_wrs()},
-          {"posted_receives", posted_receives()},
-          {"rails", rails.size() / 2}};
+  std::vector<std::pair<std::string, uint64_t>> out = {
+      {"path_mtu", negotiated_.path_mtu},
+      {"max_rd_atomic", negotiated_.max_rd_atomic},
+      {"max_dest_rd_atomic", negotiated_.max_dest_rd_atomic},
+      {"max_inline", lanes_.empty() ? 0 : lanes_[0].qp->limits().max_inline},
+      {"rnr_retry", kRnrRetries},
+      {"outstanding_wrs", outstanding_wrs()},
+      {"posted_receives", posted_receives()},
+      {"rails", rails.size() / 2}};
   out.insert(out.end(), rails.begin(), rails.end());
+  if (!lanes_.empty()) {
+    // What the first QP holds (ibv_query_qp), and what ibv_modify_qp was given (every rail's
+    // QPs get the same settings): on RoCE the traffic class (the IP TOS byte) is what the packets carry, and
+    // rxe reads back no SL.
+    const FabricSettings f = lanes_[0].qp->query_fabric();
+    const FabricSettings& applied = lanes_[0].qp->applied_fabric();
+    const bool roce = shared_.rails.at(static_cast<size_t>(lanes_[0].rail)).context->ethernet();
+    out.insert(out.end(), {{"service_level", f.service_level},
+                           {"traffic_class", f.traffic_class},
+                           {"min_rnr_timer", f.min_rnr_timer},
+                           {"applied_service_level", applied.service_level},
+                           {"applied_traffic_class", applied.traffic_class},
+                           {"applied_min_rnr_timer", applied.min_rnr_timer},
+                           {"roce", roce ? 1u : 0u}});
+  }
   return out;
 }
 
@@ -460,6 +477,12 @@ void RdmaConnection::wait_drained(double timeout_s) {
 }
 
 void RdmaConnection::close() {
+  begin_close();
+  // Closed here, by the peer or by an error: return once the flushes are drained.
+  if (!CqPoller::dispatching()) wait_drained(kDrainTimeoutS);
+}
+
+void RdmaConnection::begin_close() {
   bool open = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -477,8 +500,6 @@ void RdmaConnection::close() {
     }
     abort(ErrorKind::kClosed, "closed locally");
   }
-  // Closed here, by the peer or by an error: return once the flushes are drained.
-  if (!CqPoller::dispatching()) wait_drained(kDrainTimeoutS);
 }
 
 void RdmaConnection::abort(ErrorKind kind, const std::string& reason) {

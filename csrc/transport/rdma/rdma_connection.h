@@ -80,10 +80,12 @@ struct RdmaConnSettings {
   uint64_t max_message = 1ull << 30;  // local port's max_msg_sz
 };
 
-// What every connection of one transport shares: its rails (each holds its PD, CQ and poller by
-// shared_ptr, so they outlive the connections).
+// What a connection holds of its transport: the rails (each holds its PD, CqSet and poller by
+// shared_ptr, so they outlive the connections) and, per rail it has QPs on, the CQ it reserved
+// room on in that rail's CqSet (null for a rail it does not use).
 struct RdmaShared {
   std::vector<Rail> rails;
+  std::vector<std::shared_ptr<CompletionQueue>> cqs;  // indexed by rail
 };
 
 // Where one QP of a connection sits: this engine's rail, and the peer's rail it pairs with
@@ -133,6 +135,8 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
   ChannelLimits limits() const override;
   void check_open() const override;
   void close() override;
+  // GOODBYE to the peer and the QPs to ERR; close() then waits (bounded) for the flushes.
+  void begin_close() override;
   void abort(ErrorKind kind, const std::string& reason) override;
   bool is_closed() const override;
   std::string error() const override;

@@ -1,10 +1,11 @@
 // The rails of a verbs engine: the devices (ports) one engine runs on at once.
 //
-// A rail is one opened device port (DeviceContext) with its own PD, completion channel, CQ and
-// completion thread (CqPoller). Every registration makes an MR in each rail's PD (RdmaRegion),
-// so a descriptor carries an rkey per rail; every connection holds QPs on each pair of rails the
-// two sides share (endpoint_record.h: rails_reach), and stripes large one-sided transfers over
-// them in proportion to link speed (rdma_connection.h).
+// A rail is one opened device port (DeviceContext) with its own PD, completion channel, CQs
+// (CqSet: created on demand on that channel, cq_set.h) and completion thread (CqPoller). Every
+// registration makes an MR in each rail's PD (RdmaRegion), so a descriptor carries an rkey per
+// rail; every connection holds QPs on each pair of rails the two sides share
+// (endpoint_record.h: rails_reach), and stripes large one-sided transfers over them in
+// proportion to link speed (rdma_connection.h).
 //
 // Which devices: Engine(rdma_devices=[...]) or rdma_device=, else env RDMAXFER_RDMA_DEVICES
 // (names separated by commas or spaces; "auto" = every device with an active port), else env
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "transport/rdma/cq_poller.h"
+#include "transport/rdma/cq_set.h"
 #include "transport/rdma/endpoint_record.h"
 #include "transport/rdma/rdma_config.h"
 #include "transport/rdma/verbs_cq.h"
@@ -28,7 +30,7 @@ struct Rail {
   std::shared_ptr<DeviceContext> context;
   std::shared_ptr<ProtectionDomain> pd;
   std::shared_ptr<CompletionChannel> channel;
-  std::shared_ptr<CompletionQueue> cq;
+  std::shared_ptr<CqSet> cqs;  // the CQs of this rail's QPs, on `channel`, served by `poller`
   std::shared_ptr<CqPoller> poller;
   EndpointRecord::Rail record;  // what the peer learns about it
 };

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/interrupt.h"
+#include "transport/rdma/fabric_settings.h"
 #include "transport/rdma/rdma_rails.h"
 #include "transport/socket.h"
 
@@ -40,6 +41,7 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
                 "streams=" + std::to_string(config_.default_qps) + " exceeds " +
                     std::to_string(EndpointRecord::kMaxQps) + " QPs per connection");
   }
+  settings_.limits.fabric = resolve_fabric_settings(config_);
   for (const std::string& name : rail_devices(config_)) {
     Rail rail;
     rail.context = DeviceContext::open(name, config_.port, config_.gid_index);
@@ -79,8 +81,6 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
     Rail& rail = rails_[i];
     rail.pd = std::make_shared<ProtectionDomain>(rail.context);
     rail.channel = std::make_shared<CompletionChannel>(rail.context);
-    rail.cq = std::make_shared<CompletionQueue>(rail.context, rail.channel,
-                                                std::min(kMaxCqe, max_cqe));
     const int index = static_cast<int>(i);
     CqPoller::Handlers h;
     h.completions = [this](const ibv_wc* wcs, int n) { on_completions(wcs, n); };
@@ -90,8 +90,9 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
       rail_failed(index, "completion thread of " + rails_[static_cast<size_t>(index)].context->name() +
                              " failed: " + why);
     };
-    rail.poller =
-        std::make_shared<CqPoller>(rail.context, rail.channel, rail.cq, busy_poll_, std::move(h));
+    rail.poller = std::make_shared<CqPoller>(rail.context, rail.channel, busy_poll_, std::move(h));
+    rail.cqs = std::make_shared<CqSet>(rail.context, rail.channel, rail.poller,
+                                       std::min(kMaxCqe, max_cqe));
     pds_.push_back(rail.pd);
   }
   for (Rail& rail : rails_) rail.poller->start();
@@ -125,7 +126,8 @@ std::string RdmaTransport::describe() const {
        std::to_string(settings_.max_message) + " bytes, poll mode " + config_.poll_mode + ", " +
        std::to_string(config_.default_qps) + " QP(s) per connection and rail, send queue " +
        std::to_string(settings_.limits.sq_depth) + " WRs, eager limit " +
-       std::to_string(settings_.eager_limit) + " bytes, " + std::to_string(rails_.size()) +
+       std::to_string(settings_.eager_limit) + " bytes, " +
+       describe_fabric_settings(settings_.limits.fabric) + ", " + std::to_string(rails_.size()) +
        " rail(s):";
   for (size_t i = 0; i < rails_.size(); ++i) {
     s += (i == 0 ? " " : ", ") + rail_text(rails_[i].context->name(), rails_[i].record);
@@ -161,18 +163,17 @@ uint16_t RdmaTransport::listen(const std::string& host, uint16_t port) {
   }
   acceptor_ = std::make_unique<Acceptor>(
       host, port, TransportKind::kRdma, engine_id(), bootstrap_options(),
-      [this](const std::string& peer, const std::string& cause) { accept_failed(peer, cause); });
-  listener_ = std::thread([this] { listener_loop(); });
+      [this](const std::string& peer, const std::string& cause) { accept_failed(peer, cause); },
+      [this](AcceptedGroup group) { accept_group(std::move(group)); });
   return acceptor_->port();
 }
 
 std::shared_ptr<RdmaConnection> RdmaTransport::prepare(const std::vector<LaneSpec>& lanes) {
-  // Each rail's CQ takes the entries of the QPs on it: reserve for the busiest rail.
+  // Each QP's sends and receives complete on a CQ of its rail's CqSet: reserve room for the
+  // QPs of each rail there.
   std::vector<int> per_rail(rails_.size(), 0);
   for (const LaneSpec& l : lanes) ++per_rail[static_cast<size_t>(l.rail)];
-  const int n_qps = *std::max_element(per_rail.begin(), per_rail.end());
-  const int need = n_qps * static_cast<int>(settings_.limits.sq_depth + settings_.ctrl_depth);
-  const int cq_size = rails_[0].cq->size();
+  const int per_qp = static_cast<int>(settings_.limits.sq_depth + settings_.ctrl_depth);
   uint32_t tag = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -180,38 +181,39 @@ std::shared_ptr<RdmaConnection> RdmaTransport::prepare(const std::vector<LaneSpe
     for (auto it = connections_.begin(); it != connections_.end();) {
       auto c = it->second.lock();
       if (!c || c->is_closed()) {
-        cq_reserved_ -= reservations_[it->first];
-        reservations_.erase(it->first);
+        release_cqs(it->first);
         it = connections_.erase(it);
       } else {
         ++it;
       }
     }
-    if (cq_reserved_ + need > cq_size) {
-      throw Error(ErrorKind::kConnection,
-                  "too many open rdma connections: the completion queue (" +
-                      std::to_string(cq_size) + " entries) has room for " +
-                      std::to_string(cq_size - cq_reserved_) + " more, this one needs " +
-                      std::to_string(need) + "; close endpoints you no longer use");
-    }
     do {
       tag = next_tag_++ & 0xffffff;
-    } while (tag == 0 || connections_.count(tag) != 0);
-    cq_reserved_ += need;
-    reservations_[tag] = need;
+    } while (tag == 0 || connections_.count(tag) != 0 || pending_.count(tag) != 0);
+    pending_.insert(tag);  // held until the connection is made or given up
   }
   try {
-    auto conn = std::make_shared<RdmaConnection>(*this, settings_, RdmaShared{rails_}, tag, lanes);
+    std::vector<std::shared_ptr<CompletionQueue>> cqs(rails_.size());
+    for (size_t r = 0; r < rails_.size(); ++r) {
+      if (per_rail[r] > 0) cqs[r] = rails_[r].cqs->reserve(tag, per_rail[r] * per_qp);
+    }
+    auto conn = std::make_shared<RdmaConnection>(*this, settings_,
+                                                 RdmaShared{rails_, std::move(cqs)}, tag, lanes);
     attach_protocol(conn);
     std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(tag);
     connections_[tag] = conn;
     return conn;
   } catch (...) {
+    release_cqs(tag);
     std::lock_guard<std::mutex> lock(mu_);
-    cq_reserved_ -= reservations_[tag];
-    reservations_.erase(tag);
+    pending_.erase(tag);
     throw;
   }
+}
+
+void RdmaTransport::release_cqs(uint32_t tag) {
+  for (Rail& rail : rails_) rail.cqs->release(tag);
 }
 
 EndpointRecord RdmaTransport::read_record(int fd, const Deadline& deadline) {
@@ -263,25 +265,24 @@ std::shared_ptr<RdmaConnection> RdmaTransport::accept_one(AcceptedGroup group) {
   return conn;
 }
 
-void RdmaTransport::listener_loop() {
-  while (!stop_listener_.load()) {
-    AcceptedGroup group;
-    try {
-      group = acceptor_->accept(0.1);
-    } catch (const Error&) {
-      continue;  // timeout: look at stop_listener_ again
-    }
-    const std::string peer = group.peer;
-    try {
-      auto conn = accept_one(std::move(group));
-      log_accepted(*conn);
+void RdmaTransport::accept_group(AcceptedGroup group) {
+  const std::string peer = group.peer;
+  try {
+    auto conn = accept_one(std::move(group));
+    log_accepted(*conn);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;  // the connection closes with its last holder
+    accepted_.push_back(std::move(conn));
+    accepted_cv_.notify_all();
+  } catch (const Error& e) {
+    // A peer whose handshake fails loses its own connection (its connect() reports why); one
+    // cut short by shutdown() is no refusal.
+    bool closing = false;
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      accepted_.push_back(std::move(conn));
-      accepted_cv_.notify_all();
-    } catch (const Error& e) {
-      // A peer whose handshake fails loses its own connection (its connect() reports why).
-      accept_failed(peer, std::string("rdma handshake: ") + e.what());
+      closing = shut_down_;
     }
+    if (!closing) accept_failed(peer, std::string("rdma handshake: ") + e.what());
   }
 }
 
@@ -423,14 +424,12 @@ void RdmaTransport::shutdown() {
     shut_down_ = true;
     accepted_cv_.notify_all();
   }
-  stop_listener_.store(true);
-  if (listener_.joinable()) listener_.join();
   {
     std::lock_guard<std::mutex> lock(mu_);
     acceptor = std::move(acceptor_);
     accepted_.clear();
   }
-  acceptor.reset();
+  acceptor.reset();  // cuts the handshakes in progress and waits for their threads
   abort_all(ErrorKind::kClosed, "the engine was closed");
   // Drain every connection's flush completions before the completion thread stops.
   const std::vector<std::shared_ptr<RdmaConnection>> conns = live_connections();

@@ -1,30 +1,31 @@
 // The verbs transport: the whole API over RC queue pairs (libibverbs, loaded at run time).
 //
-// Lifecycle: constructed (each rail's device opened with its PD, completion channel, CQ and
-// completion thread running; rdma_rails.h) -> listen() (bootstrap acceptor thread, plus a listener thread that runs the verbs
-// handshake of each accepted peer, so a connect() completes before accept() is called, as on
-// TCP) -> connections by accept()/connect(): the
-// TCP bootstrap (one stream, TransportKind::kRdma) carries the endpoint records
-// (endpoint_record.h), then stays open as the connection's liveness/close channel -> shutdown():
-// every connection aborted, the completion thread stopped. Verbs objects are freed when their
-// last holder goes (regions and connections keep the PD, CQ and context alive).
+// Lifecycle: constructed (fabric settings checked; each rail's device opened with its PD,
+// completion channel, CqSet and completion thread running; rdma_rails.h) -> listen() (bootstrap
+// acceptor: every peer's Hello and then its verbs handshake run on a thread of their own,
+// bounded by the handshake timeout, so a connect() completes before accept() is called, as on
+// TCP, and a stalled peer delays nobody) -> connections by accept()/connect(): the TCP
+// bootstrap (one stream, TransportKind::kRdma) carries the endpoint records
+// (endpoint_record.h), then stays open as the connection's liveness/close channel ->
+// shutdown(): handshakes in progress cut, every connection aborted, the completion threads
+// stopped. Verbs objects are freed when their last holder goes (regions and connections keep
+// the PDs, CQs and contexts alive).
 //
-// Every connection's QPs complete on their rail's CQ; a completion finds its connection through
-// the tag in its wr_id. The CQs have a fixed size, so connections reserve their share (of the
-// busiest rail) and a connection that would not fit is refused (ConnectionFailed) rather than
-// risking an overrun. A device's fatal event or a failed completion thread fails its rail over
-// in every connection (rdma_connection.h).
+// A connection's QPs on one rail complete on one CQ of that rail's CqSet (cq_set.h: CQs
+// created on demand, all on the rail's channel and poller); a completion finds its connection
+// through the tag in its wr_id. Each connection reserves its share of its CQ on every rail it
+// uses, so a CQ never overruns. Fabric settings (fabric_settings.h) apply to the QPs of every
+// rail. A device's fatal event or a failed completion thread fails its rail over in every
+// connection (rdma_connection.h).
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <deque>
-#include <map>
-#include <thread>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "transport/bootstrap.h"
 #include "transport/rdma/rdma_config.h"
@@ -55,7 +56,11 @@ class RdmaTransport : public Transport {
                                                    uint64_t dmabuf_offset) override;
 
  private:
+  // A connection with QPs on `lanes`, room reserved for them in each rail's CqSet. Throws
+  // Error(kConnection) when a rail's CqSet is full (cq_set.h).
   std::shared_ptr<RdmaConnection> prepare(const std::vector<LaneSpec>& lanes);
+  // Gives back the CQ entries `tag` reserved on every rail (CqSet::release).
+  void release_cqs(uint32_t tag);
   // The acceptor's QPs for a connector's record (see endpoint_record.h); none when no rail of
   // ours reaches one of the peer's (the acceptor then answers with a record without QPs).
   std::vector<LaneSpec> pair_rails(const EndpointRecord& peer) const;
@@ -72,7 +77,8 @@ class RdmaTransport : public Transport {
   void on_async_event(int rail, const ibv_async_event& event);
   void on_socket(uint64_t tag);
   void abort_all(ErrorKind kind, const std::string& reason);
-  void listener_loop();
+  // The acceptor's on_group: the verbs handshake of one peer, on its handshake thread.
+  void accept_group(AcceptedGroup group);
   std::shared_ptr<RdmaConnection> accept_one(AcceptedGroup group);
 
   SocketOptions bootstrap_options() const { return SocketOptions{0, config_.secret}; }
@@ -81,18 +87,15 @@ class RdmaTransport : public Transport {
   RdmaConnSettings settings_;
   std::vector<Rail> rails_;  // rdma_rails.h; rail 0 first
   PdList pds_;              // each rail's PD, in rail order: every registration covers them
-  int cq_reserved_ = 0;
 
   std::unique_ptr<Acceptor> acceptor_;
-  std::thread listener_;
-  std::atomic<bool> stop_listener_{false};
   std::condition_variable accepted_cv_;
   std::deque<std::shared_ptr<RdmaConnection>> accepted_;  // handshake done, not yet accept()ed
   std::mutex mu_;
   bool shut_down_ = false;
   uint32_t next_tag_ = 1;
   std::unordered_map<uint32_t, std::weak_ptr<RdmaConnection>> connections_;
-  std::unordered_map<uint32_t, int> reservations_;  // CQ entries per connection tag
+  std::unordered_set<uint32_t> pending_;  // tags of connections being set up (prepare)
 };
 
 }  // namespace rdmaxfer

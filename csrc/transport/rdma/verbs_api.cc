@@ -68,6 +68,7 @@ Loaded load() {
             lookup(l.handle, "ibv_ack_cq_events", v, &a.ack_cq_events, why) &&
             lookup(l.handle, "ibv_create_qp", v, &a.create_qp, why) &&
             lookup(l.handle, "ibv_modify_qp", v, &a.modify_qp, why) &&
+            lookup(l.handle, "ibv_query_qp", v, &a.query_qp, why) &&
             lookup(l.handle, "ibv_destroy_qp", v, &a.destroy_qp, why) &&
             lookup(l.handle, "ibv_get_async_event", v, &a.get_async_event, why) &&
             lookup(l.handle, "ibv_ack_async_event", v, &a.ack_async_event, why) &&

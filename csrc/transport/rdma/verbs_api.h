@@ -43,6 +43,7 @@ struct VerbsApi {
   void (*ack_cq_events)(ibv_cq*, unsigned int) = nullptr;
   ibv_qp* (*create_qp)(ibv_pd*, ibv_qp_init_attr*) = nullptr;
   int (*modify_qp)(ibv_qp*, ibv_qp_attr*, int) = nullptr;
+  int (*query_qp)(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*) = nullptr;
   int (*destroy_qp)(ibv_qp*) = nullptr;
   int (*get_async_event)(ibv_context*, ibv_async_event*) = nullptr;
   void (*ack_async_event)(ibv_async_event*) = nullptr;

@@ -40,15 +40,15 @@ void CompletionQueue::arm() {
   if (rc != 0) throw_verbs("ibv_req_notify_cq", rc);
 }
 
-bool CompletionQueue::take_event() {
+CompletionQueue* CompletionChannel::take_event() {
   ibv_cq* cq = nullptr;
   void* cq_context = nullptr;
-  if (verbs().get_cq_event(channel_->get(), &cq, &cq_context) != 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+  if (verbs().get_cq_event(channel_, &cq, &cq_context) != 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return nullptr;
     throw_verbs("ibv_get_cq_event", errno);
   }
   verbs().ack_cq_events(cq, 1);
-  return true;
+  return static_cast<CompletionQueue*>(cq_context);
 }
 
 int CompletionQueue::poll(int max, ibv_wc* out) {

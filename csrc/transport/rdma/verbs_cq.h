@@ -1,7 +1,8 @@
 // A completion channel and the completion queue that reports on it.
 //
 // CompletionChannel lifecycle: created on the context (its fd made non-blocking, for epoll) ->
-// the CQ poller reads events from it -> destroyed after its CQ (the CQ holds a shared_ptr).
+// the CQ poller reads events from it (several CQs may report on one channel) -> destroyed after
+// its CQs (each CQ holds a shared_ptr).
 //
 // CompletionQueue lifecycle: created with `cqe` entries on the channel -> armed
 // (req_notify) by the poller -> every event taken with get_event() is acknowledged before the
@@ -14,6 +15,8 @@
 
 namespace rdmaxfer {
 
+class CompletionQueue;
+
 class CompletionChannel {
  public:
   explicit CompletionChannel(std::shared_ptr<DeviceContext> context);
@@ -22,6 +25,9 @@ class CompletionChannel {
   CompletionChannel& operator=(const CompletionChannel&) = delete;
   ibv_comp_channel* get() const { return channel_; }
   int fd() const { return channel_->fd; }
+  // Takes one pending event and acknowledges it; returns the CompletionQueue it names, nullptr
+  // when none is pending. Throws on failure.
+  CompletionQueue* take_event();
 
  private:
   std::shared_ptr<DeviceContext> context_;
@@ -40,8 +46,6 @@ class CompletionQueue {
   int size() const { return cq_->cqe; }
   // Asks for an event on the next completion (ibv_req_notify_cq); throws on failure.
   void arm();
-  // Takes one pending event from the channel and acknowledges it; false when none is pending.
-  bool take_event();
   // ibv_poll_cq; throws when the provider reports an error.
   int poll(int max, ibv_wc* out);
 

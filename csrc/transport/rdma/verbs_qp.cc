@@ -12,8 +12,6 @@ namespace {
 // the QP within ~2 s; the bootstrap socket usually reports it sooner.
 constexpr uint8_t kTimeout = 16;
 constexpr uint8_t kRetryCount = 7;
-// The responder asks for 5.12 ms between receiver-not-ready retries (kRnrRetries of them).
-constexpr uint8_t kMinRnrTimer = 18;
 }  // namespace
 
 QueuePair::QueuePair(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<CompletionQueue> cq,
@@ -68,10 +66,10 @@ void QueuePair::to_rtr(const QpAddress& peer, ibv_mtu path_mtu, uint8_t max_dest
   attr.dest_qp_num = peer.qpn;
   attr.rq_psn = peer.psn;
   attr.max_dest_rd_atomic = max_dest_rd_atomic;
-  attr.min_rnr_timer = kMinRnrTimer;
+  attr.min_rnr_timer = limits_.fabric.min_rnr_timer;
   attr.ah_attr.is_global = 0;
   attr.ah_attr.dlid = peer.lid;
-  attr.ah_attr.sl = 0;
+  attr.ah_attr.sl = limits_.fabric.service_level;
   attr.ah_attr.src_path_bits = 0;
   attr.ah_attr.port_num = dc.port();
   if (dc.ethernet()) {
@@ -79,7 +77,7 @@ void QueuePair::to_rtr(const QpAddress& peer, ibv_mtu path_mtu, uint8_t max_dest
     attr.ah_attr.grh.dgid = peer.gid;
     attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(dc.gid_index());
     attr.ah_attr.grh.hop_limit = 64;
-    attr.ah_attr.grh.traffic_class = 0;
+    attr.ah_attr.grh.traffic_class = limits_.fabric.traffic_class;
     attr.ah_attr.grh.flow_label = 0;
   }
   const int rc = verbs().modify_qp(qp_, &attr,
@@ -92,6 +90,8 @@ void QueuePair::to_rtr(const QpAddress& peer, ibv_mtu path_mtu, uint8_t max_dest
                     "; is the peer's address routable from " + dc.name() + "?)",
                 rc);
   }
+  const uint8_t tclass = attr.ah_attr.is_global ? attr.ah_attr.grh.traffic_class : uint8_t{0};
+  applied_ = {attr.ah_attr.sl, tclass, attr.min_rnr_timer};
 }
 
 void QueuePair::to_rts(uint8_t max_rd_atomic) {
@@ -107,6 +107,18 @@ void QueuePair::to_rts(uint8_t max_rd_atomic) {
                                        IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                                        IBV_QP_MAX_QP_RD_ATOMIC);
   if (rc != 0) throw_verbs("ibv_modify_qp(RTR -> RTS)", rc);
+}
+
+FabricSettings QueuePair::query_fabric() const {
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  const int rc = verbs().query_qp(qp_, &attr, IBV_QP_AV | IBV_QP_MIN_RNR_TIMER, &init);
+  if (rc != 0) throw_verbs("ibv_query_qp", rc);
+  FabricSettings s;
+  s.service_level = attr.ah_attr.sl;
+  s.traffic_class = attr.ah_attr.grh.traffic_class;
+  s.min_rnr_timer = attr.min_rnr_timer;
+  return s;
 }
 
 void QueuePair::to_error() noexcept {

@@ -5,8 +5,10 @@
 //                           up to limits.max_inline asked for, granted size in limits())
 //   -> to_init()            port, pkey 0, remote READ/WRITE allowed (the MRs decide)
 //   -> receives posted      (allowed from INIT on, so nothing the peer sends is lost)
-//   -> to_rtr(peer)         path MTU, peer QPN/PSN, address (GRH with the peer's GID on RoCE,
-//                           the peer's LID on InfiniBand), max_dest_rd_atomic (negotiated)
+//   -> to_rtr(peer)         path MTU, peer QPN/PSN, address (GRH with the peer's GID and
+//                           limits.fabric's traffic class on RoCE, the peer's LID on
+//                           InfiniBand; limits.fabric's SL), min_rnr_timer (limits.fabric),
+//                           max_dest_rd_atomic (negotiated)
 //   -> to_rts()             timeouts, retry counts (rnr_retry finite), our PSN, max_rd_atomic
 //                           (negotiated): can post sends
 //   -> to_error()           on teardown: every outstanding WR is flushed
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "transport/rdma/fabric_settings.h"
 #include "transport/rdma/verbs_cq.h"
 #include "transport/rdma/verbs_pd.h"
 
@@ -45,6 +48,8 @@ struct QpLimits {
   // Bytes a WR may carry inside itself (IBV_SEND_INLINE): asked for at creation, then what the
   // provider granted (0 when it refused inline data).
   uint32_t max_inline = 256;
+  // Service level, traffic class (to_rtr's address) and min_rnr_timer (fabric_settings.h).
+  FabricSettings fabric;
 };
 
 class QueuePair {
@@ -69,6 +74,12 @@ class QueuePair {
   void to_rts(uint8_t max_rd_atomic);
   // Best effort (teardown path): never throws.
   void to_error() noexcept;
+  // The fabric settings the QP holds, read back with ibv_query_qp (after to_rtr); throws on
+  // failure. Providers differ in what they report: rxe keeps no SL for RoCE (reads back 0).
+  FabricSettings query_fabric() const;
+  // The fabric settings to_rtr gave ibv_modify_qp (zero before to_rtr). The traffic class is
+  // 0 where the address carries no GRH (InfiniBand inside a subnet).
+  const FabricSettings& applied_fabric() const { return applied_; }
 
  private:
   std::shared_ptr<ProtectionDomain> pd_;
@@ -76,6 +87,7 @@ class QueuePair {
   QpLimits limits_;
   ibv_qp* qp_ = nullptr;
   uint32_t psn_ = 0;
+  FabricSettings applied_{0, 0, 0};
 };
 
 }  // namespace rdmaxfer

@@ -147,29 +147,49 @@ void ShmTransport::run_acceptor() {
       std::lock_guard<std::mutex> lock(mu_);
       if (shut_down_) return;
     }
+    if (handshakes_.full()) {
+      poll(nullptr, 0, 10);  // every handshake slot taken: clients wait in the backlog
+      continue;
+    }
     pollfd p{listen_fd_.get(), POLLIN, 0};
     if (poll(&p, 1, 100) <= 0) continue;
     UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!fd.valid()) continue;
     const std::string peer = "shm:" + std::to_string(port_) + " (client)";
     try {
-      server_handshake(fd.get(), TransportKind::kShm, engine_id(), config_.secret);
-      auto channel = ShmChannel::establish(*this, std::move(fd), peer,
-                                           Deadline(kHandshakeTimeoutS));
-      adopt(channel);
-      log_accepted(*channel);
-      std::lock_guard<std::mutex> lock(mu_);
-      accepted_.push_back(channel);
-      cv_.notify_all();
+      handshakes_.start(std::move(fd),
+                        [this, peer](UniqueFd conn) { accept_client(std::move(conn), peer); });
     } catch (const Error& e) {
-      // A peer that fails the handshake loses its own connection, nothing else. One that is
-      // not on this host for shm (another user, namespace, CMA refused) is told so and, with
-      // transport="auto", connects over the network transport instead: not an error here.
-      if (e.kind() == ErrorKind::kUnsupported) {
-        log::write(log::Level::kInfo, "shm connection from " + peer + " not taken: " + e.what());
-      } else {
-        accept_failed(peer, e.what());
-      }
+      accept_failed(peer, e.what());
+    }
+  }
+}
+
+void ShmTransport::accept_client(UniqueFd fd, const std::string& peer) {
+  try {
+    server_handshake(fd.get(), TransportKind::kShm, engine_id(), config_.secret);
+    auto channel =
+        ShmChannel::establish(*this, std::move(fd), peer, Deadline(kHandshakeTimeoutS));
+    adopt(channel);
+    log_accepted(*channel);
+    std::lock_guard<std::mutex> lock(mu_);
+    accepted_.push_back(channel);
+    cv_.notify_all();
+  } catch (const Error& e) {
+    // A peer that fails the handshake loses its own connection, nothing else; one cut short
+    // by shutdown() is no refusal. One that is not on this host for shm (another user,
+    // namespace, CMA refused) is told so and, with transport="auto", connects over the network
+    // transport instead: not an error here.
+    bool closing = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing = shut_down_;
+    }
+    if (closing) return;
+    if (e.kind() == ErrorKind::kUnsupported) {
+      log::write(log::Level::kInfo, "shm connection from " + peer + " not taken: " + e.what());
+    } else {
+      accept_failed(peer, e.what());
     }
   }
 }
@@ -262,6 +282,7 @@ void ShmTransport::shutdown() {
     cv_.notify_all();
   }
   if (acceptor_.joinable()) acceptor_.join();
+  handshakes_.stop();
   listen_fd_.reset();
   for (auto& w : channels) {
     if (auto c = w.lock()) c->abort(ErrorKind::kClosed, "the engine was closed");

@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "common/unique_fd.h"
+#include "transport/bootstrap.h"
+#include "transport/handshake_pool.h"
 #include "transport/tcp/tcp_connection.h"
 #include "transport/transport.h"
 
@@ -59,6 +61,8 @@ class ShmTransport : public Transport {
  private:
   void check_usable() const;
   void run_acceptor();
+  // One client's handshake and ring set-up, on its own thread of handshakes_.
+  void accept_client(UniqueFd fd, const std::string& peer);
   void adopt(const std::shared_ptr<ShmChannel>& channel);
 
   const TcpConfig config_;
@@ -68,6 +72,7 @@ class ShmTransport : public Transport {
   uint16_t port_ = 0;
   UniqueFd listen_fd_;
   std::thread acceptor_;
+  HandshakePool handshakes_{Acceptor::kMaxHandshakes};
   std::deque<std::shared_ptr<ShmChannel>> accepted_;
   std::vector<std::weak_ptr<ShmChannel>> channels_;
   int readers_ = 0;

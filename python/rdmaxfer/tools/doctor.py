@@ -7,7 +7,8 @@ records with a severity (``ok``, ``info``, ``warn``, ``error``) and the exact co
 setting that fixes it. Nothing is ever changed.
 
 Checks: locked-memory limit vs what registration needs; RDMA devices, port state, RoCE MTU vs
-the netdev MTU, RoCE v2 GIDs; how GPU memory is registered for RDMA (dmabuf, nvidia-peermem or
+the netdev MTU, RoCE v2 GIDs; the traffic class against the NIC's PFC/ECN priorities
+(:mod:`.doctor_fabric`); how GPU memory is registered for RDMA (dmabuf, nvidia-peermem or
 staging: the decision of :mod:`rdmaxfer.gpu.gpudirect`, which ``rdmaxfer info`` reports too);
 GPU-NIC PCIe affinity; the same-host shm transport (Yama ptrace_scope); TCP buffer sysctls,
 window scaling,
@@ -26,6 +27,7 @@ from .. import _core
 from ..gpu import gpudirect
 from ..gpu.topology import list_rdma_devices
 from ..memory import cuda
+from .doctor_fabric import check_fabric
 from .doctor_facts import SEVERITIES, Finding, read, read_int, size_text, worst
 from .doctor_pci import check_affinity, check_irqs, check_pcie_links
 
@@ -410,6 +412,7 @@ def run_checks(
     checks: list[Callable[[], list[Finding]]] = [
         lambda: check_memlock(proc_root, need, rdma),
         lambda: check_rdma(sys_root),
+        lambda: check_fabric(sys_root),
         lambda: check_gpu_memory(sys_root, proc_root, cuda_status, verbs_dmabuf),
         lambda: check_affinity(sys_root),
         lambda: check_pcie_links(sys_root),

@@ -28,6 +28,7 @@ from ..memory.buffer import Buffer
 from ..memory.region import MemoryRegion
 from .args import byte_range, descriptor_of, operand, receivable, remote_offset_of, sendable
 from .batch import BatchOps, Notify, no_staged_notify
+from .conninfo import connection_info, connection_text
 from .domain import MemoryDomain, staged_backstop_s
 from .notifications import Notifications
 from .receive import recv_step
@@ -101,35 +102,17 @@ class Endpoint(BatchOps):
 
     @property
     def info(self) -> dict[str, int | str]:
-        """What this connection is and what was negotiated with the peer.
-
-        Keys: ``transport`` (``"tcp"``/``"rdma"``/``"shm"``: the one this connection uses),
-        ``peer`` (``host:port``), ``streams``; ``shm_not_used`` when an automatic engine passed
-        shm over (why: another host, user or namespace, CMA refused); on shm ``peer_pid`` and
-        ``ring_bytes``; on rdma ``path_mtu`` (bytes: the smaller active MTU of the two ports),
-        ``max_rd_atomic`` (RDMA READs this side keeps outstanding: the minimum of its
-        initiator depth and the peer's responder resources), ``max_dest_rd_atomic`` (READs it
-        serves at once: its responder resources against the peer's initiator depth, both from
-        the endpoint records), ``max_inline`` (bytes), ``rnr_retry``, ``rails`` and per rail
-        ``rail_<device>_bytes`` (carried) and ``rail_<device>_up`` (1, or 0 once failed).
-        """
-        info: dict[str, int | str] = {
-            "transport": self._core.transport,
-            "peer": self.peer,
-            "streams": self.streams,
-        }
-        if self._core.transport_note:
-            info["shm_not_used"] = self._core.transport_note.removeprefix("shm not used: ")
-        info.update(self._core.attributes())
-        return info
+        """What this connection is and what was negotiated with the peer: ``transport``,
+        ``peer``, ``streams`` and, per transport, its settings (on rdma the path MTU, the READ
+        depths, the rails and the fabric settings); every key and unit is listed in
+        :mod:`rdmaxfer.transport.conninfo`."""
+        return connection_info(self._core)
 
     def describe(self) -> str:
         """One line naming the peer, the streams and the negotiated settings (see
         :attr:`info`), e.g. ``"rdma to 10.77.0.2:5555, 1 RC QP(s) on rxe0, path_mtu 4096,
         max_rd_atomic 16, max_dest_rd_atomic 16, ..."``."""
-        text, kind, note = self._core.describe(), self._core.transport, self._core.transport_note
-        text = text if text.startswith(kind) else f"{kind} {text}"
-        return f"{text} ({note})" if note else text
+        return connection_text(self._core)
 
     def stats(self) -> dict[str, int]:
         """This endpoint's counters: operations, bytes (per kind and per lane), errors, retries
@@ -544,6 +527,11 @@ class Endpoint(BatchOps):
             self._core.close()
         self._settle_all()
         self._closed_now()
+
+    def _begin_close(self) -> None:
+        """Start a graceful close without waiting for it (Engine.close, then close())."""
+        with contextlib.suppress(RdmaxferError):
+            self._core.begin_close()
 
     def abort(self, reason: str = "aborted by the application") -> None:
         """Tear down at once: pending transfers fail with ``reason``."""

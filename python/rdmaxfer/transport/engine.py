@@ -102,6 +102,12 @@ class Engine(MemoryDomain):
             the first RoCE v2 GID holding an IPv4-mapped address).
         poll_mode: rdma only: ``"event"`` (default; the completion thread sleeps on the
             completion channel) or ``"busy"`` (it spins on the CQ: lower latency, one core).
+        service_level, traffic_class, min_rnr_timer: rdma only, the fabric settings of every
+            QP on every rail (default: env ``RDMAXFER_SERVICE_LEVEL`` / ``RDMAXFER_TRAFFIC_CLASS`` /
+            ``RDMAXFER_MIN_RNR_TIMER``, else 0 / 0 / 18): the service level 0..15 (InfiniBand
+            SL; the priority on RoCE), the GRH traffic class 0..255 (RoCE: the IP TOS byte,
+            DSCP << 2, e.g. 104 for DSCP 26) and the IB RNR timer code 0..31 (18 = 5.12 ms).
+            ``rdmaxfer doctor`` says when the traffic class misses the NIC's PFC/ECN setting.
         secret: a shared secret (default: env ``RDMAXFER_SECRET``). With one, every connection
             starts with a mutual HMAC-SHA256 challenge-response and a peer without the same
             secret is refused before any address, key or QP number is revealed; both sides
@@ -124,6 +130,9 @@ class Engine(MemoryDomain):
         gid_index: int | None = None,
         poll_mode: str | None = None,
         secret: str | bytes | None = None,
+        service_level: int | None = None,
+        traffic_class: int | None = None,
+        min_rnr_timer: int | None = None,
     ) -> None:
         if secret is None:
             secret = os.environ.get(ENV_SECRET, "")
@@ -141,6 +150,9 @@ class Engine(MemoryDomain):
                 poll_mode=poll_mode or "",
                 secret=secret,
                 rdma_devices=_device_list(rdma_devices),
+                service_level=-1 if service_level is None else service_level,
+                traffic_class=-1 if traffic_class is None else traffic_class,
+                min_rnr_timer=-1 if min_rnr_timer is None else min_rnr_timer,
             )
         )
         self._port: int | None = None
@@ -365,6 +377,10 @@ class Engine(MemoryDomain):
                 return
             self._closed = True
             endpoints = list(self._endpoints.values())
+        # Every endpoint's teardown starts before any is waited for: on verbs the flushes of
+        # 512 connections' QPs then drain together, not one connection after another.
+        for endpoint in endpoints:
+            endpoint._begin_close()
         for endpoint in endpoints:
             endpoint.close()
         self._close_memory()

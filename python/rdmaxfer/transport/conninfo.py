@@ -1,0 +1,54 @@
+"""What ``Endpoint.info`` and ``Endpoint.describe()`` say about a connection.
+
+``info`` is a dict of str -> int or str: what the connection is and what was negotiated with
+the peer. Keys:
+
+``transport``, ``peer``, ``streams``
+    On every connection: ``"tcp"``/``"rdma"``/``"shm"`` (the one this connection uses), the
+    peer's ``host:port``, the parallel streams (TCP connections or QPs).
+``shm_not_used``
+    When an automatic engine passed shm over: why (another host, user or namespace, CMA
+    refused).
+``peer_pid``, ``ring_bytes``
+    On shm.
+``path_mtu``, ``max_rd_atomic``, ``max_dest_rd_atomic``, ``max_inline``, ``rnr_retry``, ...
+    On rdma: the smaller active MTU of the two ports (bytes); the RDMA READs this side keeps
+    outstanding (the minimum of its initiator depth and the peer's responder resources) and
+    serves at once (its responder resources against the peer's initiator depth, both from the
+    endpoint records); ``max_inline``, the bytes a WR carries inline; ``rnr_retry``, the RNR
+    retry count; ``outstanding_wrs``, the WRs posted and not completed; ``posted_receives``.
+``rails``, ``rail_<device>_bytes``, ``rail_<device>_up``
+    On rdma: the rails the connection has QPs on and, per rail, the bytes it carried and 1
+    (0 once the rail failed).
+``service_level``, ``traffic_class``, ``min_rnr_timer``, ``applied_`` + each, ``roce``
+    On rdma, the fabric settings (``csrc/transport/rdma/fabric_settings.h``; every rail's QPs
+    get the same): as the first QP holds them, read back with ``ibv_query_qp``, and as they
+    were given to ``ibv_modify_qp`` (the traffic class is 0 where no GRH is sent,
+    InfiniBand); ``roce`` is 1 when that QP's rail is Ethernet, where the traffic class (the
+    IP TOS byte) is what the packets carry (rxe reads back no service level).
+"""
+
+from __future__ import annotations
+
+from .. import _core
+
+
+def connection_info(core: _core.Endpoint) -> dict[str, int | str]:
+    """The ``info`` dict of the connection ``core`` (keys above)."""
+    info: dict[str, int | str] = {
+        "transport": core.transport,
+        "peer": core.peer,
+        "streams": core.streams,
+    }
+    if core.transport_note:
+        info["shm_not_used"] = core.transport_note.removeprefix("shm not used: ")
+    info.update(core.attributes())
+    return info
+
+
+def connection_text(core: _core.Endpoint) -> str:
+    """One line naming the transport, the peer, the streams and the negotiated settings, with
+    why shm was not used when it was not."""
+    text, kind, note = core.describe(), core.transport, core.transport_note
+    text = text if text.startswith(kind) else f"{kind} {text}"
+    return f"{text} ({note})" if note else text
