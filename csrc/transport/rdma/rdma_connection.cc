@@ -309,11 +309,14 @@ void RdmaConnection::finish_parts(const std::vector<RequestPtr>& parts) {
   }
   if (finished.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  for (uint64_t id : finished) active_.erase(id);
+  for (uint64_t id : finished) {
+    active_.erase(id);
+    gathers_.erase(id);
+  }
 }
 
 void RdmaConnection::fail_from_completion(const ibv_wc& wc, const RequestPtr& request,
-                                          const std::string& op) {
+                                          const std::string& op, uint32_t piece) {
   char vendor[32];
   snprintf(vendor, sizeof(vendor), "0x%x", wc.vendor_err);
   std::string text = op + " failed: " + wc_status_text(wc.status) + ", vendor_err " + vendor +
@@ -331,18 +334,17 @@ void RdmaConnection::fail_from_completion(const ibv_wc& wc, const RequestPtr& re
     kind = ErrorKind::kConnection;
     text += ": the receiver revoked the buffer it granted for this message (it died or closed)";
   }
+  const Error why(kind == ErrorKind::kRemoteAccess ? ErrorKind::kConnection : kind,
+                  "connection to " + peer() + " torn down after a failed completion: " + text, 0,
+                  status);
+  const Error own(kind,
+                  kind == ErrorKind::kRemoteAccess
+                      ? text + "; check the descriptor, remote_offset and length"
+                      : text,
+                  0, status);
   // The connection is marked closed before the request fails, so that whoever the failure
   // wakes already sees the endpoint closed.
-  teardown(Error(kind == ErrorKind::kRemoteAccess ? ErrorKind::kConnection : kind,
-                 "connection to " + peer() + " torn down after a failed completion: " + text, 0,
-                 status),
-           request,
-           Error(kind,
-                 kind == ErrorKind::kRemoteAccess
-                     ? text + "; check the descriptor, remote_offset and length"
-                     : text,
-                 0, status),
-           connection_end_level(kind));
+  teardown(why, request, own, connection_end_level(kind), settle_gather(request, piece, own, why));
 }
 
 void RdmaConnection::on_completion(const ibv_wc& wc) {
@@ -378,7 +380,7 @@ void RdmaConnection::on_completion(const ibv_wc& wc) {
       return;
     }
     Retired r = lanes_[static_cast<size_t>(lane)].sq->retire(wc);
-    fail_from_completion(wc, r.failed, r.failed_op);
+    fail_from_completion(wc, r.failed, r.failed_op, r.failed_piece);
     return;
   }
   if (is_recv) {
@@ -507,7 +509,8 @@ void RdmaConnection::abort(ErrorKind kind, const std::string& reason) {
 }
 
 void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
-                              const Error& culprit_error, log::Level level) {
+                              const Error& culprit_error, log::Level level,
+                              const std::function<void()>& settle) {
   const ErrorKind kind = why.kind();
   const std::string reason = why.what();
   std::vector<RequestPtr> failed;
@@ -515,7 +518,11 @@ void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
     std::unique_lock<std::mutex> lock(mu_);
     if (state_ == State::kClosed) {
       lock.unlock();
-      if (culprit) culprit->fail(culprit_error);
+      if (settle) {
+        settle();
+      } else if (culprit) {
+        culprit->fail(culprit_error);
+      }
       return;
     }
     state_ = State::kClosed;
@@ -529,6 +536,7 @@ void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
       draining_holds_.push_back(std::move(g.hold));
     }
     active_.clear();
+    gathers_.clear();
     grants_.clear();
   }
   // No more DMA: the QPs flush their WRs and receives; on_completion retires the flushes and
@@ -557,7 +565,11 @@ void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
                           "): " + reason + "; " + std::to_string(failed.size()) +
                           " pending operation(s) failed");
   }
-  if (culprit) culprit->fail(culprit_error);  // first: its own error wins
+  if (settle) {
+    settle();  // first: its own outcome wins
+  } else if (culprit) {
+    culprit->fail(culprit_error);
+  }
   for (auto& r : failed) r->fail(why);
   if (events()) events()->on_closed(why);  // the protocol's messages, headers and receives
   {

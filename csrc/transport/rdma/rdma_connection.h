@@ -39,6 +39,13 @@
 //   write_notify    RDMA WRITEs on one QP, the last as WRITE_WITH_IMM (imm = the value): RC
 //                   delivers them in order, so the immediate's receive completion (on_notify
 //                   at the peer) means every byte is in place.
+//   gathered WRITEs (GatherWrites, a batch's groups of small WRITEs): one request for the
+//                   group, one WR per piece, all on one QP, queued together so the send queue
+//                   posts them as chains (one ibv_post_send each) with only every
+//                   signal_every-th and the last signaled. When a piece's WR fails, the
+//                   connection closes; the group reports that piece with its own error and the
+//                   pieces after it (flushed) with the connection's, and completes: the pieces
+//                   before it landed (RC completes a send queue in order).
 // The protocol above (protocol/message_protocol.h) bounds the control SENDs by credits: at most
 // `window` messages unanswered (the peer's ctrl_depth / 4, from its endpoint record), so every
 // control SEND and WRITE_WITH_IMM lands in a receive buffer that is there: each QP keeps
@@ -49,6 +56,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -63,6 +71,7 @@
 #include "transport/rdma/rdma_rails.h"
 #include "transport/rdma/send_queue.h"
 #include "transport/rdma/verbs_mr.h"
+#include "transport/gather.h"
 #include "transport/rdma/verbs_qp.h"
 #include "transport/transport.h"
 
@@ -102,7 +111,9 @@ inline uint64_t wr_prefix(uint32_t tag, int qp_index, bool recv) {
 }
 inline uint32_t wr_tag(uint64_t wr_id) { return static_cast<uint32_t>(wr_id >> 40); }
 
-class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaConnection> {
+class RdmaConnection : public Channel,
+                       public GatherWrites,
+                       public std::enable_shared_from_this<RdmaConnection> {
  public:
   enum class State { kPrepared, kConnected, kClosed };
 
@@ -131,6 +142,11 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
   void post_write_notify(const RequestPtr& request, const std::shared_ptr<MemoryRegion>& local,
                          uint64_t offset, uint64_t length, uint64_t addr, uint32_t key,
                          uint32_t value, const TransferOptions& options) override;
+  // GatherWrites: at most 64 pieces of at most 64 KiB each (rdma_gather.cc).
+  Limits gather_limits() const override;
+  RequestPtr post_write_gather(const std::shared_ptr<MemoryRegion>& local,
+                               const std::vector<GatherPiece>& pieces,
+                               PieceFailed failed) override;
   RequestPtr new_request(OpKind op, uint64_t bytes) override;
   ChannelLimits limits() const override;
   void check_open() const override;
@@ -167,6 +183,11 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
     std::unique_ptr<BufferSlab> send_slab;
     std::unique_ptr<QueuePair> qp;
     std::unique_ptr<SendQueue> sq;
+  };
+  // A gathered group in flight: whom to tell which pieces failed, and how many it has.
+  struct PendingGather {
+    PieceFailed failed;
+    uint32_t pieces = 0;
   };
   // What a grant holds until released (or, after teardown, until the flushes are drained).
   struct GrantHold {
@@ -210,12 +231,19 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
   void post_recv_slot(int lane, uint32_t slot);
   void on_recv(int lane, const ibv_wc& wc);
   void finish_parts(const std::vector<RequestPtr>& parts);
-  // Closes the connection once (QPs to ERR, bootstrap socket closed); fails `culprit` with its
-  // own error first and every other pending request with `why`.
-  // Logs the cause at `level`.
+  // Closes the connection once (QPs to ERR, bootstrap socket closed); settles `culprit` first
+  // (`settle` when given, else it fails with `culprit_error`) and fails every other pending
+  // request with `why`. Logs the cause at `level`.
   void teardown(const Error& why, const RequestPtr& culprit, const Error& culprit_error,
-                log::Level level);
-  void fail_from_completion(const ibv_wc& wc, const RequestPtr& request, const std::string& op);
+                log::Level level, const std::function<void()>& settle = nullptr);
+  // `piece`: the failed WR's index in its gathered group (when `request` is one).
+  void fail_from_completion(const ibv_wc& wc, const RequestPtr& request, const std::string& op,
+                            uint32_t piece = 0);
+  // When `request` is a gathered group in flight: takes it off the books and returns how to
+  // settle it (see above: `piece` fails with `own`, the later ones with `why`, then it
+  // completes); else null.
+  std::function<void()> settle_gather(const RequestPtr& request, uint32_t piece, const Error& own,
+                                      const Error& why);
   // After teardown: releases what the flushed WRs used once drained(); true when drained.
   bool release_if_drained();
   // Waits (bounded) for drained(), polling the CQ from this thread when it can.
@@ -248,6 +276,7 @@ class RdmaConnection : public Channel, public std::enable_shared_from_this<RdmaC
   ErrorKind error_kind_ = ErrorKind::kClosed;
   std::string error_;
   std::unordered_map<uint64_t, RequestPtr> active_;  // one-sided ops and write_notify data
+  std::unordered_map<uint64_t, PendingGather> gathers_;  // by request id; also in active_
   // Per local rail (index as in shared_.rails): up, why it failed, and bytes it carried.
   std::vector<bool> rail_up_;
   std::vector<std::string> rail_cause_;

@@ -98,8 +98,8 @@ void SendQueue::pump_locked() {
       if (n > 0) wrs[n - 1].next = &wr;
       const bool counts_part = w.request != nullptr;
       in_flight_.push_back(InFlight{seq, w.opcode, std::move(w.request), counts_part, slot,
-                                    w.length, std::move(w.hold), w.local_addr, w.remote_addr,
-                                    std::move(w.remote_keys)});
+                                    w.length, w.piece, std::move(w.hold), w.local_addr,
+                                    w.remote_addr, std::move(w.remote_keys)});
       backlog_.pop_front();
       ++n;
     }
@@ -124,6 +124,7 @@ Retired SendQueue::retire(const ibv_wc& wc) {
       if (f.seq == seq) {
         out.failed = f.request;
         out.failed_op = send_opcode_name(f.opcode);
+        out.failed_piece = f.piece;
         break;
       }
     }
@@ -178,6 +179,7 @@ std::vector<SendWork> SendQueue::take_works() {
     w.opcode = f.opcode;
     w.local_addr = f.local_addr;
     w.length = f.length;
+    w.piece = f.piece;
     w.remote_addr = f.remote_addr;
     w.request = std::move(f.request);
     w.hold = std::move(f.hold);

@@ -40,6 +40,7 @@ struct SendWork {
   uint32_t imm = 0;             // WRITE_WITH_IMM only (host order; sent big-endian)
   RequestPtr request;           // request whose part this WR is (null: control message)
   bool last = false;            // last WR of its request: always signaled
+  uint32_t piece = 0;           // its index in a gathered group of WRITEs (0 otherwise)
   RegionUse hold;               // keeps the local region registered while in flight
   std::string ctrl;             // control SEND: the message, copied into a slot when posted
   // One-sided chunks that may move to another rail (failover): the remote region's rkey on
@@ -52,6 +53,7 @@ struct Retired {
   std::vector<RequestPtr> parts_done;  // one entry per finished part
   RequestPtr failed;                   // the request of the failed WR, if any
   std::string failed_op;               // "RDMA WRITE", "RDMA READ", "SEND", ...
+  uint32_t failed_piece = 0;           // the failed WR's SendWork::piece
   uint64_t part_bytes = 0;             // payload of the finished parts' WRs
   // Size of the control SEND this completion retired (0: none). Control SENDs are always
   // signaled, so one completion retires at most one.
@@ -92,6 +94,7 @@ class SendQueue {
     bool counts_part;
     int slot;  // control slot, or -1
     uint32_t length;
+    uint32_t piece;
     RegionUse hold;
     uint64_t local_addr;
     uint64_t remote_addr;
