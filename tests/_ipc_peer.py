@@ -18,16 +18,18 @@ def _crc(buf: Buffer) -> int:
     return zlib.crc32(np.ascontiguousarray(buf.copy_to_host()).view(np.uint8))
 
 
-def device_peer(conn: Connection, port: int, nbytes: int, seed: int, access: str) -> None:
-    """Connect over shm; fill ``nbytes`` of device memory with make_array(seed), register it with
-    ``access`` and send its descriptor bytes. Then obey commands until "stop" (or killed):
-    "crc" (of the device memory), "info" (the endpoint's), "send" (the device memory as one
-    message), ("recv", n) (one message into a registered device buffer of n bytes; answers its
-    CRC), ("write", descriptor, n) (its first n bytes into the test's region), ("write_host",
-    descriptor, n) (the same bytes from host memory)."""
+def device_peer(
+    conn: Connection, port: int, nbytes: int, seed: int, access: str, gpu: int = 0
+) -> None:
+    """Connect over shm; fill ``nbytes`` of memory of GPU ``gpu`` with make_array(seed),
+    register it with ``access`` and send its descriptor bytes. Then obey commands until
+    "stop" (or killed): "crc" (of the device memory), "info" (the endpoint's), "send" (the
+    device memory as one message), ("recv", n) (one message into a registered device buffer
+    of n bytes; answers its CRC), ("write", descriptor, n) (its first n bytes into the test's
+    region), ("write_host", descriptor, n) (the same bytes from host memory)."""
     with Engine("shm") as engine, engine.connect("127.0.0.1", port, timeout=30) as ep:
         host = make_array(seed, nbytes)
-        buf = Buffer.empty(nbytes, np.uint8, device="cuda:0")
+        buf = Buffer.empty(nbytes, np.uint8, device=f"cuda:{gpu}")
         cuda.copy_from_host(buf._device_view(), host)
         region = engine.register(buf, access)
         conn.send(region.descriptor().pack())

@@ -123,6 +123,36 @@ def test_send_and_recv_of_device_memory_between_processes(
     assert peer.join() == 0
 
 
+def test_write_and_read_between_gpus_of_two_processes(
+    server: Engine,
+    spawn: Callable[..., Peer],
+    rng: np.random.Generator,
+    seed: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """This process's GPU 0 and the peer's GPU 1 (the stand-in gives the peer two GPUs): the
+    peer opens this process's allocation in its GPU 1's context and copies across."""
+    if _standin_opened() is None and len(cuda.status()["gpus"]) < 2:
+        pytest.skip("needs two GPUs")
+    monkeypatch.setenv("RDMAXFER_CUDA_STANDIN_GPUS", "2")  # read by the peer's stand-in only
+    port = server.listen("127.0.0.1", 0)
+    peer = spawn(device_peer, port, NBYTES, seed, "rw", 1)
+    with server.accept(timeout=30) as ep:
+        descriptor = peer.get()
+        src, host = device_random(rng, NBYTES)
+        server.register(src, "r")
+        ep.write(src, descriptor, timeout=60)
+        peer.put("crc")
+        assert peer.get() == crc(host)
+        back = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+        server.register(back, "rw")
+        ep.read(back, descriptor, timeout=60)
+        assert crc(back.copy_to_host()) == crc(host)
+        assert ep.info["cuda_ipc_bytes"] == 2 * NBYTES
+        peer.put("stop")
+    assert peer.join() == 0
+
+
 def test_host_memory_into_device_memory_of_another_process(
     server: Engine, spawn: Callable[..., Peer], seed: int
 ) -> None:
