@@ -226,6 +226,30 @@ def test_peer_that_dies_frees_what_was_opened(
     assert peer2.join() == 0
 
 
+def test_two_engines_of_one_process_copy_without_opening(rng: np.random.Generator) -> None:
+    """The driver refuses to open a process's own handle: between engines of one process the
+    device addresses are used as they are, and nothing is opened."""
+    with Engine("shm") as server, Engine("shm") as client:
+        port = server.listen("127.0.0.1", 0)
+        with client.connect("127.0.0.1", port, timeout=10) as ep, server.accept(timeout=10) as peer:
+            target = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+            descriptor = server.register(target, "rw").descriptor()
+            src, host = device_random(rng, NBYTES)
+            client.register(src, "r")
+            ep.write(src, descriptor, timeout=60)
+            assert crc(target.copy_to_host()) == crc(host)
+            out = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+            server.register(out, "rw")
+            sending = ep.post_send(src)
+            peer.recv(out, timeout=60)
+            sending.wait(60)
+            assert crc(out.copy_to_host()) == crc(host)
+            assert ep.info["cuda_ipc_bytes"] == 2 * NBYTES
+            assert peer.info["cuda_ipc_bytes"] == 2 * NBYTES
+            assert peer.info["cuda_ipc_opened"] == 0
+            assert _standin_opened() in (None, 0)
+
+
 def test_registering_device_memory_not_from_cumemalloc_fails_clearly(server: Engine) -> None:
     host = np.arange(4096, dtype=np.uint8)
     with pytest.raises(InvalidArgumentError, match="method 'bogus'"):

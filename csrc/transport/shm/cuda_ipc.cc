@@ -99,7 +99,7 @@ class IpcPeerMemory::Mapping {
   CUdeviceptr base_ = 0;
 };
 
-IpcPeerMemory::IpcPeerMemory() = default;
+IpcPeerMemory::IpcPeerMemory(bool same_process) : same_process_(same_process) {}
 IpcPeerMemory::~IpcPeerMemory() { close_all(); }
 
 uint64_t IpcPeerMemory::opened() const {
@@ -114,8 +114,9 @@ void IpcPeerMemory::close_all() {
   streams_.clear();
 }
 
-void IpcPeerMemory::copy(const std::string& wire_name, const MemoryRegion& local_region,
-                         uint8_t* local, uint64_t length, bool to_local) {
+void IpcPeerMemory::copy(const std::string& wire_name, uint64_t peer_addr,
+                         const MemoryRegion& local_region, uint8_t* local, uint64_t length,
+                         bool to_local) {
   if (wire_name.size() != kWireNameSize) {
     throw Error(ErrorKind::kProtocol, "shm: a CUDA IPC name of " +
                                           std::to_string(wire_name.size()) + " bytes (expected " +
@@ -128,12 +129,17 @@ void IpcPeerMemory::copy(const std::string& wire_name, const MemoryRegion& local
   uint64_t offset = 0;
   std::memcpy(&offset, wire_name.data() + kIpcHandleSize, sizeof(offset));
   std::lock_guard<std::mutex> lock(mu_);  // one copy at a time per connection, in record order
-  auto it = open_.find(handle);
-  if (it == open_.end()) it = open_.emplace(handle, std::make_unique<Mapping>(ctx, handle)).first;
+  CUdeviceptr peer = peer_addr;
+  if (!same_process_) {
+    auto it = open_.find(handle);
+    if (it == open_.end()) {
+      it = open_.emplace(handle, std::make_unique<Mapping>(ctx, handle)).first;
+    }
+    peer = it->second->base() + offset;
+  }
   auto& stream = streams_[ctx->ordinal()];
   if (!stream) stream = std::make_unique<CudaStream>(ctx);
   const CudaApi& api = cuda();
-  const CUdeviceptr peer = it->second->base() + offset;
   ctx->bind();
   CUresult r = kCudaSuccess;
   const char* op = nullptr;

@@ -58,17 +58,20 @@ const IpcDeviceRegion* ipc_device_region(const MemoryRegion* region);
 // The peer's allocations this end opened, and its copy stream (one per connection).
 class IpcPeerMemory {
  public:
-  IpcPeerMemory();
+  // `same_process`: both ends are engines of this process (the driver refuses to open a
+  // process's own handle): the initiator's device addresses are then used as they are.
+  explicit IpcPeerMemory(bool same_process);
   ~IpcPeerMemory();
   IpcPeerMemory(const IpcPeerMemory&) = delete;
   IpcPeerMemory& operator=(const IpcPeerMemory&) = delete;
 
-  // Copies `length` bytes between the peer's range named by `wire_name` and `local` (inside
-  // `local_region`, host or device memory): into `local` when `to_local`, else out of it.
-  // Opens the peer's allocation on first use. Throws Error(kProtocol) for a malformed name,
-  // Error(kTransport) with the driver's text when a CUDA call fails.
-  void copy(const std::string& wire_name, const MemoryRegion& local_region, uint8_t* local,
-            uint64_t length, bool to_local);
+  // Copies `length` bytes between the peer's range named by `wire_name` (at device address
+  // `peer_addr` in the peer's process) and `local` (inside `local_region`, host or device
+  // memory): into `local` when `to_local`, else out of it. Opens the peer's allocation on first
+  // use. Throws Error(kProtocol) for a malformed name, Error(kTransport) with the driver's text
+  // when a CUDA call fails.
+  void copy(const std::string& wire_name, uint64_t peer_addr, const MemoryRegion& local_region,
+            uint8_t* local, uint64_t length, bool to_local);
   // Allocations opened now.
   uint64_t opened() const;
   // Closes every opened allocation (the connection ended).
@@ -76,6 +79,7 @@ class IpcPeerMemory {
 
  private:
   class Mapping;
+  const bool same_process_;
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<Mapping>> open_;  // by handle bytes
   std::map<int, std::unique_ptr<CudaStream>> streams_;    // by local GPU ordinal

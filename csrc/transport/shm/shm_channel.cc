@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -47,7 +48,8 @@ ShmChannel::ShmChannel(ShmTransport& transport, UniqueFd sock, std::string peer,
       transport_(transport),
       sock_(std::move(sock)),
       peer_(std::move(peer)),
-      peer_pid_(peer_pid) {}
+      peer_pid_(peer_pid),
+      ipc_(peer_pid == getpid()) {}
 
 RequestPtr ShmChannel::new_request(OpKind op, uint64_t bytes) {
   auto req = std::make_shared<Request>(transport_.next_request_id(), op, bytes);
@@ -404,7 +406,7 @@ std::string ShmChannel::name_of(const MemoryRegion& local, const uint8_t* addr) 
 int ShmChannel::move(const MemoryRegion& region, const std::string& meta, bool pull,
                      uint8_t* local, uint64_t remote, uint64_t length) {
   if (!meta.empty()) {
-    ipc_.copy(meta, region, local, length, pull);
+    ipc_.copy(meta, remote, region, local, length, pull);
     ipc_bytes_.fetch_add(length);
     return 0;
   }
