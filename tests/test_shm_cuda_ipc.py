@@ -69,21 +69,30 @@ def _standin_opened() -> int | None:
     return int(ctypes.CDLL(path).rdmaxfer_standin_ipc_opened())
 
 
+def _write_and_read_back(
+    server: Engine, ep: Endpoint, peer: Peer, descriptor: bytes, rng: np.random.Generator
+) -> np.ndarray:
+    """WRITEs random device memory over the whole of the peer's region, checks the peer's CRC,
+    READs it back into another registered device buffer and checks that; returns the bytes."""
+    src, host = device_random(rng, NBYTES)
+    server.register(src, "r")
+    ep.write(src, descriptor, timeout=60)
+    peer.put("crc")
+    assert peer.get() == crc(host)
+    back = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+    server.register(back, "rw")
+    ep.read(back, descriptor, timeout=60)
+    assert crc(back.copy_to_host()) == crc(host)
+    return host
+
+
 def test_write_and_read_of_device_memory_copy_gpu_to_gpu(
     server: Engine, spawn: Callable[..., Peer], rng: np.random.Generator, seed: int
 ) -> None:
     peer, ep, descriptor = _connect(server, spawn, seed)
     with ep:
         assert ep.info["transport"] == "shm" and ep.info["cuda_ipc_bytes"] == 0
-        src, host = device_random(rng, NBYTES)
-        server.register(src, "r")
-        ep.write(src, descriptor, timeout=60)
-        peer.put("crc")
-        assert peer.get() == crc(host)
-        back = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
-        server.register(back, "rw")
-        ep.read(back, descriptor, remote_offset=0, timeout=60)
-        assert crc(back.copy_to_host()) == crc(host)
+        host = _write_and_read_back(server, ep, peer, descriptor, rng)
         # part of it, at offsets on both sides
         part, part_host = device_random(rng, MiB + 3)
         server.register(part, "r")
@@ -138,16 +147,7 @@ def test_write_and_read_between_gpus_of_two_processes(
     port = server.listen("127.0.0.1", 0)
     peer = spawn(device_peer, port, NBYTES, seed, "rw", 1)
     with server.accept(timeout=30) as ep:
-        descriptor = peer.get()
-        src, host = device_random(rng, NBYTES)
-        server.register(src, "r")
-        ep.write(src, descriptor, timeout=60)
-        peer.put("crc")
-        assert peer.get() == crc(host)
-        back = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
-        server.register(back, "rw")
-        ep.read(back, descriptor, timeout=60)
-        assert crc(back.copy_to_host()) == crc(host)
+        _write_and_read_back(server, ep, peer, peer.get(), rng)
         assert ep.info["cuda_ipc_bytes"] == 2 * NBYTES
         peer.put("stop")
     assert peer.join() == 0
