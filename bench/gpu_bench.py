@@ -125,6 +125,13 @@ def main() -> int:
     print(f"# {gpu['name']} ({gpu['pci_bus_id']}), driver {cuda.status()['driver_version']}")
     rng = np.random.default_rng(1)
     results: dict[str, Any] = {"gpu": gpu["name"], "sizes": [], "big": None}
+
+    def save() -> None:
+        """Written after every row: a run cut short by its timeout keeps what it measured."""
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+
     with rdmaxfer.Engine("tcp") as server, rdmaxfer.Engine("tcp") as client:
         port = server.listen("127.0.0.1", 0)
         a = client.connect("127.0.0.1", port, timeout=30)
@@ -139,6 +146,7 @@ def main() -> int:
             iters = args.iters if size < (1 << 30) else 2
             row = bench_size(size, pair, rng, iters, parse_size(args.chunk), args.slots)
             results["sizes"].append(row)
+            save()
             print(
                 f"{size:>12} {row['d2h_GB_per_s']:7.2f} {row['h2d_GB_per_s']:7.2f} "
                 f"{row['wire_GB_per_s']:7.2f} "
@@ -149,13 +157,11 @@ def main() -> int:
         if args.big:
             big = big_transfer(pair, parse_size(args.big), rng)
             results["big"] = big
+            save()
             print(
                 f"GPU->GPU loopback TCP send/recv of {big['bytes']} bytes: {big['seconds']:.2f} s, "
                 f"{big['GB_per_s']:.2f} GB/s, checksum {'ok' if big['checksum_ok'] else 'MISMATCH'}"
             )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
     bad = not all(r["checksums_ok"] for r in results["sizes"])
     bad = bad or (results["big"] is not None and not results["big"]["checksum_ok"])
     return 1 if bad else 0

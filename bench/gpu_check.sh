@@ -94,7 +94,7 @@ step "rdmaxfer info"
 timeout "$(left 30)" $PY -m rdmaxfer info || true
 
 step "GPU tests (pytest -m gpu)"
-timeout "$(left 150)" $PY -m pytest "$ROOT/tests" -m gpu -q -rs -p no:cacheprovider -o addopts="" \
+timeout "$(left 120)" $PY -m pytest "$ROOT/tests" -m gpu -q -rs -p no:cacheprovider -o addopts="" \
   --junitxml="$OUTDIR/gpu-tests.xml" 2>&1 | tail -25
 tests_rc=${PIPESTATUS[0]}
 
@@ -103,7 +103,7 @@ timeout "$(left 40)" $PY -m pytest "$ROOT/tests/test_staging.py" "$ROOT/tests/te
   -p no:cacheprovider 2>&1 | tail -3
 
 step "GPU bench"
-timeout "$(left 150)" $PY "$ROOT/bench/gpu_bench.py" --sizes "$SIZES" --big "$BIG" \
+timeout "$(left 220)" $PY "$ROOT/bench/gpu_bench.py" --sizes "$SIZES" --big "$BIG" \
   --json "$OUTDIR/gpu_bench.json"
 bench_rc=$?
 
