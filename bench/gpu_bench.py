@@ -24,13 +24,15 @@ from rdmaxfer import Buffer, _core
 from rdmaxfer.memory import cuda
 
 
-def _parse_size(text: str) -> int:
+def parse_size(text: str) -> int:
+    """ "16M" -> bytes (K/M/G: powers of 1024)."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     text = text.strip().upper()
     return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
 
 
-def _best(fn: Any, iters: int) -> float:
+def best_time(fn: Any, iters: int) -> float:
+    """The fastest of ``iters`` calls of ``fn``, in seconds."""
     best = float("inf")
     for _ in range(iters):
         start = time.perf_counter()
@@ -53,13 +55,13 @@ def bench_size(
     host_ref = _fill(dev, rng)
     pinned = _core.PinnedHostMemory(0, size)
     view = dev._device_view()
-    d2h = _best(lambda: _core.cuda_copy_to_host(0, pinned.ptr, view.ptr, size), iters)
-    h2d = _best(lambda: _core.cuda_copy_to_device(0, view.ptr, pinned.ptr, size), iters)
+    d2h = best_time(lambda: _core.cuda_copy_to_host(0, pinned.ptr, view.ptr, size), iters)
+    h2d = best_time(lambda: _core.cuda_copy_to_device(0, view.ptr, pinned.ptr, size), iters)
 
     remote = np.zeros(size, np.uint8)
     region = server.register(remote, "rw")
     src_host = rng.integers(0, 256, size, dtype=np.uint8)
-    wire = _best(lambda: a.write(src_host, region.descriptor(), timeout=600), iters)
+    wire = best_time(lambda: a.write(src_host, region.descriptor(), timeout=600), iters)
 
     stager = client._stager(0)
 
@@ -71,10 +73,10 @@ def bench_size(
         req.check()
 
     cuda.copy_from_host(view, host_ref)
-    w = _best(lambda: staged("write"), iters)
+    w = best_time(lambda: staged("write"), iters)
     ok_w = zlib.crc32(remote) == zlib.crc32(host_ref)
     remote[:] = rng.integers(0, 256, size, dtype=np.uint8)
-    r = _best(lambda: staged("read"), iters)
+    r = best_time(lambda: staged("read"), iters)
     ok_r = zlib.crc32(dev.copy_to_host()) == zlib.crc32(remote)
     region.close()
     gbs = lambda t: size / t / 1e9  # noqa: E731
@@ -123,6 +125,13 @@ def main() -> int:
     print(f"# {gpu['name']} ({gpu['pci_bus_id']}), driver {cuda.status()['driver_version']}")
     rng = np.random.default_rng(1)
     results: dict[str, Any] = {"gpu": gpu["name"], "sizes": [], "big": None}
+
+    def save() -> None:
+        """Written after every row: a run cut short by its timeout keeps what it measured."""
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+
     with rdmaxfer.Engine("tcp") as server, rdmaxfer.Engine("tcp") as client:
         port = server.listen("127.0.0.1", 0)
         a = client.connect("127.0.0.1", port, timeout=30)
@@ -133,10 +142,11 @@ def main() -> int:
             f"{'effW':>5} {'effR':>5} ok"
         )
         for text in args.sizes.split(","):
-            size = _parse_size(text)
+            size = parse_size(text)
             iters = args.iters if size < (1 << 30) else 2
-            row = bench_size(size, pair, rng, iters, _parse_size(args.chunk), args.slots)
+            row = bench_size(size, pair, rng, iters, parse_size(args.chunk), args.slots)
             results["sizes"].append(row)
+            save()
             print(
                 f"{size:>12} {row['d2h_GB_per_s']:7.2f} {row['h2d_GB_per_s']:7.2f} "
                 f"{row['wire_GB_per_s']:7.2f} "
@@ -145,15 +155,13 @@ def main() -> int:
                 flush=True,
             )
         if args.big:
-            big = big_transfer(pair, _parse_size(args.big), rng)
+            big = big_transfer(pair, parse_size(args.big), rng)
             results["big"] = big
+            save()
             print(
                 f"GPU->GPU loopback TCP send/recv of {big['bytes']} bytes: {big['seconds']:.2f} s, "
                 f"{big['GB_per_s']:.2f} GB/s, checksum {'ok' if big['checksum_ok'] else 'MISMATCH'}"
             )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
     bad = not all(r["checksums_ok"] for r in results["sizes"])
     bad = bad or (results["big"] is not None and not results["big"]["checksum_ok"])
     return 1 if bad else 0

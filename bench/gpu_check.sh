@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # GPU check for a lent GPU machine (no network): build rdmaxfer, run the GPU tests
-# (pytest -m gpu), then the GPU bench (bench/gpu_bench.py) and print its table.
-# Fits in one 10-minute call on a 16-core machine; each step has its own timeout.
+# (pytest -m gpu), the GPU bench (bench/gpu_bench.py: staged write/read against the pinned copy,
+# 16 MiB to 4 GiB, and a 4 GiB GPU-to-GPU loopback send/recv), the two-process CUDA IPC bench
+# (bench/gpu_ipc_bench.py: same GPU, and GPU 0 -> GPU 1 with two GPUs), then print one table of
+# every check against its target (bench/gpu_check_table.py).
+# The whole script stays under BUDGET seconds (default 470: under 8 minutes): each step's
+# timeout is its own cap or what is left, whichever is smaller.
 #
 #   bench/gpu_check.sh              # from the repository root
-#   BIG=1G SIZES=16M,256M bench/gpu_check.sh   # a shorter bench
+#   BIG=1G SIZES=16M,256M IPC_SIZE=256M bench/gpu_check.sh   # a shorter run
 #
 # Offline installs: wheels in .whl/ (pybind11, scikit-build-core, cupy-cuda12x, pytest,
 # numpy, ml_dtypes, safetensors...) are used when present; without CuPy the CuPy tests skip
 # and the bench uses rdmaxfer's own device Buffers. Results land in $OUT (or /tmp) as JSON.
+# Without a GPU, STANDIN=1 runs the same steps over the tests' stand-in driver
+# (tests/_cuda_standin.py) to check the script itself; its figures mean nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -18,8 +24,15 @@ BUILD=${BUILD:-/tmp/rdmaxfer-gpu-build}
 STAGE=${STAGE:-/tmp/rdmaxfer-gpu-stage}
 SIZES=${SIZES:-16M,64M,256M,1G,4G}
 BIG=${BIG:-4G}
+IPC_SIZE=${IPC_SIZE:-1G}
+BUDGET=${BUDGET:-470}
 t0=$(date +%s)
 step() { echo; echo "== [$(( $(date +%s) - t0 ))s] $*"; }
+# The timeout of a step: its cap ($1 seconds) or what is left of the budget, at least 1.
+left() {
+  local rest=$(( BUDGET - ($(date +%s) - t0) ))
+  [ "$rest" -lt "$1" ] && echo $(( rest > 1 ? rest : 1 )) || echo "$1"
+}
 
 step "machine"
 nvidia-smi -L 2>&1 | head -8 || echo "nvidia-smi not found"
@@ -61,9 +74,9 @@ if [ -z "$PYBIND11_DIR" ]; then
 fi
 GEN=""
 command -v ninja >/dev/null 2>&1 && GEN="-G Ninja"
-timeout 300 cmake -S "$ROOT" -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release \
+timeout "$(left 60)" cmake -S "$ROOT" -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release \
   -Dpybind11_DIR="$PYBIND11_DIR" -DPython_EXECUTABLE="$(command -v $PY)" >"$OUTDIR/cmake.log" 2>&1 \
-  && timeout 300 cmake --build "$BUILD" -j "$(nproc)" >>"$OUTDIR/cmake.log" 2>&1
+  && timeout "$(left 200)" cmake --build "$BUILD" -j "$(nproc)" >>"$OUTDIR/cmake.log" 2>&1
 rc=$?
 tail -3 "$OUTDIR/cmake.log"
 if [ $rc -ne 0 ]; then echo "FAIL: build (see $OUTDIR/cmake.log)"; exit 2; fi
@@ -71,23 +84,35 @@ rm -rf "$STAGE" && mkdir -p "$STAGE/rdmaxfer"
 cp -r "$ROOT"/python/rdmaxfer/. "$STAGE/rdmaxfer/"  # every subpackage, py.typed, _core.pyi
 cp "$BUILD"/_core*.so "$STAGE/rdmaxfer/"
 export PYTHONPATH="$STAGE"
+if [ "${STANDIN:-0}" = 1 ]; then
+  RDMAXFER_CUDA_LIBRARY=$(cd "$ROOT/tests" && $PY -c "import _cuda_standin; print(_cuda_standin.library())")
+  export RDMAXFER_CUDA_LIBRARY
+  echo "STANDIN=1: the stand-in driver $RDMAXFER_CUDA_LIBRARY (no GPU: figures mean nothing)"
+fi
 
 step "rdmaxfer info"
-timeout 60 $PY -m rdmaxfer info || true
+timeout "$(left 30)" $PY -m rdmaxfer info || true
 
 step "GPU tests (pytest -m gpu)"
-timeout 240 $PY -m pytest "$ROOT/tests" -m gpu -q -rs -p no:cacheprovider -o addopts="" \
+timeout "$(left 120)" $PY -m pytest "$ROOT/tests" -m gpu -q -rs -p no:cacheprovider -o addopts="" \
   --junitxml="$OUTDIR/gpu-tests.xml" 2>&1 | tail -25
 tests_rc=${PIPESTATUS[0]}
 
 step "staging pipeline tests with the host copier (sanity on this machine)"
-timeout 120 $PY -m pytest "$ROOT/tests/test_staging.py" "$ROOT/tests/test_gpu_interop.py" -q \
+timeout "$(left 40)" $PY -m pytest "$ROOT/tests/test_staging.py" "$ROOT/tests/test_gpu_interop.py" -q \
   -p no:cacheprovider 2>&1 | tail -3
 
 step "GPU bench"
-timeout 300 $PY "$ROOT/bench/gpu_bench.py" --sizes "$SIZES" --big "$BIG" \
+timeout "$(left 220)" $PY "$ROOT/bench/gpu_bench.py" --sizes "$SIZES" --big "$BIG" \
   --json "$OUTDIR/gpu_bench.json"
 bench_rc=$?
 
-step "done: gpu tests rc=$tests_rc, bench rc=$bench_rc (results in $OUTDIR)"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+step "two processes through CUDA IPC (shm transport)"
+timeout "$(left 60)" $PY "$ROOT/bench/gpu_ipc_bench.py" --size "$IPC_SIZE" \
+  --json "$OUTDIR/gpu_ipc.json"
+ipc_rc=$?
+
+step "done in $(( $(date +%s) - t0 ))s: gpu tests rc=$tests_rc, bench rc=$bench_rc, ipc rc=$ipc_rc (results in $OUTDIR)"
+$PY "$ROOT/bench/gpu_check_table.py" "$OUTDIR"
+table_rc=$?
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$ipc_rc" -eq 0 ] && [ "$table_rc" -eq 0 ]

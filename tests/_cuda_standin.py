@@ -1,4 +1,4 @@
-"""Builds the stand-in CUDA driver (tests/cuda_standin/cuda_standin.cc) for ``pytest -m gpu``
+"""Builds the stand-in CUDA driver (tests/cuda_standin/*.cc) for ``pytest -m gpu``
 on machines without a GPU.
 
 The library is compiled once per source version into ``build/cuda-standin/`` (the rxe guest
@@ -16,7 +16,10 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "tests" / "cuda_standin" / "cuda_standin.cc"
+SOURCE_DIR = ROOT / "tests" / "cuda_standin"
+#: The library's sources (the driver API, its CUDA IPC) and the header they share.
+SOURCES = (SOURCE_DIR / "cuda_standin.cc", SOURCE_DIR / "cuda_standin_ipc.cc")
+HEADERS = (SOURCE_DIR / "standin_core.h",)
 BUILD_DIR = ROOT / "build" / "cuda-standin"
 #: Set to "0" to run ``pytest -m gpu`` against the real driver only (skips without a GPU).
 SWITCH = "RDMAXFER_TEST_CUDA_STANDIN"
@@ -28,7 +31,7 @@ def library() -> Path:
     Raises:
         RuntimeError: no C++ compiler, or it failed (its output is in the message).
     """
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS)).hexdigest()[:16]
     out = BUILD_DIR / f"libcuda_standin-{digest}.so"
     if out.exists():
         return out
@@ -49,7 +52,7 @@ def library() -> Path:
         "-Werror",
         "-o",
         str(tmp),
-        str(SOURCE),
+        *(str(p) for p in SOURCES),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     if done.returncode != 0:

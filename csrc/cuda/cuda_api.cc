@@ -80,6 +80,11 @@ Loaded load() {
   if (!ok) return l;
   lookup(handle, "cuPointerSetAttribute", &a.pointer_set_attribute, nullptr);
   lookup(handle, "cuMemGetHandleForAddressRange", &a.mem_get_handle_for_address_range, nullptr);
+  lookup(handle, "cuMemGetAddressRange_v2", &a.mem_get_address_range, nullptr);
+  lookup(handle, "cuMemcpyDtoDAsync_v2", &a.memcpy_dtod_async, nullptr);
+  lookup(handle, "cuIpcGetMemHandle", &a.ipc_get_mem_handle, nullptr);
+  lookup(handle, "cuIpcOpenMemHandle_v2", &a.ipc_open_mem_handle, nullptr);
+  lookup(handle, "cuIpcCloseMemHandle", &a.ipc_close_mem_handle, nullptr);
   dlerror();
   g_error_name.store(a.get_error_name);
   g_error_string.store(a.get_error_string);

@@ -5,7 +5,8 @@
 // package installs, imports and runs on machines without a GPU: cuda_api() then returns nullptr
 // with the reason ("no CUDA: libcuda.so.1 not found (...)"), which `rdmaxfer info` prints.
 // Versioned exports (_v2) are the ones cuda.h maps the plain names to since CUDA 4/11.
-// cuMemGetHandleForAddressRange (CUDA >= 11.7) and cuPointerSetAttribute are optional.
+// cuMemGetHandleForAddressRange (CUDA >= 11.7), cuPointerSetAttribute and the CUDA IPC calls
+// (the shm transport's device copies: transport/shm/cuda_ipc.h) are optional.
 #pragma once
 
 #include <string>
@@ -47,6 +48,11 @@ struct CudaApi {
   CUresult (*pointer_set_attribute)(const void*, int, CUdeviceptr) = nullptr;  // cuPointerSetAttribute
   CUresult (*mem_get_handle_for_address_range)(void*, CUdeviceptr, size_t, int,
                                                unsigned long long) = nullptr;  // CUDA >= 11.7
+  CUresult (*mem_get_address_range)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;  // _v2
+  CUresult (*memcpy_dtod_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;  // _v2
+  CUresult (*ipc_get_mem_handle)(CUipcMemHandle*, CUdeviceptr) = nullptr;     // cuIpcGetMemHandle
+  CUresult (*ipc_open_mem_handle)(CUdeviceptr*, CUipcMemHandle, unsigned) = nullptr;  // _v2
+  CUresult (*ipc_close_mem_handle)(CUdeviceptr) = nullptr;                    // cuIpcCloseMemHandle
 };
 
 // The loaded (and cuInit-ed) table, or nullptr with `why` set ("no CUDA: ..."). Loads once;

@@ -21,6 +21,12 @@ using CUcontext = CUctx_st*;
 using CUstream = CUstream_st*;
 using CUevent = CUevent_st*;
 
+// CUipcMemHandle: an opaque 64-byte handle to a cuMemAlloc'd allocation (CU_IPC_HANDLE_SIZE).
+constexpr size_t kIpcHandleSize = 64;
+struct CUipcMemHandle {
+  char reserved[kIpcHandleSize];
+};
+
 // CUresult values (cudaError_enum).
 constexpr CUresult kCudaSuccess = 0;               // CUDA_SUCCESS
 constexpr CUresult kCudaErrorInvalidValue = 1;     // CUDA_ERROR_INVALID_VALUE
@@ -55,6 +61,7 @@ constexpr unsigned kMemHostAllocPortable = 0x01;   // CU_MEMHOSTALLOC_PORTABLE
 constexpr unsigned kStreamNonBlocking = 0x1;       // CU_STREAM_NON_BLOCKING
 constexpr unsigned kEventDisableTiming = 0x2;      // CU_EVENT_DISABLE_TIMING
 constexpr int kMemRangeHandleTypeDmaBufFd = 0x1;   // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
+constexpr unsigned kIpcMemLazyEnablePeerAccess = 0x1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 
 // The legacy and per-thread default stream handles (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD);
 // __cuda_array_interface__ v3 names them 1 and 2 as well.

@@ -10,11 +10,19 @@ namespace rdmaxfer {
 std::shared_ptr<MemoryRegion> register_gpu_memory(Transport& transport, uint64_t addr,
                                                   uint64_t length, uint32_t access,
                                                   const std::string& method, int ordinal) {
-  if (method != "peermem" && method != "dmabuf") {
-    throw Error(ErrorKind::kInvalidArgument,
-                "GPU registration method '" + method + "' must be 'dmabuf' or 'peermem'");
+  if (method != "peermem" && method != "dmabuf" && method != "cuda_ipc") {
+    throw Error(ErrorKind::kInvalidArgument, "GPU registration method '" + method +
+                                                 "' must be 'dmabuf', 'peermem' or 'cuda_ipc'");
   }
   uint8_t* ptr = reinterpret_cast<uint8_t*>(addr);
+  if (method == "cuda_ipc") {
+    // The shm transport exports the allocation for CUDA IPC (transport/shm/cuda_ipc.h).
+    if (transport.capabilities().kind != TransportKind::kShm) {
+      throw Error(ErrorKind::kUnsupported,
+                  "GPU registration by CUDA IPC needs an engine with transport='shm'");
+    }
+    return transport.domain().register_device_memory(ptr, length, access, -1, 0);
+  }
   if (transport.capabilities().kind != TransportKind::kRdma) {
     // No NIC: refuse before touching the memory (the transport refuses device regions).
     return transport.domain().register_device_memory(ptr, length, access, -1, 0);

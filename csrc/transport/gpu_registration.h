@@ -12,7 +12,8 @@ class Transport;
 class MemoryRegion;
 
 // Registers device memory of GPU `ordinal` with `transport` by `method` ("dmabuf" exports the
-// range with cuMemGetHandleForAddressRange first; "peermem" registers the pointer). Throws
+// range with cuMemGetHandleForAddressRange first; "peermem" registers the pointer; "cuda_ipc", on
+// the shm transport only, exports the allocation for CUDA IPC: transport/shm/cuda_ipc.h). Throws
 // Error(kUnsupported) (TCP, no CUDA, no dmabuf support) or Error(kRegistration) with the fix.
 std::shared_ptr<MemoryRegion> register_gpu_memory(Transport& transport, uint64_t addr,
                                                   uint64_t length, uint32_t access,

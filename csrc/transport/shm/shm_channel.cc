@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -47,7 +48,8 @@ ShmChannel::ShmChannel(ShmTransport& transport, UniqueFd sock, std::string peer,
       transport_(transport),
       sock_(std::move(sock)),
       peer_(std::move(peer)),
-      peer_pid_(peer_pid) {}
+      peer_pid_(peer_pid),
+      ipc_(peer_pid == getpid()) {}
 
 RequestPtr ShmChannel::new_request(OpKind op, uint64_t bytes) {
   auto req = std::make_shared<Request>(transport_.next_request_id(), op, bytes);
@@ -64,7 +66,10 @@ ChannelLimits ShmChannel::limits() const {
 }
 
 std::vector<std::pair<std::string, uint64_t>> ShmChannel::attributes() const {
-  return {{"peer_pid", static_cast<uint64_t>(peer_pid_)}, {"ring_bytes", kRingBytes}};
+  return {{"peer_pid", static_cast<uint64_t>(peer_pid_)},
+          {"ring_bytes", kRingBytes},
+          {"cuda_ipc_bytes", ipc_bytes_.load()},
+          {"cuda_ipc_opened", ipc_.opened()}};
 }
 
 void ShmChannel::check_open() const {
@@ -135,7 +140,8 @@ RequestPtr ShmChannel::one_sided(FrameType type, const std::shared_ptr<MemoryReg
     return req;
   }
   const uint64_t op = next_op_.fetch_add(1);
-  track(op, Pending{req, RegionUse(local), type});
+  const std::string meta = name_of(*local, local->addr() + local_offset);
+  track(op, Pending{req, RegionUse(local), type, !meta.empty()});
   FrameHeader h;
   h.type = type;
   h.req_id = op;
@@ -144,8 +150,9 @@ RequestPtr ShmChannel::one_sided(FrameType type, const std::shared_ptr<MemoryReg
   h.size = length;
   h.total = length;
   h.aux = reinterpret_cast<uint64_t>(local->addr() + local_offset);
+  h.meta_len = static_cast<uint32_t>(meta.size());
   try {
-    push(h, "", nullptr, 0);
+    push(h, meta, nullptr, 0);
   } catch (const Error& e) {
     abort(e.kind(), "connection to " + peer_ + " failed: " + e.what());
   }
@@ -203,7 +210,8 @@ void ShmChannel::post_write_notify(const RequestPtr& request,
                                    uint64_t length, uint64_t addr, uint32_t key, uint32_t value,
                                    const TransferOptions& /*options*/) {
   const uint64_t op = next_op_.fetch_add(1);
-  track(op, Pending{request, RegionUse(local), FrameType::kMsgData});
+  const std::string meta = name_of(*local, local->addr() + offset);
+  track(op, Pending{request, RegionUse(local), FrameType::kMsgData, !meta.empty()});
   FrameHeader h;
   h.type = FrameType::kMsgData;
   h.req_id = op;
@@ -213,8 +221,9 @@ void ShmChannel::post_write_notify(const RequestPtr& request,
   h.size = length;
   h.total = length;
   h.aux = reinterpret_cast<uint64_t>(local->addr() + offset);
+  h.meta_len = static_cast<uint32_t>(meta.size());
   try {
-    push(h, "", nullptr, 0);
+    push(h, meta, nullptr, 0);
   } catch (const Error& e) {
     abort(e.kind(), "connection to " + peer_ + " failed: " + e.what());
   }
@@ -358,12 +367,13 @@ void ShmChannel::on_record(const std::string& record) {
   if (FrameHeader::kSize + uint64_t{h.meta_len} + h.payload_len != record.size()) {
     throw Error(ErrorKind::kProtocol, "shm record length differs from its header");
   }
+  const std::string meta = record.substr(FrameHeader::kSize, h.meta_len);
   switch (h.type) {
     case FrameType::kWrite:
-    case FrameType::kReadReq: serve_copy(h); return;
-    case FrameType::kMsgData: serve_notified_write(h); return;
+    case FrameType::kReadReq: serve_copy(h, meta); return;
+    case FrameType::kMsgData: serve_notified_write(h, meta); return;
     case FrameType::kWriteAck:
-    case FrameType::kReadResp: on_ack(h); return;
+    case FrameType::kReadResp: on_ack(h, meta); return;
     case FrameType::kMsgRts:
     case FrameType::kMsgEager:
     case FrameType::kMsgCts:
@@ -378,7 +388,7 @@ void ShmChannel::on_record(const std::string& record) {
       m.size = h.size;
       m.addr = h.addr;
       m.key = h.key;
-      m.meta = record.substr(FrameHeader::kSize, h.meta_len);
+      m.meta = meta;
       m.data = record.substr(FrameHeader::kSize + h.meta_len);
       stats_->add_lane(0, h.payload_len);
       events()->on_ctrl(std::move(m));
@@ -388,7 +398,26 @@ void ShmChannel::on_record(const std::string& record) {
   }
 }
 
-void ShmChannel::serve_copy(const FrameHeader& h) {
+std::string ShmChannel::name_of(const MemoryRegion& local, const uint8_t* addr) {
+  const IpcDeviceRegion* device = ipc_device_region(&local);
+  return device != nullptr ? device->wire_name(addr) : std::string();
+}
+
+int ShmChannel::move(const MemoryRegion& region, const std::string& meta, bool pull,
+                     uint8_t* local, uint64_t remote, uint64_t length) {
+  if (!meta.empty()) {
+    ipc_.copy(meta, remote, region, local, length, pull);
+    ipc_bytes_.fetch_add(length);
+    return 0;
+  }
+  const CmaDirection direction = pull ? CmaDirection::kPull : CmaDirection::kPush;
+  if (const IpcDeviceRegion* device = ipc_device_region(&region)) {
+    return cma_device_copy(peer_pid_, direction, *device, local, remote, length);
+  }
+  return cma_copy(peer_pid_, direction, local, remote, length);
+}
+
+void ShmChannel::serve_copy(const FrameHeader& h, const std::string& meta) {
   const bool write = h.type == FrameType::kWrite;
   RegionUse use;
   AccessStatus status = transport_.domain().regions().acquire(
@@ -397,17 +426,23 @@ void ShmChannel::serve_copy(const FrameHeader& h) {
   ack.type = write ? FrameType::kWriteAck : FrameType::kReadResp;
   ack.req_id = h.req_id;
   ack.status = static_cast<uint32_t>(status);
+  std::string failure;
   if (status == AccessStatus::kOk) {
     auto* target = reinterpret_cast<uint8_t*>(h.addr);
-    const int err = cma_copy(peer_pid_, write ? CmaDirection::kPull : CmaDirection::kPush,
-                             target, h.aux, h.size);
-    ack.aux = static_cast<uint64_t>(err);
-    if (err == 0) stats_->add_lane(0, h.size);
+    try {
+      const int err = move(*use.get(), meta, write, target, h.aux, h.size);
+      ack.aux = static_cast<uint64_t>(err);
+      if (err == 0) stats_->add_lane(0, h.size);
+    } catch (const Error& e) {
+      ack.aux = EIO;
+      failure = e.what();
+    }
   }
-  push(ack, "", nullptr, 0);
+  ack.meta_len = static_cast<uint32_t>(failure.size());
+  push(ack, failure, nullptr, 0);
 }
 
-void ShmChannel::serve_notified_write(const FrameHeader& h) {
+void ShmChannel::serve_notified_write(const FrameHeader& h, const std::string& meta) {
   GrantEntry g;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -420,17 +455,26 @@ void ShmChannel::serve_notified_write(const FrameHeader& h) {
   if (h.addr != reinterpret_cast<uint64_t>(g.base) || h.size != g.length || h.status != g.value) {
     throw Error(ErrorKind::kProtocol, "a write with notification outside the grant it names");
   }
+  std::string failure;
   const int err = [&] {
     RegionUse use(g.region);
-    return cma_copy(peer_pid_, CmaDirection::kPull, g.base, h.aux, h.size);
+    try {
+      return move(*g.region, meta, /*pull=*/true, g.base, h.aux, h.size);
+    } catch (const Error& e) {
+      failure = e.what();
+      return EIO;
+    }
   }();
   FrameHeader ack;
   ack.type = FrameType::kWriteAck;
   ack.req_id = h.req_id;
   ack.aux = static_cast<uint64_t>(err);
   if (err != 0) {
-    push(ack, "", nullptr, 0);
-    throw Error(ErrorKind::kConnection, copy_failure("process_vm_readv", err, peer_));
+    ack.meta_len = static_cast<uint32_t>(failure.size());
+    push(ack, failure, nullptr, 0);
+    throw Error(ErrorKind::kConnection, failure.empty()
+                                            ? copy_failure("process_vm_readv", err, peer_)
+                                            : "CUDA IPC copy failed: " + failure);
   }
   stats_->add_lane(0, h.size);
   if (g.progress) g.progress->note_progress(h.size);
@@ -438,7 +482,7 @@ void ShmChannel::serve_notified_write(const FrameHeader& h) {
   events()->on_notify(g.value);
 }
 
-void ShmChannel::on_ack(const FrameHeader& h) {
+void ShmChannel::on_ack(const FrameHeader& h, const std::string& meta) {
   Pending p;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -453,12 +497,15 @@ void ShmChannel::on_ack(const FrameHeader& h) {
                     "peer " + peer_ + " refused access to " + std::to_string(p.request->bytes()) +
                         " bytes: " + access_status_text(status) +
                         " (check the descriptor, remote_offset and length)");
+  } else if (!meta.empty()) {
+    p.request->fail(ErrorKind::kTransport, "peer " + peer_ + ": CUDA IPC copy failed: " + meta);
   } else if (h.aux != 0) {
     const bool pushed = p.type == FrameType::kReadReq;
     p.request->fail(ErrorKind::kTransport,
                     copy_failure(pushed ? "process_vm_writev" : "process_vm_readv",
                                  static_cast<int>(h.aux), peer_));
   } else {
+    if (p.ipc) ipc_bytes_.fetch_add(p.request->bytes());
     p.request->note_progress(p.request->bytes());
     p.request->complete();
   }
@@ -494,6 +541,7 @@ void ShmChannel::release_fds() {
   // A driver may be reading the ring: wait for it, then keep the others out for good.
   while (!try_consuming()) std::this_thread::yield();
   in_.reset();
+  ipc_.close_all();  // the peer's device memory opened here (it may have died)
   std::lock_guard<std::mutex> lock(mu_);
   sock_.reset();
 }

@@ -18,6 +18,8 @@
 // (like TCP, the target checks every access against its RegionTable or grant): WRITE and
 // MSG_DATA are pulled with process_vm_readv from the initiator, READ is pushed with
 // process_vm_writev into it; then an acknowledgement completes the initiator's request.
+// Device memory (registered on shm) moves by CUDA IPC instead: the record then names the
+// initiator's range by its IPC handle, and the target copies on the GPU (shm/cuda_ipc.h).
 #pragma once
 
 #include <sys/types.h>
@@ -32,6 +34,7 @@
 #include "common/unique_fd.h"
 #include "core/request.h"
 #include "transport/channel.h"
+#include "transport/shm/cuda_ipc.h"
 #include "transport/shm/shm_ring.h"
 #include "transport/tcp/wire.h"
 
@@ -96,6 +99,7 @@ class ShmChannel : public Channel,
     RequestPtr request;
     RegionUse hold;  // the initiator's local range, read or written by the peer
     FrameType type = FrameType::kWrite;
+    bool ipc = false;  // the local range is device memory, named by CUDA IPC
   };
   struct GrantEntry {
     std::shared_ptr<MemoryRegion> region;
@@ -120,9 +124,19 @@ class ShmChannel : public Channel,
   // Sleeps until the doorbell rings or the socket says the peer went away; false on the latter.
   bool sleep_until_work();
   void on_record(const std::string& record);
-  void serve_copy(const FrameHeader& h);
-  void serve_notified_write(const FrameHeader& h);
-  void on_ack(const FrameHeader& h);
+  // `meta`: the record's metadata (a CUDA IPC name when the initiator's memory is device
+  // memory, else empty; on an acknowledgement, why the copy failed).
+  void serve_copy(const FrameHeader& h, const std::string& meta);
+  void serve_notified_write(const FrameHeader& h, const std::string& meta);
+  void on_ack(const FrameHeader& h, const std::string& meta);
+  // Moves `length` bytes between `local` (in `region`, this process) and the initiator's range
+  // (named by `meta` for CUDA IPC, else at host address `remote`): into `local` when `pull`.
+  // Returns 0 or the errno of a failed CMA call; throws Error when a CUDA call fails.
+  int move(const MemoryRegion& region, const std::string& meta, bool pull, uint8_t* local,
+           uint64_t remote, uint64_t length);
+  // The metadata naming [addr, addr+length) of `local` in a record: its CUDA IPC name for device
+  // memory, else empty.
+  static std::string name_of(const MemoryRegion& local, const uint8_t* addr);
   // Appends a record for the peer; waits (bounded) while the ring is full.
   void push(const FrameHeader& h, const std::string& meta, const uint8_t* data, uint64_t len);
   RequestPtr one_sided(FrameType type, const std::shared_ptr<MemoryRegion>& local,
@@ -149,6 +163,8 @@ class ShmChannel : public Channel,
   std::unordered_map<uint32_t, GrantEntry> grants_;
   uint32_t next_grant_ = 1;
   std::atomic<uint64_t> next_op_{1};
+  IpcPeerMemory ipc_;                  // the peer's device memory opened here
+  std::atomic<uint64_t> ipc_bytes_{0};  // bytes moved by CUDA IPC (either end's copies)
 };
 
 }  // namespace rdmaxfer

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/interrupt.h"
 #include "transport/bootstrap.h"
+#include "transport/shm/cuda_ipc.h"
 #include "transport/shm/same_host.h"
 #include "transport/shm/shm_channel.h"
 #include "transport/socket.h"
@@ -96,7 +97,7 @@ Capabilities ShmTransport::capabilities() const {
 
 std::string ShmTransport::describe() const {
   return std::string("shm (same host: control ring in a memfd with an eventfd doorbell, "
-                     "one-sided copies with process_vm_readv/writev") +
+                     "one-sided copies with process_vm_readv/writev, GPU memory by CUDA IPC") +
          (config_.secret.empty() ? ", no shared secret)" : ", authenticated (shared secret))");
 }
 
@@ -104,6 +105,12 @@ std::shared_ptr<MemoryRegion> ShmTransport::make_region(
     uint8_t* addr, uint64_t length, uint32_t access, std::unique_ptr<PinnedAllocation> owned) {
   if (!owned) check_mapped(addr, length);
   return std::make_shared<MemoryRegion>(addr, length, access, std::move(owned));
+}
+
+std::shared_ptr<MemoryRegion> ShmTransport::make_device_region(uint8_t* addr, uint64_t length,
+                                                               uint32_t access, int /*dmabuf_fd*/,
+                                                               uint64_t /*dmabuf_offset*/) {
+  return std::make_shared<IpcDeviceRegion>(addr, length, access);
 }
 
 uint16_t ShmTransport::listen(const std::string& host, uint16_t port) {

@@ -57,6 +57,10 @@ class ShmTransport : public Transport {
  protected:
   std::shared_ptr<MemoryRegion> make_region(uint8_t* addr, uint64_t length, uint32_t access,
                                             std::unique_ptr<PinnedAllocation> owned) override;
+  // Device memory, exported for CUDA IPC (shm/cuda_ipc.h); the dmabuf arguments are unused.
+  std::shared_ptr<MemoryRegion> make_device_region(uint8_t* addr, uint64_t length,
+                                                   uint32_t access, int dmabuf_fd,
+                                                   uint64_t dmabuf_offset) override;
 
  private:
   void check_usable() const;

@@ -103,7 +103,9 @@ class MemoryDomain:
                 ``__array_interface__`` or ``__dlpack__`` (host memory). It is kept alive
                 until the region is deregistered. GPU memory (CuPy, PyTorch, a device
                 Buffer...) is registered for GPUDirect RDMA, by dmabuf or nvidia-peermem as
-                :meth:`gpu_preflight` decides.
+                :meth:`gpu_preflight` decides; on ``transport="shm"`` it is exported for CUDA
+                IPC instead (cuMemAlloc'd memory), so transfers between registrations of two
+                processes copy GPU to GPU (``Endpoint.info["cuda_ipc_bytes"]`` counts them).
             access: what a peer may do: ``"rw"``, ``"r"`` (read only), ``"w"`` or ``"none"``.
             local_write: whether local operations may write the region (it is then a READ or
                 receive destination without a temporary registration). None (default): when
@@ -190,22 +192,24 @@ class MemoryDomain:
             raise InvalidArgumentError(
                 f"read-only GPU memory cannot be registered with access={access!r}"
             )
-        check = self.gpu_preflight(view.device)
-        if check.method == "staging":
-            raise UnsupportedError(
-                f"GPU memory cannot be registered for RDMA on this engine: dmabuf: "
-                f"{check.reasons['dmabuf']}; nvidia-peermem: {check.reasons['peermem']}. "
-                "Transfers of GPU memory work without registering (they are staged through "
-                "pinned host buffers)"
-            )
+        if self.transport == "shm":  # processes of one host: CUDA IPC (csrc/.../cuda_ipc.h)
+            methods: tuple[str, ...] = ("cuda_ipc",)
+        else:
+            check = self.gpu_preflight(view.device)
+            if check.method == "staging":
+                raise UnsupportedError(
+                    f"GPU memory cannot be registered for RDMA on this engine: dmabuf: "
+                    f"{check.reasons['dmabuf']}; nvidia-peermem: {check.reasons['peermem']}. "
+                    "Transfers of GPU memory work without registering (they are staged through "
+                    "pinned host buffers)"
+                )
+            methods = tuple(m for m in ("dmabuf", "peermem") if not check.reasons.get(m))
         with self._lock:
             cached = self._by_range.get((view.ptr, view.nbytes, bits))
             if cached is not None and cached.registered:
                 return cached
         errors = []
-        for method in ("dmabuf", "peermem"):
-            if check.reasons.get(method):
-                continue
+        for method in methods:
             try:
                 core = self._core.register_device(view.ptr, view.nbytes, bits, method, view.device)
             except (RegistrationError, UnsupportedError) as exc:

@@ -1,0 +1,155 @@
+"""The one table of bench/gpu_check.sh: every GPU check with its figure, its target and PASS,
+FAIL or SKIP, read from what the earlier steps wrote into the results folder:
+
+- ``gpu_bench.json`` (bench/gpu_bench.py): staged WRITE/READ against the pinned copy and wire
+  ceiling per size, target >= 0.8x (issue 16 item 6); the GPU-to-GPU loopback send/recv
+  (default 4 GiB), target: bytes intact and >= 0.8x the staged WRITE rate of the largest size
+  measured in the same run;
+- ``gpu-tests.xml`` (pytest -m gpu, JUnit): pull_weights of the MiniLM file into cuda:0 checked
+  bit-exact against safetensors on CPU, CuPy and torch interop, the two-process CUDA IPC
+  tests, and all GPU tests;
+- ``gpu_ipc.json`` (bench/gpu_ipc_bench.py): two processes on the same GPU (and GPU 0 to GPU 1
+  when there are two) through CUDA IPC, against the pinned D2H copy of the same run.
+
+A missing file makes its rows FAIL ("not run"). Exit status 0 only when no row failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+STAGING_TARGET = 0.8
+LOOPBACK_TARGET = 0.8
+
+#: Table rows drawn from the GPU tests: (label, test file, test name prefix or "" for all).
+TEST_ROWS = (
+    ("pull_weights MiniLM -> cuda:0, bit-exact", "test_weights_sync_gpu", "test_shards_land"),
+    ("CuPy interop", "test_gpu_device", "test_cupy_arrays"),
+    ("torch interop (DLPack)", "test_gpu_device", "test_torch_dlpack"),
+    ("two-process CUDA IPC tests", "test_shm_cuda_ipc", ""),
+    ("all GPU tests (pytest -m gpu)", "", ""),
+)
+
+Row = tuple[str, str, str, str]  # check, measured, target, verdict
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _size(n: int) -> str:
+    return f"{n >> 30} GiB" if n >= 1 << 30 and n % (1 << 30) == 0 else f"{n >> 20} MiB"
+
+
+def bench_rows(bench: Any) -> list[Row]:
+    if not bench:
+        return [("staged write/read, GPU loopback", "not run", "", "FAIL")]
+    rows: list[Row] = []
+    for r in bench["sizes"]:
+        for op in ("write", "read"):
+            eff = r[f"{op}_eff"]
+            ok = eff >= STAGING_TARGET and r["checksums_ok"]
+            rows.append(
+                (
+                    f"staged {op} {_size(r['bytes'])} vs pinned copy/wire",
+                    f"{r[f'staged_{op}_GB_per_s']:.2f} GB/s = {eff:.2f}x",
+                    f">= {STAGING_TARGET}x, bytes intact",
+                    "PASS" if ok else "FAIL",
+                )
+            )
+    big = bench.get("big")
+    if big is None:
+        rows.append(("GPU->GPU loopback send/recv", "not run", "", "FAIL"))
+        return rows
+    largest = max(bench["sizes"], key=lambda r: r["bytes"], default=None)
+    ref = largest["staged_write_GB_per_s"] if largest else 0.0
+    ratio = big["GB_per_s"] / ref if ref else 0.0
+    ok = big["checksum_ok"] and ratio >= LOOPBACK_TARGET
+    rows.append(
+        (
+            f"GPU->GPU loopback send/recv {_size(big['bytes'])}",
+            f"{big['GB_per_s']:.2f} GB/s = {ratio:.2f}x staged write",
+            f">= {LOOPBACK_TARGET}x, bytes intact",
+            "PASS" if ok else "FAIL",
+        )
+    )
+    return rows
+
+
+def gpu_test_rows(junit: Path) -> list[Row]:
+    try:
+        cases = list(ET.parse(junit).getroot().iter("testcase"))
+    except (OSError, ET.ParseError):
+        return [(label, "not run", "passes", "FAIL") for label, _, _ in TEST_ROWS]
+    rows: list[Row] = []
+    for label, module, prefix in TEST_ROWS:
+        chosen = [
+            c
+            for c in cases
+            if module in c.get("classname", "") and c.get("name", "").startswith(prefix)
+        ]
+        failed = sum(
+            1 for c in chosen if c.find("failure") is not None or c.find("error") is not None
+        )
+        skipped = sum(1 for c in chosen if c.find("skipped") is not None)
+        passed = len(chosen) - failed - skipped
+        verdict = "FAIL" if failed or not chosen else ("SKIP" if passed == 0 else "PASS")
+        rows.append(
+            (label, f"{passed} passed, {failed} failed, {skipped} skipped", "passes", verdict)
+        )
+    return rows
+
+
+def ipc_rows(ipc: Any) -> list[Row]:
+    if not ipc:
+        return [("2 processes, same GPU, CUDA IPC", "not run", "", "FAIL")]
+    rows: list[Row] = []
+    for r in ipc["rows"]:
+        same = r["src_gpu"] == r["dst_gpu"]
+        where = "same GPU" if same else f"GPU {r['src_gpu']} -> GPU {r['dst_gpu']}"
+        rows.append(
+            (
+                f"2 processes, {where}, CUDA IPC {_size(r['bytes'])}",
+                f"W {r['write_GB_per_s']:.1f} R {r['read_GB_per_s']:.1f} GB/s = "
+                f"{r['ratio_to_d2h']:.1f}x pinned D2H",
+                f">= {r['target']}x, bytes intact, by IPC",
+                "PASS" if r["pass"] else "FAIL",
+            )
+        )
+    if ipc["gpus"] < 2:
+        rows.append(("2 processes, GPU 0 -> GPU 1, CUDA IPC", "one GPU here", "", "SKIP"))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("results", type=Path, help="the folder gpu_check.sh wrote into")
+    args = parser.parse_args()
+    rows = (
+        bench_rows(_load(args.results / "gpu_bench.json"))
+        + gpu_test_rows(args.results / "gpu-tests.xml")
+        + ipc_rows(_load(args.results / "gpu_ipc.json"))
+    )
+    widths = [
+        max(len(r[i]) for r in [*rows, ("check", "measured", "target", "result")]) for i in range(4)
+    ]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
+    print(line.format("check", "measured", "target", "result"))
+    print(line.format(*("-" * w for w in widths)))
+    for r in rows:
+        print(line.format(*r))
+    failed = sum(1 for r in rows if r[3] == "FAIL")
+    print(f"\n{len(rows) - failed} of {len(rows)} checks did not fail; {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+// GPU memory between processes of one host (issue 14 item 3): CUDA IPC on the shm transport.
+//
+// Device memory registered on an shm engine is an IpcDeviceRegion: at registration its
+// allocation is exported once with cuIpcGetMemHandle (cuMemAlloc'd memory: CuPy, PyTorch and
+// rdmaxfer's own device buffers allocate so), which fails here, not later, for memory CUDA IPC
+// cannot share. A WRITE, READ or message whose local memory is such a region carries the
+// handle and the range's offset in the allocation; the side that owns the target memory checks
+// the access against its RegionTable as for host memory, opens the peer's allocation once
+// (IpcPeerMemory: one cuIpcOpenMemHandle per allocation, cached per connection, closed when
+// the connection ends: closed, aborted or the peer died) and copies on a stream
+// (cuMemcpyDtoDAsync between GPUs, peer access enabled lazily by the driver; DtoH/HtoD when
+// its own memory is host memory), synchronizing before it acknowledges.
+//
+// Host memory of the initiator into device memory of the target (or back) is staged through a
+// host bounce buffer at the target (cma_device_copy): the CPU cannot reach the device memory
+// of another process, and CMA cannot reach device memory.
+//
+// What a peer is given: the handle maps the whole allocation in the opener; the engine checks
+// every access against the registered range, as for host memory. Both processes run as one
+// user (the shm transport requires it, for CMA), so the handle gives the peer nothing that
+// ptrace would not.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/region.h"
+#include "cuda/cuda_context.h"
+#include "cuda/cuda_stream.h"
+#include "transport/shm/cma_copy.h"
+
+namespace rdmaxfer {
+
+// Device memory registered on the shm transport, exported for CUDA IPC.
+class IpcDeviceRegion : public MemoryRegion {
+ public:
+  // Throws Error(kUnsupported) when the driver lacks CUDA IPC, Error(kRegistration) when the
+  // memory cannot be exported (not cuMemAlloc'd device memory).
+  IpcDeviceRegion(uint8_t* addr, uint64_t length, uint32_t access);
+
+  const std::shared_ptr<CudaContext>& context() const { return ctx_; }
+  // What a record names [addr, addr+length) of this region by: the allocation's handle
+  // (kIpcHandleSize bytes) followed by the offset of `addr` in the allocation (8 bytes).
+  std::string wire_name(const uint8_t* addr) const;
+
+ private:
+  std::shared_ptr<CudaContext> ctx_;
+  std::string handle_;     // the CUipcMemHandle's bytes
+  uint64_t alloc_base_ = 0;
+};
+
+// The IpcDeviceRegion `region` is, or nullptr for host memory.
+const IpcDeviceRegion* ipc_device_region(const MemoryRegion* region);
+
+// The peer's allocations this end opened, and its copy stream (one per connection).
+class IpcPeerMemory {
+ public:
+  // `same_process`: both ends are engines of this process (the driver refuses to open a
+  // process's own handle): the initiator's device addresses are then used as they are.
+  explicit IpcPeerMemory(bool same_process);
+  ~IpcPeerMemory();
+  IpcPeerMemory(const IpcPeerMemory&) = delete;
+  IpcPeerMemory& operator=(const IpcPeerMemory&) = delete;
+
+  // Copies `length` bytes between the peer's range named by `wire_name` (at device address
+  // `peer_addr` in the peer's process) and `local` (inside `local_region`, host or device
+  // memory): into `local` when `to_local`, else out of it. Opens the peer's allocation on first
+  // use. Throws Error(kProtocol) for a malformed name, Error(kTransport) with the driver's text
+  // when a CUDA call fails.
+  void copy(const std::string& wire_name, uint64_t peer_addr, const MemoryRegion& local_region,
+            uint8_t* local, uint64_t length, bool to_local);
+  // Allocations opened now.
+  uint64_t opened() const;
+  // Closes every opened allocation (the connection ended).
+  void close_all();
+
+ private:
+  class Mapping;
+  const bool same_process_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Mapping>> open_;  // by handle bytes
+  std::map<int, std::unique_ptr<CudaStream>> streams_;    // by local GPU ordinal
+};
+
+// A copy between `local` device memory of `region` and host memory of process `pid` (CMA),
+// through a host bounce buffer: pulled from the peer then up when `direction` is kPull, down
+// then pushed when kPush. Returns 0 or the errno of the failed CMA call; throws Error on a
+// failed CUDA copy.
+int cma_device_copy(pid_t pid, CmaDirection direction, const IpcDeviceRegion& region,
+                    uint8_t* local, uint64_t remote, uint64_t length);
+
+}  // namespace rdmaxfer

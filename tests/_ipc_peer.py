@@ -1,0 +1,59 @@
+"""The peer process of the CUDA IPC tests (tests/test_shm_cuda_ipc.py): device memory of another
+process on this host, over the shm transport. Imported by spawned children: no pytest here."""
+
+from __future__ import annotations
+
+import zlib
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from _peers import make_array
+from rdmaxfer import Buffer, Engine
+from rdmaxfer.memory import cuda
+
+
+def _crc(buf: Buffer) -> int:
+    return zlib.crc32(np.ascontiguousarray(buf.copy_to_host()).view(np.uint8))
+
+
+def device_peer(
+    conn: Connection, port: int, nbytes: int, seed: int, access: str, gpu: int = 0
+) -> None:
+    """Connect over shm; fill ``nbytes`` of memory of GPU ``gpu`` with make_array(seed),
+    register it with ``access`` and send its descriptor bytes. Then obey commands until
+    "stop" (or killed): "crc" (of the device memory), "info" (the endpoint's), "send" (the
+    device memory as one message), ("recv", n) (one message into a registered device buffer
+    of n bytes; answers its CRC), ("write", descriptor, n) (its first n bytes into the test's
+    region), ("write_host", descriptor, n) (the same bytes from host memory)."""
+    with Engine("shm") as engine, engine.connect("127.0.0.1", port, timeout=30) as ep:
+        host = make_array(seed, nbytes)
+        buf = Buffer.empty(nbytes, np.uint8, device=f"cuda:{gpu}")
+        cuda.copy_from_host(buf._device_view(), host)
+        region = engine.register(buf, access)
+        conn.send(region.descriptor().pack())
+        while True:
+            if not conn.poll(120):
+                raise TimeoutError("the test sent no command within 120 s")
+            cmd: Any = conn.recv()
+            if cmd == "stop":
+                return
+            if cmd == "crc":
+                conn.send(_crc(buf))
+            elif cmd == "info":
+                conn.send(ep.info)
+            elif cmd == "send":
+                ep.send(buf, timeout=60)
+                conn.send("sent")
+            elif cmd[0] == "recv":
+                out = Buffer.empty(cmd[1], np.uint8, device="cuda:0")
+                engine.register(out, "rw")
+                ep.recv(out, timeout=60)
+                conn.send(_crc(out))
+            elif cmd[0] == "write":
+                ep.write(buf, cmd[1], nbytes=cmd[2], timeout=60)
+                conn.send("written")
+            elif cmd[0] == "write_host":
+                ep.write(host[: cmd[2]], cmd[1], timeout=60)
+                conn.send("written")

@@ -1,0 +1,258 @@
+"""GPU memory between two processes of one host over the shm transport: CUDA IPC (issue 14 item
+3). The test process and a spawned peer (tests/_ipc_peer.py) each register device memory on an
+shm engine; WRITE, READ, send and recv then copy GPU to GPU (the side that owns the target
+opens the other's allocation once), which ``Endpoint.info["cuda_ipc_bytes"]`` shows. Without a
+GPU they run over the stand-in driver (tests/cuda_standin/cuda_standin_ipc.cc), whose IPC maps
+the same pages in both processes."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from _gpu_data import crc, device_random
+from _ipc_peer import device_peer
+from _peers import Peer, make_array
+from rdmaxfer import (
+    Buffer,
+    ConnectionFailedError,
+    Endpoint,
+    Engine,
+    InvalidArgumentError,
+    RegistrationError,
+    RemoteAccessError,
+    _core,
+)
+from rdmaxfer.memory import cuda
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda.available(), reason=cuda.unavailable_reason() or "no GPU"),
+    pytest.mark.skipif(
+        _core.available_transports().get("shm", "") != "",
+        reason=f"shm unavailable: {_core.available_transports().get('shm')}",
+    ),
+]
+
+MiB = 1 << 20
+NBYTES = 3 * MiB + 17  # not a multiple of a page or a chunk
+
+
+@pytest.fixture
+def server() -> Iterator[Engine]:
+    with Engine("shm") as engine:
+        yield engine
+
+
+def _connect(
+    server: Engine, spawn: Callable[..., Peer], seed: int, access: str = "rw"
+) -> tuple[Peer, Endpoint, bytes]:
+    port = server.port or server.listen("127.0.0.1", 0)
+    peer = spawn(device_peer, port, NBYTES, seed, access)
+    ep = server.accept(timeout=30)
+    descriptor = peer.get()
+    assert isinstance(descriptor, bytes)
+    return peer, ep, descriptor
+
+
+def _standin_opened() -> int | None:
+    """Peer allocations this process has open, as the stand-in driver counts them (None on a
+    real driver)."""
+    path = os.environ.get("RDMAXFER_CUDA_LIBRARY", "")
+    if "cuda_standin" not in path:
+        return None
+    return int(ctypes.CDLL(path).rdmaxfer_standin_ipc_opened())
+
+
+def _write_and_read_back(
+    server: Engine, ep: Endpoint, peer: Peer, descriptor: bytes, rng: np.random.Generator
+) -> np.ndarray:
+    """WRITEs random device memory over the whole of the peer's region, checks the peer's CRC,
+    READs it back into another registered device buffer and checks that; returns the bytes."""
+    src, host = device_random(rng, NBYTES)
+    server.register(src, "r")
+    ep.write(src, descriptor, timeout=60)
+    peer.put("crc")
+    assert peer.get() == crc(host)
+    back = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+    server.register(back, "rw")
+    ep.read(back, descriptor, timeout=60)
+    assert crc(back.copy_to_host()) == crc(host)
+    return host
+
+
+def test_write_and_read_of_device_memory_copy_gpu_to_gpu(
+    server: Engine, spawn: Callable[..., Peer], rng: np.random.Generator, seed: int
+) -> None:
+    peer, ep, descriptor = _connect(server, spawn, seed)
+    with ep:
+        assert ep.info["transport"] == "shm" and ep.info["cuda_ipc_bytes"] == 0
+        host = _write_and_read_back(server, ep, peer, descriptor, rng)
+        # part of it, at offsets on both sides
+        part, part_host = device_random(rng, MiB + 3)
+        server.register(part, "r")
+        ep.write(part, descriptor, offset=5, remote_offset=777, nbytes=MiB - 2, timeout=60)
+        expected = host.copy()
+        expected[777 : 777 + MiB - 2] = part_host[5 : 5 + MiB - 2]
+        peer.put("crc")
+        assert peer.get() == crc(expected)
+        # both ends say the bytes went by CUDA IPC; the peer opened this process's allocations
+        assert ep.info["cuda_ipc_bytes"] == 2 * NBYTES + MiB - 2
+        peer.put("info")
+        info = peer.get()
+        assert info["cuda_ipc_bytes"] == 2 * NBYTES + MiB - 2
+        assert info["cuda_ipc_opened"] == 3  # src, back, part: each opened once
+        peer.put("stop")
+    assert peer.join() == 0
+
+
+def test_send_and_recv_of_device_memory_between_processes(
+    server: Engine, spawn: Callable[..., Peer], rng: np.random.Generator, seed: int
+) -> None:
+    peer, ep, _ = _connect(server, spawn, seed)
+    with ep:
+        src, host = device_random(rng, NBYTES)
+        server.register(src, "r")
+        peer.put(("recv", NBYTES))
+        ep.send(src, timeout=60)
+        assert peer.get() == crc(host)
+        out = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+        server.register(out, "rw")
+        peer.put("send")
+        ep.recv(out, timeout=60)
+        assert peer.get() == "sent"
+        assert crc(out.copy_to_host()) == crc(make_array(seed, NBYTES))
+        assert ep.info["cuda_ipc_bytes"] == 2 * NBYTES
+        peer.put("stop")
+    assert peer.join() == 0
+
+
+def test_write_and_read_between_gpus_of_two_processes(
+    server: Engine,
+    spawn: Callable[..., Peer],
+    rng: np.random.Generator,
+    seed: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """This process's GPU 0 and the peer's GPU 1 (the stand-in gives the peer two GPUs): the
+    peer opens this process's allocation in its GPU 1's context and copies across."""
+    if _standin_opened() is None and len(cuda.status()["gpus"]) < 2:
+        pytest.skip("needs two GPUs")
+    monkeypatch.setenv("RDMAXFER_CUDA_STANDIN_GPUS", "2")  # read by the peer's stand-in only
+    port = server.listen("127.0.0.1", 0)
+    peer = spawn(device_peer, port, NBYTES, seed, "rw", 1)
+    with server.accept(timeout=30) as ep:
+        _write_and_read_back(server, ep, peer, peer.get(), rng)
+        assert ep.info["cuda_ipc_bytes"] == 2 * NBYTES
+        peer.put("stop")
+    assert peer.join() == 0
+
+
+def test_host_memory_into_device_memory_of_another_process(
+    server: Engine, spawn: Callable[..., Peer], seed: int
+) -> None:
+    """The peer's host memory lands in this process's device region (staged at the target:
+    CMA cannot reach device memory); its device memory lands there by CUDA IPC."""
+    peer, ep, _ = _connect(server, spawn, seed)
+    with ep:
+        target = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+        region = server.register(target, "rw")
+        peer.put(("write_host", region.descriptor().pack(), NBYTES))
+        assert peer.get() == "written"
+        assert crc(target.copy_to_host()) == crc(make_array(seed, NBYTES))
+        assert ep.info["cuda_ipc_bytes"] == 0
+        peer.put("stop")
+    assert peer.join() == 0
+
+
+def test_bounds_and_access_are_checked_as_for_host_memory(
+    server: Engine, spawn: Callable[..., Peer], rng: np.random.Generator, seed: int
+) -> None:
+    peer, ep, descriptor = _connect(server, spawn, seed, access="r")
+    with ep:
+        src, _ = device_random(rng, MiB)
+        server.register(src, "rw")
+        with pytest.raises(InvalidArgumentError, match=r"outside the remote region"):
+            ep.write(src, descriptor, remote_offset=NBYTES - MiB + 1, timeout=30)
+        with pytest.raises(
+            RemoteAccessError,
+            match=r"refused access to 1048576 bytes: the region does not allow this access",
+        ):
+            ep.write(src, descriptor, timeout=30)  # registered "r": no remote write
+        with pytest.raises(InvalidArgumentError, match=r"outside|exceeds|bytes"):
+            ep.read(src, descriptor, offset=1, nbytes=MiB, timeout=30)
+        peer.put("crc")
+        assert peer.get() == crc(make_array(seed, NBYTES))  # untouched
+        ep.read(src, descriptor, remote_offset=NBYTES - MiB, timeout=30)  # allowed: "r"
+        assert crc(src.copy_to_host()) == crc(make_array(seed, NBYTES)[NBYTES - MiB :])
+        peer.put("stop")
+    assert peer.join() == 0
+
+
+def test_peer_that_dies_frees_what_was_opened(
+    server: Engine, spawn: Callable[..., Peer], seed: int
+) -> None:
+    peer, ep, _ = _connect(server, spawn, seed)
+    target = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+    region = server.register(target, "rw")
+    peer.put(("write", region.descriptor().pack(), NBYTES))
+    assert peer.get() == "written"
+    assert crc(target.copy_to_host()) == crc(make_array(seed, NBYTES))
+    assert ep.info["cuda_ipc_opened"] == 1  # this end opened the peer's allocation
+    before = _standin_opened()
+    assert before in (None, 1)
+    peer.kill()
+    deadline = time.monotonic() + 10
+    while not ep.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(ConnectionFailedError):
+        ep.write(target, region.descriptor(), timeout=5)
+    deadline = time.monotonic() + 10
+    while ep.info["cuda_ipc_opened"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ep.info["cuda_ipc_opened"] == 0
+    assert _standin_opened() in (None, 0)
+    # the engine stays usable: a new peer connects and moves device memory again
+    peer2, ep2, descriptor = _connect(server, spawn, seed + 1)
+    with ep2:
+        ep2.read(target, descriptor, timeout=60)
+        assert crc(target.copy_to_host()) == crc(make_array(seed + 1, NBYTES))
+        peer2.put("stop")
+    assert peer2.join() == 0
+
+
+def test_two_engines_of_one_process_copy_without_opening(rng: np.random.Generator) -> None:
+    """The driver refuses to open a process's own handle: between engines of one process the
+    device addresses are used as they are, and nothing is opened."""
+    with Engine("shm") as server, Engine("shm") as client:
+        port = server.listen("127.0.0.1", 0)
+        with client.connect("127.0.0.1", port, timeout=10) as ep, server.accept(timeout=10) as peer:
+            target = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+            descriptor = server.register(target, "rw").descriptor()
+            src, host = device_random(rng, NBYTES)
+            client.register(src, "r")
+            ep.write(src, descriptor, timeout=60)
+            assert crc(target.copy_to_host()) == crc(host)
+            out = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+            server.register(out, "rw")
+            sending = ep.post_send(src)
+            peer.recv(out, timeout=60)
+            sending.wait(60)
+            assert crc(out.copy_to_host()) == crc(host)
+            assert ep.info["cuda_ipc_bytes"] == 2 * NBYTES
+            assert peer.info["cuda_ipc_bytes"] == 2 * NBYTES
+            assert peer.info["cuda_ipc_opened"] == 0
+            assert _standin_opened() in (None, 0)
+
+
+def test_registering_device_memory_not_from_cumemalloc_fails_clearly(server: Engine) -> None:
+    host = np.arange(4096, dtype=np.uint8)
+    with pytest.raises(InvalidArgumentError, match="method 'bogus'"):
+        server._core.register_device(int(host.ctypes.data), 4096, 0, "bogus", 0)
+    with pytest.raises(RegistrationError, match=r"CUDA IPC: the memory is host memory"):
+        server._core.register_device(int(host.ctypes.data), 4096, 0, "cuda_ipc", 0)
