@@ -32,7 +32,7 @@ from ..memory.buffer import as_array
 from .args import byte_range, descriptor_of, remote_offset_of
 from .domain import MemoryDomain
 from .receive import recv_step
-from .transfer import CLEANUP_TIMEOUT_S, MIN_WAIT_S, Transfer, TransferOwner, WaitLimits
+from .transfer import CLEANUP_TIMEOUT_S, Transfer, TransferOwner, WaitLimits
 
 
 class Owner(TransferOwner, Protocol):
@@ -123,22 +123,49 @@ _DONE: Any = object()
 
 
 def _settle(
-    ep: Owner, request: _core.Request, limits: WaitLimits, handle: Callable[[], Transfer[Any]]
+    ep: Owner,
+    request: _core.Request,
+    left: float,
+    limits: WaitLimits,
+    handle: Callable[[], Transfer[Any]],
 ) -> Any:
-    """Wait for ``request`` within ``limits`` in one call: :data:`_DONE` when it completed.
-    Otherwise the Transfer ``handle()`` makes takes over, tracked: its outcome is returned or
-    raised (a failed request, a bound run out), or it withdraws/aborts on an interruption."""
+    """Wait for ``request`` (just posted; ``left``: ``limits.fresh()``, taken before posting so
+    that the wait starts at once, before the peer's answer can wake an I/O thread) in one call:
+    :data:`_DONE` when it completed. Otherwise the Transfer ``handle()`` makes takes over,
+    tracked: its outcome is returned or raised (a failed request, a bound run out), or it
+    withdraws/aborts on an interruption."""
     try:
-        # Just posted, the request has been idle for no time: without a deadline the bound is
-        # the whole timeout (what WaitLimits.left gives, less microseconds).
-        left = limits.timeout_s if limits.deadline_s is None else limits.left(request)
-        if left > MIN_WAIT_S and request.wait(left) and not request.failed():
+        if left > 0 and request.wait(left) and not request.failed():
             return _DONE
     except BaseException as exc:  # Ctrl-C: the operation cannot be left half-done
         transfer = ep._track(handle())
         transfer._interrupt(request, f"interrupted by {type(exc).__name__}")
         raise
     return ep._track(handle())._wait(limits)
+
+
+def _run(
+    ep: Owner,
+    op: str,
+    nbytes: int,
+    keep: list[object],
+    temps: list[Any],
+    wait: Bounds,
+    post: Callable[[], _core.Request],
+) -> None:
+    """Post a send, WRITE or READ (``post()``) and wait for it; ``keep``: the objects it uses,
+    ``temps``: its temporary registrations, handed back when it is done (or fails to post)."""
+    request: _core.Request
+    handle = lambda: Transfer(ep, op, nbytes, request, keep=keep, temps=temps, result=None)  # noqa: E731
+    limits = WaitLimits(*wait)
+    left = limits.fresh()
+    try:
+        request = post()
+    except BaseException:
+        ep._release(temps)
+        raise
+    if _settle(ep, request, left, limits, handle) is _DONE:
+        ep._release(temps, CLEANUP_TIMEOUT_S, failed=False)
 
 
 def one_sided(
@@ -167,18 +194,11 @@ def one_sided(
     remote_at = remote_offset_of(remote_offset)
     region, base, temps = ep._engine._local(arr, writes=writable)
     post = ep._core.post_read if writable else ep._core.post_write
-    try:
-        request = post(
-            region.core, base + offset, descriptor, remote_at, length, chunk_size, streams
-        )
-    except BaseException:
-        ep._release(temps)
-        raise
-    limits = WaitLimits(*wait)
-    keep: list[object] = [arr, region]
-    handle = lambda: Transfer(ep, op, length, request, keep=keep, temps=temps, result=None)  # noqa: E731
-    if _settle(ep, request, limits, handle) is _DONE:
-        ep._release(temps, CLEANUP_TIMEOUT_S, failed=False)
+    at = base + offset
+    _run(
+        ep, op, length, [arr, region], temps, wait,
+        lambda: post(region.core, at, descriptor, remote_at, length, chunk_size, streams),
+    )  # fmt: skip
     return True
 
 
@@ -200,16 +220,10 @@ def send(
     record = _record(arr)
     nbytes = int(arr.nbytes)
     region, offset, temps = ep._engine._local(arr, writes=False)
-    try:
-        request = ep._core.post_send(region.core, offset, nbytes, record, chunk_size, streams)
-    except BaseException:
-        ep._release(temps)
-        raise
-    limits = WaitLimits(*wait)
-    keep: list[object] = [arr, region]
-    handle = lambda: Transfer(ep, "send", nbytes, request, keep=keep, temps=temps, result=None)  # noqa: E731
-    if _settle(ep, request, limits, handle) is _DONE:
-        ep._release(temps, CLEANUP_TIMEOUT_S, failed=False)
+    _run(
+        ep, "send", nbytes, [arr, region], temps, wait,
+        lambda: ep._core.post_send(region.core, offset, nbytes, record, chunk_size, streams),
+    )  # fmt: skip
     return True
 
 
@@ -227,8 +241,9 @@ def recv(
         return None
     dest = None if out is None else as_array(out, writable=True, what="recv destination")
     core = ep._core
-    header = core.post_recv_header()
     limits = WaitLimits(*wait)
+    left = limits.fresh()
+    header = core.post_recv_header()
 
     def general() -> Transfer[Any]:  # the general receive step, from the header on
         result = np.empty(0, np.uint8) if dest is None else dest
@@ -237,7 +252,7 @@ def recv(
             result=result, on_header=recv_step(ep._engine, core, dest, None),
         )  # fmt: skip
 
-    got = _settle(ep, header, limits, general)
+    got = _settle(ep, header, left, limits, general)
     if got is not _DONE:
         return got  # type: ignore[no-any-return]
     msg_id, length, meta = header.message()
@@ -248,15 +263,16 @@ def recv(
     temps: list[Any] = []
     try:
         region, offset, temps = ep._engine._local(target, writes=True)
+        keep: list[object] = [target, region]
+        left = limits.fresh()
         request = core.post_recv(msg_id, region.core, offset, length)
     except BaseException as exc:
         with contextlib.suppress(RdmaxferError):
             core.reject(msg_id, f"receiver failed: {exc}")
         ep._release(temps, CLEANUP_TIMEOUT_S)
         raise
-    keep: list[object] = [target, region]
     handle = lambda: Transfer(ep, "recv", length, request, keep=keep, temps=temps, result=target)  # noqa: E731
-    got = _settle(ep, request, limits, handle)
+    got = _settle(ep, request, left, limits, handle)
     if got is not _DONE:
         return got  # type: ignore[no-any-return]
     ep._release(temps, CLEANUP_TIMEOUT_S, failed=False)

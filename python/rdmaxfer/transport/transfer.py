@@ -426,6 +426,16 @@ class WaitLimits:
             self._by_deadline = True
         return left if left > MIN_WAIT_S else 0.0
 
+    def fresh(self) -> float:
+        """:meth:`left` for a request about to be posted (idle for no time), without asking it:
+        the whole timeout, or less when the deadline comes first."""
+        self._by_deadline = False
+        left = self.timeout_s
+        if self.deadline_s is not None and self.deadline_s - self.elapsed() < left:
+            left = self.deadline_s - self.elapsed()
+            self._by_deadline = True
+        return left if left > MIN_WAIT_S else 0.0
+
     def expired_text(self, *, waiting_for_message: bool = False) -> str:
         """Which bound ran out, in words (after :meth:`left` returned 0)."""
         if self._by_deadline:
