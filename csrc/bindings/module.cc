@@ -141,6 +141,20 @@ PYBIND11_MODULE(_core, m) {
   m.attr("ACCESS_LOCAL_WRITE") = static_cast<uint32_t>(rdmaxfer::kAccessLocalWrite);
   m.def("available_transports", &rdmaxfer::available_transports);
   m.def("memlock_limit", &rdmaxfer::memlock_limit_text);
+  // The address of a C-contiguous buffer's first byte (what numpy's __array_interface__ gives,
+  // without building that dict on every transfer).
+  m.def(
+      "address_of",
+      [](const py::object& obj) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_ANY_CONTIGUOUS) != 0) {
+          throw py::error_already_set();
+        }
+        const auto addr = reinterpret_cast<uintptr_t>(view.buf);
+        PyBuffer_Release(&view);
+        return static_cast<uint64_t>(addr);
+      },
+      py::arg("obj"));
   m.def("record_kinds", &rdmaxfer::record_kinds);
   m.def(
       "parse_record",

@@ -45,6 +45,11 @@ def refresh_log_level() -> None:
 def memlock_limit() -> str:
     """The RLIMIT_MEMLOCK soft limit as ``ulimit -l`` prints it ("unlimited" or "N KiB")."""
 
+def address_of(obj: object) -> int:
+    """The address of the first byte of a C-contiguous buffer-protocol object (numpy's
+    ``__array_interface__["data"][0]``); the exporter's error when it has no contiguous buffer
+    (numpy: ValueError), TypeError when it exposes none."""
+
 class Descriptor:
     """Names a registered region for a peer: versioned little-endian record, ``SIZE`` (40)
     bytes, plus 4 per extra rail of a multi-rail rdma engine (``rail_keys``)."""

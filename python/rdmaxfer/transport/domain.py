@@ -400,4 +400,4 @@ def staged_backstop_s() -> float:
 
 
 def _addr(arr: npt.NDArray[Any]) -> int:
-    return int(arr.__array_interface__["data"][0])
+    return _core.address_of(arr)  # C-contiguous: no __array_interface__ dict built per call

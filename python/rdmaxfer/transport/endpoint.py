@@ -8,7 +8,8 @@ the array or check ``out`` before any byte is written.
 Every operation decides the memory kind of its array once (:mod:`rdmaxfer.transport.args`):
 host memory goes through a registration of the engine (its own, or a temporary one), GPU
 memory straight from/into a GPUDirect registration or through the engine's staging pipeline;
-then one ``_core`` call posts it and one :class:`Transfer` tracks it.
+then one ``_core`` call posts it and one :class:`Transfer` tracks it (blocking calls on host
+ndarrays need one only when something goes wrong: :mod:`.blocking`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..errors import EndpointClosedError, RdmaxferError
 from ..memory import meta as _meta
 from ..memory.buffer import Buffer
 from ..memory.region import MemoryRegion
+from . import blocking
 from .args import byte_range, descriptor_of, operand, receivable, remote_offset_of, sendable
 from .batch import BatchOps, Notify, no_staged_notify
 from .conninfo import connection_info, connection_text
@@ -244,9 +246,9 @@ class Endpoint(BatchOps):
                 endpoint is then aborted).
             ConnectionFailedError: the peer closed or reset the connection.
         """
-        self.post_send(array, chunk_size=chunk_size, streams=streams, checksum=checksum).wait(
-            timeout, deadline=deadline
-        )
+        if not blocking.send(self, array, checksum, chunk_size, streams, timeout, deadline):
+            post = self.post_send(array, chunk_size=chunk_size, streams=streams, checksum=checksum)
+            post.wait(timeout, deadline=deadline)
 
     def recv(
         self,
@@ -276,6 +278,8 @@ class Endpoint(BatchOps):
             ConnectionFailedError: the peer closed or reset the connection.
             ProtocolError: malformed message metadata.
         """
+        if (got := blocking.recv(self, out, device, timeout, deadline)) is not None:
+            return got
         return self.post_recv(out, device=device).wait(timeout, deadline=deadline)
 
     async def asend(
@@ -354,16 +358,9 @@ class Endpoint(BatchOps):
             post_staged = stager.post_read if writable else stager.post_write
             keep = [local_mem]
             request = post_staged(
-                self._core,
-                local_mem.ptr + offset,
-                length,
-                descriptor,
-                remote_at,
-                chunk_size,
-                0,
-                staged_backstop_s(),
-                streams,
-            )
+                self._core, local_mem.ptr + offset, length, descriptor, remote_at, chunk_size, 0,
+                staged_backstop_s(), streams,
+            )  # fmt: skip
         return self._track(Transfer(self, op, length, request, keep=keep, temps=temps, result=None))
 
     def post_write(
@@ -446,6 +443,9 @@ class Endpoint(BatchOps):
                 the endpoint is then aborted.
             RemoteAccessError, InvalidArgumentError, ProtocolError, ConnectionFailedError.
         """
+        args = (local, remote, offset, remote_offset, nbytes, chunk_size, streams)
+        if notify is None and blocking.one_sided(self, "write", *args, timeout, deadline):
+            return
         self.post_write(
             local, remote, offset=offset, remote_offset=remote_offset, nbytes=nbytes,
             chunk_size=chunk_size, streams=streams, notify=notify,
@@ -468,6 +468,9 @@ class Endpoint(BatchOps):
 
         Raises: as :meth:`write`.
         """
+        args = (local, remote, offset, remote_offset, nbytes, chunk_size, streams)
+        if blocking.one_sided(self, "read", *args, timeout, deadline):
+            return
         self.post_read(
             local, remote, offset=offset, remote_offset=remote_offset, nbytes=nbytes,
             chunk_size=chunk_size, streams=streams,
@@ -488,11 +491,8 @@ class Endpoint(BatchOps):
         notify: Notify | None = None,
     ) -> None:
         """Asyncio twin of :meth:`write` (posted off the event loop)."""
-        transfer = await posted(
-            lambda: self._post_one_sided(
-                "write", local, remote, offset, remote_offset, nbytes, chunk_size, streams, notify
-            )
-        )
+        args = (local, remote, offset, remote_offset, nbytes, chunk_size, streams, notify)
+        transfer = await posted(lambda: self._post_one_sided("write", *args))
         await transfer.wait_async(timeout, deadline=deadline)
 
     async def aread(
@@ -509,11 +509,8 @@ class Endpoint(BatchOps):
         streams: int = 0,
     ) -> None:
         """Asyncio twin of :meth:`read` (posted off the event loop)."""
-        transfer = await posted(
-            lambda: self._post_one_sided(
-                "read", local, remote, offset, remote_offset, nbytes, chunk_size, streams
-            )
-        )
+        args = (local, remote, offset, remote_offset, nbytes, chunk_size, streams)
+        transfer = await posted(lambda: self._post_one_sided("read", *args))
         await transfer.wait_async(timeout, deadline=deadline)
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -186,6 +186,8 @@ class RegistrationCache:
             self._dead.append(entry)
 
     def _evict_locked(self) -> None:
+        if len(self._entries) <= self.max_entries and self._bytes <= self.max_bytes:
+            return
         for entry in list(self._entries.values()):  # least recently used first
             if len(self._entries) <= self.max_entries and self._bytes <= self.max_bytes:
                 return
@@ -193,6 +195,8 @@ class RegistrationCache:
                 self._retire_locked(entry)
 
     def _reap(self) -> None:
+        if not self._died and not self._dead:  # nothing to do (most calls): no lock taken
+            return
         with self._lock:
             died, self._died = self._died, []
             for entry in list(self._entries.values()):

@@ -22,14 +22,23 @@ from ..errors import EndpointClosedError, RdmaxferError, TransferTimeoutError
 from ..memory.region import MemoryRegion
 from .notifications import Notifications
 
-__all__ = ["HeaderStep", "Inflight", "Transfer", "TransferOwner", "posted"]
+__all__ = [
+    "CLEANUP_TIMEOUT_S",
+    "MIN_WAIT_S",
+    "HeaderStep",
+    "Inflight",
+    "Transfer",
+    "TransferOwner",
+    "WaitLimits",
+    "posted",
+]
 
 T = TypeVar("T")
 
 #: Bound on the waits made while cleaning up (abort, deregistration of temporary regions).
-_CLEANUP_TIMEOUT_S = 5.0
+CLEANUP_TIMEOUT_S = 5.0
 #: A bound with less than this left counts as run out (no wait of a few microseconds).
-_MIN_WAIT_S = 1e-4
+MIN_WAIT_S = 1e-4
 
 #: An endpoint's in-flight table polls every transfer once it holds this many (then twice as
 #: many as remain), so finished ones release their memory even when no one waits on them.
@@ -157,7 +166,11 @@ class Transfer(Generic[T]):
             KeyboardInterrupt: Ctrl-C (within 0.1 s); the operation is withdrawn or its
                 endpoint aborted first.
         """
-        limits = _WaitLimits(resolve_timeout(timeout), resolve_deadline(deadline))
+        return self._wait(WaitLimits(resolve_timeout(timeout), resolve_deadline(deadline)))
+
+    def _wait(self, limits: WaitLimits) -> T:
+        """:meth:`wait` within ``limits`` (a wait that started earlier, on this transfer's
+        current request, goes on under the same bounds)."""
         while not self._advance():
             request = self._req
             left = limits.left(request)
@@ -184,7 +197,7 @@ class Transfer(Generic[T]):
         """
         import asyncio  # loaded already: this coroutine runs in an event loop
 
-        limits = _WaitLimits(resolve_timeout(timeout), resolve_deadline(deadline))
+        limits = WaitLimits(resolve_timeout(timeout), resolve_deadline(deadline))
         loop = asyncio.get_running_loop()
         hub = self._endpoint._notifications
         while not self._finished:
@@ -267,7 +280,7 @@ class Transfer(Generic[T]):
         except RdmaxferError:
             return "(peer unknown)"
 
-    def _time_out(self, request: _core.Request, limits: _WaitLimits) -> None:
+    def _time_out(self, request: _core.Request, limits: WaitLimits) -> None:
         """The wait ran out with ``request`` still pending: withdraw or abort, then finish."""
         with self._lock:
             if self._finished:
@@ -285,7 +298,7 @@ class Transfer(Generic[T]):
                 self._endpoint._abort_core(
                     f"{self._op} of {self._nbytes} bytes timed out: {bound}", timed_out=True
                 )
-                request.wait(_CLEANUP_TIMEOUT_S)
+                request.wait(CLEANUP_TIMEOUT_S)
                 error = TransferTimeoutError(
                     f"{self._op} of {self._nbytes} bytes {self._peer_text()} {bound}: "
                     f"{moved} of {self._nbytes} bytes moved in {limits.elapsed():.3g} s{hint}; "
@@ -314,7 +327,7 @@ class Transfer(Generic[T]):
         with contextlib.suppress(RdmaxferError):
             if core.cancel_recv_header(request):
                 return
-        request.wait(_CLEANUP_TIMEOUT_S)
+        request.wait(CLEANUP_TIMEOUT_S)
         if request.done() and not request.failed():
             msg_id = request.message()[0]
             with contextlib.suppress(RdmaxferError):
@@ -329,7 +342,7 @@ class Transfer(Generic[T]):
                 self._finish(RdmaxferError(f"{self._op} was {reason} (endpoint still open)"))
             else:
                 self._endpoint._abort_core(f"{self._op} {reason}", timed_out=False)
-                request.wait(_CLEANUP_TIMEOUT_S)
+                request.wait(CLEANUP_TIMEOUT_S)
                 self._finish(EndpointClosedError(f"{self._op} was {reason}; endpoint aborted"))
 
     def _cancel(self, request: _core.Request) -> None:
@@ -348,7 +361,7 @@ class Transfer(Generic[T]):
         if self._advance():
             return
         with self._lock:
-            if not self._req.wait(_CLEANUP_TIMEOUT_S) or not self._advance():
+            if not self._req.wait(CLEANUP_TIMEOUT_S) or not self._advance():
                 self._finish(error)
 
     def _finish(self, error: BaseException | None) -> None:
@@ -359,7 +372,7 @@ class Transfer(Generic[T]):
             self._error = error
             temps, self._temps = self._temps, []
             self._on_header = None
-        self._endpoint._release(temps, _CLEANUP_TIMEOUT_S, failed=error is not None)
+        self._endpoint._release(temps, CLEANUP_TIMEOUT_S, failed=error is not None)
         self._keep = []
         self._endpoint._untrack(self)
 
@@ -389,7 +402,7 @@ def _cancel_posted(future: Any) -> None:
         transfer._cancel(transfer._req)
 
 
-class _WaitLimits:
+class WaitLimits:
     """The bounds of one wait: inactivity (``timeout_s``: no progress for that long) and an
     optional overall deadline (``deadline_s`` from the start of the wait)."""
 
@@ -411,7 +424,17 @@ class _WaitLimits:
         if self.deadline_s is not None and self.deadline_s - elapsed < left:
             left = self.deadline_s - elapsed
             self._by_deadline = True
-        return left if left > _MIN_WAIT_S else 0.0
+        return left if left > MIN_WAIT_S else 0.0
+
+    def fresh(self) -> float:
+        """:meth:`left` for a request about to be posted (idle for no time), without asking it:
+        the whole timeout, or less when the deadline comes first."""
+        self._by_deadline = False
+        left = self.timeout_s
+        if self.deadline_s is not None and self.deadline_s - self.elapsed() < left:
+            left = self.deadline_s - self.elapsed()
+            self._by_deadline = True
+        return left if left > MIN_WAIT_S else 0.0
 
     def expired_text(self, *, waiting_for_message: bool = False) -> str:
         """Which bound ran out, in words (after :meth:`left` returned 0)."""

@@ -1,0 +1,279 @@
+"""The lean path of the blocking operations (``Endpoint.send/recv/write/read``) for host NumPy
+arrays: the same checks, the same ``_core`` calls and the same errors as posting a
+:class:`~rdmaxfer.transport.transfer.Transfer` and waiting on it, without the per-call cost of
+the handle when nothing goes wrong.
+
+Each call checks its arguments with the functions of :mod:`.args`, takes the registration from
+the engine, posts one ``_core`` request and waits for it in one ``Request.wait`` (in C++, GIL
+released, Ctrl-C seen every 0.1 s). Only when the request fails, is still pending at the wait's
+bound, or the wait is interrupted does a Transfer take over (tracked by the endpoint), under the
+same bounds as the wait started, and decide the outcome exactly as ``Transfer.wait`` does. A
+received message that needs more than placing its bytes in host memory (a checksum, a dtype or
+shape other than ``out``'s, unreadable metadata) goes to the general receive step the same way.
+
+Per-array facts that do not change are cached: a message's metadata record by (dtype, shape),
+a received record's dtype and shape, and a peer's packed descriptor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import _core
+from .._config import resolve_deadline, resolve_timeout
+from ..errors import InvalidArgumentError, RdmaxferError
+from ..memory import meta as _meta
+from ..memory.buffer import as_array
+from .args import byte_range, descriptor_of, remote_offset_of
+from .domain import MemoryDomain
+from .receive import recv_step
+from .transfer import CLEANUP_TIMEOUT_S, Transfer, TransferOwner, WaitLimits
+
+
+class Owner(TransferOwner, Protocol):
+    """What the lean path needs of the :class:`~rdmaxfer.transport.endpoint.Endpoint` it
+    serves (which sits above this module)."""
+
+    @property
+    def _engine(self) -> MemoryDomain: ...
+
+    @property
+    def _core(self) -> _core.Endpoint: ...
+
+    def _track(self, transfer: Transfer[Any]) -> Transfer[Any]: ...
+
+
+__all__ = ["one_sided", "recv", "send"]
+
+#: Entries each cache holds before it starts over.
+_CACHE_MAX = 512
+
+_records: dict[tuple[np.dtype[Any], tuple[int, ...]], tuple[np.dtype[Any], bytes]] = {}
+_decoded: dict[tuple[bytes, int], tuple[np.dtype[Any], tuple[int, ...]]] = {}
+_descriptors: dict[bytes, _core.Descriptor] = {}
+
+Bounds = tuple[float, float | None]
+
+
+def _bounds(timeout: float | None, deadline: float | None) -> Bounds | None:
+    """``(timeout_s, deadline_s)`` resolved as ``Transfer.wait`` resolves them, or None when
+    either is invalid: the caller then takes the general path, which raises the error where
+    it always did (from the wait, once the operation is posted)."""
+    try:
+        return resolve_timeout(timeout), resolve_deadline(deadline)
+    except InvalidArgumentError:
+        return None
+
+
+def _cached(cache: dict[Any, Any], key: object, value: object) -> None:
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()
+    cache[key] = value
+
+
+def _record(arr: npt.NDArray[Any]) -> bytes:
+    """The metadata record of a message carrying ``arr`` (no checksum), as ``meta.encode``.
+
+    Raises:
+        InvalidArgumentError: a dtype or rank a message cannot carry.
+    """
+    dtype, shape = arr.dtype, arr.shape
+    hit = _records.get((dtype, shape))
+    if hit is not None and hit[0] is dtype:
+        return hit[1]
+    record = _meta.encode(dtype, shape)
+    _cached(_records, (dtype, shape), (dtype, record))
+    return record
+
+
+def _message_facts(meta: bytes, length: int) -> tuple[np.dtype[Any], tuple[int, ...]] | None:
+    """The dtype and shape of a message without a checksum, or None when the general receive
+    step must look at it (a checksum to verify, metadata it rejects)."""
+    facts = _decoded.get((meta, length))
+    if facts is not None:
+        return facts
+    try:
+        facts = _meta.decode(meta, length)
+    except RdmaxferError:
+        return None
+    if _meta.checksum(meta) is not None:
+        return None
+    _cached(_decoded, (meta, length), facts)
+    return facts
+
+
+def _descriptor(remote: object) -> _core.Descriptor:
+    """``args.descriptor_of(remote)``, unpacking each packed descriptor once."""
+    if type(remote) is not bytes:
+        return descriptor_of(remote)
+    found = _descriptors.get(remote)
+    if found is None:
+        found = descriptor_of(remote)
+        _cached(_descriptors, remote, found)
+    return found
+
+
+#: What :func:`_settle` returns when the request ended well.
+_DONE: Any = object()
+
+
+def _settle(
+    ep: Owner,
+    request: _core.Request,
+    left: float,
+    limits: WaitLimits,
+    handle: Callable[[], Transfer[Any]],
+) -> Any:
+    """Wait for ``request`` (just posted; ``left``: ``limits.fresh()``, taken before posting so
+    that the wait starts at once, before the peer's answer can wake an I/O thread) in one call:
+    :data:`_DONE` when it completed. Otherwise the Transfer ``handle()`` makes takes over,
+    tracked: its outcome is returned or raised (a failed request, a bound run out), or it
+    withdraws/aborts on an interruption."""
+    try:
+        if left > 0 and request.wait(left) and not request.failed():
+            return _DONE
+    except BaseException as exc:  # Ctrl-C: the operation cannot be left half-done
+        transfer = ep._track(handle())
+        transfer._interrupt(request, f"interrupted by {type(exc).__name__}")
+        raise
+    return ep._track(handle())._wait(limits)
+
+
+def _run(
+    ep: Owner,
+    op: str,
+    nbytes: int,
+    keep: list[object],
+    temps: list[Any],
+    wait: Bounds,
+    post: Callable[[], _core.Request],
+) -> None:
+    """Post a send, WRITE or READ (``post()``) and wait for it; ``keep``: the objects it uses,
+    ``temps``: its temporary registrations, handed back when it is done (or fails to post)."""
+    request: _core.Request
+    handle = lambda: Transfer(ep, op, nbytes, request, keep=keep, temps=temps, result=None)  # noqa: E731
+    limits = WaitLimits(*wait)
+    left = limits.fresh()
+    try:
+        request = post()
+    except BaseException:
+        ep._release(temps)
+        raise
+    if _settle(ep, request, left, limits, handle) is _DONE:
+        ep._release(temps, CLEANUP_TIMEOUT_S, failed=False)
+
+
+def one_sided(
+    ep: Owner,
+    op: str,
+    local: object,
+    remote: object,
+    offset: int,
+    remote_offset: int,
+    nbytes: int | None,
+    chunk_size: int,
+    streams: int,
+    timeout: float | None,
+    deadline: float | None,
+) -> bool:
+    """A blocking WRITE (``op="write"``, without a notification) or READ, done here when
+    ``local`` is a host ndarray and the bounds are valid (True); else False, untouched."""
+    wait = _bounds(timeout, deadline)
+    if wait is None or type(local) is not np.ndarray:
+        return False
+    writable = op == "read"
+    what = "destination of the read" if writable else "source of the write"
+    arr = as_array(local, writable=writable, what=what)
+    descriptor = _descriptor(remote)
+    length = byte_range(int(arr.nbytes), offset, nbytes, what)
+    remote_at = remote_offset_of(remote_offset)
+    region, base, temps = ep._engine._local(arr, writes=writable)
+    post = ep._core.post_read if writable else ep._core.post_write
+    at = base + offset
+    _run(
+        ep, op, length, [arr, region], temps, wait,
+        lambda: post(region.core, at, descriptor, remote_at, length, chunk_size, streams),
+    )  # fmt: skip
+    return True
+
+
+def send(
+    ep: Owner,
+    array: object,
+    checksum: bool,
+    chunk_size: int,
+    streams: int,
+    timeout: float | None,
+    deadline: float | None,
+) -> bool:
+    """A blocking send, done here when ``array`` is a host ndarray, without a checksum and the
+    bounds are valid (True); else False, untouched."""
+    wait = _bounds(timeout, deadline)
+    if wait is None or checksum or type(array) is not np.ndarray:
+        return False
+    arr = as_array(array, writable=False, what="array to send")
+    record = _record(arr)
+    nbytes = int(arr.nbytes)
+    region, offset, temps = ep._engine._local(arr, writes=False)
+    _run(
+        ep, "send", nbytes, [arr, region], temps, wait,
+        lambda: ep._core.post_send(region.core, offset, nbytes, record, chunk_size, streams),
+    )  # fmt: skip
+    return True
+
+
+def recv(
+    ep: Owner,
+    out: object,
+    device: str | int | None,
+    timeout: float | None,
+    deadline: float | None,
+) -> npt.NDArray[Any] | None:
+    """A blocking receive into host memory, done here when ``out`` is a host ndarray or None
+    (a new array) and the bounds are valid: the array received into; else None, untouched."""
+    wait = _bounds(timeout, deadline)
+    if wait is None or device not in (None, "cpu") or not (out is None or type(out) is np.ndarray):
+        return None
+    dest = None if out is None else as_array(out, writable=True, what="recv destination")
+    core = ep._core
+    limits = WaitLimits(*wait)
+    left = limits.fresh()
+    header = core.post_recv_header()
+
+    def general() -> Transfer[Any]:  # the general receive step, from the header on
+        result = np.empty(0, np.uint8) if dest is None else dest
+        return Transfer(
+            ep, "recv", -1, header, keep=[] if dest is None else [dest], temps=[],
+            result=result, on_header=recv_step(ep._engine, core, dest, None),
+        )  # fmt: skip
+
+    got = _settle(ep, header, left, limits, general)
+    if got is not _DONE:
+        return got  # type: ignore[no-any-return]
+    msg_id, length, meta = header.message()
+    facts = _message_facts(meta, length)
+    if facts is None or (dest is not None and (dest.dtype != facts[0] or dest.shape != facts[1])):
+        return ep._track(general())._wait(limits)  # type: ignore[no-any-return]
+    target = np.empty(facts[1], dtype=facts[0]) if dest is None else dest
+    temps: list[Any] = []
+    try:
+        region, offset, temps = ep._engine._local(target, writes=True)
+        keep: list[object] = [target, region]
+        left = limits.fresh()
+        request = core.post_recv(msg_id, region.core, offset, length)
+    except BaseException as exc:
+        with contextlib.suppress(RdmaxferError):
+            core.reject(msg_id, f"receiver failed: {exc}")
+        ep._release(temps, CLEANUP_TIMEOUT_S)
+        raise
+    handle = lambda: Transfer(ep, "recv", length, request, keep=keep, temps=temps, result=target)  # noqa: E731
+    got = _settle(ep, request, left, limits, handle)
+    if got is not _DONE:
+        return got  # type: ignore[no-any-return]
+    ep._release(temps, CLEANUP_TIMEOUT_S, failed=False)
+    return target
