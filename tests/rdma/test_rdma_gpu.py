@@ -21,7 +21,7 @@ from _gpu_data import device_random as _device_random
 from rdmaxfer import Buffer, Engine, _core, cuda
 from rdmaxfer.errors import RdmaxferError
 
-from .rdma_helpers import RW, WAIT_S, addrs, devices
+from .rdma_helpers import RW, WAIT_S, addrs, api_pair, devices
 
 pytestmark = [
     pytest.mark.rdma,
@@ -34,14 +34,8 @@ SECRET = "rxe-gpu-test"
 
 @pytest.fixture
 def engines() -> Iterator[tuple[Engine, Engine, rdmaxfer.Endpoint, rdmaxfer.Endpoint]]:
-    with (
-        Engine("rdma", rdma_device=devices()[1], secret=SECRET) as server,
-        Engine("rdma", rdma_device=devices()[0], secret=SECRET) as client,
-    ):
-        port = server.listen(addrs()[1], 0)
-        a = client.connect(f"{addrs()[1]}:{port}", timeout=WAIT_S)
-        with server.accept(timeout=WAIT_S) as b:
-            yield server, client, a, b
+    with api_pair(SECRET) as engines:
+        yield engines
 
 
 def test_preflight_says_staging_and_why(

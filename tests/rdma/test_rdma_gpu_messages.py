@@ -26,7 +26,7 @@ from rdmaxfer.errors import RdmaxferError
 from rdmaxfer.gpu import gpudirect
 from rdmaxfer.memory import meta as _meta
 
-from .rdma_helpers import WAIT_S, addrs, devices
+from .rdma_helpers import WAIT_S, api_pair
 
 pytestmark = [
     pytest.mark.rdma,
@@ -50,14 +50,8 @@ def engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Engines]:
     """Two verbs engines, each staging through a pool of three 64 KiB slabs."""
     monkeypatch.setenv("RDMAXFER_BOUNCE_SLAB_BYTES", str(SLAB))
     monkeypatch.setenv("RDMAXFER_BOUNCE_POOL_BYTES", str(POOL))
-    with (
-        Engine("rdma", rdma_device=devices()[1], secret=SECRET) as server,
-        Engine("rdma", rdma_device=devices()[0], secret=SECRET) as client,
-    ):
-        port = server.listen(addrs()[1], 0)
-        a = client.connect(f"{addrs()[1]}:{port}", timeout=WAIT_S)
-        with server.accept(timeout=WAIT_S) as b:
-            yield server, client, a, b
+    with api_pair(SECRET) as engines:
+        yield engines
 
 
 def _bounded(stats: dict[str, int]) -> None:
