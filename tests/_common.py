@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,3 +62,24 @@ class Pair:
     a: Endpoint  # the client's endpoint (connected)
     b: Endpoint  # the server's endpoint (accepted)
     port: int
+
+
+def interrupt_when_waiting(thread_id: int, bound_s: float = 30.0) -> threading.Thread:
+    """Send SIGINT to this process once the thread ``thread_id`` waits in the core (its
+    innermost Python frame is one that calls ``Request.wait``: the lean path's ``_settle`` or
+    ``Transfer._wait``), so that the signal lands in the wait and not, on a loaded machine,
+    in the Python code before it. After ``bound_s`` seconds it is sent anyway."""
+
+    def run() -> None:
+        end = time.monotonic() + bound_s
+        while time.monotonic() < end:
+            frame = sys._current_frames().get(thread_id)
+            if frame is not None and frame.f_code.co_name in ("_settle", "_wait"):
+                time.sleep(0.05)  # well inside the wait's first 0.1 s poll
+                break
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread

@@ -7,9 +7,7 @@ process (tests/_peers.py).
 from __future__ import annotations
 
 import gc
-import os
 import re
-import signal
 import struct
 import threading
 import time
@@ -20,7 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from _common import MARGIN_S, Pair
+from _common import MARGIN_S, Pair, interrupt_when_waiting
 from _peers import (
     DTYPES,
     Peer,
@@ -699,16 +697,13 @@ def test_peer_killed_during_writes_fails_the_writer(
 
 @pytest.mark.parametrize("stage", ["header", "data"])
 def test_ctrl_c_interrupts_a_blocking_call(pair: Pair, stage: str, seed: int) -> None:
-    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            if stage == "header":
-                pair.b.recv(timeout=30)  # no sender
-            else:
-                pair.a.send(make_array(seed, 4 * MiB), timeout=30)  # no receiver
-    finally:
-        timer.cancel()
+    signaller = interrupt_when_waiting(threading.get_ident())
+    with pytest.raises(KeyboardInterrupt):
+        if stage == "header":
+            pair.b.recv(timeout=30)  # no sender
+        else:
+            pair.a.send(make_array(seed, 4 * MiB), timeout=30)  # no receiver
+    signaller.join()
     if stage == "header":
         assert not pair.b.closed, "an interrupted wait for a message leaves the endpoint open"
         sent = make_array(seed, 100)
