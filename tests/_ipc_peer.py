@@ -19,15 +19,22 @@ def _crc(buf: Buffer) -> int:
 
 
 def device_peer(
-    conn: Connection, port: int, nbytes: int, seed: int, access: str, gpu: int = 0
+    conn: Connection,
+    port: int,
+    nbytes: int,
+    seed: int,
+    access: str,
+    gpu: int = 0,
+    transport: str = "shm",
 ) -> None:
-    """Connect over shm; fill ``nbytes`` of memory of GPU ``gpu`` with make_array(seed),
+    """Connect over shm (an engine of ``transport``: "shm", or "auto" whose link to this host
+    is shm); fill ``nbytes`` of memory of GPU ``gpu`` with make_array(seed),
     register it with ``access`` and send its descriptor bytes. Then obey commands until
     "stop" (or killed): "crc" (of the device memory), "info" (the endpoint's), "send" (the
     device memory as one message), ("recv", n) (one message into a registered device buffer
     of n bytes; answers its CRC), ("write", descriptor, n) (its first n bytes into the test's
     region), ("write_host", descriptor, n) (the same bytes from host memory)."""
-    with Engine("shm") as engine, engine.connect("127.0.0.1", port, timeout=30) as ep:
+    with Engine(transport) as engine, engine.connect("127.0.0.1", port, timeout=30) as ep:
         host = make_array(seed, nbytes)
         buf = Buffer.empty(nbytes, np.uint8, device=f"cuda:{gpu}")
         cuda.copy_from_host(buf._device_view(), host)

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <utility>
 
 #include "common/error.h"
 
@@ -85,6 +86,7 @@ Loaded load() {
   lookup(handle, "cuIpcGetMemHandle", &a.ipc_get_mem_handle, nullptr);
   lookup(handle, "cuIpcOpenMemHandle_v2", &a.ipc_open_mem_handle, nullptr);
   lookup(handle, "cuIpcCloseMemHandle", &a.ipc_close_mem_handle, nullptr);
+  lookup(handle, "cuDeviceCanAccessPeer", &a.device_can_access_peer, nullptr);
   dlerror();
   g_error_name.store(a.get_error_name);
   g_error_string.store(a.get_error_string);
@@ -117,6 +119,24 @@ const CudaApi& cuda() {
   const CudaApi* api = cuda_api(&why);
   if (api == nullptr) throw Error(ErrorKind::kUnsupported, why);
   return *api;
+}
+
+std::string cuda_ipc_unavailable(const CudaApi& api) {
+  const std::pair<bool, const char*> calls[] = {
+      {api.ipc_get_mem_handle != nullptr, "cuIpcGetMemHandle"},
+      {api.ipc_open_mem_handle != nullptr, "cuIpcOpenMemHandle_v2"},
+      {api.ipc_close_mem_handle != nullptr, "cuIpcCloseMemHandle"},
+      {api.mem_get_address_range != nullptr, "cuMemGetAddressRange_v2"},
+      {api.memcpy_dtod_async != nullptr, "cuMemcpyDtoDAsync_v2"},
+  };
+  std::string missing;
+  for (const auto& [present, name] : calls) {
+    if (!present) missing += (missing.empty() ? "" : ", ") + std::string(name);
+  }
+  if (missing.empty()) return "";
+  return "this NVIDIA driver lacks the CUDA IPC calls " + missing +
+         "; upgrade the driver (GPU memory between processes is staged through host memory "
+         "until then)";
 }
 
 std::string cuda_error_text(const std::string& op, CUresult result) {

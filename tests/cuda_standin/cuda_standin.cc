@@ -66,6 +66,19 @@ CUresult cuDeviceGetCount(int* count) {
   return kSuccess;
 }
 
+// Every pair of distinct GPUs can access each other, unless RDMAXFER_CUDA_STANDIN_NO_PEER is
+// set (GPUs on two PCIe root complexes, as a test wants them).
+CUresult cuDeviceCanAccessPeer(int* can, CUdevice device, CUdevice peer) {
+  if (can == nullptr) return kInvalidValue;
+  if (!state().initialized) return kNotInitialized;
+  if (device < 0 || device >= state().devices || peer < 0 || peer >= state().devices) {
+    return kInvalidDevice;
+  }
+  const char* off = std::getenv("RDMAXFER_CUDA_STANDIN_NO_PEER");
+  *can = device != peer && (off == nullptr || *off == '\0') ? 1 : 0;
+  return kSuccess;
+}
+
 CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   if (device == nullptr) return kInvalidValue;
   if (ordinal < 0 || ordinal >= state().devices) return kInvalidDevice;

@@ -18,14 +18,8 @@ constexpr uint64_t kBounceBytes = 4ull << 20;
 
 const CudaApi& ipc_api() {
   const CudaApi& api = cuda();
-  if (api.ipc_get_mem_handle == nullptr || api.ipc_open_mem_handle == nullptr ||
-      api.ipc_close_mem_handle == nullptr || api.mem_get_address_range == nullptr ||
-      api.memcpy_dtod_async == nullptr) {
-    throw Error(ErrorKind::kUnsupported,
-                "this NVIDIA driver lacks the CUDA IPC calls (cuIpcGetMemHandle, "
-                "cuIpcOpenMemHandle_v2, cuMemGetAddressRange_v2, cuMemcpyDtoDAsync_v2); "
-                "upgrade the driver or use transport='tcp' (staged through host memory)");
-  }
+  const std::string why = cuda_ipc_unavailable(api);
+  if (!why.empty()) throw Error(ErrorKind::kUnsupported, why + " or use transport='tcp'");
   return api;
 }
 

@@ -42,6 +42,7 @@ class IpcDeviceRegion : public MemoryRegion {
   IpcDeviceRegion(uint8_t* addr, uint64_t length, uint32_t access);
 
   const std::shared_ptr<CudaContext>& context() const { return ctx_; }
+  bool cpu_addressable() const override { return false; }
   // What a record names [addr, addr+length) of this region by: the allocation's handle
   // (kIpcHandleSize bytes) followed by the offset of `addr` in the allocation (8 bytes).
   std::string wire_name(const uint8_t* addr) const;

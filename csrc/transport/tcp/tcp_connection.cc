@@ -162,7 +162,7 @@ void TcpConnection::choose_scatter(const FrameHeader& h, const std::string& meta
     total += len;
     RegionUse use;
     const AccessStatus st = transport_.domain().regions().acquire(
-        load_le<uint32_t>(m + 16), addr, len, kAccessRemoteWrite, &use);
+        load_le<uint32_t>(m + 16), addr, len, kAccessRemoteWrite, &use, /*by_cpu=*/true);
     sink->statuses[i] = static_cast<char>(st);
     if (st == AccessStatus::kOk) {
       sink->scatter.emplace_back(reinterpret_cast<uint8_t*>(addr), len);
@@ -329,7 +329,8 @@ AccessStatus TcpConnection::acquire_request_range(const FrameHeader& h, uint32_t
   if (h.aux > h.addr || h.aux > h.total || len > h.total - h.aux) {
     return AccessStatus::kOutOfBounds;
   }
-  return transport_.domain().regions().acquire(h.key, h.addr - h.aux, h.total, access, use);
+  return transport_.domain().regions().acquire(h.key, h.addr - h.aux, h.total, access, use,
+                                               /*by_cpu=*/true);
 }
 
 void TcpConnection::choose_sink(TcpStream& /*stream*/, const FrameHeader& h,
