@@ -14,7 +14,7 @@ import pytest
 from _gpu_data import crc, device_random
 from _ipc_peer import device_peer
 from _peers import Peer
-from rdmaxfer import Buffer, Endpoint, Engine, RemoteAccessError, _core
+from rdmaxfer import Buffer, Endpoint, Engine, InvalidArgumentError, RemoteAccessError, _core
 from rdmaxfer.memory import cuda
 
 pytestmark = [
@@ -132,6 +132,10 @@ def test_tcp_links_of_an_auto_engine_stage_its_cuda_ipc_registrations(
             assert _staged_messages(auto) == before + 1
             with pytest.raises(RemoteAccessError, match=r"GPU memory shared by CUDA IPC"):
                 peer.write(np.ones(4096, np.uint8), region.descriptor(), timeout=30)
+            # the registration itself, named in a batch: refused before the CPU touches it
+            with pytest.raises(InvalidArgumentError, match=r"GPU memory registered for CUDA IPC"):
+                ep.write_batch([((region, 0, 4096), descriptor, 0)], timeout=30).check()
+            assert crc(target) == crc(host)
             assert crc(src.copy_to_host()) == crc(host)  # untouched
 
 

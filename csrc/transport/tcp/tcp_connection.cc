@@ -16,6 +16,17 @@ constexpr uint64_t kGatherPieceBytes = 64 * 1024;
 constexpr uint64_t kGatherBytes = 512 * 1024;
 
 std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
+
+// TCP copies with the CPU, which cannot address GPU memory registered for CUDA IPC (an
+// automatic engine's, moved directly on its shm connections only).
+void check_cpu_addressable(const MemoryRegion& local, const char* what) {
+  if (local.cpu_addressable()) return;
+  throw Error(ErrorKind::kInvalidArgument,
+              std::string(what) + ": the local region is GPU memory registered for CUDA IPC, "
+                                  "which moves directly only on shm connections (peers on this "
+                                  "host); over TCP pass the GPU array itself (it is staged "
+                                  "through host memory)");
+}
 }  // namespace
 
 TcpConnection::TcpConnection(Transport& transport, const TcpConfig& config, std::string peer)
@@ -63,6 +74,7 @@ RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
                                      uint64_t remote_offset, uint64_t length,
                                      const TransferOptions& options) {
   check_local_range(local, local_offset, length, "WRITE");
+  check_cpu_addressable(*local, "WRITE");
   check_remote_range(remote, remote_offset, length, "WRITE");
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kWrite, length);
   count_when_terminal(req, "write");
@@ -107,6 +119,7 @@ GatherWrites::Limits TcpConnection::gather_limits() const {
 RequestPtr TcpConnection::post_write_gather(const std::shared_ptr<MemoryRegion>& local,
                                             const std::vector<GatherPiece>& pieces,
                                             PieceFailed failed) {
+  check_cpu_addressable(*local, "WRITE");
   std::string meta(pieces.size() * kGatherPieceMeta, '\0');
   std::vector<std::pair<const uint8_t*, uint64_t>> gather;
   gather.reserve(pieces.size());
@@ -207,6 +220,7 @@ RequestPtr TcpConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
                                     uint64_t remote_offset, uint64_t length,
                                     const TransferOptions& options) {
   check_local_range(local, local_offset, length, "READ", LocalUse::kDestination);
+  check_cpu_addressable(*local, "READ");
   check_remote_range(remote, remote_offset, length, "READ");
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRead, length);
   count_when_terminal(req, "read");
