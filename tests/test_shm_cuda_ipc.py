@@ -256,3 +256,67 @@ def test_registering_device_memory_not_from_cumemalloc_fails_clearly(server: Eng
         server._core.register_device(int(host.ctypes.data), 4096, 0, "bogus", 0)
     with pytest.raises(RegistrationError, match=r"CUDA IPC: the memory is host memory"):
         server._core.register_device(int(host.ctypes.data), 4096, 0, "cuda_ipc", 0)
+
+
+class _AccessDesc(ctypes.Structure):  # CUmemAccessDesc
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int), ("flags", ctypes.c_int)]
+
+
+class _VmmArray:
+    """``nbytes`` of GPU 0 memory from the VMM API (cuMemCreate, cuMemAddressReserve,
+    cuMemMap, cuMemSetAccess), as PyTorch's expandable segments allocate, through the stand-in
+    driver; seen through ``__cuda_array_interface__``. cuIpcGetMemHandle refuses it."""
+
+    def __init__(self, lib: ctypes.CDLL, nbytes: int) -> None:
+        c = ctypes
+        handle, ptr = c.c_ulonglong(), c.c_ulonglong()
+        prop = (c.c_char * 64)()  # CUmemAllocationProp: the stand-in does not read it
+        assert lib.cuMemCreate(c.byref(handle), c.c_size_t(nbytes), prop, c.c_ulonglong(0)) == 0
+        assert lib.cuMemAddressReserve(c.byref(ptr), c.c_size_t(nbytes), c.c_size_t(0),
+                                       c.c_ulonglong(0), c.c_ulonglong(0)) == 0  # fmt: skip
+        assert lib.cuMemMap(ptr, c.c_size_t(nbytes), c.c_size_t(0), handle, c.c_ulonglong(0)) == 0
+        desc = _AccessDesc(1, 0, 3)  # a device location, GPU 0, read-write
+        assert lib.cuMemSetAccess(ptr, c.c_size_t(nbytes), c.byref(desc), c.c_size_t(1)) == 0
+        assert lib.cuMemRelease(handle) == 0  # the mapping holds the memory
+        self.ptr, self.nbytes = int(ptr.value), nbytes
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, object]:
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False), "version": 3}
+
+
+def test_vmm_memory_is_shared_by_a_posix_fd(
+    server: Engine, spawn: Callable[..., Peer], rng: np.random.Generator, seed: int
+) -> None:
+    """Memory of the VMM API has no CUDA IPC handle: it is exported as a POSIX fd, sent to the
+    peer once over the connection's socket (SCM_RIGHTS), and imported and mapped there."""
+    path = os.environ.get("RDMAXFER_CUDA_LIBRARY", "")
+    if "cuda_standin" not in path:
+        pytest.skip("allocates VMM memory through the stand-in driver's entry points")
+    lib = ctypes.CDLL(path)
+    peer, ep, descriptor = _connect(server, spawn, seed)
+    with ep:
+        src, dst = _VmmArray(lib, NBYTES), _VmmArray(lib, NBYTES)
+        host = rng.integers(0, 256, NBYTES, dtype=np.uint8)
+        view = cuda.array_view(src, writable=True)
+        assert view is not None
+        cuda.copy_from_host(view, host)
+        server.register(src, "r")
+        server.register(dst, "rw")
+        ep.write(src, descriptor, timeout=60)
+        peer.put("crc")
+        assert peer.get() == crc(host)
+        peer.put(("recv", NBYTES))
+        ep.send(src, timeout=60)
+        assert peer.get() == crc(host)
+        ep.read(dst, descriptor, timeout=60)  # the peer pushes into our VMM memory
+        out = cuda.array_view(dst, writable=False)
+        assert out is not None
+        assert crc(cuda.copy_to_host(out)) == crc(host)
+        assert ep.info["cuda_ipc_bytes"] == 3 * NBYTES
+        peer.put("info")
+        info = peer.get()
+        assert info["cuda_ipc_bytes"] == 3 * NBYTES
+        assert info["cuda_ipc_opened"] == 2  # src and dst, each imported once
+        peer.put("stop")
+    assert peer.join() == 0

@@ -30,6 +30,9 @@
 //
 // - CUDA IPC (cuda_standin_ipc.cc) shares the memfd behind an allocation with another process
 //   on the host, so two-process tests move real bytes between two address spaces.
+// - The VMM API (cuda_standin_vmm.cc: cuMemCreate, cuMemAddressReserve, cuMemMap...) keeps each
+//   physical allocation in a memfd; cuMemExportToShareableHandle hands out a duplicate of it
+//   (a POSIX fd), which another process imports after receiving it over a UNIX socket.
 //
 // The entry points and values are those of the CUDA Driver API reference
 // (docs.nvidia.com/cuda/cuda-driver-api); only the subset csrc/cuda loads is implemented.
@@ -181,7 +184,9 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
     std::lock_guard<std::mutex> lock(state().mu);
     auto it = state().device_allocations.find(static_cast<uintptr_t>(ptr));
     // Memory opened from another process is closed with cuIpcCloseMemHandle, not freed.
-    if (it == state().device_allocations.end() || it->second.imported) return kInvalidValue;
+    if (it == state().device_allocations.end() || it->second.imported || it->second.vmm != 0) {
+      return kInvalidValue;  // cuMemMap'd memory is unmapped with cuMemUnmap
+    }
     a = it->second;
     state().device_allocations.erase(it);
   }

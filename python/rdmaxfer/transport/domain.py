@@ -107,8 +107,9 @@ class MemoryDomain:
                 until the region is deregistered. GPU memory (CuPy, PyTorch, a device
                 Buffer...) is registered for GPUDirect RDMA, by dmabuf or nvidia-peermem as
                 :meth:`gpu_preflight` decides; on ``transport="shm"``, and on ``"auto"`` over
-                TCP, it is exported for CUDA IPC instead (cuMemAlloc'd memory), so transfers
-                on shm connections between registrations of two processes copy GPU to GPU
+                TCP, it is exported for CUDA IPC instead (cuMemAlloc'd memory by its IPC
+                handle, cuMemCreate'd VMM memory as a POSIX fd), so transfers on shm
+                connections between registrations of two processes copy GPU to GPU
                 (``Endpoint.info["cuda_ipc_bytes"]`` counts them). An ``"auto"`` engine's TCP
                 connections stage such memory, and refuse remote access to it
                 (RemoteAccessError: only peers on this host reach it).
