@@ -18,6 +18,7 @@ import pytest
 from _gpu_data import crc, device_random
 from _ipc_peer import device_peer
 from _peers import Peer, make_array
+from _vmm import VmmArray, standin_library
 from rdmaxfer import (
     Buffer,
     ConnectionFailedError,
@@ -258,45 +259,17 @@ def test_registering_device_memory_not_from_cumemalloc_fails_clearly(server: Eng
         server._core.register_device(int(host.ctypes.data), 4096, 0, "cuda_ipc", 0)
 
 
-class _AccessDesc(ctypes.Structure):  # CUmemAccessDesc
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int), ("flags", ctypes.c_int)]
-
-
-class _VmmArray:
-    """``nbytes`` of GPU 0 memory from the VMM API (cuMemCreate, cuMemAddressReserve,
-    cuMemMap, cuMemSetAccess), as PyTorch's expandable segments allocate, through the stand-in
-    driver; seen through ``__cuda_array_interface__``. cuIpcGetMemHandle refuses it."""
-
-    def __init__(self, lib: ctypes.CDLL, nbytes: int) -> None:
-        c = ctypes
-        handle, ptr = c.c_ulonglong(), c.c_ulonglong()
-        prop = (c.c_char * 64)()  # CUmemAllocationProp: the stand-in does not read it
-        assert lib.cuMemCreate(c.byref(handle), c.c_size_t(nbytes), prop, c.c_ulonglong(0)) == 0
-        assert lib.cuMemAddressReserve(c.byref(ptr), c.c_size_t(nbytes), c.c_size_t(0),
-                                       c.c_ulonglong(0), c.c_ulonglong(0)) == 0  # fmt: skip
-        assert lib.cuMemMap(ptr, c.c_size_t(nbytes), c.c_size_t(0), handle, c.c_ulonglong(0)) == 0
-        desc = _AccessDesc(1, 0, 3)  # a device location, GPU 0, read-write
-        assert lib.cuMemSetAccess(ptr, c.c_size_t(nbytes), c.byref(desc), c.c_size_t(1)) == 0
-        assert lib.cuMemRelease(handle) == 0  # the mapping holds the memory
-        self.ptr, self.nbytes = int(ptr.value), nbytes
-
-    @property
-    def __cuda_array_interface__(self) -> dict[str, object]:
-        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False), "version": 3}
-
-
 def test_vmm_memory_is_shared_by_a_posix_fd(
     server: Engine, spawn: Callable[..., Peer], rng: np.random.Generator, seed: int
 ) -> None:
     """Memory of the VMM API has no CUDA IPC handle: it is exported as a POSIX fd, sent to the
     peer once over the connection's socket (SCM_RIGHTS), and imported and mapped there."""
-    path = os.environ.get("RDMAXFER_CUDA_LIBRARY", "")
-    if "cuda_standin" not in path:
+    lib = standin_library()
+    if lib is None:
         pytest.skip("allocates VMM memory through the stand-in driver's entry points")
-    lib = ctypes.CDLL(path)
     peer, ep, descriptor = _connect(server, spawn, seed)
     with ep:
-        src, dst = _VmmArray(lib, NBYTES), _VmmArray(lib, NBYTES)
+        src, dst = VmmArray(lib, NBYTES), VmmArray(lib, NBYTES)
         host = rng.integers(0, 256, NBYTES, dtype=np.uint8)
         view = cuda.array_view(src, writable=True)
         assert view is not None
@@ -320,3 +293,34 @@ def test_vmm_memory_is_shared_by_a_posix_fd(
         assert info["cuda_ipc_opened"] == 2  # src and dst, each imported once
         peer.put("stop")
     assert peer.join() == 0
+
+
+def test_vmm_memory_imported_here_is_released_when_the_connection_ends(
+    server: Engine, spawn: Callable[..., Peer], seed: int
+) -> None:
+    """The peer WRITEs from its VMM memory: this end imports and maps the fd it sent, once, and
+    unmaps and releases it when the connection ends (the stand-in counts what is alive)."""
+    lib = standin_library()
+    if lib is None:
+        pytest.skip("allocates VMM memory through the stand-in driver's entry points")
+    port = server.listen("127.0.0.1", 0)
+    peer = spawn(device_peer, port, NBYTES, seed, "rw", 0, "shm", True)
+    ep = server.accept(timeout=30)
+    assert isinstance(peer.get(), bytes)
+    target = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+    region = server.register(target, "rw")
+    before = lib.rdmaxfer_standin_vmm_physical()
+    for _ in range(2):
+        peer.put(("write", region.descriptor().pack(), NBYTES))
+        assert peer.get() == "written"
+        assert crc(target.copy_to_host()) == crc(make_array(seed, NBYTES))
+    assert ep.info["cuda_ipc_opened"] == 1  # imported once
+    assert lib.rdmaxfer_standin_vmm_physical() == before + 1
+    peer.put("stop")
+    assert peer.join() == 0
+    deadline = time.monotonic() + 10
+    while ep.info["cuda_ipc_opened"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ep.info["cuda_ipc_opened"] == 0
+    assert lib.rdmaxfer_standin_vmm_physical() == before
+    ep.close()
