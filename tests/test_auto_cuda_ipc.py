@@ -151,3 +151,18 @@ def test_info_says_why_a_shm_link_would_stage(
         with server.accept(timeout=10):
             assert ep.info["transport"] == "shm"
             assert ep.info["cuda_ipc_off"] == status["cuda_ipc"]
+
+
+def test_info_says_an_auto_engine_over_rdma_stages_to_shm_peers(
+    server: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over rdma an automatic engine registers GPU memory for GPUDirect RDMA: its shm links
+    say they stage it (the engine is made to report rdma as its network transport)."""
+    port = server.listen("127.0.0.1", 0)
+    with Engine("auto") as client, client.connect("127.0.0.1", port, timeout=10) as ep:
+        with server.accept(timeout=10):
+            assert "cuda_ipc_off" not in ep.info
+            monkeypatch.setattr(Engine, "transport", property(lambda self: "rdma"))
+            assert ep.info["cuda_ipc_off"].startswith(
+                "GPU memory on this engine is registered for GPUDirect RDMA"
+            )
