@@ -240,6 +240,18 @@ class MemoryDomain:
         core = self._core
         return core.automatic and core.transport == "tcp" and core.has_shm_companion
 
+    def _gpu_links_unreached(self) -> str:
+        """ "" when every connection of this engine can reach its GPU registrations, else why
+        not: an automatic engine over TCP exports them for CUDA IPC, which its TCP connections
+        (peers on other hosts) cannot reach, so what such peers must read or write goes
+        through host memory."""
+        if self._ipc_companion():
+            return (
+                "GPU memory of an automatic engine over TCP is shared by CUDA IPC, which only "
+                "its same-host shm peers reach"
+            )
+        return ""
+
     def _cuda_ipc_off(self) -> str:
         """Why this engine's shm connections stage GPU memory instead of moving it by CUDA IPC
         ("" when registered GPU memory moves by CUDA IPC, or when there is no usable CUDA
