@@ -3,8 +3,9 @@
 // Control path: two ShmRings (one per direction, each in a memfd the consumer made and sent
 // with SCM_RIGHTS), records framed like TCP's (tcp/wire.h: a FrameHeader, metadata, data).
 // A reader thread spins briefly on the inbound ring, then sleeps on its eventfd and the UNIX
-// socket together: the socket carries nothing after the handshake, so it becoming readable
-// means the peer closed or died (the kernel closes it), and every request fails at once.
+// socket together: after the handshake the socket carries only the fds of VMM allocations
+// (below), kept as they come, so its end of file means the peer closed or died (the kernel
+// closes it), and every request fails at once.
 // A thread that waits for one of this channel's requests reads the inbound ring itself for a
 // while first (drive(), the Progress of every request: spin on the ring, then sleep on the
 // request as before): the acknowledgement then reaches the waiter without waking the reader.
