@@ -166,3 +166,19 @@ def test_info_says_an_auto_engine_over_rdma_stages_to_shm_peers(
             assert ep.info["cuda_ipc_off"].startswith(
                 "GPU memory on this engine is registered for GPUDirect RDMA"
             )
+
+
+def test_notified_write_between_auto_engines_of_one_process(rng: np.random.Generator) -> None:
+    """A WRITE with a notification from registered device memory goes by CUDA IPC too, and
+    the notification comes once the bytes are in place."""
+    with Engine("auto") as server, Engine("auto") as client:
+        port = server.listen("127.0.0.1", 0)
+        with client.connect("127.0.0.1", port, timeout=10) as ep, server.accept(timeout=10):
+            target = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+            descriptor = server.register(target, "rw").descriptor()
+            src, host = device_random(rng, NBYTES)
+            client.register(src, "r")
+            ep.write(src, descriptor, notify=7, timeout=60)
+            assert server.wait_notification(timeout=10)[1] == 7
+            assert crc(target.copy_to_host()) == crc(host)
+            assert ep.info["transport"] == "shm" and ep.info["cuda_ipc_bytes"] == NBYTES
