@@ -150,6 +150,8 @@ def test_info_says_why_a_shm_link_would_stage(
     with Engine("auto") as client, client.connect("127.0.0.1", port, timeout=10) as ep:
         with server.accept(timeout=10):
             assert ep.info["transport"] == "shm"
+            assert "cuda_ipc_off" not in ep.info  # the engine has not touched GPU memory yet
+            client.register(Buffer.empty(4096, np.uint8, device="cuda:0"), "r")
             assert ep.info["cuda_ipc_off"] == status["cuda_ipc"]
 
 
@@ -161,6 +163,7 @@ def test_info_says_an_auto_engine_over_rdma_stages_to_shm_peers(
     port = server.listen("127.0.0.1", 0)
     with Engine("auto") as client, client.connect("127.0.0.1", port, timeout=10) as ep:
         with server.accept(timeout=10):
+            client.register(Buffer.empty(4096, np.uint8, device="cuda:0"), "r")
             assert "cuda_ipc_off" not in ep.info
             monkeypatch.setattr(Engine, "transport", property(lambda self: "rdma"))
             assert ep.info["cuda_ipc_off"].startswith(

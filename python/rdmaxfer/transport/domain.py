@@ -254,13 +254,21 @@ class MemoryDomain:
 
     def _cuda_ipc_off(self) -> str:
         """Why this engine's shm connections stage GPU memory instead of moving it by CUDA IPC
-        ("" when registered GPU memory moves by CUDA IPC, or when there is no usable CUDA
-        here): the driver lacks the IPC calls (:func:`rdmaxfer.gpu.report.cuda_ipc_report`),
-        or the engine is automatic over rdma, where GPU memory is registered for GPUDirect
-        RDMA. Unregistered GPU memory is staged on every transport."""
+        ("" when registered GPU memory moves by CUDA IPC, when there is no usable CUDA here,
+        or while the engine has not touched GPU memory, so that host-only programs never load
+        the driver for ``Endpoint.info``): the driver lacks the IPC calls
+        (:func:`rdmaxfer.gpu.report.cuda_ipc_report`), or the engine is automatic over rdma,
+        where GPU memory is registered for GPUDirect RDMA. Unregistered GPU memory is staged
+        on every transport."""
         from ..gpu.report import cuda_ipc_report
         from ..memory import cuda
 
+        with self._lock:
+            used = self._stagers is not None or any(
+                region.device is not None for region in self._regions.values()
+            )
+        if not used:
+            return ""
         status = cuda.status()
         if status["unavailable"]:
             return ""
