@@ -32,6 +32,7 @@ TEST_ROWS = (
     ("CuPy interop", "test_gpu_device", "test_cupy_arrays"),
     ("torch interop (DLPack)", "test_gpu_device", "test_torch_dlpack"),
     ("two-process CUDA IPC tests", "test_shm_cuda_ipc", ""),
+    ("auto over TCP: same-host CUDA IPC tests", "test_auto_cuda_ipc", ""),
     ("all GPU tests (pytest -m gpu)", "", ""),
 )
 

@@ -17,8 +17,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIR = ROOT / "tests" / "cuda_standin"
-#: The library's sources (the driver API, its CUDA IPC) and the header they share.
-SOURCES = (SOURCE_DIR / "cuda_standin.cc", SOURCE_DIR / "cuda_standin_ipc.cc")
+#: The library's sources (the driver API, its CUDA IPC, its VMM API) and their shared header.
+SOURCES = (
+    SOURCE_DIR / "cuda_standin.cc",
+    SOURCE_DIR / "cuda_standin_ipc.cc",
+    SOURCE_DIR / "cuda_standin_vmm.cc",
+)
 HEADERS = (SOURCE_DIR / "standin_core.h",)
 BUILD_DIR = ROOT / "build" / "cuda-standin"
 #: Set to "0" to run ``pytest -m gpu`` against the real driver only (skips without a GPU).

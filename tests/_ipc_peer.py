@@ -10,27 +10,46 @@ from typing import Any
 import numpy as np
 
 from _peers import make_array
+from _vmm import VmmArray, standin_library
 from rdmaxfer import Buffer, Engine
 from rdmaxfer.memory import cuda
 
 
-def _crc(buf: Buffer) -> int:
-    return zlib.crc32(np.ascontiguousarray(buf.copy_to_host()).view(np.uint8))
+def _crc(buf: object) -> int:
+    view = cuda.array_view(buf, writable=False)
+    assert view is not None
+    return zlib.crc32(np.ascontiguousarray(cuda.copy_to_host(view)).view(np.uint8))
 
 
 def device_peer(
-    conn: Connection, port: int, nbytes: int, seed: int, access: str, gpu: int = 0
+    conn: Connection,
+    port: int,
+    nbytes: int,
+    seed: int,
+    access: str,
+    gpu: int = 0,
+    transport: str = "shm",
+    vmm: bool = False,
 ) -> None:
-    """Connect over shm; fill ``nbytes`` of memory of GPU ``gpu`` with make_array(seed),
-    register it with ``access`` and send its descriptor bytes. Then obey commands until
+    """Connect over shm (an engine of ``transport``: "shm", or "auto" whose link to this host
+    is shm); fill ``nbytes`` of memory of GPU ``gpu`` (with ``vmm``: memory of the VMM API of
+    GPU 0, made through the stand-in driver) with make_array(seed), register it with
+    ``access`` and send its descriptor bytes. Then obey commands until
     "stop" (or killed): "crc" (of the device memory), "info" (the endpoint's), "send" (the
     device memory as one message), ("recv", n) (one message into a registered device buffer
     of n bytes; answers its CRC), ("write", descriptor, n) (its first n bytes into the test's
     region), ("write_host", descriptor, n) (the same bytes from host memory)."""
-    with Engine("shm") as engine, engine.connect("127.0.0.1", port, timeout=30) as ep:
+    with Engine(transport) as engine, engine.connect("127.0.0.1", port, timeout=30) as ep:
         host = make_array(seed, nbytes)
-        buf = Buffer.empty(nbytes, np.uint8, device=f"cuda:{gpu}")
-        cuda.copy_from_host(buf._device_view(), host)
+        buf: object = Buffer.empty(nbytes, np.uint8, device=f"cuda:{gpu}")
+        if vmm:
+            lib = standin_library()
+            if lib is None:
+                raise RuntimeError("vmm=True makes VMM memory through the stand-in driver")
+            buf = VmmArray(lib, nbytes)
+        view = cuda.array_view(buf, writable=True)
+        assert view is not None
+        cuda.copy_from_host(view, host)
         region = engine.register(buf, access)
         conn.send(region.descriptor().pack())
         while True:

@@ -39,6 +39,8 @@ class Tree:
             "unavailable": "",
             "driver_version": 12040,
             "get_handle_for_address_range": True,
+            "cuda_ipc": "",
+            "can_access_peer": True,
             "gpus": [
                 {
                     "index": 0,
@@ -168,7 +170,7 @@ def test_healthy_machine_is_all_ok(tree: Tree) -> None:
     assert checks == {
         "memlock", "rdma.devices", "rdma.port", "rdma.mtu", "rdma.gid", "gpu.driver",
         "gpu.method", "gpu.dmabuf", "gpu.peermem", "pcie.affinity", "pcie.link", "irq.affinity",
-        "sysctl", "shm", "fabric",
+        "sysctl", "shm", "fabric", "gpu.cuda_ipc",
     }  # fmt: skip
     assert only(findings, "pcie.affinity").message.startswith("nearest NIC mlx5_0: PIX")
     assert "active MTU 4096" in only(findings, "rdma.mtu").message

@@ -18,6 +18,7 @@ import pytest
 from _gpu_data import crc, device_random
 from _ipc_peer import device_peer
 from _peers import Peer, make_array
+from _vmm import VmmArray, standin_library
 from rdmaxfer import (
     Buffer,
     ConnectionFailedError,
@@ -256,3 +257,70 @@ def test_registering_device_memory_not_from_cumemalloc_fails_clearly(server: Eng
         server._core.register_device(int(host.ctypes.data), 4096, 0, "bogus", 0)
     with pytest.raises(RegistrationError, match=r"CUDA IPC: the memory is host memory"):
         server._core.register_device(int(host.ctypes.data), 4096, 0, "cuda_ipc", 0)
+
+
+def test_vmm_memory_is_shared_by_a_posix_fd(
+    server: Engine, spawn: Callable[..., Peer], rng: np.random.Generator, seed: int
+) -> None:
+    """Memory of the VMM API has no CUDA IPC handle: it is exported as a POSIX fd, sent to the
+    peer once over the connection's socket (SCM_RIGHTS), and imported and mapped there."""
+    lib = standin_library()
+    if lib is None:
+        pytest.skip("allocates VMM memory through the stand-in driver's entry points")
+    peer, ep, descriptor = _connect(server, spawn, seed)
+    with ep:
+        src, dst = VmmArray(lib, NBYTES), VmmArray(lib, NBYTES)
+        host = rng.integers(0, 256, NBYTES, dtype=np.uint8)
+        view = cuda.array_view(src, writable=True)
+        assert view is not None
+        cuda.copy_from_host(view, host)
+        server.register(src, "r")
+        server.register(dst, "rw")
+        ep.write(src, descriptor, timeout=60)
+        peer.put("crc")
+        assert peer.get() == crc(host)
+        peer.put(("recv", NBYTES))
+        ep.send(src, timeout=60)
+        assert peer.get() == crc(host)
+        ep.read(dst, descriptor, timeout=60)  # the peer pushes into our VMM memory
+        out = cuda.array_view(dst, writable=False)
+        assert out is not None
+        assert crc(cuda.copy_to_host(out)) == crc(host)
+        assert ep.info["cuda_ipc_bytes"] == 3 * NBYTES
+        peer.put("info")
+        info = peer.get()
+        assert info["cuda_ipc_bytes"] == 3 * NBYTES
+        assert info["cuda_ipc_opened"] == 2  # src and dst, each imported once
+        peer.put("stop")
+    assert peer.join() == 0
+
+
+def test_vmm_memory_imported_here_is_released_when_the_connection_ends(
+    server: Engine, spawn: Callable[..., Peer], seed: int
+) -> None:
+    """The peer WRITEs from its VMM memory: this end imports and maps the fd it sent, once, and
+    unmaps and releases it when the connection ends (the stand-in counts what is alive)."""
+    lib = standin_library()
+    if lib is None:
+        pytest.skip("allocates VMM memory through the stand-in driver's entry points")
+    port = server.listen("127.0.0.1", 0)
+    peer = spawn(device_peer, port, NBYTES, seed, "rw", 0, "shm", True)
+    ep = server.accept(timeout=30)
+    assert isinstance(peer.get(), bytes)
+    target = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
+    region = server.register(target, "rw")
+    before = lib.rdmaxfer_standin_vmm_physical()
+    for _ in range(2):
+        peer.put(("write", region.descriptor().pack(), NBYTES))
+        assert peer.get() == "written"
+        assert crc(target.copy_to_host()) == crc(make_array(seed, NBYTES))
+    assert ep.info["cuda_ipc_opened"] == 1  # imported once
+    assert lib.rdmaxfer_standin_vmm_physical() == before + 1
+    peer.put("stop")
+    assert peer.join() == 0
+    deadline = time.monotonic() + 10
+    while ep.info["cuda_ipc_opened"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ep.info["cuda_ipc_opened"] == 0
+    assert lib.rdmaxfer_standin_vmm_physical() == before
+    ep.close()

@@ -75,3 +75,23 @@ def test_updates_from_gpu_tensors_and_pushes_between_gpu_arrays(rng: np.random.G
         assert receiver.wait(timeout=10) == 7
     np.testing.assert_array_equal(dest["w"].copy_to_host(), w)
     np.testing.assert_array_equal(dest["b"], b)
+
+
+def test_auto_engines_serve_gpu_tensors_to_tcp_peers(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An automatic engine over TCP shares registered GPU memory by CUDA IPC with same-host shm
+    peers only: a server or receiver of GPU tensors on one goes through host mirrors, so a
+    peer that connects over TCP still gets and gives the exact bytes."""
+    monkeypatch.delenv("RDMAXFER_TRANSPORT", raising=False)
+    w = rng.standard_normal((64, 33)).astype(np.float32)
+    with WeightServer({"w": on_gpu(w)}, transport="auto") as server:
+        server.start()
+        got = pull_weights(f"127.0.0.1:{server.port}", transport="tcp", timeout=30)
+        np.testing.assert_array_equal(got["w"], w)
+    dest = {"w": on_gpu(np.zeros((64, 33), np.float32))}
+    with receive_weights(dest, "127.0.0.1", 0, transport="auto", timeout=30) as receiver:
+        address = f"127.0.0.1:{receiver.port}"
+        push_weights(address, {"w": w}, version=3, transport="tcp", timeout=30)
+        assert receiver.wait(timeout=10) == 3
+    np.testing.assert_array_equal(dest["w"].copy_to_host(), w)

@@ -96,6 +96,8 @@ py::dict status_dict() {
   d["unavailable"] = s.unavailable;
   d["driver_version"] = s.driver_version;
   d["get_handle_for_address_range"] = s.get_handle_for_address_range;
+  d["cuda_ipc"] = s.cuda_ipc;
+  d["can_access_peer"] = s.can_access_peer;
   py::list gpus;
   for (const GpuInfo& g : s.gpus) {
     py::dict x;
@@ -106,6 +108,7 @@ py::dict status_dict() {
     x["compute_capability"] = py::make_tuple(g.cc_major, g.cc_minor);
     x["gpu_direct_rdma"] = g.gpu_direct_rdma;
     x["dma_buf"] = g.dma_buf;
+    x["peer_access"] = g.peers;
     gpus.append(x);
   }
   d["gpus"] = gpus;

@@ -426,6 +426,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("traffic_class") = -1, py::arg("min_rnr_timer") = -1)
       .def_property_readonly("transport", &Engine::transport_name)
       .def_property_readonly("automatic", &Engine::automatic)
+      .def_property_readonly("has_shm_companion", &Engine::has_shm_companion)
       .def_property_readonly("shm_off", [](Engine& e) { return e.wireup().shm_off(); })
       .def_property_readonly("engine_id", &Engine::engine_id)
       .def_property_readonly("notify_fd", [](const Engine& e) { return e.notifier()->fd(); })
@@ -526,7 +527,7 @@ PYBIND11_MODULE(_core, m) {
           [](Engine& e, uint64_t addr, long long length, uint32_t access,
              const std::string& method, int device) {
             const uint64_t n = checked_size(length, "length");
-            auto& t = e.transport();
+            auto& t = e.gpu_registrar(method);
             std::shared_ptr<MemoryRegion> region;
             {
               py::gil_scoped_release release;

@@ -183,6 +183,9 @@ const char* access_status_text(AccessStatus status) {
       return "no registered region has this key (never registered, or deregistered)";
     case AccessStatus::kOutOfBounds: return "the range lies outside the registered region";
     case AccessStatus::kNotPermitted: return "the region does not allow this access";
+    case AccessStatus::kNotCpuAddressable:
+      return "the region is GPU memory shared by CUDA IPC, which only peers on its host reach "
+             "(over shm); register host memory for peers on other hosts";
   }
   return "unknown access status";
 }
@@ -205,12 +208,13 @@ bool RegionTable::erase(uint32_t key) {
 }
 
 AccessStatus RegionTable::acquire(uint32_t key, uint64_t addr, uint64_t len, uint32_t needed,
-                                  RegionUse* use) const {
+                                  RegionUse* use, bool by_cpu) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = regions_.find(key);
   if (it == regions_.end()) return AccessStatus::kUnknownKey;
   const auto& region = it->second;
   if ((region->access() & needed) != needed) return AccessStatus::kNotPermitted;
+  if (by_cpu && !region->cpu_addressable()) return AccessStatus::kNotCpuAddressable;
   if (!region->contains(addr, len)) return AccessStatus::kOutOfBounds;
   *use = RegionUse(region);
   return AccessStatus::kOk;

@@ -82,6 +82,9 @@ class MemoryRegion {
   // stripe prefer; -1: none. Ignored by transports without rails.
   virtual int home_rail() const { return -1; }
   virtual void set_home_rail(int /*rail*/) {}
+  // False for memory the CPU cannot address (GPU memory shared by CUDA IPC,
+  // transport/shm/cuda_ipc.h): transports that copy with the CPU refuse remote access to it.
+  virtual bool cpu_addressable() const { return true; }
 
   // Ends the registration (after the in-flight uses ended): the transport's handle is freed
   // (verbs: ibv_dereg_mr) and local operations refuse the region from then on.
@@ -147,6 +150,7 @@ enum class AccessStatus : uint32_t {
   kUnknownKey = 1,
   kOutOfBounds = 2,
   kNotPermitted = 3,
+  kNotCpuAddressable = 4,  // a CPU-copying transport met GPU memory (MemoryRegion::cpu_addressable)
 };
 const char* access_status_text(AccessStatus status);
 
@@ -158,9 +162,10 @@ class RegionTable {
   void insert(const std::shared_ptr<MemoryRegion>& region);  // keeps a key already set (rkey)
   // Removes the region's key; later remote accesses with it are refused.
   bool erase(uint32_t key);
-  // Checks a remote access and, when allowed, returns the region held in use.
+  // Checks a remote access and, when allowed, returns the region held in use. `by_cpu`: the
+  // caller's transport copies with the CPU (TCP): memory the CPU cannot address is refused.
   AccessStatus acquire(uint32_t key, uint64_t addr, uint64_t len, uint32_t needed,
-                       RegionUse* use) const;
+                       RegionUse* use, bool by_cpu = false) const;
   size_t size() const;
 
  private:

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <utility>
 
 #include "common/error.h"
 
@@ -85,6 +86,16 @@ Loaded load() {
   lookup(handle, "cuIpcGetMemHandle", &a.ipc_get_mem_handle, nullptr);
   lookup(handle, "cuIpcOpenMemHandle_v2", &a.ipc_open_mem_handle, nullptr);
   lookup(handle, "cuIpcCloseMemHandle", &a.ipc_close_mem_handle, nullptr);
+  lookup(handle, "cuDeviceCanAccessPeer", &a.device_can_access_peer, nullptr);
+  lookup(handle, "cuMemRetainAllocationHandle", &a.mem_retain_allocation_handle, nullptr);
+  lookup(handle, "cuMemExportToShareableHandle", &a.mem_export_to_shareable_handle, nullptr);
+  lookup(handle, "cuMemImportFromShareableHandle", &a.mem_import_from_shareable_handle, nullptr);
+  lookup(handle, "cuMemRelease", &a.mem_release, nullptr);
+  lookup(handle, "cuMemAddressReserve", &a.mem_address_reserve, nullptr);
+  lookup(handle, "cuMemAddressFree", &a.mem_address_free, nullptr);
+  lookup(handle, "cuMemMap", &a.mem_map, nullptr);
+  lookup(handle, "cuMemUnmap", &a.mem_unmap, nullptr);
+  lookup(handle, "cuMemSetAccess", &a.mem_set_access, nullptr);
   dlerror();
   g_error_name.store(a.get_error_name);
   g_error_string.store(a.get_error_string);
@@ -117,6 +128,43 @@ const CudaApi& cuda() {
   const CudaApi* api = cuda_api(&why);
   if (api == nullptr) throw Error(ErrorKind::kUnsupported, why);
   return *api;
+}
+
+std::string cuda_ipc_unavailable(const CudaApi& api) {
+  const std::pair<bool, const char*> calls[] = {
+      {api.ipc_get_mem_handle != nullptr, "cuIpcGetMemHandle"},
+      {api.ipc_open_mem_handle != nullptr, "cuIpcOpenMemHandle_v2"},
+      {api.ipc_close_mem_handle != nullptr, "cuIpcCloseMemHandle"},
+      {api.mem_get_address_range != nullptr, "cuMemGetAddressRange_v2"},
+      {api.memcpy_dtod_async != nullptr, "cuMemcpyDtoDAsync_v2"},
+  };
+  std::string missing;
+  for (const auto& [present, name] : calls) {
+    if (!present) missing += (missing.empty() ? "" : ", ") + std::string(name);
+  }
+  if (missing.empty()) return "";
+  return "this NVIDIA driver lacks the CUDA IPC calls " + missing +
+         "; upgrade the driver (GPU memory between processes is staged through host memory "
+         "until then)";
+}
+
+std::string cuda_vmm_ipc_unavailable(const CudaApi& api) {
+  const std::pair<bool, const char*> calls[] = {
+      {api.mem_retain_allocation_handle != nullptr, "cuMemRetainAllocationHandle"},
+      {api.mem_export_to_shareable_handle != nullptr, "cuMemExportToShareableHandle"},
+      {api.mem_import_from_shareable_handle != nullptr, "cuMemImportFromShareableHandle"},
+      {api.mem_release != nullptr, "cuMemRelease"},
+      {api.mem_address_reserve != nullptr, "cuMemAddressReserve"},
+      {api.mem_address_free != nullptr, "cuMemAddressFree"},
+      {api.mem_map != nullptr, "cuMemMap"},
+      {api.mem_unmap != nullptr, "cuMemUnmap"},
+      {api.mem_set_access != nullptr, "cuMemSetAccess"},
+  };
+  std::string missing;
+  for (const auto& [present, name] : calls) {
+    if (!present) missing += (missing.empty() ? "" : ", ") + std::string(name);
+  }
+  return missing.empty() ? "" : "this NVIDIA driver lacks the VMM calls " + missing;
 }
 
 std::string cuda_error_text(const std::string& op, CUresult result) {

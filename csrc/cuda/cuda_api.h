@@ -6,7 +6,8 @@
 // with the reason ("no CUDA: libcuda.so.1 not found (...)"), which `rdmaxfer info` prints.
 // Versioned exports (_v2) are the ones cuda.h maps the plain names to since CUDA 4/11.
 // cuMemGetHandleForAddressRange (CUDA >= 11.7), cuPointerSetAttribute and the CUDA IPC calls
-// (the shm transport's device copies: transport/shm/cuda_ipc.h) are optional.
+// (the shm transport's device copies: transport/shm/cuda_ipc.h) and cuDeviceCanAccessPeer are
+// optional.
 #pragma once
 
 #include <string>
@@ -53,7 +54,33 @@ struct CudaApi {
   CUresult (*ipc_get_mem_handle)(CUipcMemHandle*, CUdeviceptr) = nullptr;     // cuIpcGetMemHandle
   CUresult (*ipc_open_mem_handle)(CUdeviceptr*, CUipcMemHandle, unsigned) = nullptr;  // _v2
   CUresult (*ipc_close_mem_handle)(CUdeviceptr) = nullptr;                    // cuIpcCloseMemHandle
+  CUresult (*device_can_access_peer)(int*, CUdevice, CUdevice) = nullptr;     // cuDeviceCanAccessPeer
+  // The VMM calls that share cuMemCreate'd memory between processes (transport/shm/cuda_ipc.h).
+  CUresult (*mem_retain_allocation_handle)(CUmemGenericAllocationHandle*, void*) = nullptr;
+  CUresult (*mem_export_to_shareable_handle)(void*, CUmemGenericAllocationHandle, int,
+                                             unsigned long long) = nullptr;
+  CUresult (*mem_import_from_shareable_handle)(CUmemGenericAllocationHandle*, void*,
+                                               int) = nullptr;
+  CUresult (*mem_release)(CUmemGenericAllocationHandle) = nullptr;            // cuMemRelease
+  CUresult (*mem_address_reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
+                                  unsigned long long) = nullptr;              // cuMemAddressReserve
+  CUresult (*mem_address_free)(CUdeviceptr, size_t) = nullptr;               // cuMemAddressFree
+  CUresult (*mem_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                      unsigned long long) = nullptr;                          // cuMemMap
+  CUresult (*mem_unmap)(CUdeviceptr, size_t) = nullptr;                       // cuMemUnmap
+  CUresult (*mem_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*,
+                             size_t) = nullptr;                               // cuMemSetAccess
 };
+
+// "" when `api` offers the VMM calls that share cuMemCreate'd memory between processes
+// (cuMemRetainAllocationHandle, cuMemExportToShareableHandle, cuMemImportFromShareableHandle,
+// cuMemAddressReserve, cuMemMap, cuMemSetAccess and their releases), else which are missing.
+std::string cuda_vmm_ipc_unavailable(const CudaApi& api);
+
+// "" when `api` offers the CUDA IPC calls the shm transport's device copies need
+// (transport/shm/cuda_ipc.h), else which are missing and the fix. The one decision the engine,
+// `rdmaxfer info` and `rdmaxfer doctor` use (through cuda_status(), cuda/cuda_context.h).
+std::string cuda_ipc_unavailable(const CudaApi& api);
 
 // The loaded (and cuInit-ed) table, or nullptr with `why` set ("no CUDA: ..."). Loads once;
 // later calls return the same answer. Thread-safe.

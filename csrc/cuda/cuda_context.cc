@@ -62,6 +62,8 @@ CudaStatus cuda_status() {
   try {
     check_cuda(api->driver_get_version(&s.driver_version), "cuDriverGetVersion");
     s.get_handle_for_address_range = api->mem_get_handle_for_address_range != nullptr;
+    s.cuda_ipc = cuda_ipc_unavailable(*api);
+    s.can_access_peer = api->device_can_access_peer != nullptr;
     const int n = device_count();
     for (int i = 0; i < n; ++i) {
       GpuInfo g;
@@ -82,6 +84,14 @@ CudaStatus cuda_status() {
       g.cc_minor = attribute(dev, kAttrComputeCapabilityMinor);
       g.gpu_direct_rdma = attribute(dev, kAttrGpuDirectRdmaSupported) != 0;
       g.dma_buf = attribute(dev, kAttrDmaBufSupported) != 0;
+      for (int j = 0; j < n && s.can_access_peer; ++j) {
+        CUdevice peer = 0;
+        int can = 0;
+        if (j == i) continue;
+        check_cuda(api->device_get(&peer, j), "cuDeviceGet");
+        check_cuda(api->device_can_access_peer(&can, dev, peer), "cuDeviceCanAccessPeer");
+        if (can != 0) g.peers.push_back(j);
+      }
       s.gpus.push_back(g);
     }
   } catch (const Error& e) {

@@ -46,12 +46,17 @@ struct GpuInfo {
   int cc_minor = 0;
   bool gpu_direct_rdma = false;  // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
   bool dma_buf = false;          // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+  // The other GPUs whose memory this one can access directly (cuDeviceCanAccessPeer): CUDA
+  // IPC copies between them go peer to peer, else the driver stages them through host memory.
+  std::vector<int> peers;
 };
 
 struct CudaStatus {
   std::string unavailable;  // "" when usable, else why not ("no CUDA: ...")
   int driver_version = 0;   // 12040 = 12.4
   bool get_handle_for_address_range = false;  // cuMemGetHandleForAddressRange (>= 11.7)
+  std::string cuda_ipc;  // "" when the driver offers CUDA IPC, else why not (cuda_api.h)
+  bool can_access_peer = false;  // cuDeviceCanAccessPeer is there (GpuInfo::peers is known)
   std::vector<GpuInfo> gpus;
 };
 

@@ -27,6 +27,20 @@ struct CUipcMemHandle {
   char reserved[kIpcHandleSize];
 };
 
+// The VMM API (cuMemCreate/cuMemMap memory, e.g. PyTorch's expandable segments).
+using CUmemGenericAllocationHandle = unsigned long long;
+struct CUmemLocation {  // CUmemLocation_st
+  int type;             // CUmemLocationType
+  int id;
+};
+struct CUmemAccessDesc {  // CUmemAccessDesc_st
+  CUmemLocation location;
+  int flags;  // CUmemAccess_flags
+};
+constexpr int kMemHandleTypePosixFd = 0x1;         // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+constexpr int kMemLocationTypeDevice = 0x1;        // CU_MEM_LOCATION_TYPE_DEVICE
+constexpr int kMemAccessReadWrite = 0x3;           // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+
 // CUresult values (cudaError_enum).
 constexpr CUresult kCudaSuccess = 0;               // CUDA_SUCCESS
 constexpr CUresult kCudaErrorInvalidValue = 1;     // CUDA_ERROR_INVALID_VALUE

@@ -64,6 +64,22 @@ Transport& Engine::transport() {
   return *transport_;
 }
 
+Transport& Engine::gpu_registrar(const std::string& method) {
+  Transport& network = transport();  // raises when closed or inherited through fork()
+  if (!automatic_ || method != "cuda_ipc") return network;
+  if (shm_ == nullptr) {
+    throw Error(ErrorKind::kUnsupported,
+                "GPU registration by CUDA IPC: this engine has no shm companion (" +
+                    wireup_->shm_off() + ")");
+  }
+  if (network.capabilities().kind != TransportKind::kTcp) {
+    throw Error(ErrorKind::kUnsupported,
+                "GPU registration by CUDA IPC: an automatic engine over " + transport_name_ +
+                    " registers GPU memory for GPUDirect RDMA (dmabuf or nvidia-peermem)");
+  }
+  return *shm_;
+}
+
 Wireup& Engine::wireup() {
   transport();  // raises when closed or inherited through fork()
   return *wireup_;

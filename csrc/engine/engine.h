@@ -31,10 +31,18 @@ class Engine {
   // The transport that holds the registrations (with "auto": the network transport).
   Transport& transport();
   const std::string& transport_name() const { return transport_name_; }
+  // The transport that registers GPU memory by `method` (transport/gpu_registration.h):
+  // "cuda_ipc" on an automatic engine over TCP is its shm companion (exporting into the
+  // network transport's domain, so one key names the region on either kind of connection);
+  // else transport(). Throws Error(kUnsupported) for "cuda_ipc" on an automatic engine
+  // without a companion or over rdma (GPU memory is registered for GPUDirect RDMA there).
+  Transport& gpu_registrar(const std::string& method);
   // Listening and connecting pick each connection's transport (wireup.h).
   Wireup& wireup();
   // True for transport="auto".
   bool automatic() const { return automatic_; }
+  // True when an automatic engine has its same-host shm companion.
+  bool has_shm_companion() const { return shm_ != nullptr; }
   uint64_t engine_id() const { return engine_id_; }
   const std::shared_ptr<Notifier>& notifier() const { return notifier_; }
   // The notifications peers sent with their WRITEs, from every connection (closed with the

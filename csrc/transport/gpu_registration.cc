@@ -16,12 +16,14 @@ std::shared_ptr<MemoryRegion> register_gpu_memory(Transport& transport, uint64_t
   }
   uint8_t* ptr = reinterpret_cast<uint8_t*>(addr);
   if (method == "cuda_ipc") {
-    // The shm transport exports the allocation for CUDA IPC (transport/shm/cuda_ipc.h).
+    // The shm transport exports the allocation for CUDA IPC (transport/shm/cuda_ipc.h); as
+    // an automatic engine's companion, into its owner's domain.
     if (transport.capabilities().kind != TransportKind::kShm) {
       throw Error(ErrorKind::kUnsupported,
-                  "GPU registration by CUDA IPC needs an engine with transport='shm'");
+                  "GPU registration by CUDA IPC needs an engine with transport='shm' or "
+                  "transport='auto' (over TCP, with same-host peers on shm)");
     }
-    return transport.domain().register_device_memory(ptr, length, access, -1, 0);
+    return transport.domain().register_device_memory(ptr, length, access, -1, 0, &transport);
   }
   if (transport.capabilities().kind != TransportKind::kRdma) {
     // No NIC: refuse before touching the memory (the transport refuses device regions).

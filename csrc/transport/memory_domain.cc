@@ -56,10 +56,12 @@ std::shared_ptr<MemoryRegion> MemoryDomain::alloc_pinned(uint64_t length, uint32
 std::shared_ptr<MemoryRegion> MemoryDomain::register_device_memory(uint8_t* addr,
                                                                    uint64_t length,
                                                                    uint32_t access, int dmabuf_fd,
-                                                                   uint64_t dmabuf_offset) {
+                                                                   uint64_t dmabuf_offset,
+                                                                   RegistrationBackend* maker) {
   if (addr == nullptr) throw Error(ErrorKind::kInvalidArgument, "cannot register a null address");
+  RegistrationBackend& backend = maker != nullptr ? *maker : backend_;
   auto region =
-      backend_.make_device_region(addr, length, access_for(access), dmabuf_fd, dmabuf_offset);
+      backend.make_device_region(addr, length, access_for(access), dmabuf_fd, dmabuf_offset);
   regions_.insert(region);
   return region;
 }

@@ -53,10 +53,13 @@ class MemoryDomain {
   std::shared_ptr<MemoryRegion> register_memory(uint8_t* addr, uint64_t length, uint32_t access);
   // Allocates page-aligned host memory, locks it (mlock) and registers it with local write.
   std::shared_ptr<MemoryRegion> alloc_pinned(uint64_t length, uint32_t access);
-  // Registers GPU memory for GPUDirect RDMA (cuda/gpudirect.h); see Transport.
+  // Registers GPU memory for GPUDirect RDMA (cuda/gpudirect.h); see Transport. `maker`: the
+  // backend that builds the region when not this domain's (the shm companion of an automatic
+  // engine exports it for CUDA IPC into its owner's domain: engine/wireup.h).
   std::shared_ptr<MemoryRegion> register_device_memory(uint8_t* addr, uint64_t length,
                                                        uint32_t access, int dmabuf_fd,
-                                                       uint64_t dmabuf_offset);
+                                                       uint64_t dmabuf_offset,
+                                                       RegistrationBackend* maker = nullptr);
   // Kills the region's key for new remote accesses, waits (bounded) for in-flight uses, then
   // revokes the region at once (verbs: ibv_dereg_mr), whoever still holds the object. On a
   // timeout (Error kTimeout) the region stays registered with the transport's handle alive.

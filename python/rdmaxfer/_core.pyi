@@ -245,6 +245,10 @@ class Engine:
     @property
     def automatic(self) -> bool: ...
     @property
+    def has_shm_companion(self) -> bool:
+        """With "auto": the engine has a same-host shm companion (GPU memory registered on it
+        over TCP is exported for CUDA IPC)."""
+    @property
     def shm_off(self) -> str:
         """ "" when same-host peers get shm (or the transport was forced), else why not."""
     @property

@@ -30,6 +30,9 @@
 //
 // - CUDA IPC (cuda_standin_ipc.cc) shares the memfd behind an allocation with another process
 //   on the host, so two-process tests move real bytes between two address spaces.
+// - The VMM API (cuda_standin_vmm.cc: cuMemCreate, cuMemAddressReserve, cuMemMap...) keeps each
+//   physical allocation in a memfd; cuMemExportToShareableHandle hands out a duplicate of it
+//   (a POSIX fd), which another process imports after receiving it over a UNIX socket.
 //
 // The entry points and values are those of the CUDA Driver API reference
 // (docs.nvidia.com/cuda/cuda-driver-api); only the subset csrc/cuda loads is implemented.
@@ -63,6 +66,19 @@ CUresult cuDeviceGetCount(int* count) {
   if (count == nullptr) return kInvalidValue;
   if (!state().initialized) return kNotInitialized;
   *count = state().devices;
+  return kSuccess;
+}
+
+// Every pair of distinct GPUs can access each other, unless RDMAXFER_CUDA_STANDIN_NO_PEER is
+// set (GPUs on two PCIe root complexes, as a test wants them).
+CUresult cuDeviceCanAccessPeer(int* can, CUdevice device, CUdevice peer) {
+  if (can == nullptr) return kInvalidValue;
+  if (!state().initialized) return kNotInitialized;
+  if (device < 0 || device >= state().devices || peer < 0 || peer >= state().devices) {
+    return kInvalidDevice;
+  }
+  const char* off = std::getenv("RDMAXFER_CUDA_STANDIN_NO_PEER");
+  *can = device != peer && (off == nullptr || *off == '\0') ? 1 : 0;
   return kSuccess;
 }
 
@@ -168,7 +184,9 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
     std::lock_guard<std::mutex> lock(state().mu);
     auto it = state().device_allocations.find(static_cast<uintptr_t>(ptr));
     // Memory opened from another process is closed with cuIpcCloseMemHandle, not freed.
-    if (it == state().device_allocations.end() || it->second.imported) return kInvalidValue;
+    if (it == state().device_allocations.end() || it->second.imported || it->second.vmm != 0) {
+      return kInvalidValue;  // cuMemMap'd memory is unmapped with cuMemUnmap
+    }
     a = it->second;
     state().device_allocations.erase(it);
   }

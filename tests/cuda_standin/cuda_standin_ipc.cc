@@ -65,7 +65,10 @@ CUresult cuIpcGetMemHandle(void* out, CUdeviceptr ptr) {
   if (out == nullptr) return kInvalidValue;
   std::lock_guard<std::mutex> lock(state().mu);
   auto it = state().device_allocations.find(static_cast<uintptr_t>(ptr));
-  if (it == state().device_allocations.end() || it->second.imported) return kInvalidValue;
+  // As the driver: cuMemCreate'd (VMM) memory has no legacy IPC handle.
+  if (it == state().device_allocations.end() || it->second.imported || it->second.vmm != 0) {
+    return kInvalidValue;
+  }
   struct stat st {};
   if (fstat(it->second.fd, &st) != 0) return kInvalidValue;
   IpcHandle h{};

@@ -50,6 +50,7 @@ struct DeviceAllocation {
   bool sync_memops = false;
   int fd = -1;            // the memfd behind it, kept for CUDA IPC exports (-1: imported)
   bool imported = false;  // opened from another process's handle (cuIpcOpenMemHandle)
+  unsigned long long vmm = 0;  // cuMemMap'd: the physical allocation's handle (0: cuMemAlloc)
 };
 
 // One stream: a worker thread that runs its tasks in order.
@@ -125,6 +126,15 @@ struct State {
   CUdeviceptr last_export_ptr = 0;  // cuMemGetHandleForAddressRange's last range
   size_t last_export_size = 0;
   int contexts[8] = {};  // the primary contexts' addresses stand in for CUcontext handles
+  // The VMM API (cuda_standin_vmm.cc): physical allocations by handle, reserved ranges.
+  struct Physical {
+    int fd = -1;    // the memfd holding the pages
+    size_t size = 0;
+    int refs = 0;   // handles (cuMemCreate, retain, import) and mappings not yet released
+  };
+  std::map<unsigned long long, Physical> physical;
+  unsigned long long next_physical = 1;
+  std::map<uintptr_t, size_t> reserved;  // cuMemAddressReserve'd ranges, by address
 };
 
 inline State& state() {

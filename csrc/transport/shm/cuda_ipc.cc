@@ -1,6 +1,7 @@
 #include "transport/shm/cuda_ipc.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -13,19 +14,27 @@ namespace rdmaxfer {
 namespace {
 
 constexpr size_t kWireNameSize = kIpcHandleSize + sizeof(uint64_t);
+// A VMM allocation's name: its id, the mapped range's size and the offset.
+constexpr size_t kVmmNameSize = 3 * sizeof(uint64_t);
+// Ids of exported VMM allocations, unique in this process.
+std::atomic<uint64_t> g_next_vmm_id{1};
+
+uint64_t load_u64(const std::string& bytes, size_t at) {
+  uint64_t v = 0;
+  std::memcpy(&v, bytes.data() + at, sizeof(v));
+  return v;
+}
+
+void append_u64(std::string* out, uint64_t v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
 // The bounce buffer of a copy between host memory of the peer and device memory here.
 constexpr uint64_t kBounceBytes = 4ull << 20;
 
 const CudaApi& ipc_api() {
   const CudaApi& api = cuda();
-  if (api.ipc_get_mem_handle == nullptr || api.ipc_open_mem_handle == nullptr ||
-      api.ipc_close_mem_handle == nullptr || api.mem_get_address_range == nullptr ||
-      api.memcpy_dtod_async == nullptr) {
-    throw Error(ErrorKind::kUnsupported,
-                "this NVIDIA driver lacks the CUDA IPC calls (cuIpcGetMemHandle, "
-                "cuIpcOpenMemHandle_v2, cuMemGetAddressRange_v2, cuMemcpyDtoDAsync_v2); "
-                "upgrade the driver or use transport='tcp' (staged through host memory)");
-  }
+  const std::string why = cuda_ipc_unavailable(api);
+  if (!why.empty()) throw Error(ErrorKind::kUnsupported, why + " or use transport='tcp'");
   return api;
 }
 
@@ -51,22 +60,54 @@ IpcDeviceRegion::IpcDeviceRegion(uint8_t* addr, uint64_t length, uint32_t access
                 "CUDA IPC: " + std::to_string(length) + " bytes at the address run past its "
                 "allocation (" + std::to_string(size) + " bytes); register one allocation's range");
   }
+  alloc_base_ = base;
+  alloc_size_ = size;
   CUipcMemHandle handle{};
   const CUresult r = api.ipc_get_mem_handle(&handle, base);
+  if (r == kCudaSuccess) {
+    handle_.assign(handle.reserved, kIpcHandleSize);
+    return;
+  }
+  if (export_vmm(api, base, size)) return;
+  const std::string vmm = cuda_vmm_ipc_unavailable(api);
+  throw Error(ErrorKind::kRegistration,
+              cuda_error_text("cuIpcGetMemHandle", r) +
+                  "; CUDA IPC shares cuMemAlloc'd memory, and cuMemCreate (VMM) memory " +
+                  (vmm.empty() ? std::string("through a POSIX fd") : "(but " + vmm + ")") +
+                  ", not managed or host memory; use transport='tcp' for such memory");
+}
+
+bool IpcDeviceRegion::export_vmm(const CudaApi& api, uint64_t base, uint64_t size) {
+  if (!cuda_vmm_ipc_unavailable(api).empty()) return false;
+  CUmemGenericAllocationHandle h = 0;
+  if (api.mem_retain_allocation_handle(&h, reinterpret_cast<void*>(base)) != kCudaSuccess) {
+    return false;  // not memory of the VMM API
+  }
+  int fd = -1;
+  const CUresult r = api.mem_export_to_shareable_handle(&fd, h, kMemHandleTypePosixFd, 0);
+  api.mem_release(h);  // the retained reference; the exported fd holds the allocation
   if (r != kCudaSuccess) {
     throw Error(ErrorKind::kRegistration,
-                cuda_error_text("cuIpcGetMemHandle", r) +
-                    "; CUDA IPC shares cuMemAlloc'd memory (not cuMemCreate/VMM or managed "
-                    "memory); use transport='tcp' for such memory");
+                cuda_error_text("cuMemExportToShareableHandle (POSIX fd)", r) +
+                    "; CUDA IPC shares VMM memory created with "
+                    "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in its requestedHandleTypes");
   }
-  handle_.assign(handle.reserved, kIpcHandleSize);
-  alloc_base_ = base;
+  vmm_fd_ = UniqueFd(fd);
+  vmm_id_ = g_next_vmm_id.fetch_add(1);
+  alloc_size_ = size;
+  return true;
 }
 
 std::string IpcDeviceRegion::wire_name(const uint8_t* addr) const {
   const uint64_t offset = reinterpret_cast<uint64_t>(addr) - alloc_base_;
-  std::string name = handle_;
-  name.append(reinterpret_cast<const char*>(&offset), sizeof(offset));
+  std::string name;
+  if (vmm_fd_.valid()) {
+    append_u64(&name, vmm_id_);
+    append_u64(&name, alloc_size_);
+  } else {
+    name = handle_;
+  }
+  append_u64(&name, offset);
   return name;
 }
 
@@ -74,7 +115,9 @@ const IpcDeviceRegion* ipc_device_region(const MemoryRegion* region) {
   return dynamic_cast<const IpcDeviceRegion*>(region);
 }
 
-// One opened peer allocation; closed (cuIpcCloseMemHandle) on destruction.
+// One opened peer allocation: by its IPC handle (closed with cuIpcCloseMemHandle on
+// destruction), or a VMM allocation imported from its fd and mapped here (unmapped, its address
+// range freed and its handle released on destruction).
 class IpcPeerMemory::Mapping {
  public:
   Mapping(const std::shared_ptr<CudaContext>& ctx, const std::string& handle_bytes)
@@ -86,17 +129,59 @@ class IpcPeerMemory::Mapping {
     check_cuda(api.ipc_open_mem_handle(&base_, handle, kIpcMemLazyEnablePeerAccess),
                "cuIpcOpenMemHandle (the peer's device memory)");
   }
-  ~Mapping() {
+  Mapping(const std::shared_ptr<CudaContext>& ctx, const UniqueFd& fd, uint64_t size)
+      : ctx_(ctx), size_(size) {
+    const CudaApi& api = ipc_api();
+    const std::string vmm = cuda_vmm_ipc_unavailable(api);
+    if (!vmm.empty()) throw Error(ErrorKind::kUnsupported, vmm + " (the peer's VMM memory)");
     ctx_->bind();
-    cuda().ipc_close_mem_handle(base_);  // nothing to do on failure: the peer may be gone
+    check_cuda(api.mem_import_from_shareable_handle(
+                   &handle_, reinterpret_cast<void*>(static_cast<intptr_t>(fd.get())),
+                   kMemHandleTypePosixFd),
+               "cuMemImportFromShareableHandle (the peer's VMM memory)");
+    imported_ = true;
+    try {
+      check_cuda(api.mem_address_reserve(&reserved_, size_, 0, 0, 0), "cuMemAddressReserve");
+      check_cuda(api.mem_map(reserved_, size_, 0, handle_, 0), "cuMemMap");
+      base_ = reserved_;
+      CUmemAccessDesc access{};
+      access.location.type = kMemLocationTypeDevice;
+      access.location.id = ctx_->ordinal();
+      access.flags = kMemAccessReadWrite;
+      check_cuda(api.mem_set_access(base_, size_, &access, 1), "cuMemSetAccess");
+    } catch (...) {
+      release();
+      throw;
+    }
   }
+  ~Mapping() { release(); }
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   CUdeviceptr base() const { return base_; }
 
  private:
+  // Nothing to do on a failed call here: the peer may be gone.
+  void release() {
+    ctx_->bind();
+    const CudaApi& api = cuda();
+    if (!imported_) {
+      if (base_ != 0) api.ipc_close_mem_handle(base_);
+      return;
+    }
+    if (base_ != 0) api.mem_unmap(base_, size_);
+    if (reserved_ != 0) api.mem_address_free(reserved_, size_);
+    api.mem_release(handle_);
+    base_ = reserved_ = 0;
+    imported_ = false;
+  }
+
   std::shared_ptr<CudaContext> ctx_;
   CUdeviceptr base_ = 0;
+  // VMM memory: the imported handle and the address range reserved for it.
+  bool imported_ = false;
+  CUmemGenericAllocationHandle handle_ = 0;
+  CUdeviceptr reserved_ = 0;
+  uint64_t size_ = 0;
 };
 
 IpcPeerMemory::IpcPeerMemory(bool same_process) : same_process_(same_process) {}
@@ -116,24 +201,31 @@ void IpcPeerMemory::close_all() {
 
 void IpcPeerMemory::copy(const std::string& wire_name, uint64_t peer_addr,
                          const MemoryRegion& local_region, uint8_t* local, uint64_t length,
-                         bool to_local) {
-  if (wire_name.size() != kWireNameSize) {
+                         bool to_local, const VmmFdSource& vmm_fd) {
+  const bool vmm = wire_name.size() == kVmmNameSize;
+  if (!vmm && wire_name.size() != kWireNameSize) {
     throw Error(ErrorKind::kProtocol, "shm: a CUDA IPC name of " +
                                           std::to_string(wire_name.size()) + " bytes (expected " +
-                                          std::to_string(kWireNameSize) + ")");
+                                          std::to_string(kWireNameSize) + " or " +
+                                          std::to_string(kVmmNameSize) + ")");
   }
   const IpcDeviceRegion* device = ipc_device_region(&local_region);
   const std::shared_ptr<CudaContext> ctx =
       device != nullptr ? device->context() : CudaContext::get(0);
-  const std::string handle = wire_name.substr(0, kIpcHandleSize);
-  uint64_t offset = 0;
-  std::memcpy(&offset, wire_name.data() + kIpcHandleSize, sizeof(offset));
+  // The key of the allocation (its IPC handle, or "V" and its VMM id) and the range's offset.
+  const size_t key_size = vmm ? sizeof(uint64_t) : kIpcHandleSize;
+  const std::string key = (vmm ? "V" : "") + wire_name.substr(0, key_size);
+  const uint64_t offset = load_u64(wire_name, wire_name.size() - sizeof(uint64_t));
   std::lock_guard<std::mutex> lock(mu_);  // one copy at a time per connection, in record order
   CUdeviceptr peer = peer_addr;
   if (!same_process_) {
-    auto it = open_.find(handle);
+    auto it = open_.find(key);
     if (it == open_.end()) {
-      it = open_.emplace(handle, std::make_unique<Mapping>(ctx, handle)).first;
+      std::unique_ptr<Mapping> mapping =
+          vmm ? std::make_unique<Mapping>(ctx, vmm_fd(load_u64(wire_name, 0)),
+                                          load_u64(wire_name, sizeof(uint64_t)))
+              : std::make_unique<Mapping>(ctx, key);
+      it = open_.emplace(key, std::move(mapping)).first;
     }
     peer = it->second->base() + offset;
   }

@@ -2,8 +2,14 @@
 //
 // Device memory registered on an shm engine is an IpcDeviceRegion: at registration its
 // allocation is exported once with cuIpcGetMemHandle (cuMemAlloc'd memory: CuPy, PyTorch and
-// rdmaxfer's own device buffers allocate so), which fails here, not later, for memory CUDA IPC
-// cannot share. A WRITE, READ or message whose local memory is such a region carries the
+// rdmaxfer's own device buffers allocate so), or, for memory of the VMM API (cuMemCreate +
+// cuMemMap: PyTorch's expandable segments), which has no IPC handle, with
+// cuMemRetainAllocationHandle + cuMemExportToShareableHandle as a POSIX fd; it fails here, not
+// later, for memory neither can share. A VMM allocation's fd goes to each peer once, over the
+// connection's UNIX socket (SCM_RIGHTS) before the first record that names it; the peer
+// imports it (cuMemImportFromShareableHandle), maps it at an address of its own
+// (cuMemAddressReserve, cuMemMap) with read-write access for its GPU (cuMemSetAccess), and
+// unmaps and releases it when the connection ends. A WRITE, READ or message whose local memory is such a region carries the
 // handle and the range's offset in the allocation; the side that owns the target memory checks
 // the access against its RegionTable as for host memory, opens the peer's allocation once
 // (IpcPeerMemory: one cuIpcOpenMemHandle per allocation, cached per connection, closed when
@@ -22,12 +28,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "common/unique_fd.h"
 #include "core/region.h"
+#include "cuda/cuda_api.h"
 #include "cuda/cuda_context.h"
 #include "cuda/cuda_stream.h"
 #include "transport/shm/cma_copy.h"
@@ -38,18 +47,32 @@ namespace rdmaxfer {
 class IpcDeviceRegion : public MemoryRegion {
  public:
   // Throws Error(kUnsupported) when the driver lacks CUDA IPC, Error(kRegistration) when the
-  // memory cannot be exported (not cuMemAlloc'd device memory).
+  // memory cannot be exported (neither cuMemAlloc'd nor VMM device memory exportable as a
+  // POSIX fd).
   IpcDeviceRegion(uint8_t* addr, uint64_t length, uint32_t access);
 
   const std::shared_ptr<CudaContext>& context() const { return ctx_; }
+  bool cpu_addressable() const override { return false; }
   // What a record names [addr, addr+length) of this region by: the allocation's handle
-  // (kIpcHandleSize bytes) followed by the offset of `addr` in the allocation (8 bytes).
+  // (kIpcHandleSize bytes) followed by the offset of `addr` in the allocation (8 bytes); for
+  // VMM memory its id, the mapped range's size and the offset (8 bytes each).
   std::string wire_name(const uint8_t* addr) const;
+  // VMM memory: the exported POSIX fd (passed to each peer once) and the id records name it
+  // by (unique in this process); -1 and 0 for cuMemAlloc'd memory.
+  int vmm_fd() const { return vmm_fd_.get(); }
+  uint64_t vmm_id() const { return vmm_id_; }
 
  private:
+  // Exports the VMM allocation mapped at `base` (`size` bytes); false when the memory is not
+  // VMM memory or the driver lacks the calls. Throws Error(kRegistration) when the export fails.
+  bool export_vmm(const CudaApi& api, uint64_t base, uint64_t size);
+
   std::shared_ptr<CudaContext> ctx_;
-  std::string handle_;     // the CUipcMemHandle's bytes
+  std::string handle_;     // the CUipcMemHandle's bytes (cuMemAlloc'd memory)
   uint64_t alloc_base_ = 0;
+  uint64_t alloc_size_ = 0;
+  UniqueFd vmm_fd_;
+  uint64_t vmm_id_ = 0;
 };
 
 // The IpcDeviceRegion `region` is, or nullptr for host memory.
@@ -65,13 +88,17 @@ class IpcPeerMemory {
   IpcPeerMemory(const IpcPeerMemory&) = delete;
   IpcPeerMemory& operator=(const IpcPeerMemory&) = delete;
 
+  // The fd of the peer's VMM allocation `id`, as the connection received it (it waits for it,
+  // bounded, and throws when it does not come).
+  using VmmFdSource = std::function<UniqueFd(uint64_t id)>;
+
   // Copies `length` bytes between the peer's range named by `wire_name` (at device address
   // `peer_addr` in the peer's process) and `local` (inside `local_region`, host or device
-  // memory): into `local` when `to_local`, else out of it. Opens the peer's allocation on first
-  // use. Throws Error(kProtocol) for a malformed name, Error(kTransport) with the driver's text
-  // when a CUDA call fails.
+  // memory): into `local` when `to_local`, else out of it. Opens (or imports, with the fd from
+  // `vmm_fd`) the peer's allocation on first use. Throws Error(kProtocol) for a malformed name,
+  // Error(kTransport) with the driver's text when a CUDA call fails.
   void copy(const std::string& wire_name, uint64_t peer_addr, const MemoryRegion& local_region,
-            uint8_t* local, uint64_t length, bool to_local);
+            uint8_t* local, uint64_t length, bool to_local, const VmmFdSource& vmm_fd);
   // Allocations opened now.
   uint64_t opened() const;
   // Closes every opened allocation (the connection ended).
@@ -81,7 +108,7 @@ class IpcPeerMemory {
   class Mapping;
   const bool same_process_;
   mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Mapping>> open_;  // by handle bytes
+  std::map<std::string, std::unique_ptr<Mapping>> open_;  // by handle bytes or VMM id
   std::map<int, std::unique_ptr<CudaStream>> streams_;    // by local GPU ordinal
 };
 

@@ -36,6 +36,7 @@ int64_t steady_ns() {
 // A record that finds the peer's ring full waits at most this long for room.
 constexpr double kFullRingTimeoutS = 30.0;
 
+
 std::string copy_failure(const char* what, int err, const std::string& peer) {
   if (err == ESRCH) return std::string(what) + " failed: peer " + peer + " exited";
   return errno_text(std::string(what) + " with peer " + peer, err);
@@ -152,6 +153,7 @@ RequestPtr ShmChannel::one_sided(FrameType type, const std::shared_ptr<MemoryReg
   h.aux = reinterpret_cast<uint64_t>(local->addr() + local_offset);
   h.meta_len = static_cast<uint32_t>(meta.size());
   try {
+    share_vmm(*local);
     push(h, meta, nullptr, 0);
   } catch (const Error& e) {
     abort(e.kind(), "connection to " + peer_ + " failed: " + e.what());
@@ -223,6 +225,7 @@ void ShmChannel::post_write_notify(const RequestPtr& request,
   h.aux = reinterpret_cast<uint64_t>(local->addr() + offset);
   h.meta_len = static_cast<uint32_t>(meta.size());
   try {
+    share_vmm(*local);
     push(h, meta, nullptr, 0);
   } catch (const Error& e) {
     abort(e.kind(), "connection to " + peer_ + " failed: " + e.what());
@@ -314,10 +317,8 @@ bool ShmChannel::sleep_until_work() {
   if (rc < 0 && errno != EINTR) throw_errno(ErrorKind::kConnection, "shm: poll", errno);
   if (rc > 0 && (fds[0].revents & POLLIN) != 0) in_->drain_doorbell();
   if (rc > 0 && fds[1].revents != 0) {
-    char byte = 0;
-    const ssize_t n = recv(sock_.get(), &byte, 1, MSG_DONTWAIT);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return false;
-    if (n > 0) throw Error(ErrorKind::kProtocol, "unexpected bytes on the shm socket");
+    std::lock_guard<std::mutex> lock(sock_mu_);
+    if (!read_socket()) return false;
   }
   return !is_closed() || !in_->empty();
 }
@@ -406,7 +407,8 @@ std::string ShmChannel::name_of(const MemoryRegion& local, const uint8_t* addr) 
 int ShmChannel::move(const MemoryRegion& region, const std::string& meta, bool pull,
                      uint8_t* local, uint64_t remote, uint64_t length) {
   if (!meta.empty()) {
-    ipc_.copy(meta, remote, region, local, length, pull);
+    ipc_.copy(meta, remote, region, local, length, pull,
+              [this](uint64_t id) { return take_vmm_fd(id); });
     ipc_bytes_.fetch_add(length);
     return 0;
   }
@@ -542,7 +544,9 @@ void ShmChannel::release_fds() {
   while (!try_consuming()) std::this_thread::yield();
   in_.reset();
   ipc_.close_all();  // the peer's device memory opened here (it may have died)
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(sock_mu_);
+  vmm_in_.clear();
+  std::lock_guard<std::mutex> closed(mu_);
   sock_.reset();
 }
 

@@ -3,8 +3,9 @@
 // Control path: two ShmRings (one per direction, each in a memfd the consumer made and sent
 // with SCM_RIGHTS), records framed like TCP's (tcp/wire.h: a FrameHeader, metadata, data).
 // A reader thread spins briefly on the inbound ring, then sleeps on its eventfd and the UNIX
-// socket together: the socket carries nothing after the handshake, so it becoming readable
-// means the peer closed or died (the kernel closes it), and every request fails at once.
+// socket together: after the handshake the socket carries only the fds of VMM allocations
+// (below), kept as they come, so its end of file means the peer closed or died (the kernel
+// closes it), and every request fails at once.
 // A thread that waits for one of this channel's requests reads the inbound ring itself for a
 // while first (drive(), the Progress of every request: spin on the ring, then sleep on the
 // request as before): the acknowledgement then reaches the waiter without waking the reader.
@@ -20,6 +21,9 @@
 // process_vm_writev into it; then an acknowledgement completes the initiator's request.
 // Device memory (registered on shm) moves by CUDA IPC instead: the record then names the
 // initiator's range by its IPC handle, and the target copies on the GPU (shm/cuda_ipc.h).
+// A VMM allocation's fd is sent once per connection on the socket (8 bytes, its id, with the
+// fd as SCM_RIGHTS) before the first record naming it; the side that reads the socket (the
+// reader, or the thread that needs the fd) keeps what arrives until the record's copy takes it.
 #pragma once
 
 #include <sys/types.h>
@@ -29,6 +33,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/deadline.h"
 #include "common/unique_fd.h"
@@ -123,6 +128,14 @@ class ShmChannel : public Channel,
   void release_fds();
   // Sleeps until the doorbell rings or the socket says the peer went away; false on the latter.
   bool sleep_until_work();
+  // Reads what the socket holds now (VMM fds the peer shared) without waiting; false when the
+  // peer closed it or died. Caller holds sock_mu_.
+  bool read_socket();
+  // Sends the fd of `local`'s VMM allocation unless this connection sent it already (nothing
+  // for other memory, or a peer in this process). Throws Error(kConnection) when it fails.
+  void share_vmm(const MemoryRegion& local);
+  // The fd of the peer's VMM allocation `id`, waiting (bounded) for it on the socket.
+  UniqueFd take_vmm_fd(uint64_t id);
   void on_record(const std::string& record);
   // `meta`: the record's metadata (a CUDA IPC name when the initiator's memory is device
   // memory, else empty; on an acknowledgement, why the copy failed).
@@ -163,6 +176,9 @@ class ShmChannel : public Channel,
   std::unordered_map<uint32_t, GrantEntry> grants_;
   uint32_t next_grant_ = 1;
   std::atomic<uint64_t> next_op_{1};
+  std::mutex sock_mu_;                             // reads and writes of sock_ after set-up
+  std::unordered_map<uint64_t, UniqueFd> vmm_in_;  // fds of the peer's VMM allocations, by id
+  std::unordered_set<uint64_t> vmm_out_;           // ids of ours sent to the peer
   IpcPeerMemory ipc_;                  // the peer's device memory opened here
   std::atomic<uint64_t> ipc_bytes_{0};  // bytes moved by CUDA IPC (either end's copies)
 };

@@ -16,6 +16,17 @@ constexpr uint64_t kGatherPieceBytes = 64 * 1024;
 constexpr uint64_t kGatherBytes = 512 * 1024;
 
 std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
+
+// TCP copies with the CPU, which cannot address GPU memory registered for CUDA IPC (an
+// automatic engine's, moved directly on its shm connections only).
+void check_cpu_addressable(const MemoryRegion& local, const char* what) {
+  if (local.cpu_addressable()) return;
+  throw Error(ErrorKind::kInvalidArgument,
+              std::string(what) + ": the local region is GPU memory registered for CUDA IPC, "
+                                  "which moves directly only on shm connections (peers on this "
+                                  "host); over TCP pass the GPU array itself (it is staged "
+                                  "through host memory)");
+}
 }  // namespace
 
 TcpConnection::TcpConnection(Transport& transport, const TcpConfig& config, std::string peer)
@@ -63,6 +74,7 @@ RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
                                      uint64_t remote_offset, uint64_t length,
                                      const TransferOptions& options) {
   check_local_range(local, local_offset, length, "WRITE");
+  check_cpu_addressable(*local, "WRITE");
   check_remote_range(remote, remote_offset, length, "WRITE");
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kWrite, length);
   count_when_terminal(req, "write");
@@ -107,6 +119,7 @@ GatherWrites::Limits TcpConnection::gather_limits() const {
 RequestPtr TcpConnection::post_write_gather(const std::shared_ptr<MemoryRegion>& local,
                                             const std::vector<GatherPiece>& pieces,
                                             PieceFailed failed) {
+  check_cpu_addressable(*local, "WRITE");
   std::string meta(pieces.size() * kGatherPieceMeta, '\0');
   std::vector<std::pair<const uint8_t*, uint64_t>> gather;
   gather.reserve(pieces.size());
@@ -162,7 +175,7 @@ void TcpConnection::choose_scatter(const FrameHeader& h, const std::string& meta
     total += len;
     RegionUse use;
     const AccessStatus st = transport_.domain().regions().acquire(
-        load_le<uint32_t>(m + 16), addr, len, kAccessRemoteWrite, &use);
+        load_le<uint32_t>(m + 16), addr, len, kAccessRemoteWrite, &use, /*by_cpu=*/true);
     sink->statuses[i] = static_cast<char>(st);
     if (st == AccessStatus::kOk) {
       sink->scatter.emplace_back(reinterpret_cast<uint8_t*>(addr), len);
@@ -207,6 +220,7 @@ RequestPtr TcpConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
                                     uint64_t remote_offset, uint64_t length,
                                     const TransferOptions& options) {
   check_local_range(local, local_offset, length, "READ", LocalUse::kDestination);
+  check_cpu_addressable(*local, "READ");
   check_remote_range(remote, remote_offset, length, "READ");
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRead, length);
   count_when_terminal(req, "read");
@@ -329,7 +343,8 @@ AccessStatus TcpConnection::acquire_request_range(const FrameHeader& h, uint32_t
   if (h.aux > h.addr || h.aux > h.total || len > h.total - h.aux) {
     return AccessStatus::kOutOfBounds;
   }
-  return transport_.domain().regions().acquire(h.key, h.addr - h.aux, h.total, access, use);
+  return transport_.domain().regions().acquire(h.key, h.addr - h.aux, h.total, access, use,
+                                               /*by_cpu=*/true);
 }
 
 void TcpConnection::choose_sink(TcpStream& /*stream*/, const FrameHeader& h,

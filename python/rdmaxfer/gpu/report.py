@@ -1,6 +1,7 @@
 """What ``rdmaxfer info`` prints about GPUs: the driver, each GPU with its PCIe address and
-nearest RDMA NICs, and per usable transport the GPUDirect decision of
-:func:`rdmaxfer.gpu.gpudirect.preflight` (the one ``rdmaxfer doctor`` reports too)."""
+nearest RDMA NICs, per usable transport the GPUDirect decision of
+:func:`rdmaxfer.gpu.gpudirect.preflight`, and CUDA IPC between processes of this host
+(:func:`cuda_ipc_report`); ``rdmaxfer doctor`` reports both decisions too."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .. import _core
 from ..memory import cuda
 from . import gpudirect, topology
 
-__all__ = ["gpu_report"]
+__all__ = ["cuda_ipc_report", "gpu_report"]
 
 
 def gpu_report(
@@ -37,7 +38,7 @@ def gpu_report(
     Returns:
         ``{"cuda": "available" or why not, "driver_version": "12.4" or None, "gpus": [{...,
         "nics": [{"name", "pci_bus_id", "link"}]}], "gpudirect": {transport: {"method",
-        "reasons"}}}``.
+        "reasons"}}, "cuda_ipc": cuda_ipc_report(...)}``.
     """
     s = cuda.status() if cuda_status is None else cuda_status
     if verbs_dmabuf is None:
@@ -73,4 +74,38 @@ def gpu_report(
         ),
         "gpus": gpus,
         "gpudirect": checks,
+        "cuda_ipc": cuda_ipc_report(s),
     }
+
+
+def cuda_ipc_report(cuda_status: dict[str, Any] | None = None) -> dict[str, Any]:
+    """CUDA IPC between processes of this host (the shm transport's GPU path,
+    ``csrc/transport/shm/cuda_ipc.h``): whether the driver offers the IPC calls, and for each
+    ordered pair of GPUs whether the first can access the second's memory directly
+    (``cuDeviceCanAccessPeer``: copies between them then go peer to peer, else the driver
+    stages them through host memory). The one decision ``rdmaxfer info``, ``rdmaxfer doctor``
+    and ``Endpoint.info["cuda_ipc_off"]`` report, read from the driver by
+    ``_core.cuda_status()``.
+
+    Args:
+        cuda_status: the CUDA driver's facts (default: :func:`rdmaxfer.memory.cuda.status`).
+
+    Returns:
+        ``{"calls": "available" or why not, "pairs": [{"gpu": i, "peer": j, "peer_access":
+        True, False or None (the driver cannot say)}]}``, no pairs without CUDA or with one GPU.
+    """
+    s = cuda.status() if cuda_status is None else cuda_status
+    if s["unavailable"]:
+        return {"calls": s["unavailable"], "pairs": []}
+    known = bool(s.get("can_access_peer"))
+    pairs = [
+        {
+            "gpu": int(g["index"]),
+            "peer": int(p["index"]),
+            "peer_access": int(p["index"]) in g.get("peer_access", []) if known else None,
+        }
+        for g in s["gpus"]
+        for p in s["gpus"]
+        if p["index"] != g["index"]
+    ]
+    return {"calls": s.get("cuda_ipc") or "available", "pairs": pairs}

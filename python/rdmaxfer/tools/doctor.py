@@ -10,6 +10,8 @@ Checks: locked-memory limit vs what registration needs; RDMA devices, port state
 the netdev MTU, RoCE v2 GIDs; the traffic class against the NIC's PFC/ECN priorities
 (:mod:`.doctor_fabric`); how GPU memory is registered for RDMA (dmabuf, nvidia-peermem or
 staging: the decision of :mod:`rdmaxfer.gpu.gpudirect`, which ``rdmaxfer info`` reports too);
+CUDA IPC between processes of this host and GPU peer access (the decision of
+:func:`rdmaxfer.gpu.report.cuda_ipc_report`, also in ``rdmaxfer info``);
 GPU-NIC PCIe affinity; the same-host shm transport (Yama ptrace_scope); TCP buffer sysctls,
 window scaling,
 vm.swappiness; IRQ affinity of the NICs' queues; PCIe link width/speed of GPUs and NICs.
@@ -25,6 +27,7 @@ from typing import Any
 
 from .. import _core
 from ..gpu import gpudirect
+from ..gpu.report import cuda_ipc_report
 from ..gpu.topology import list_rdma_devices
 from ..memory import cuda
 from .doctor_fabric import check_fabric
@@ -320,6 +323,68 @@ def check_shm(procfs: Path, unavailable: str | None = None) -> list[Finding]:
     ]
 
 
+def check_cuda_ipc(cuda_status: dict[str, Any] | None = None) -> list[Finding]:
+    """GPU memory between processes of this host (shm): whether the driver offers CUDA IPC and,
+    per pair of GPUs, whether one can access the other's memory directly: the decision of
+    :func:`rdmaxfer.gpu.report.cuda_ipc_report` (the one ``rdmaxfer info`` reports).
+
+    Args:
+        cuda_status: the CUDA driver's facts (default: :func:`rdmaxfer.memory.cuda.status`).
+    """
+    status = cuda.status() if cuda_status is None else cuda_status
+    if status["unavailable"]:
+        return [
+            Finding("gpu.cuda_ipc", "info", "CUDA IPC", f"not checked: {status['unavailable']}")
+        ]
+    report = cuda_ipc_report(status)
+    if report["calls"] != "available":
+        return [
+            Finding(
+                "gpu.cuda_ipc",
+                "warn",
+                "CUDA IPC",
+                f"unavailable: {report['calls']}",
+                "upgrade the NVIDIA driver; until then GPU memory between processes of this "
+                "host is staged through host memory",
+            )
+        ]
+    out = [
+        Finding(
+            "gpu.cuda_ipc",
+            "ok",
+            "CUDA IPC",
+            "available: registered GPU memory moves GPU to GPU between processes of this host "
+            "(transport 'shm', or 'auto' over tcp)",
+        )
+    ]
+    for pair in report["pairs"]:
+        subject = f"cuda:{pair['gpu']} -> cuda:{pair['peer']}"
+        if pair["peer_access"] is None:
+            out.append(
+                Finding(
+                    "gpu.peer_access",
+                    "info",
+                    subject,
+                    "the driver cannot say (no cuDeviceCanAccessPeer)",
+                )
+            )
+        elif pair["peer_access"]:
+            out.append(Finding("gpu.peer_access", "ok", subject, "peer access possible"))
+        else:
+            out.append(
+                Finding(
+                    "gpu.peer_access",
+                    "info",
+                    subject,
+                    "no peer access: CUDA IPC copies between these GPUs go through host "
+                    "memory (the driver stages them)",
+                    "check `nvidia-smi topo -m` (GPUs under different PCIe root complexes or "
+                    "with P2P disabled cannot reach each other)",
+                )
+            )
+    return out
+
+
 def check_sysctls(procfs: Path) -> list[Finding]:
     """TCP buffer ceilings, window scaling, vm.swappiness."""
     sys_dir = procfs / "sys"
@@ -414,6 +479,7 @@ def run_checks(
         lambda: check_rdma(sys_root),
         lambda: check_fabric(sys_root),
         lambda: check_gpu_memory(sys_root, proc_root, cuda_status, verbs_dmabuf),
+        lambda: check_cuda_ipc(cuda_status),
         lambda: check_affinity(sys_root),
         lambda: check_pcie_links(sys_root),
         lambda: check_irqs(sys_root, proc_root),

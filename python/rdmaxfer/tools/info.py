@@ -82,6 +82,14 @@ def _print_gpu(gpu: dict[str, Any]) -> None:
         for nic in g["nics"][:3]:
             where = f"PCIe {nic['pci_bus_id']}" if nic["pci_bus_id"] else "software device"
             print(f"    RDMA NIC {nic['name']} ({where}): {nic['link'] or 'n/a'}")
+    ipc = gpu["cuda_ipc"]
+    print(f"CUDA IPC (GPU memory between processes of this host, over shm): {ipc['calls']}")
+    for pair in ipc["pairs"]:
+        access = {True: "yes", False: "no (copies staged by the driver)", None: "unknown"}
+        print(
+            f"  peer access cuda:{pair['gpu']} -> cuda:{pair['peer']}: "
+            f"{access[pair['peer_access']]}"
+        )
     for transport, check in gpu["gpudirect"].items():
         print(f"GPU memory on {transport}: {check['method']}")
         for method in ("dmabuf", "peermem"):

@@ -109,10 +109,12 @@ class _Plan:
         engine: MemoryDomain,
         op: str,
         entries: Iterable[object],
+        transport: str,
         chunk_size: int = 0,
         streams: int = 0,
     ) -> None:
         self.op = op
+        self.transport = transport  # the connection's: which GPU registrations it moves directly
         writes = op == "read"  # a READ lands in the local memory
         regions: list[_native.Region] = []
         region_index: dict[int, int] = {}
@@ -178,11 +180,12 @@ class _Plan:
         mem = operand(local, writable=writes, what=what)
         self.keep.append(mem)
         if not isinstance(mem, np.ndarray):
-            direct = engine._device_local(mem)
+            direct = engine._device_local(mem, self.transport)
             if direct is None:
                 raise InvalidArgumentError(
-                    f"{what}: GPU memory in a batch must be registered for GPUDirect "
-                    "(engine.register(array)); staged GPU memory cannot be batched"
+                    f"{what}: GPU memory in a batch must be registered for GPUDirect, or for "
+                    "CUDA IPC on a same-host shm connection (engine.register(array)); staged GPU "
+                    "memory cannot be batched"
                 )
             return direct[0], direct[1], int(mem.nbytes), last
         addr = int(mem.__array_interface__["data"][0])
@@ -315,7 +318,7 @@ class BatchOps:
         """
         if op not in ("write", "read"):
             raise InvalidArgumentError(f"op={op!r} must be 'write' or 'read'")
-        return PreparedBatch(self, op, _Plan(self._engine, op, entries))
+        return PreparedBatch(self, op, _Plan(self._engine, op, entries, self._core.transport))
 
     # -- WRITE -------------------------------------------------------------------------------
     def post_write_batch(
@@ -414,7 +417,7 @@ class BatchOps:
         self, op: str, entries: Iterable[object], notify: Notify | None
     ) -> Transfer[BatchResult]:
         _native.check_notify(notify)
-        plan = _Plan(self._engine, op, entries)
+        plan = _Plan(self._engine, op, entries, self._core.transport)
         try:
             return self._post_plan(plan, notify, keep=[], temps=plan.temps)
         except BaseException:

@@ -9,8 +9,13 @@ the peer. Keys:
 ``shm_not_used``
     When an automatic engine passed shm over: why (another host, user or namespace, CMA
     refused).
-``peer_pid``, ``ring_bytes``
-    On shm.
+``peer_pid``, ``ring_bytes``, ``cuda_ipc_bytes``, ``cuda_ipc_opened``
+    On shm: the peer's pid, the bytes of each ring; the bytes moved GPU to GPU by CUDA IPC
+    (registered GPU memory at either end) and the peer's GPU allocations this end has open.
+``cuda_ipc_off``
+    On shm, once the engine has used GPU memory, when registered GPU memory is staged through
+    host memory instead of moved by CUDA IPC: why (the driver lacks the IPC calls; an automatic engine over rdma registers GPU
+    memory for GPUDirect RDMA). Unregistered GPU memory is staged on every connection.
 ``path_mtu``, ``max_rd_atomic``, ``max_dest_rd_atomic``, ``max_inline``, ``rnr_retry``, ...
     On rdma: the smaller active MTU of the two ports (bytes); the RDMA READs this side keeps
     outstanding (the minimum of its initiator depth and the peer's responder resources) and

@@ -62,6 +62,9 @@ class MemoryDomain:
         # GPU memory: the staging pipelines (rdmaxfer.gpu.staging), the GPUDirect preflight.
         self._stagers: StagerPool | None = None
         self._preflights: dict[int, gpudirect.GpuDirectPreflight] = {}
+        # Keys of the GPU registrations exported for CUDA IPC (moved directly on shm
+        # connections only; the others are GPUDirect RDMA MRs, moved directly on rdma ones).
+        self._ipc_keys: set[int] = set()
         self._notifications = Notifications(core)
         # Temporary registrations of unregistered host memory, reused across transfers.
         self._temps = RegistrationCache()
@@ -103,9 +106,13 @@ class MemoryDomain:
                 ``__array_interface__`` or ``__dlpack__`` (host memory). It is kept alive
                 until the region is deregistered. GPU memory (CuPy, PyTorch, a device
                 Buffer...) is registered for GPUDirect RDMA, by dmabuf or nvidia-peermem as
-                :meth:`gpu_preflight` decides; on ``transport="shm"`` it is exported for CUDA
-                IPC instead (cuMemAlloc'd memory), so transfers between registrations of two
-                processes copy GPU to GPU (``Endpoint.info["cuda_ipc_bytes"]`` counts them).
+                :meth:`gpu_preflight` decides; on ``transport="shm"``, and on ``"auto"`` over
+                TCP, it is exported for CUDA IPC instead (cuMemAlloc'd memory by its IPC
+                handle, cuMemCreate'd VMM memory as a POSIX fd), so transfers on shm
+                connections between registrations of two processes copy GPU to GPU
+                (``Endpoint.info["cuda_ipc_bytes"]`` counts them). An ``"auto"`` engine's TCP
+                connections stage such memory, and refuse remote access to it
+                (RemoteAccessError: only peers on this host reach it).
             access: what a peer may do: ``"rw"``, ``"r"`` (read only), ``"w"`` or ``"none"``.
             local_write: whether local operations may write the region (it is then a READ or
                 receive destination without a temporary registration). None (default): when
@@ -192,7 +199,8 @@ class MemoryDomain:
             raise InvalidArgumentError(
                 f"read-only GPU memory cannot be registered with access={access!r}"
             )
-        if self.transport == "shm":  # processes of one host: CUDA IPC (csrc/.../cuda_ipc.h)
+        if self.transport == "shm" or self._ipc_companion():
+            # processes of one host: CUDA IPC (csrc/transport/shm/cuda_ipc.h)
             methods: tuple[str, ...] = ("cuda_ipc",)
         else:
             check = self.gpu_preflight(view.device)
@@ -218,10 +226,62 @@ class MemoryDomain:
             core.home_rail = self._nearest_rail(view.device)
             region = MemoryRegion(self, core, view, np.empty(0, np.uint8), device=view.device)
             with self._lock:
+                if method == "cuda_ipc":
+                    self._ipc_keys.add(region.key)
                 self._regions[region.key] = region
                 self._by_range[(view.ptr, view.nbytes, bits)] = region
             return region
         raise RegistrationError("GPU memory registration failed: " + "; ".join(errors))
+
+    def _ipc_companion(self) -> bool:
+        """True for an automatic engine over TCP with a same-host shm companion: its GPU
+        registrations are exported for CUDA IPC (by the companion, into this engine's keys), so
+        shm connections move them GPU to GPU; its TCP connections stage them."""
+        core = self._core
+        return core.automatic and core.transport == "tcp" and core.has_shm_companion
+
+    def _gpu_links_unreached(self) -> str:
+        """ "" when every connection of this engine can reach its GPU registrations, else why
+        not: an automatic engine over TCP exports them for CUDA IPC, which its TCP connections
+        (peers on other hosts) cannot reach, so what such peers must read or write goes
+        through host memory."""
+        if self._ipc_companion():
+            return (
+                "GPU memory of an automatic engine over TCP is shared by CUDA IPC, which only "
+                "its same-host shm peers reach"
+            )
+        return ""
+
+    def _cuda_ipc_off(self) -> str:
+        """Why this engine's shm connections stage GPU memory instead of moving it by CUDA IPC
+        ("" when registered GPU memory moves by CUDA IPC, when there is no usable CUDA here,
+        or while the engine has not touched GPU memory, so that host-only programs never load
+        the driver for ``Endpoint.info``): the driver lacks the IPC calls
+        (:func:`rdmaxfer.gpu.report.cuda_ipc_report`), or the engine is automatic over rdma,
+        where GPU memory is registered for GPUDirect RDMA. Unregistered GPU memory is staged
+        on every transport."""
+        from ..gpu.report import cuda_ipc_report
+        from ..memory import cuda
+
+        with self._lock:
+            used = self._stagers is not None or any(
+                region.device is not None for region in self._regions.values()
+            )
+        if not used:
+            return ""
+        status = cuda.status()
+        if status["unavailable"]:
+            return ""
+        calls = cuda_ipc_report(status)["calls"]
+        if calls != "available":
+            return str(calls)
+        if self.transport == "rdma":
+            return (
+                "GPU memory on this engine is registered for GPUDirect RDMA (its network "
+                "transport is rdma), so it is staged through host memory to peers on this host; "
+                "use transport='shm' for same-host GPU peers"
+            )
+        return ""
 
     def _nearest_rail(self, device: int) -> int:
         """This engine's rail nearest GPU ``device`` (small transfers of its memory take it), or
@@ -233,14 +293,20 @@ class MemoryDomain:
         bdf = next((g["pci_bus_id"] for g in cuda.status()["gpus"] if g["index"] == device), "")
         return topology.nearest_rail(bdf, rails) if len(rails) > 1 and bdf else -1
 
-    def _device_local(self, view: cuda.CudaArray) -> tuple[MemoryRegion, int] | None:
-        """The live GPUDirect registration covering ``view`` (region, byte offset of the view in
-        it), else None: the view's transfers are then staged (:meth:`_stager`)."""
+    def _device_local(
+        self, view: cuda.CudaArray, transport: str
+    ) -> tuple[MemoryRegion, int] | None:
+        """The live GPU registration covering ``view`` that a connection over ``transport``
+        moves directly (CUDA IPC exports on ``"shm"``, GPUDirect RDMA MRs on the others):
+        (region, byte offset of the view in it), else None: the view's transfers on that
+        connection are then staged (:meth:`_stager`)."""
+        ipc = transport == "shm"
         with self._lock:
             for region in self._regions.values():
                 if (
                     region.registered
                     and region.device is not None
+                    and (region.key in self._ipc_keys) == ipc
                     and region.contains(view.ptr, view.nbytes)
                 ):
                     return region, view.ptr - region.addr
@@ -271,7 +337,7 @@ class MemoryDomain:
         that must stay alive until it completes."""
         from ..gpu.staging import post_device_send
 
-        direct = self._device_local(view)
+        direct = self._device_local(view, endpoint.transport)
         stager = self._stager(view.device)
         request = post_device_send(
             stager, endpoint, view, direct, staged_backstop_s(), chunk_size, streams
@@ -351,6 +417,7 @@ class MemoryDomain:
             self._temps.invalidate(region.addr, region.nbytes)
         with self._lock:
             self._regions.pop(region.key, None)
+            self._ipc_keys.discard(region.key)
             for key, value in list(self._by_range.items()):
                 if value is region:
                     del self._by_range[key]

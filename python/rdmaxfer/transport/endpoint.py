@@ -108,7 +108,10 @@ class Endpoint(BatchOps):
         ``peer``, ``streams`` and, per transport, its settings (on rdma the path MTU, the READ
         depths, the rails and the fabric settings); every key and unit is listed in
         :mod:`rdmaxfer.transport.conninfo`."""
-        return connection_info(self._core)
+        info = connection_info(self._core)
+        if info["transport"] == "shm" and (why := self._engine._cuda_ipc_off()):
+            info["cuda_ipc_off"] = why
+        return info
 
     def describe(self) -> str:
         """One line naming the peer, the streams and the negotiated settings (see
@@ -339,7 +342,7 @@ class Endpoint(BatchOps):
             region, base, temps = self._engine._local(local_mem, writes=writable)
             direct: tuple[MemoryRegion, int] | None = (region, base)
         else:  # GPU memory: straight from/into it when registered for GPUDirect, else staged
-            direct = self._engine._device_local(local_mem)
+            direct = self._engine._device_local(local_mem, self._core.transport)
         if direct is not None:
             region, base = direct
             keep: list[object] = [local_mem, region]

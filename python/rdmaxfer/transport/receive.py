@@ -97,7 +97,7 @@ def recv_step(
                     transfer._on_done = _checksum_verifier(landing, expected, core.peer, target)
                 return core.post_recv(msg_id, region.core, offset, length)
             stager = domain._stager(landing.device)
-            direct = domain._device_local(landing)
+            direct = domain._device_local(landing, core.transport)
             if direct is not None:  # GPUDirect: the sender WRITEs into the registration
                 region, base = direct
                 transfer._add_resources([landing, region], [])

@@ -91,14 +91,14 @@ def _finish(posted: tuple[Transfer[BatchResult], int], limit: CallLimits) -> int
 
 def _entry(ep: Endpoint, op: str, piece: Piece) -> _Entry | None:
     """The batch entry of ``piece``, or None when it must be staged (GPU memory that has no
-    GPUDirect registration)."""
+    registration the connection moves directly: GPUDirect, or CUDA IPC on shm)."""
     local, remote, offset, remote_offset, nbytes = piece
     writes = op == "read"
     view = device_view(local, writable=writes, what="a weights array")
     if view is None:
         raw = as_array(local, writable=writes, what="a weights array").reshape(-1).view(np.uint8)
         return raw[offset : offset + nbytes], remote, remote_offset
-    found = ep.engine._device_local(view)
+    found = ep.engine._device_local(view, ep._core.transport)
     if found is None:
         return None
     region, base = found

@@ -119,13 +119,19 @@ class WeightReceiver:
             region = self._engine.register(arr, access="w")
         else:
             dtype, shape = view.dtype, view.shape
-            try:  # GPUDirect RDMA: the pusher WRITEs into the GPU memory itself
-                region = self._engine.register(obj, access="w")
-            except (UnsupportedError, RegistrationError) as exc:
-                log.info("tensor %r: pushed through a host mirror (%s)", name, exc)
+            found = None
+            why = self._engine._gpu_links_unreached()
+            if not why:
+                try:  # GPUDirect RDMA (or CUDA IPC on shm): the pusher WRITEs into it itself
+                    found = self._engine.register(obj, access="w")
+                except (UnsupportedError, RegistrationError) as exc:
+                    why = str(exc)
+            if found is None:
+                log.info("tensor %r: pushed through a host mirror (%s)", name, why)
                 host = np.empty(view.shape, view.dtype)
                 self._mirrors.append((view, host))
-                region = self._engine.register(host, access="w")
+                found = self._engine.register(host, access="w")
+            region = found
         if dtype not in NAMES:
             region.close()
             raise InvalidArgumentError(

@@ -172,10 +172,15 @@ class WeightServer:
             raise InvalidArgumentError(
                 f"tensor {name!r} has dtype {view.dtype}, which has no safetensors name"
             )
-        try:  # GPUDirect RDMA: peers READ the GPU memory itself
-            region = self._engine.register(obj, access="r", local_write=False)
-        except (UnsupportedError, RegistrationError) as exc:
-            log.info("tensor %r: GPU memory published through a host mirror (%s)", name, exc)
+        region = None
+        why = self._engine._gpu_links_unreached()
+        if not why:
+            try:  # GPUDirect RDMA (or CUDA IPC on shm): peers READ the GPU memory itself
+                region = self._engine.register(obj, access="r", local_write=False)
+            except (UnsupportedError, RegistrationError) as exc:
+                why = str(exc)
+        if region is None:
+            log.info("tensor %r: GPU memory published through a host mirror (%s)", name, why)
             host = cuda.copy_to_host(view)
             self._mirrors.append(host)
             region = self._engine.register(host, access="r", local_write=False)
