@@ -14,8 +14,9 @@ the peer. Keys:
     (registered GPU memory at either end) and the peer's GPU allocations this end has open.
 ``cuda_ipc_off``
     On shm, once the engine has used GPU memory, when registered GPU memory is staged through
-    host memory instead of moved by CUDA IPC: why (the driver lacks the IPC calls; an automatic engine over rdma registers GPU
-    memory for GPUDirect RDMA). Unregistered GPU memory is staged on every connection.
+    host memory instead of moved by CUDA IPC: why (the driver lacks the IPC calls; an
+    automatic engine over rdma registers GPU memory for GPUDirect RDMA). Unregistered GPU
+    memory is staged on every connection.
 ``path_mtu``, ``max_rd_atomic``, ``max_dest_rd_atomic``, ``max_inline``, ``rnr_retry``, ...
     On rdma: the smaller active MTU of the two ports (bytes); the RDMA READs this side keeps
     outstanding (the minimum of its initiator depth and the peer's responder resources) and
