@@ -167,8 +167,15 @@ class RdmaConnection : public Channel,
   // Every WR of the QPs completed or flushed (after teardown: nothing is on the device).
   bool drained() const;
 
+  // The QPs, as (rail, QP number): the transport finds the connection of an SRQ receive by
+  // its completion's qp_num.
+  std::vector<std::pair<int, uint32_t>> qp_numbers() const;
+
   // Completion thread.
   void on_completion(const ibv_wc& wc);
+  // A receive completion of `rail`'s SRQ on one of this connection's QPs (wc.qp_num), its bytes
+  // in `data` (valid until this returns; the transport then reposts the buffer).
+  void on_srq_completion(int rail, const ibv_wc& wc, const uint8_t* data);
   void on_socket_ready();
   void on_qp_event(uint32_t qp_num, const std::string& what);
   // The local rail `rail` failed (`cause` says how): failover, see above.
@@ -179,7 +186,7 @@ class RdmaConnection : public Channel,
   struct Lane {
     int rail = 0;
     int peer_rail = 0;
-    std::unique_ptr<BufferSlab> recv_slab;
+    std::unique_ptr<BufferSlab> recv_slab;  // null on a rail with an SRQ
     std::unique_ptr<BufferSlab> send_slab;
     std::unique_ptr<QueuePair> qp;
     std::unique_ptr<SendQueue> sq;
@@ -229,7 +236,10 @@ class RdmaConnection : public Channel,
   // The control rail's completion thread (it also watches the bootstrap socket).
   CqPoller& control_poller() const { return *shared_.rails[static_cast<size_t>(lanes_[0].rail)].poller; }
   void post_recv_slot(int lane, uint32_t slot);
-  void on_recv(int lane, const ibv_wc& wc);
+  // A completion of `lane`; `srq_data`: an SRQ receive's buffer (null: a send WR or a receive
+  // of the QP's own).
+  void complete(int lane, bool is_recv, const ibv_wc& wc, const uint8_t* srq_data);
+  void on_recv(int lane, const ibv_wc& wc, const uint8_t* srq_data);
   void finish_parts(const std::vector<RequestPtr>& parts);
   // Closes the connection once (QPs to ERR, bootstrap socket closed); settles `culprit` first
   // (`settle` when given, else it fails with `culprit_error`) and fails every other pending
