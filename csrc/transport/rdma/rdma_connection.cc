@@ -242,17 +242,16 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
       {"posted_receives", posted_receives()},
       {"rails", rails.size() / 2}};
   // The SRQs of the rails this connection uses (shared by every connection on them).
-  uint64_t srq_lanes = 0;
+  const bool all_srq = !lanes_.empty() && std::all_of(lanes_.begin(), lanes_.end(),
+                                                      [](const Lane& l) { return l.qp->on_srq(); });
   uint64_t srq_posted = 0;
   uint64_t srq_buffers = 0;
-  for (const Lane& lane : lanes_) srq_lanes += lane.qp->on_srq() ? 1 : 0;
   for (int r : used_rails()) {
-    if (const auto& srq = shared_.rails[static_cast<size_t>(r)].srq) {
-      srq_posted += srq->posted();
-      srq_buffers += srq->buffers();
-    }
+    const auto& srq = shared_.rails[static_cast<size_t>(r)].srq;
+    srq_posted += srq ? srq->posted() : 0;
+    srq_buffers += srq ? srq->buffers() : 0;
   }
-  out.insert(out.end(), {{"srq", srq_lanes == lanes_.size() && !lanes_.empty() ? 1u : 0u},
+  out.insert(out.end(), {{"srq", all_srq ? 1u : 0u},
                          {"srq_posted", srq_posted},
                          {"srq_buffers", srq_buffers}});
   out.insert(out.end(), rails.begin(), rails.end());

@@ -4,8 +4,9 @@
 // the grants and WRITE_WITH_IMM; its rail is the control rail.
 //
 // Lifecycle (explicit state, see State):
-//   kPrepared   constructed by the transport: QPs created and in INIT, control receive buffers
-//               posted; local_record() describes them for the peer.
+//   kPrepared   constructed by the transport: QPs created and in INIT (on the rail's SRQ, or
+//               with receive buffers of their own, posted in connect_qps); local_record()
+//               describes them for the peer.
 //   kConnected  connect_qps(peer record): every QP through RTR to RTS (path MTU = min of both
 //               ports' active MTU); then start(socket): the bootstrap TCP stream is watched for
 //               GOODBYE / EOF and operations may be posted.
@@ -47,11 +48,15 @@
 //                   pieces after it (flushed) with the connection's, and completes: the pieces
 //                   before it landed (RC completes a send queue in order).
 // The protocol above (protocol/message_protocol.h) bounds the control SENDs by credits: at most
-// `window` messages unanswered (the peer's ctrl_depth / 4, from its endpoint record), so every
-// control SEND and WRITE_WITH_IMM lands in a receive buffer that is there: each QP keeps
-// `ctrl_depth` of them posted, reposted as soon as they are consumed. rnr_retry is finite
-// (kRnrRetries): an RNR NAK means a peer that stopped reposting, and the send fails with
-// IBV_WC_RNR_RETRY_EXC_ERR saying so.
+// `window` messages unanswered (the peer's ctrl_depth / 4, from its endpoint record). The
+// receives come from the rail's shared receive queue (verbs_srq.h; a receive completion is
+// handed here by its qp_num, on_srq_completion, and its buffer goes back to the SRQ when that
+// returns): one pool for every peer, which grows from its low water before it runs dry, so a
+// burst from many peers at once waits at most a few RNR retries for buffers. Without an SRQ
+// each QP keeps `ctrl_depth` of its own posted, reposted as soon as they are consumed, and
+// every control SEND and WRITE_WITH_IMM within the window lands in one. rnr_retry is finite
+// (kRnrRetries): an RNR NAK past those retries means a peer that stopped reposting, and the
+// send fails with IBV_WC_RNR_RETRY_EXC_ERR saying so.
 #pragma once
 
 #include <atomic>
