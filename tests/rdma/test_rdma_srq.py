@@ -110,6 +110,8 @@ def test_receive_buffers_do_not_grow_with_the_peers(
             theirs += more_theirs
             exchange(rng, more_ours, more_theirs)
             held[n] = receive_buffers(theirs)
+            # The engine's level says the same (its client side holds none for the server).
+            assert server.stats()["recv_buffers.allocated"] == held[n], server.stats()
         print(f"receive buffers posted by the server (srq={srq}): {held}")
         if srq:
             assert all(e.info["srq"] == 1 for e in theirs)

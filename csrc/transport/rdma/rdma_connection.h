@@ -165,7 +165,8 @@ class RdmaConnection : public Channel,
   int streams() const override { return static_cast<int>(lanes_.size()); }
   std::string describe() const override;
   uint64_t outstanding_wrs() const;  // send-queue WRs on the device, all QPs
-  uint64_t posted_receives() const;  // receive WRs on the device, all QPs
+  uint64_t posted_receives() const;  // receive WRs on the device, all QPs (none on an SRQ)
+  uint64_t own_receive_buffers() const;  // the QPs' own receive buffers (none on an SRQ)
   std::vector<std::pair<std::string, uint64_t>> attributes() const override;
   State state() const;
 

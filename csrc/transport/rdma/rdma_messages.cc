@@ -102,6 +102,12 @@ void RdmaConnection::post_recv_slot(int lane, uint32_t slot) {
   posted_recvs_[static_cast<size_t>(lane)].fetch_add(1);
 }
 
+uint64_t RdmaConnection::own_receive_buffers() const {
+  uint64_t n = 0;
+  for (const Lane& lane : lanes_) n += lane.recv_slab ? lane.recv_slab->count() : 0;
+  return n;
+}
+
 std::vector<std::pair<int, uint32_t>> RdmaConnection::qp_numbers() const {
   std::vector<std::pair<int, uint32_t>> out;
   for (const Lane& lane : lanes_) out.emplace_back(lane.rail, lane.qp->qp_num());

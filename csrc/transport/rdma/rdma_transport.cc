@@ -183,6 +183,21 @@ std::vector<std::string> RdmaTransport::rails() const {
   return out;
 }
 
+std::vector<std::pair<std::string, uint64_t>> RdmaTransport::gauges() const {
+  uint64_t posted = 0;
+  uint64_t allocated = 0;
+  for (const Rail& rail : rails_) {
+    posted += rail.srq ? rail.srq->posted() : 0;
+    allocated += rail.srq ? rail.srq->buffers() : 0;
+  }
+  for (const auto& c : live_connections()) {
+    if (c->is_closed()) continue;
+    posted += c->posted_receives();
+    allocated += c->own_receive_buffers();
+  }
+  return {{"recv_buffers.posted", posted}, {"recv_buffers.allocated", allocated}};
+}
+
 std::shared_ptr<MemoryRegion> RdmaTransport::make_region(uint8_t* addr, uint64_t length,
                                                          uint32_t access,
                                                          std::unique_ptr<PinnedAllocation> owned) {
@@ -459,7 +474,7 @@ void RdmaTransport::on_async_event(int rail, const ibv_async_event& event) {
   }
 }
 
-std::vector<std::shared_ptr<RdmaConnection>> RdmaTransport::live_connections() {
+std::vector<std::shared_ptr<RdmaConnection>> RdmaTransport::live_connections() const {
   std::vector<std::shared_ptr<RdmaConnection>> conns;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [tag, w] : connections_) {

@@ -43,6 +43,9 @@ class RdmaTransport : public Transport {
   Capabilities capabilities() const override;
   std::string describe() const override;
   std::vector<std::string> rails() const override;
+  // "recv_buffers.posted" / "recv_buffers.allocated": every rail's SRQ plus the receive
+  // buffers of the QPs that have their own.
+  std::vector<std::pair<std::string, uint64_t>> gauges() const override;
   uint16_t listen(const std::string& host, uint16_t port) override;
   std::shared_ptr<Channel> accept(double timeout_s) override;
   std::shared_ptr<Channel> connect(const std::string& host, uint16_t port,
@@ -76,7 +79,7 @@ class RdmaTransport : public Transport {
   // The connection holding QP `qp_num` of `rail` (SRQ receives name no connection in wr_id).
   std::shared_ptr<RdmaConnection> find_qp(int rail, uint32_t qp_num);
   void forget_qps_locked(uint32_t tag);
-  std::vector<std::shared_ptr<RdmaConnection>> live_connections();
+  std::vector<std::shared_ptr<RdmaConnection>> live_connections() const;
   // The rail's SRQ, or why it has none (env RDMAXFER_SRQ=0, max_srq 0, ibv_create_srq failed).
   void open_srq(Rail& rail);
   void on_completions(int rail, const ibv_wc* wcs, int n);
@@ -99,7 +102,7 @@ class RdmaTransport : public Transport {
   std::unique_ptr<Acceptor> acceptor_;
   std::condition_variable accepted_cv_;
   std::deque<std::shared_ptr<RdmaConnection>> accepted_;  // handshake done, not yet accept()ed
-  std::mutex mu_;
+  mutable std::mutex mu_;
   bool shut_down_ = false;
   uint32_t next_tag_ = 1;
   std::unordered_map<uint32_t, std::weak_ptr<RdmaConnection>> connections_;
