@@ -191,7 +191,8 @@ std::vector<std::pair<std::string, uint64_t>> RdmaTransport::gauges() const {
     allocated += rail.srq ? rail.srq->buffers() : 0;
   }
   for (const auto& c : live_connections()) {
-    if (c->is_closed()) continue;
+    // Connected: its QPs are paired (a handshake in progress still rearranges them).
+    if (c->state() != RdmaConnection::State::kConnected) continue;
     posted += c->posted_receives();
     allocated += c->own_receive_buffers();
   }
