@@ -1,7 +1,8 @@
 // The verbs transport: the whole API over RC queue pairs (libibverbs, loaded at run time).
 //
 // Lifecycle: constructed (fabric settings checked; each rail's device opened with its PD,
-// completion channel, CqSet and completion thread running; rdma_rails.h) -> listen() (bootstrap
+// completion channel, CqSet, completion thread running and SRQ, unless the device has none
+// (max_srq 0) or env RDMAXFER_SRQ=0: then each QP posts its own receives; rdma_rails.h) -> listen() (bootstrap
 // acceptor: every peer's Hello and then its verbs handshake run on a thread of their own,
 // bounded by the handshake timeout, so a connect() completes before accept() is called, as on
 // TCP, and a stalled peer delays nobody) -> connections by accept()/connect(): the TCP
