@@ -19,7 +19,13 @@ import time
 import numpy as np
 import pytest
 
-from rdmaxfer import ConnectionFailedError, Endpoint, EndpointClosedError, Engine
+from rdmaxfer import (
+    ConnectionFailedError,
+    Endpoint,
+    EndpointClosedError,
+    Engine,
+    InvalidArgumentError,
+)
 
 from .rdma_helpers import WAIT_S, addrs, connect_many, devices, peers_by_tag, random_bytes
 
@@ -173,3 +179,40 @@ def test_a_dead_peer_leaves_the_srq_serving_the_others(rng: np.random.Generator)
             if child.poll() is None:
                 child.kill()
                 child.wait(10)
+
+
+def test_an_srq_short_of_buffers_grows(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    """An SRQ of one buffer (RDMAXFER_SRQ_BUFFERS=1, the step too): the first receive leaves
+    none posted, below the low water, so the SRQ adds a step before the buffer goes back; 4
+    peers sending 2 eager messages each at once then wait at most a few RNR retries while it
+    grows. Every message arrives exact and the buffers add up."""
+    monkeypatch.setenv("RDMAXFER_SRQ_BUFFERS", "1")
+    with (
+        Engine("rdma", rdma_device=devices()[1]) as server,
+        Engine("rdma", rdma_device=devices()[0]) as client,
+    ):
+        assert f"{devices()[1]} SRQ, 1 posted of 1 (at most 8192)" in server.describe()
+        port = server.listen(addrs()[1], 0)
+        ours, theirs = connect_serially(client, server, port, 4)
+        peer_of = peers_by_tag(rng, ours, theirs)  # tags to the client: its SRQ, not ours
+        burst = {i: [random_bytes(rng, 4000) for _ in range(2)] for i in range(4)}
+        sends = [ours[peer_of[i]].post_send(x) for i, xs in burst.items() for x in xs]
+        got = {i: [theirs[i].recv(timeout=WAIT_S).tobytes() for _ in range(2)] for i in range(4)}
+        assert got == {i: [x.tobytes() for x in xs] for i, xs in burst.items()}
+        for r in sends:
+            r.wait(WAIT_S)
+        info = theirs[0].info
+        print(f"SRQ of the server after the burst: {info['srq_buffers']} buffers, "
+              f"{info['srq_grows']} step(s) added")  # fmt: skip
+        assert int(info["srq_grows"]) >= 1, info
+        assert info["srq_buffers"] == 1 + int(info["srq_grows"]), info
+        assert server.stats()["recv_buffers.allocated"] == info["srq_buffers"]
+
+
+def test_a_bad_srq_size_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RDMAXFER_SRQ_BUFFERS", "0")
+    expected = r"RDMAXFER_SRQ_BUFFERS=0 is not an integer in 1\.\.8192"
+    with pytest.raises(InvalidArgumentError, match=expected):
+        Engine("rdma", rdma_device=devices()[1])

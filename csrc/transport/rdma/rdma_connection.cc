@@ -209,18 +209,6 @@ std::string RdmaConnection::describe() const {
   return s;
 }
 
-uint64_t RdmaConnection::outstanding_wrs() const {
-  uint64_t n = 0;
-  for (const Lane& lane : lanes_) n += lane.sq ? lane.sq->in_flight() : 0;
-  return n;
-}
-
-uint64_t RdmaConnection::posted_receives() const {
-  uint64_t n = 0;
-  for (size_t i = 0; i < lanes_.size(); ++i) n += static_cast<uint64_t>(posted_recvs_[i].load());
-  return n;
-}
-
 std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const {
   std::vector<std::pair<std::string, uint64_t>> rails;
   {
@@ -246,14 +234,18 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
                                                       [](const Lane& l) { return l.qp->on_srq(); });
   uint64_t srq_posted = 0;
   uint64_t srq_buffers = 0;
+  uint64_t srq_grows = 0;
   for (int r : used_rails()) {
-    const auto& srq = shared_.rails[static_cast<size_t>(r)].srq;
-    srq_posted += srq ? srq->posted() : 0;
-    srq_buffers += srq ? srq->buffers() : 0;
+    if (const auto& srq = shared_.rails[static_cast<size_t>(r)].srq) {
+      srq_posted += srq->posted();
+      srq_buffers += srq->buffers();
+      srq_grows += srq->grows();
+    }
   }
   out.insert(out.end(), {{"srq", all_srq ? 1u : 0u},
                          {"srq_posted", srq_posted},
-                         {"srq_buffers", srq_buffers}});
+                         {"srq_buffers", srq_buffers},
+                         {"srq_grows", srq_grows}});
   out.insert(out.end(), rails.begin(), rails.end());
   if (!lanes_.empty()) {
     // What the first QP holds (ibv_query_qp), and what ibv_modify_qp was given (every rail's

@@ -1,5 +1,6 @@
 // RdmaConnection: the protocol's primitives on verbs (channel.h) — control SENDs
-// (control_msg.h), grants, WRITE_WITH_IMM, and the receive completions that carry them up.
+// (control_msg.h), grants, WRITE_WITH_IMM, the receive completions that carry them up (from the
+// QP's own receive buffers or the rail's SRQ), and the counts of WRs and receive buffers.
 #include <arpa/inet.h>
 
 #include <cstring>
@@ -100,6 +101,18 @@ void RdmaConnection::post_recv_slot(int lane, uint32_t slot) {
   const int rc = ibv_post_recv(l.qp->get(), &wr, &bad);
   if (rc != 0) throw_verbs("ibv_post_recv", rc);
   posted_recvs_[static_cast<size_t>(lane)].fetch_add(1);
+}
+
+uint64_t RdmaConnection::outstanding_wrs() const {
+  uint64_t n = 0;
+  for (const Lane& lane : lanes_) n += lane.sq ? lane.sq->in_flight() : 0;
+  return n;
+}
+
+uint64_t RdmaConnection::posted_receives() const {
+  uint64_t n = 0;
+  for (size_t i = 0; i < lanes_.size(); ++i) n += static_cast<uint64_t>(posted_recvs_[i].load());
+  return n;
 }
 
 uint64_t RdmaConnection::own_receive_buffers() const {

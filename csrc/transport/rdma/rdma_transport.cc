@@ -15,10 +15,25 @@ namespace rdmaxfer {
 
 namespace {
 constexpr int kMaxCqe = 16384;
-// Each rail's SRQ: 256 receive buffers at first, grown 256 at a time up to 8192 (of ctrl_size,
-// 16 KiB: 4 MiB at first, at most 128 MiB), whatever the number of peers.
+// Each rail's SRQ: 256 receive buffers at first (env RDMAXFER_SRQ_BUFFERS), grown as many at a
+// time up to 8192 (of ctrl_size, 16 KiB: 4 MiB at first, at most 128 MiB), whatever the number
+// of peers.
 constexpr uint32_t kSrqChunk = 256;
 constexpr uint32_t kSrqCap = 8192;
+
+uint32_t srq_chunk() {
+  const char* env = std::getenv("RDMAXFER_SRQ_BUFFERS");
+  if (env == nullptr || *env == '\0') return kSrqChunk;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  if (end == env || *end != '\0' || v < 1 || v > static_cast<long>(kSrqCap)) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string("RDMAXFER_SRQ_BUFFERS=") + env + " is not an integer in 1.." +
+                    std::to_string(kSrqCap) + " (receive buffers each SRQ starts with and adds " +
+                    "per step; unset it for " + std::to_string(kSrqChunk) + ")");
+  }
+  return static_cast<uint32_t>(v);
+}
 constexpr double kAcceptHandshakeS = 10.0;
 
 std::string poll_mode_of(const std::string& configured) {
@@ -114,6 +129,7 @@ void RdmaTransport::open_srq(Rail& rail) {
     rail.srq_off = "turned off by RDMAXFER_SRQ=" + off;
     return;
   }
+  const uint32_t chunk = srq_chunk();
   const ibv_device_attr& a = rail.context->device_attr();
   if (a.max_srq == 0 || a.max_srq_wr == 0) {
     rail.srq_off = rail.context->name() + " has no SRQ (ibv_query_device: max_srq " +
@@ -121,8 +137,7 @@ void RdmaTransport::open_srq(Rail& rail) {
     return;
   }
   try {
-    rail.srq = std::make_shared<SharedReceiveQueue>(rail.pd, settings_.ctrl_size, kSrqChunk,
-                                                    kSrqCap);
+    rail.srq = std::make_shared<SharedReceiveQueue>(rail.pd, settings_.ctrl_size, chunk, kSrqCap);
   } catch (const Error& e) {
     rail.srq_off = e.what();  // the QPs post their own receives, as on a device without SRQ
     log::write(log::Level::kWarning, "rdma: no SRQ on " + rail.context->name() + " (" +
