@@ -443,7 +443,12 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("describe", [](Engine& e) { return e.transport().describe(); })
       .def("rails", [](Engine& e) { return e.transport().rails(); })
-      .def("stats", [](const Engine& e) { return stats_dict(e.stats()); })
+      .def("stats",
+           [](const Engine& e) {
+             py::dict d = stats_dict(e.stats());
+             for (const auto& [name, value] : e.gauges()) d[py::str(name)] = value;
+             return d;
+           })
       .def(
           "listen",
           [](Engine& e, const std::string& host, int port) {

@@ -54,6 +54,11 @@ Engine::Engine(const std::string& transport, const TransportConfig& config)
 
 Engine::~Engine() { close(); }
 
+std::vector<std::pair<std::string, uint64_t>> Engine::gauges() const {
+  if (fork_generation_ != fork_generation() || closed_.load()) return {};
+  return transport_->gauges();
+}
+
 Transport& Engine::transport() {
   if (fork_generation_ != fork_generation()) {
     throw Error(ErrorKind::kClosed, inherited_text("this Engine"));

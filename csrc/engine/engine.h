@@ -51,6 +51,8 @@ class Engine {
   // The counters of every connection the engine made, and of failed set-ups; readable after
   // close().
   const Stats& stats() const { return *stats_; }
+  // The transport's levels now (Transport::gauges); none once closed or in a child of fork().
+  std::vector<std::pair<std::string, uint64_t>> gauges() const;
   void close();
   bool closed() const { return closed_.load(); }
 

@@ -67,6 +67,9 @@ class Transport : public RegistrationBackend {
   // The devices the transport runs on, in rail order (verbs: one per rail); empty elsewhere.
   virtual std::vector<std::string> rails() const { return {}; }
   virtual std::string describe() const = 0;
+  // Levels of what the transport holds now, by name (Engine.stats adds them to its counters):
+  // on verbs the receive buffers posted and allocated; none elsewhere.
+  virtual std::vector<std::pair<std::string, uint64_t>> gauges() const { return {}; }
 
   // Every registration of this transport (register, alloc_pinned, device memory, deregister).
   MemoryDomain& domain() { return owner_ != nullptr ? owner_->domain() : domain_; }

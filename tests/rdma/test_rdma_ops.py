@@ -197,15 +197,28 @@ def test_many_in_flight(rdma_pair: RdmaPair, rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(region_array(out), data)
 
 
-def test_close_drains_the_flushes_before_releasing(rdma_pair: RdmaPair) -> None:
+@pytest.mark.parametrize("srq", ["1", "0"])
+def test_close_drains_the_flushes_before_releasing(
+    srq: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """close() moves the QPs to ERR, retires every flushed WR and receive, and only then lets
-    go of what they used: when it returns nothing is on the device and no region is in use."""
-    src = rdma_pair.client.alloc_pinned(1 << 20, 0)
-    dst = rdma_pair.server.alloc_pinned(1 << 20, RW)
-    assert rdma_pair.a.attributes()["posted_receives"] > 0
-    writes = [rdma_pair.a.post_write(src, 0, dst.descriptor(), 0, 1 << 20, 16384) for _ in range(4)]
-    rdma_pair.a.close()
-    attrs = rdma_pair.a.attributes()
-    assert attrs["outstanding_wrs"] == 0 and attrs["posted_receives"] == 0, attrs
-    assert all(w.done() for w in writes)
-    rdma_pair.client.deregister(src, 0.0)  # no operation holds it any more: no wait
+    go of what they used: when it returns nothing is on the device and no region is in use.
+    With the rail's SRQ the QPs own no receive (the SRQ keeps its buffers posted); without it
+    (RDMAXFER_SRQ=0) each QP posts its 32 and the close flushes them."""
+    monkeypatch.setenv("RDMAXFER_SRQ", srq)
+    pair = connect_pair()
+    try:
+        src = pair.client.alloc_pinned(1 << 20, 0)
+        dst = pair.server.alloc_pinned(1 << 20, RW)
+        before = pair.a.attributes()
+        assert before["srq"] == int(srq), before
+        assert before["posted_receives"] == (0 if srq == "1" else 32 * pair.a.streams), before
+        writes = [pair.a.post_write(src, 0, dst.descriptor(), 0, 1 << 20, 16384) for _ in range(4)]
+        pair.a.close()
+        attrs = pair.a.attributes()
+        assert attrs["outstanding_wrs"] == 0 and attrs["posted_receives"] == 0, attrs
+        assert all(w.done() for w in writes)
+        pair.client.deregister(src, 0.0)  # no operation holds it any more: no wait
+    finally:
+        pair.client.close()
+        pair.server.close()

@@ -2,7 +2,8 @@
 
 - one engine holds 512 connections (its QPs complete on CQs created on demand, cq_set.h),
   while two handshakes stall (a client that never speaks and one that stops after its Hello);
-  bytes are exact on every connection (a tag each) and on a sample (64 KiB each);
+  bytes are exact on every connection (a tag each) and on a sample (64 KiB each); the
+  receive buffers stay those of one SRQ per engine (verbs_srq.h), not 32 per connection;
 - the service level, traffic class and min_rnr_timer given to the engine (or in the
   environment) reach ibv_modify_qp, and the QPs hold what their link layer carries, read back
   with ibv_query_qp (Endpoint.info): on RoCE the traffic class, on InfiniBand the SL.
@@ -76,6 +77,15 @@ def test_512_connections_with_stalled_handshakes(rng: np.random.Generator) -> No
             r2.wait(WAIT_S)
         silent.close()
         spoke.close()
+
+        # Receive buffers (16 KiB each) come from each engine's SRQ, not 32 per QP: 512 peers
+        # would have held 16,384 (256 MiB) each; the burst of 512 tags may grow the client's.
+        held = {
+            "server": server.stats()["recv_buffers.allocated"],
+            "client": client.stats()["recv_buffers.allocated"],
+        }
+        print(f"receive buffers with {N_CONNECTIONS} connections: {held}")
+        assert all(256 <= n <= 1024 for n in held.values()), held
 
         # Closing the server engine starts all 512 closes, then waits: each client endpoint
         # learns of its own (the GOODBYE, not an error) and every receive pending there fails.

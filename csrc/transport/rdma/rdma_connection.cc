@@ -49,12 +49,15 @@ RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& set
     const Rail& rail = shared_.rails.at(static_cast<size_t>(lanes[i].rail));
     lane.rail = lanes[i].rail;
     lane.peer_rail = lanes[i].peer_rail;
-    lane.recv_slab =
-        std::make_unique<BufferSlab>(rail.pd, settings_.ctrl_size, settings_.ctrl_depth);
+    if (!rail.srq) {  // no SRQ on this rail: the QP's own receive buffers
+      lane.recv_slab =
+          std::make_unique<BufferSlab>(rail.pd, settings_.ctrl_size, settings_.ctrl_depth);
+    }
     lane.send_slab =
         std::make_unique<BufferSlab>(rail.pd, settings_.ctrl_size, settings_.ctrl_slots);
-    lane.qp = std::make_unique<QueuePair>(
-        rail.pd, shared_.cqs.at(static_cast<size_t>(lane.rail)), settings_.limits, tag_);
+    lane.qp = std::make_unique<QueuePair>(rail.pd,
+                                          shared_.cqs.at(static_cast<size_t>(lane.rail)),
+                                          settings_.limits, tag_, rail.srq);
     lane.qp->to_init();
   }
 }
@@ -146,7 +149,9 @@ void RdmaConnection::connect_qps(const EndpointRecord& peer, bool acceptor) {
     lane.sq = std::make_unique<SendQueue>(*lane.qp, wr_prefix(tag_, static_cast<int>(i), false),
                                           *lane.send_slab,
                                           std::max<uint32_t>(1, settings_.limits.sq_depth / 4));
-    for (uint32_t s = 0; s < settings_.ctrl_depth; ++s) post_recv_slot(static_cast<int>(i), s);
+    if (lane.recv_slab) {
+      for (uint32_t s = 0; s < settings_.ctrl_depth; ++s) post_recv_slot(static_cast<int>(i), s);
+    }
     const auto mtu = static_cast<ibv_mtu>(
         std::min<int>(theirs.active_mtu, static_cast<int>(rail.record.active_mtu)));
     const int bytes = mtu_bytes(mtu);
@@ -204,18 +209,6 @@ std::string RdmaConnection::describe() const {
   return s;
 }
 
-uint64_t RdmaConnection::outstanding_wrs() const {
-  uint64_t n = 0;
-  for (const Lane& lane : lanes_) n += lane.sq ? lane.sq->in_flight() : 0;
-  return n;
-}
-
-uint64_t RdmaConnection::posted_receives() const {
-  uint64_t n = 0;
-  for (size_t i = 0; i < lanes_.size(); ++i) n += static_cast<uint64_t>(posted_recvs_[i].load());
-  return n;
-}
-
 std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const {
   std::vector<std::pair<std::string, uint64_t>> rails;
   {
@@ -236,6 +229,23 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
       {"outstanding_wrs", outstanding_wrs()},
       {"posted_receives", posted_receives()},
       {"rails", rails.size() / 2}};
+  // The SRQs of the rails this connection uses (shared by every connection on them).
+  const bool all_srq = !lanes_.empty() && std::all_of(lanes_.begin(), lanes_.end(),
+                                                      [](const Lane& l) { return l.qp->on_srq(); });
+  uint64_t srq_posted = 0;
+  uint64_t srq_buffers = 0;
+  uint64_t srq_grows = 0;
+  for (int r : used_rails()) {
+    if (const auto& srq = shared_.rails[static_cast<size_t>(r)].srq) {
+      srq_posted += srq->posted();
+      srq_buffers += srq->buffers();
+      srq_grows += srq->grows();
+    }
+  }
+  out.insert(out.end(), {{"srq", all_srq ? 1u : 0u},
+                         {"srq_posted", srq_posted},
+                         {"srq_buffers", srq_buffers},
+                         {"srq_grows", srq_grows}});
   out.insert(out.end(), rails.begin(), rails.end());
   if (!lanes_.empty()) {
     // What the first QP holds (ibv_query_qp), and what ibv_modify_qp was given (every rail's
@@ -285,22 +295,6 @@ void RdmaConnection::check_remote(const Descriptor& remote, uint64_t remote_offs
 
 uint64_t RdmaConnection::max_chunk() const { return max_chunk_; }
 
-void RdmaConnection::post_recv_slot(int lane, uint32_t slot) {
-  Lane& l = lanes_[static_cast<size_t>(lane)];
-  ibv_sge sge{};
-  sge.addr = reinterpret_cast<uint64_t>(l.recv_slab->slot(slot));
-  sge.length = l.recv_slab->slot_size();
-  sge.lkey = l.recv_slab->lkey();
-  ibv_recv_wr wr{};
-  wr.wr_id = wr_prefix(tag_, lane, true) | slot;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad = nullptr;
-  const int rc = ibv_post_recv(l.qp->get(), &wr, &bad);
-  if (rc != 0) throw_verbs("ibv_post_recv", rc);
-  posted_recvs_[static_cast<size_t>(lane)].fetch_add(1);
-}
-
 void RdmaConnection::finish_parts(const std::vector<RequestPtr>& parts) {
   std::vector<uint64_t> finished;
   for (const RequestPtr& r : parts) {
@@ -349,8 +343,11 @@ void RdmaConnection::fail_from_completion(const ibv_wc& wc, const RequestPtr& re
 
 void RdmaConnection::on_completion(const ibv_wc& wc) {
   const int lane = static_cast<int>((wc.wr_id >> 33) & 0x7f);
-  const bool is_recv = ((wc.wr_id >> 32) & 1) != 0;
   if (lane >= streams()) return;
+  complete(lane, ((wc.wr_id >> 32) & 1) != 0, wc, nullptr);
+}
+
+void RdmaConnection::complete(int lane, bool is_recv, const ibv_wc& wc, const uint8_t* srq_data) {
   const int rail = lanes_[static_cast<size_t>(lane)].rail;
   bool failed_over = false;
   {
@@ -360,7 +357,9 @@ void RdmaConnection::on_completion(const ibv_wc& wc) {
   // A failed-over rail's flushes: its chunks were taken and posted elsewhere (drained() no
   // longer counts its QPs).
   if (failed_over) return;
-  if (is_recv) posted_recvs_[static_cast<size_t>(lane)].fetch_sub(1);  // consumed or flushed
+  if (is_recv && srq_data == nullptr) {
+    posted_recvs_[static_cast<size_t>(lane)].fetch_sub(1);  // consumed or flushed
+  }
   if (state() == State::kClosed) {
     // Flushed (or completed) after teardown began: retire it; the last one releases.
     if (!is_recv) lanes_[static_cast<size_t>(lane)].sq->retire(wc);
@@ -385,7 +384,7 @@ void RdmaConnection::on_completion(const ibv_wc& wc) {
   }
   if (is_recv) {
     try {
-      on_recv(lane, wc);
+      on_recv(lane, wc, srq_data);
     } catch (const Error& e) {
       abort(e.kind() == ErrorKind::kProtocol ? ErrorKind::kProtocol : ErrorKind::kTransport,
             std::string("connection to ") + peer() + " aborted: " + e.what());

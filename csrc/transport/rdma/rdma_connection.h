@@ -4,8 +4,9 @@
 // the grants and WRITE_WITH_IMM; its rail is the control rail.
 //
 // Lifecycle (explicit state, see State):
-//   kPrepared   constructed by the transport: QPs created and in INIT, control receive buffers
-//               posted; local_record() describes them for the peer.
+//   kPrepared   constructed by the transport: QPs created and in INIT (on the rail's SRQ, or
+//               with receive buffers of their own, posted in connect_qps); local_record()
+//               describes them for the peer.
 //   kConnected  connect_qps(peer record): every QP through RTR to RTS (path MTU = min of both
 //               ports' active MTU); then start(socket): the bootstrap TCP stream is watched for
 //               GOODBYE / EOF and operations may be posted.
@@ -47,11 +48,15 @@
 //                   pieces after it (flushed) with the connection's, and completes: the pieces
 //                   before it landed (RC completes a send queue in order).
 // The protocol above (protocol/message_protocol.h) bounds the control SENDs by credits: at most
-// `window` messages unanswered (the peer's ctrl_depth / 4, from its endpoint record), so every
-// control SEND and WRITE_WITH_IMM lands in a receive buffer that is there: each QP keeps
-// `ctrl_depth` of them posted, reposted as soon as they are consumed. rnr_retry is finite
-// (kRnrRetries): an RNR NAK means a peer that stopped reposting, and the send fails with
-// IBV_WC_RNR_RETRY_EXC_ERR saying so.
+// `window` messages unanswered (the peer's ctrl_depth / 4, from its endpoint record). The
+// receives come from the rail's shared receive queue (verbs_srq.h; a receive completion is
+// handed here by its qp_num, on_srq_completion, and its buffer goes back to the SRQ when that
+// returns): one pool for every peer, which grows from its low water before it runs dry, so a
+// burst from many peers at once waits at most a few RNR retries for buffers. Without an SRQ
+// each QP keeps `ctrl_depth` of its own posted, reposted as soon as they are consumed, and
+// every control SEND and WRITE_WITH_IMM within the window lands in one. rnr_retry is finite
+// (kRnrRetries): an RNR NAK past those retries means a peer that stopped reposting, and the
+// send fails with IBV_WC_RNR_RETRY_EXC_ERR saying so.
 #pragma once
 
 #include <atomic>
@@ -160,15 +165,23 @@ class RdmaConnection : public Channel,
   int streams() const override { return static_cast<int>(lanes_.size()); }
   std::string describe() const override;
   uint64_t outstanding_wrs() const;  // send-queue WRs on the device, all QPs
-  uint64_t posted_receives() const;  // receive WRs on the device, all QPs
+  uint64_t posted_receives() const;  // receive WRs on the device, all QPs (none on an SRQ)
+  uint64_t own_receive_buffers() const;  // the QPs' own receive buffers (none on an SRQ)
   std::vector<std::pair<std::string, uint64_t>> attributes() const override;
   State state() const;
 
   // Every WR of the QPs completed or flushed (after teardown: nothing is on the device).
   bool drained() const;
 
+  // The QPs, as (rail, QP number): the transport finds the connection of an SRQ receive by
+  // its completion's qp_num.
+  std::vector<std::pair<int, uint32_t>> qp_numbers() const;
+
   // Completion thread.
   void on_completion(const ibv_wc& wc);
+  // A receive completion of `rail`'s SRQ on one of this connection's QPs (wc.qp_num), its bytes
+  // in `data` (valid until this returns; the transport then reposts the buffer).
+  void on_srq_completion(int rail, const ibv_wc& wc, const uint8_t* data);
   void on_socket_ready();
   void on_qp_event(uint32_t qp_num, const std::string& what);
   // The local rail `rail` failed (`cause` says how): failover, see above.
@@ -179,7 +192,7 @@ class RdmaConnection : public Channel,
   struct Lane {
     int rail = 0;
     int peer_rail = 0;
-    std::unique_ptr<BufferSlab> recv_slab;
+    std::unique_ptr<BufferSlab> recv_slab;  // null on a rail with an SRQ
     std::unique_ptr<BufferSlab> send_slab;
     std::unique_ptr<QueuePair> qp;
     std::unique_ptr<SendQueue> sq;
@@ -229,7 +242,10 @@ class RdmaConnection : public Channel,
   // The control rail's completion thread (it also watches the bootstrap socket).
   CqPoller& control_poller() const { return *shared_.rails[static_cast<size_t>(lanes_[0].rail)].poller; }
   void post_recv_slot(int lane, uint32_t slot);
-  void on_recv(int lane, const ibv_wc& wc);
+  // A completion of `lane`; `srq_data`: an SRQ receive's buffer (null: a send WR or a receive
+  // of the QP's own).
+  void complete(int lane, bool is_recv, const ibv_wc& wc, const uint8_t* srq_data);
+  void on_recv(int lane, const ibv_wc& wc, const uint8_t* srq_data);
   void finish_parts(const std::vector<RequestPtr>& parts);
   // Closes the connection once (QPs to ERR, bootstrap socket closed); settles `culprit` first
   // (`settle` when given, else it fails with `culprit_error`) and fails every other pending

@@ -1,5 +1,6 @@
 // RdmaConnection: the protocol's primitives on verbs (channel.h) — control SENDs
-// (control_msg.h), grants, WRITE_WITH_IMM, and the receive completions that carry them up.
+// (control_msg.h), grants, WRITE_WITH_IMM, the receive completions that carry them up (from the
+// QP's own receive buffers or the rail's SRQ), and the counts of WRs and receive buffers.
 #include <arpa/inet.h>
 
 #include <cstring>
@@ -86,14 +87,68 @@ void RdmaConnection::post_write_notify(const RequestPtr& request,
   }
 }
 
-void RdmaConnection::on_recv(int lane, const ibv_wc& wc) {
+void RdmaConnection::post_recv_slot(int lane, uint32_t slot) {
+  Lane& l = lanes_[static_cast<size_t>(lane)];
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<uint64_t>(l.recv_slab->slot(slot));
+  sge.length = l.recv_slab->slot_size();
+  sge.lkey = l.recv_slab->lkey();
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_prefix(tag_, lane, true) | slot;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  const int rc = ibv_post_recv(l.qp->get(), &wr, &bad);
+  if (rc != 0) throw_verbs("ibv_post_recv", rc);
+  posted_recvs_[static_cast<size_t>(lane)].fetch_add(1);
+}
+
+uint64_t RdmaConnection::outstanding_wrs() const {
+  uint64_t n = 0;
+  for (const Lane& lane : lanes_) n += lane.sq ? lane.sq->in_flight() : 0;
+  return n;
+}
+
+uint64_t RdmaConnection::posted_receives() const {
+  uint64_t n = 0;
+  for (size_t i = 0; i < lanes_.size(); ++i) n += static_cast<uint64_t>(posted_recvs_[i].load());
+  return n;
+}
+
+uint64_t RdmaConnection::own_receive_buffers() const {
+  uint64_t n = 0;
+  for (const Lane& lane : lanes_) n += lane.recv_slab ? lane.recv_slab->count() : 0;
+  return n;
+}
+
+std::vector<std::pair<int, uint32_t>> RdmaConnection::qp_numbers() const {
+  std::vector<std::pair<int, uint32_t>> out;
+  for (const Lane& lane : lanes_) out.emplace_back(lane.rail, lane.qp->qp_num());
+  return out;
+}
+
+void RdmaConnection::on_srq_completion(int rail, const ibv_wc& wc, const uint8_t* data) {
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (lanes_[i].rail == rail && lanes_[i].qp->qp_num() == wc.qp_num) {
+      complete(static_cast<int>(i), true, wc, data);
+      return;
+    }
+  }
+  // A QP this connection dropped while pairing (no peer QP): nothing was sent to it.
+}
+
+void RdmaConnection::on_recv(int lane, const ibv_wc& wc, const uint8_t* srq_data) {
   const uint32_t slot = static_cast<uint32_t>(wc.wr_id & 0xffffffffu);
   Lane& l = lanes_[static_cast<size_t>(lane)];
-  if (slot >= l.recv_slab->count()) {
+  // Its own receive buffer goes back to the QP as soon as its bytes are copied out; an SRQ's
+  // goes back to the SRQ when this returns (the transport reposts it).
+  const bool own = srq_data == nullptr;
+  if (own && (!l.recv_slab || slot >= l.recv_slab->count())) {
     throw Error(ErrorKind::kProtocol, "receive completion for unknown slot");
   }
+  const uint8_t* p = own ? l.recv_slab->slot(slot) : srq_data;
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-    post_recv_slot(lane, slot);
+    if (own) post_recv_slot(lane, slot);
     const uint32_t value = ntohl(wc.imm_data);
     uint64_t landed = 0;
     {
@@ -110,9 +165,8 @@ void RdmaConnection::on_recv(int lane, const ibv_wc& wc) {
   if (wc.opcode != IBV_WC_RECV) {
     throw Error(ErrorKind::kProtocol, "unexpected receive opcode " + std::to_string(wc.opcode));
   }
-  const uint8_t* p = l.recv_slab->slot(slot);
   CtrlMessage m = CtrlHeader::decode(p, wc.byte_len).message(p + CtrlHeader::kSize);
-  post_recv_slot(lane, slot);
+  if (own) post_recv_slot(lane, slot);
   events()->on_ctrl(std::move(m));
 }
 

@@ -1,7 +1,8 @@
 // The rails of a verbs engine: the devices (ports) one engine runs on at once.
 //
 // A rail is one opened device port (DeviceContext) with its own PD, completion channel, CQs
-// (CqSet: created on demand on that channel, cq_set.h) and completion thread (CqPoller). Every
+// (CqSet: created on demand on that channel, cq_set.h), completion thread (CqPoller) and shared
+// receive queue (verbs_srq.h) for the two-sided receives of all its QPs. Every
 // registration makes an MR in each rail's PD (RdmaRegion), so a descriptor carries an rkey per
 // rail; every connection holds QPs on each pair of rails the two sides share
 // (endpoint_record.h: rails_reach), and stripes large one-sided transfers over them in
@@ -23,6 +24,7 @@
 #include "transport/rdma/rdma_config.h"
 #include "transport/rdma/verbs_cq.h"
 #include "transport/rdma/verbs_pd.h"
+#include "transport/rdma/verbs_srq.h"
 
 namespace rdmaxfer {
 
@@ -32,6 +34,10 @@ struct Rail {
   std::shared_ptr<CompletionChannel> channel;
   std::shared_ptr<CqSet> cqs;  // the CQs of this rail's QPs, on `channel`, served by `poller`
   std::shared_ptr<CqPoller> poller;
+  // The rail's SRQ, which every QP on it takes its receives from (verbs_srq.h); null where the
+  // device has none or it is turned off: each QP then posts its own, and `srq_off` says why.
+  std::shared_ptr<SharedReceiveQueue> srq;
+  std::string srq_off;
   EndpointRecord::Rail record;  // what the peer learns about it
 };
 

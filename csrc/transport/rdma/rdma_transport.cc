@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/interrupt.h"
+#include "common/log.h"
 #include "transport/rdma/fabric_settings.h"
 #include "transport/rdma/rdma_rails.h"
 #include "transport/socket.h"
@@ -14,6 +15,25 @@ namespace rdmaxfer {
 
 namespace {
 constexpr int kMaxCqe = 16384;
+// Each rail's SRQ: 256 receive buffers at first (env RDMAXFER_SRQ_BUFFERS), grown as many at a
+// time up to 8192 (of ctrl_size, 16 KiB: 4 MiB at first, at most 128 MiB), whatever the number
+// of peers.
+constexpr uint32_t kSrqChunk = 256;
+constexpr uint32_t kSrqCap = 8192;
+
+uint32_t srq_chunk() {
+  const char* env = std::getenv("RDMAXFER_SRQ_BUFFERS");
+  if (env == nullptr || *env == '\0') return kSrqChunk;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  if (end == env || *end != '\0' || v < 1 || v > static_cast<long>(kSrqCap)) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string("RDMAXFER_SRQ_BUFFERS=") + env + " is not an integer in 1.." +
+                    std::to_string(kSrqCap) + " (receive buffers each SRQ starts with and adds " +
+                    "per step; unset it for " + std::to_string(kSrqChunk) + ")");
+  }
+  return static_cast<uint32_t>(v);
+}
 constexpr double kAcceptHandshakeS = 10.0;
 
 std::string poll_mode_of(const std::string& configured) {
@@ -83,7 +103,7 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
     rail.channel = std::make_shared<CompletionChannel>(rail.context);
     const int index = static_cast<int>(i);
     CqPoller::Handlers h;
-    h.completions = [this](const ibv_wc* wcs, int n) { on_completions(wcs, n); };
+    h.completions = [this, index](const ibv_wc* wcs, int n) { on_completions(index, wcs, n); };
     h.async_event = [this, index](const ibv_async_event& e) { on_async_event(index, e); };
     h.socket_ready = [this](uint64_t tag) { on_socket(tag); };
     h.fatal = [this, index](const std::string& why) {
@@ -94,11 +114,36 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
     rail.cqs = std::make_shared<CqSet>(rail.context, rail.channel, rail.poller,
                                        std::min(kMaxCqe, max_cqe));
     pds_.push_back(rail.pd);
+    open_srq(rail);
   }
+  qp_tags_.resize(rails_.size());
   for (Rail& rail : rails_) rail.poller->start();
 }
 
 RdmaTransport::~RdmaTransport() { shutdown(); }
+
+void RdmaTransport::open_srq(Rail& rail) {
+  const char* env = std::getenv("RDMAXFER_SRQ");
+  const std::string off = env != nullptr ? env : "";
+  if (off == "0" || off == "off" || off == "no" || off == "false") {
+    rail.srq_off = "turned off by RDMAXFER_SRQ=" + off;
+    return;
+  }
+  const uint32_t chunk = srq_chunk();
+  const ibv_device_attr& a = rail.context->device_attr();
+  if (a.max_srq == 0 || a.max_srq_wr == 0) {
+    rail.srq_off = rail.context->name() + " has no SRQ (ibv_query_device: max_srq " +
+                   std::to_string(a.max_srq) + ")";
+    return;
+  }
+  try {
+    rail.srq = std::make_shared<SharedReceiveQueue>(rail.pd, settings_.ctrl_size, chunk, kSrqCap);
+  } catch (const Error& e) {
+    rail.srq_off = e.what();  // the QPs post their own receives, as on a device without SRQ
+    log::write(log::Level::kWarning, "rdma: no SRQ on " + rail.context->name() + " (" +
+                                         e.what() + "): each QP posts its own receive buffers");
+  }
+}
 
 Capabilities RdmaTransport::capabilities() const {
   Capabilities caps;
@@ -132,6 +177,18 @@ std::string RdmaTransport::describe() const {
   for (size_t i = 0; i < rails_.size(); ++i) {
     s += (i == 0 ? " " : ", ") + rail_text(rails_[i].context->name(), rails_[i].record);
   }
+  s += "; receive buffers of " + std::to_string(settings_.ctrl_size) + " bytes:";
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    const Rail& rail = rails_[i];
+    s += (i == 0 ? " " : ", ") + rail.context->name() + " ";
+    if (rail.srq) {
+      s += "SRQ, " + std::to_string(rail.srq->posted()) + " posted of " +
+           std::to_string(rail.srq->buffers()) + " (at most " + std::to_string(rail.srq->cap()) +
+           ")";
+    } else {
+      s += "per QP, " + std::to_string(settings_.ctrl_depth) + " each (" + rail.srq_off + ")";
+    }
+  }
   return s;
 }
 
@@ -139,6 +196,22 @@ std::vector<std::string> RdmaTransport::rails() const {
   std::vector<std::string> out;
   for (const Rail& rail : rails_) out.push_back(rail.context->name());
   return out;
+}
+
+std::vector<std::pair<std::string, uint64_t>> RdmaTransport::gauges() const {
+  uint64_t posted = 0;
+  uint64_t allocated = 0;
+  for (const Rail& rail : rails_) {
+    posted += rail.srq ? rail.srq->posted() : 0;
+    allocated += rail.srq ? rail.srq->buffers() : 0;
+  }
+  for (const auto& c : live_connections()) {
+    // Connected: its QPs are paired (a handshake in progress still rearranges them).
+    if (c->state() != RdmaConnection::State::kConnected) continue;
+    posted += c->posted_receives();
+    allocated += c->own_receive_buffers();
+  }
+  return {{"recv_buffers.posted", posted}, {"recv_buffers.allocated", allocated}};
 }
 
 std::shared_ptr<MemoryRegion> RdmaTransport::make_region(uint8_t* addr, uint64_t length,
@@ -182,6 +255,7 @@ std::shared_ptr<RdmaConnection> RdmaTransport::prepare(const std::vector<LaneSpe
       auto c = it->second.lock();
       if (!c || c->is_closed()) {
         release_cqs(it->first);
+        forget_qps_locked(it->first);
         it = connections_.erase(it);
       } else {
         ++it;
@@ -203,6 +277,7 @@ std::shared_ptr<RdmaConnection> RdmaTransport::prepare(const std::vector<LaneSpe
     std::lock_guard<std::mutex> lock(mu_);
     pending_.erase(tag);
     connections_[tag] = conn;
+    for (const auto& [rail, qpn] : conn->qp_numbers()) qp_tags_[static_cast<size_t>(rail)][qpn] = tag;
     return conn;
   } catch (...) {
     release_cqs(tag);
@@ -336,9 +411,46 @@ std::shared_ptr<RdmaConnection> RdmaTransport::find(uint32_t tag) {
   return it == connections_.end() ? nullptr : it->second.lock();
 }
 
-void RdmaTransport::on_completions(const ibv_wc* wcs, int n) {
+std::shared_ptr<RdmaConnection> RdmaTransport::find_qp(int rail, uint32_t qp_num) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto& tags = qp_tags_[static_cast<size_t>(rail)];
+  auto t = tags.find(qp_num);
+  if (t == tags.end()) return nullptr;
+  auto it = connections_.find(t->second);
+  return it == connections_.end() ? nullptr : it->second.lock();
+}
+
+void RdmaTransport::forget_qps_locked(uint32_t tag) {
+  for (auto& tags : qp_tags_) {
+    for (auto it = tags.begin(); it != tags.end();) {
+      it = it->second == tag ? tags.erase(it) : std::next(it);
+    }
+  }
+}
+
+void RdmaTransport::on_srq_receive(int rail, const ibv_wc& wc) {
+  SharedReceiveQueue* srq = rails_[static_cast<size_t>(rail)].srq.get();
+  if (srq == nullptr) return;  // not this rail's: no SRQ WR was ever posted here
+  try {
+    srq->taken();
+    const uint8_t* data = srq->buffer(wc.wr_id);
+    // None: a flush after its connection was freed. The buffer goes back either way.
+    if (auto conn = find_qp(rail, wc.qp_num)) conn->on_srq_completion(rail, wc, data);
+    srq->repost(wc.wr_id);
+  } catch (const Error& e) {
+    rail_failed(rail, "the shared receive queue of " +
+                          rails_[static_cast<size_t>(rail)].context->name() + " failed: " +
+                          e.what());
+  }
+}
+
+void RdmaTransport::on_completions(int rail, const ibv_wc* wcs, int n) {
   std::shared_ptr<RdmaConnection> conn;
   for (int i = 0; i < n; ++i) {
+    if (SharedReceiveQueue::owns(wcs[i].wr_id)) {
+      on_srq_receive(rail, wcs[i]);
+      continue;
+    }
     const uint32_t tag = wr_tag(wcs[i].wr_id);
     if (!conn || conn->tag() != tag) conn = find(tag);
     if (conn) conn->on_completion(wcs[i]);  // none: a flush after the connection was freed
@@ -357,6 +469,18 @@ void RdmaTransport::on_async_event(int rail, const ibv_async_event& event) {
       if (auto conn = find(tag)) conn->on_qp_event(event.element.qp->qp_num, what);
       return;
     }
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      if (const auto& srq = rails_[static_cast<size_t>(rail)].srq) {
+        try {
+          srq->on_limit();
+        } catch (const Error& e) {
+          rail_failed(rail, "growing the shared receive queue of " +
+                                rails_[static_cast<size_t>(rail)].context->name() +
+                                " failed: " + e.what());
+        }
+      }
+      return;
+    case IBV_EVENT_SRQ_ERR:
     case IBV_EVENT_CQ_ERR:
     case IBV_EVENT_DEVICE_FATAL:
     case IBV_EVENT_PORT_ERR:
@@ -366,7 +490,7 @@ void RdmaTransport::on_async_event(int rail, const ibv_async_event& event) {
   }
 }
 
-std::vector<std::shared_ptr<RdmaConnection>> RdmaTransport::live_connections() {
+std::vector<std::shared_ptr<RdmaConnection>> RdmaTransport::live_connections() const {
   std::vector<std::shared_ptr<RdmaConnection>> conns;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [tag, w] : connections_) {

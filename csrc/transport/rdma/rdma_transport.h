@@ -1,7 +1,8 @@
 // The verbs transport: the whole API over RC queue pairs (libibverbs, loaded at run time).
 //
 // Lifecycle: constructed (fabric settings checked; each rail's device opened with its PD,
-// completion channel, CqSet and completion thread running; rdma_rails.h) -> listen() (bootstrap
+// completion channel, CqSet, completion thread running and SRQ, unless the device has none
+// (max_srq 0) or env RDMAXFER_SRQ=0: then each QP posts its own receives; rdma_rails.h) -> listen() (bootstrap
 // acceptor: every peer's Hello and then its verbs handshake run on a thread of their own,
 // bounded by the handshake timeout, so a connect() completes before accept() is called, as on
 // TCP, and a stalled peer delays nobody) -> connections by accept()/connect(): the TCP
@@ -13,7 +14,8 @@
 //
 // A connection's QPs on one rail complete on one CQ of that rail's CqSet (cq_set.h: CQs
 // created on demand, all on the rail's channel and poller); a completion finds its connection
-// through the tag in its wr_id. Each connection reserves its share of its CQ on every rail it
+// through the tag in its wr_id, a receive of the rail's SRQ (verbs_srq.h: every QP of a rail
+// takes its control receives from it) through its qp_num. Each connection reserves its share of its CQ on every rail it
 // uses, so a CQ never overruns. Fabric settings (fabric_settings.h) apply to the QPs of every
 // rail. A device's fatal event or a failed completion thread fails its rail over in every
 // connection (rdma_connection.h).
@@ -42,6 +44,9 @@ class RdmaTransport : public Transport {
   Capabilities capabilities() const override;
   std::string describe() const override;
   std::vector<std::string> rails() const override;
+  // "recv_buffers.posted" / "recv_buffers.allocated": every rail's SRQ plus the receive
+  // buffers of the QPs that have their own.
+  std::vector<std::pair<std::string, uint64_t>> gauges() const override;
   uint16_t listen(const std::string& host, uint16_t port) override;
   std::shared_ptr<Channel> accept(double timeout_s) override;
   std::shared_ptr<Channel> connect(const std::string& host, uint16_t port,
@@ -72,8 +77,15 @@ class RdmaTransport : public Transport {
   void handshake(RdmaConnection& conn, int fd, const EndpointRecord* peer_record,
                  const Deadline& deadline);
   std::shared_ptr<RdmaConnection> find(uint32_t tag);
-  std::vector<std::shared_ptr<RdmaConnection>> live_connections();
-  void on_completions(const ibv_wc* wcs, int n);
+  // The connection holding QP `qp_num` of `rail` (SRQ receives name no connection in wr_id).
+  std::shared_ptr<RdmaConnection> find_qp(int rail, uint32_t qp_num);
+  void forget_qps_locked(uint32_t tag);
+  std::vector<std::shared_ptr<RdmaConnection>> live_connections() const;
+  // The rail's SRQ, or why it has none (env RDMAXFER_SRQ=0, max_srq 0, ibv_create_srq failed).
+  void open_srq(Rail& rail);
+  void on_completions(int rail, const ibv_wc* wcs, int n);
+  // A receive completion of `rail`'s SRQ: to its connection by qp_num, then the buffer back.
+  void on_srq_receive(int rail, const ibv_wc& wc);
   void on_async_event(int rail, const ibv_async_event& event);
   void on_socket(uint64_t tag);
   void abort_all(ErrorKind kind, const std::string& reason);
@@ -91,10 +103,11 @@ class RdmaTransport : public Transport {
   std::unique_ptr<Acceptor> acceptor_;
   std::condition_variable accepted_cv_;
   std::deque<std::shared_ptr<RdmaConnection>> accepted_;  // handshake done, not yet accept()ed
-  std::mutex mu_;
+  mutable std::mutex mu_;
   bool shut_down_ = false;
   uint32_t next_tag_ = 1;
   std::unordered_map<uint32_t, std::weak_ptr<RdmaConnection>> connections_;
+  std::vector<std::unordered_map<uint32_t, uint32_t>> qp_tags_;  // per rail: QP number -> tag
   std::unordered_set<uint32_t> pending_;  // tags of connections being set up (prepare)
 };
 

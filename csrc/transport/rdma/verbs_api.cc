@@ -70,6 +70,9 @@ Loaded load() {
             lookup(l.handle, "ibv_modify_qp", v, &a.modify_qp, why) &&
             lookup(l.handle, "ibv_query_qp", v, &a.query_qp, why) &&
             lookup(l.handle, "ibv_destroy_qp", v, &a.destroy_qp, why) &&
+            lookup(l.handle, "ibv_create_srq", v, &a.create_srq, why) &&
+            lookup(l.handle, "ibv_modify_srq", v, &a.modify_srq, why) &&
+            lookup(l.handle, "ibv_destroy_srq", v, &a.destroy_srq, why) &&
             lookup(l.handle, "ibv_get_async_event", v, &a.get_async_event, why) &&
             lookup(l.handle, "ibv_ack_async_event", v, &a.ack_async_event, why) &&
             lookup(l.handle, "ibv_wc_status_str", v, &a.wc_status_str, why) &&

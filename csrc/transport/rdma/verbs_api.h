@@ -45,6 +45,9 @@ struct VerbsApi {
   int (*modify_qp)(ibv_qp*, ibv_qp_attr*, int) = nullptr;
   int (*query_qp)(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*) = nullptr;
   int (*destroy_qp)(ibv_qp*) = nullptr;
+  ibv_srq* (*create_srq)(ibv_pd*, ibv_srq_init_attr*) = nullptr;
+  int (*modify_srq)(ibv_srq*, ibv_srq_attr*, int) = nullptr;
+  int (*destroy_srq)(ibv_srq*) = nullptr;
   int (*get_async_event)(ibv_context*, ibv_async_event*) = nullptr;
   void (*ack_async_event)(ibv_async_event*) = nullptr;
   const char* (*wc_status_str)(ibv_wc_status) = nullptr;

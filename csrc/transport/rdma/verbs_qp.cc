@@ -15,14 +15,16 @@ constexpr uint8_t kRetryCount = 7;
 }  // namespace
 
 QueuePair::QueuePair(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<CompletionQueue> cq,
-                     const QpLimits& limits, uintptr_t tag)
-    : pd_(std::move(pd)), cq_(std::move(cq)), limits_(limits) {
+                     const QpLimits& limits, uintptr_t tag,
+                     std::shared_ptr<SharedReceiveQueue> srq)
+    : pd_(std::move(pd)), cq_(std::move(cq)), srq_(std::move(srq)), limits_(limits) {
   ibv_qp_init_attr init{};
   init.qp_context = reinterpret_cast<void*>(tag);
   init.send_cq = cq_->get();
   init.recv_cq = cq_->get();
   init.cap.max_send_wr = limits_.sq_depth;
-  init.cap.max_recv_wr = limits_.rq_depth;
+  init.cap.max_recv_wr = srq_ ? 0 : limits_.rq_depth;
+  init.srq = srq_ ? srq_->get() : nullptr;
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
   init.qp_type = IBV_QPT_RC;
@@ -36,7 +38,8 @@ QueuePair::QueuePair(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<Compl
   if (qp_ != nullptr) limits_.max_inline = init.cap.max_inline_data;  // what was granted
   if (qp_ == nullptr) {
     throw_verbs("ibv_create_qp(RC, " + std::to_string(limits_.sq_depth) + " send / " +
-                    std::to_string(limits_.rq_depth) + " receive WRs)",
+                    (srq_ ? std::string("SRQ") : std::to_string(limits_.rq_depth)) +
+                    " receive WRs)",
                 errno);
   }
   std::random_device rd;

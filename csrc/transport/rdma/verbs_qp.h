@@ -4,7 +4,9 @@
 //   created (RESET, on the engine's PD, sends and receives completing on one CQ; inline data
 //                           up to limits.max_inline asked for, granted size in limits())
 //   -> to_init()            port, pkey 0, remote READ/WRITE allowed (the MRs decide)
-//   -> receives posted      (allowed from INIT on, so nothing the peer sends is lost)
+//   -> receives posted      (allowed from INIT on, so nothing the peer sends is lost; none
+//                           for a QP on a shared receive queue, verbs_srq.h, whose receives
+//                           are posted already)
 //   -> to_rtr(peer)         path MTU, peer QPN/PSN, address (GRH with the peer's GID and
 //                           limits.fabric's traffic class on RoCE, the peer's LID on
 //                           InfiniBand; limits.fabric's SL), min_rnr_timer (limits.fabric),
@@ -21,6 +23,7 @@
 #include "transport/rdma/fabric_settings.h"
 #include "transport/rdma/verbs_cq.h"
 #include "transport/rdma/verbs_pd.h"
+#include "transport/rdma/verbs_srq.h"
 
 namespace rdmaxfer {
 
@@ -54,9 +57,12 @@ struct QpLimits {
 
 class QueuePair {
  public:
-  // `tag` lands in qp_context, so async events name the connection without a pointer.
+  // `tag` lands in qp_context, so async events name the connection without a pointer. With
+  // `srq`, the QP takes its receives from that SRQ (and has no receive queue of its own); it
+  // holds the SRQ, which is destroyed only after its last QP.
   QueuePair(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<CompletionQueue> cq,
-            const QpLimits& limits, uintptr_t tag);
+            const QpLimits& limits, uintptr_t tag,
+            std::shared_ptr<SharedReceiveQueue> srq = nullptr);
   ~QueuePair();
   QueuePair(const QueuePair&) = delete;
   QueuePair& operator=(const QueuePair&) = delete;
@@ -65,6 +71,7 @@ class QueuePair {
   uint32_t qp_num() const { return qp_->qp_num; }
   uint32_t psn() const { return psn_; }
   const QpLimits& limits() const { return limits_; }
+  bool on_srq() const { return srq_ != nullptr; }
 
   void to_init();
   // max_dest_rd_atomic: READs served at once = min(our responder resources, the peer's
@@ -84,6 +91,7 @@ class QueuePair {
  private:
   std::shared_ptr<ProtectionDomain> pd_;
   std::shared_ptr<CompletionQueue> cq_;
+  std::shared_ptr<SharedReceiveQueue> srq_;  // declared before qp_: outlives it
   QpLimits limits_;
   ibv_qp* qp_ = nullptr;
   uint32_t psn_ = 0;

@@ -22,7 +22,15 @@ the peer. Keys:
     outstanding (the minimum of its initiator depth and the peer's responder resources) and
     serves at once (its responder resources against the peer's initiator depth, both from the
     endpoint records); ``max_inline``, the bytes a WR carries inline; ``rnr_retry``, the RNR
-    retry count; ``outstanding_wrs``, the WRs posted and not completed; ``posted_receives``.
+    retry count; ``outstanding_wrs``, the WRs posted and not completed; ``posted_receives``,
+    the receive WRs its QPs posted themselves (0 on a rail with a shared receive queue).
+``srq``, ``srq_posted``, ``srq_buffers``, ``srq_grows``
+    On rdma: 1 when the connection's QPs take their receives from their rails' shared receive
+    queues (0: each QP posts its own, the device has no SRQ or ``RDMAXFER_SRQ=0``); the
+    receive buffers posted on those SRQs and allocated for them (16 KiB each), shared by every
+    connection on the same rails, so they do not grow with the number of peers; and the times
+    those SRQs added a step of buffers (``RDMAXFER_SRQ_BUFFERS``, default 256) because fewer
+    than a quarter were posted.
 ``rails``, ``rail_<device>_bytes``, ``rail_<device>_up``
     On rdma: the rails the connection has QPs on and, per rail, the bytes it carried and 1
     (0 once the rail failed).

@@ -26,6 +26,11 @@ endpoint it made, open or closed, plus connection set-ups that failed. Keys:
 ``credit_stalls`` (count)
     Times a sender began to wait: for a credit (verbs: more messages posted than the peer's
     window of unanswered ones) or for room in a socket (TCP: the send buffer was full).
+``recv_buffers.posted``, ``recv_buffers.allocated`` (count)
+    ``Engine.stats()`` of an open rdma engine only, a level rather than a counter: the receive
+    buffers (16 KiB each) posted for two-sided messages now, and allocated, over every rail's
+    shared receive queue and the QPs that post their own (no SRQ, or ``RDMAXFER_SRQ=0``). With
+    the SRQ they follow the traffic, not the number of peers.
 """
 
 from __future__ import annotations
