@@ -316,7 +316,8 @@ class MemoryDomain:
         lands in it): a live user region with the rights that use needs, else a temporary one
         with no remote access and local write only for a destination, from the registration
         cache (:mod:`.regcache`): (region, byte offset of arr in it, temporaries to hand back
-        with :meth:`_release_temps` when the operation is done)."""
+        with :meth:`_release_temps` when the operation is done). A user region found is
+        remembered for the same (address, bytes, writes) until a registration is made or ended."""
         if self._closed or self._pid != os.getpid():
             self._check_open()
         addr, nbytes = _core.address_of(arr), int(arr.nbytes)
