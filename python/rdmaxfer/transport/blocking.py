@@ -3,10 +3,12 @@ arrays: the same checks, the same ``_core`` calls and the same errors as posting
 :class:`~rdmaxfer.transport.transfer.Transfer` and waiting on it, without the per-call cost of
 the handle when nothing goes wrong.
 
-Each call checks its arguments with the functions of :mod:`.args`, takes the registration from
-the engine, posts one ``_core`` request and waits for it in one ``Request.wait`` (in C++, GIL
-released, Ctrl-C seen every 0.1 s). Only when the request fails, is still pending at the wait's
-bound, or the wait is interrupted does a Transfer take over (tracked by the endpoint), under the
+Each call checks its arguments with the functions of :mod:`.args` (offsets and lengths that are
+plain in-range ints pass a quicker test that accepts exactly what those functions accept), takes
+the registration from the engine, posts one ``_core`` request and waits for it in one
+``Request.wait`` (in C++, GIL released, Ctrl-C seen every 0.1 s). Only when the request fails,
+is still pending at the wait's bound, or the wait is interrupted does a Transfer take over
+(tracked by the endpoint, its WaitLimits made then, from the time the wait started), under the
 same bounds as the wait started, and decide the outcome exactly as ``Transfer.wait`` does. A
 received message that needs more than placing its bytes in host memory (a checksum, a dtype or
 shape other than ``out``'s, unreadable metadata) goes to the general receive step the same way.
