@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 import rdmaxfer
-from _common import MARGIN_S
+from _common import MARGIN_S, Pair
 from _peers import DTYPES, Peer, api_send_listening, api_send_to, make_array, same_bytes
 from rdmaxfer import (
     ConnectionFailedError,
@@ -19,7 +20,7 @@ from rdmaxfer import (
     UnsupportedError,
     _core,
 )
-from rdmaxfer._config import parse_address, resolve_timeout
+from rdmaxfer._config import default_timeout, parse_address, resolve_timeout
 from rdmaxfer.transport import api
 
 
@@ -104,6 +105,45 @@ def test_timeout_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in (float("nan"), float("inf"), -0.1):
         with pytest.raises(InvalidArgumentError, match=r"finite number of seconds >= 0"):
             resolve_timeout(bad)
+
+
+def test_default_timeout_follows_the_environment_between_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RDMAXFER_TIMEOUT is read at every call (the parsed value is kept only while the
+    variable's stored value is the same object), also when os.environ is replaced."""
+    monkeypatch.delenv("RDMAXFER_TIMEOUT", raising=False)
+    assert default_timeout() == 60.0
+    for text, seconds in (("12.5", 12.5), ("12.5", 12.5), (" 3 ", 3.0), ("0", 0.0)):
+        monkeypatch.setenv("RDMAXFER_TIMEOUT", text)
+        assert default_timeout() == seconds and resolve_timeout(None) == seconds
+    monkeypatch.setenv("RDMAXFER_TIMEOUT", "soon")
+    for _ in range(2):  # a bad value is never kept: it fails at every call
+        with pytest.raises(InvalidArgumentError, match=r"RDMAXFER_TIMEOUT='soon' is not a number"):
+            default_timeout()
+    monkeypatch.setenv("RDMAXFER_TIMEOUT", "-1")
+    with pytest.raises(InvalidArgumentError, match=r"RDMAXFER_TIMEOUT='-1': a timeout must be"):
+        default_timeout()
+    monkeypatch.delenv("RDMAXFER_TIMEOUT")
+    assert default_timeout() == 60.0
+    monkeypatch.setattr(os, "environ", {"RDMAXFER_TIMEOUT": "7"})
+    assert default_timeout() == 7.0
+    os.environ["RDMAXFER_TIMEOUT"] = "8"
+    assert default_timeout() == 8.0
+
+
+def test_a_blocking_call_takes_a_changed_env_default(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RDMAXFER_TIMEOUT", "30")
+    target = pair.server.register(np.zeros(64, np.uint8))
+    pair.a.write(np.ones(64, np.uint8), target.descriptor())  # the default is read and kept
+    assert int(target.numpy().sum()) == 64
+    monkeypatch.setenv("RDMAXFER_TIMEOUT", "0.3")
+    start = time.monotonic()
+    with pytest.raises(TransferTimeoutError, match=r"0\.3 s"):
+        pair.b.recv(np.zeros(8, np.uint8))  # nothing is sent
+    assert time.monotonic() - start < 0.3 + MARGIN_S
 
 
 @pytest.mark.parametrize(

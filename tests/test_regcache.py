@@ -175,3 +175,39 @@ def test_loopback_domain_reuses_and_releases_its_temporary_registration(
     region, _, temps = domain._local(src, writes=False)
     domain._release_temps(temps, TIMEOUT_S, failed=True)
     assert not region.registered and domain.core.registered_count() == 0
+
+
+def test_user_registrations_found_for_a_transfer_follow_register_and_deregister(
+    pair: Pair, rng: np.random.Generator
+) -> None:
+    """The engine remembers which user registration covers an array (domain._local); every
+    register and deregister makes it look again, so a transfer always takes a live one, the
+    exact range before a covering one, and a temporary one once none is left."""
+    target = pair.server.register(np.zeros(NBYTES, np.uint8), "rw")
+    big = rng.integers(0, 256, 4 * NBYTES, dtype=np.uint8)
+    view = big[NBYTES : 2 * NBYTES]
+    engine = pair.client
+
+    def write_and_find() -> tuple[object, int, int]:
+        view[:] = rng.integers(0, 256, NBYTES, dtype=np.uint8)
+        pair.a.write(view, target.descriptor(), timeout=TIMEOUT_S)
+        assert crc(target.numpy()) == crc(view)
+        region, offset, temps = engine._local(view, writes=False)
+        engine._release_temps(temps, TIMEOUT_S)
+        return region, offset, len(temps)
+
+    exact = engine.register(view, "none", local_write=False)
+    assert write_and_find() == (exact, 0, 0)
+    assert write_and_find() == (exact, 0, 0)  # remembered
+    exact.deregister()
+    region, offset, temps = write_and_find()
+    assert region is not exact and region.temporary and (offset, temps) == (0, 1)
+    covering = engine.register(big, "r")
+    assert write_and_find() == (covering, NBYTES, 0)
+    again = engine.register(view, "r")
+    assert write_and_find() == (again, 0, 0)  # a new registration is seen at once
+    again.close()
+    assert write_and_find() == (covering, NBYTES, 0)
+    covering.close()
+    region, _, temps = write_and_find()
+    assert region is not covering and region.registered and temps == 1

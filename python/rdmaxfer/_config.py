@@ -24,6 +24,7 @@ __all__ = [
     "ENV_TRANSPORT",
     "CallLimits",
     "Deadline",
+    "default_timeout",
     "format_address",
     "parse_address",
     "resolve_deadline",
@@ -36,6 +37,57 @@ ENV_SECRET = "RDMAXFER_SECRET"
 DEFAULT_TIMEOUT_S = 60.0
 
 
+# The mapping os.environ keeps its entries in (CPython: encoded keys to the very value objects
+# stored on assignment), so that default_timeout() sees a change of RDMAXFER_TIMEOUT by one dict
+# look-up and an identity test, without decoding the value on every call.
+_ENVIRON = os.environ
+_env = getattr(_ENVIRON, "_data", None)
+_ENV_DATA: dict[object, object] | None = _env if type(_env) is dict else None
+_TIMEOUT_KEY: object = os.environ.encodekey(ENV_TIMEOUT)
+#: (the stored value the default was parsed from, the default in seconds); _UNSEEN: none yet.
+_UNSEEN = object()
+_default_timeout: tuple[object, float] = (_UNSEEN, DEFAULT_TIMEOUT_S)
+
+
+def default_timeout() -> float:
+    """The default timeout in seconds: ``RDMAXFER_TIMEOUT`` as it is at this call, or 60 when
+    unset (a change through ``os.environ`` takes effect on the next call; the value is parsed
+    again only when it changed).
+
+    Raises:
+        InvalidArgumentError: the variable is not a finite number of seconds >= 0.
+    """
+    global _default_timeout
+    env = os.environ
+    raw: object = _UNSEEN  # os.environ replaced (or not CPython's): read and parsed every call
+    if env is _ENVIRON and _ENV_DATA is not None:
+        raw = _ENV_DATA.get(_TIMEOUT_KEY)
+        seen, value = _default_timeout
+        if raw is seen:
+            return value
+    text = env.get(ENV_TIMEOUT, "").strip()
+    if not text:
+        value = DEFAULT_TIMEOUT_S
+    else:
+        source = f"{ENV_TIMEOUT}={text!r}"
+        try:
+            value = float(text)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"{source} is not a number of seconds; set it to e.g. 60, or unset it"
+            ) from None
+        _check_timeout(value, source)
+    _default_timeout = (raw, value)  # only a valid value is kept: a bad one raises every call
+    return value
+
+
+def _check_timeout(value: float, source: str) -> None:
+    if not math.isfinite(value) or value < 0:
+        raise InvalidArgumentError(
+            f"{source}: a timeout must be a finite number of seconds >= 0 (every wait is bounded)"
+        )
+
+
 def resolve_timeout(timeout: float | None) -> float:
     """Return ``timeout`` in seconds, or the default (``RDMAXFER_TIMEOUT`` or 60 s) when None.
 
@@ -44,25 +96,12 @@ def resolve_timeout(timeout: float | None) -> float:
             of seconds >= 0.
     """
     if timeout is None:
-        raw = os.environ.get(ENV_TIMEOUT, "").strip()
-        if not raw:
-            return DEFAULT_TIMEOUT_S
-        source = f"{ENV_TIMEOUT}={raw!r}"
-        try:
-            value = float(raw)
-        except ValueError:
-            raise InvalidArgumentError(
-                f"{source} is not a number of seconds; set it to e.g. 60, or unset it"
-            ) from None
-    else:
-        source = f"timeout={timeout!r}"
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise InvalidArgumentError(f"{source}: a timeout is a number of seconds")
-        value = float(timeout)
-    if not math.isfinite(value) or value < 0:
-        raise InvalidArgumentError(
-            f"{source}: a timeout must be a finite number of seconds >= 0 (every wait is bounded)"
-        )
+        return default_timeout()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise InvalidArgumentError(f"timeout={timeout!r}: a timeout is a number of seconds")
+    value = float(timeout)
+    if not 0 <= value < math.inf:  # NaN fails too
+        _check_timeout(value, f"timeout={timeout!r}")
     return value
 
 

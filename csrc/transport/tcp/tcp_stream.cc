@@ -310,12 +310,17 @@ void TcpStream::receive() {
   // goes out together once the read is done.
   Cork cork;
   uint64_t budget = kReadBudget;
+  // A read that came back short emptied the socket: stop there instead of reading again only to
+  // get EAGAIN. Both watchers (the loop's epoll, a driving thread's poll) are level-triggered, so
+  // bytes or an EOF that arrive later are reported again.
+  bool drained = false;
   try {
     while (!dead_.load() && budget > 0) {
       if (stage_pos_ < stage_len_) {
         stage_pos_ += consume(stage_.data() + stage_pos_, stage_len_ - stage_pos_);
         continue;
       }
+      if (drained) return;
       // Large data goes straight from the socket into its destination, a WRITE_GATHER's data
       // straight into its pieces; everything else (headers, metadata, small payloads, several
       // small frames at once) through the staging buffer.
@@ -339,6 +344,8 @@ void TcpStream::receive() {
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = n_iov;
+      size_t asked = 0;
+      for (size_t i = 0; i < n_iov; ++i) asked += iov[i].iov_len;
       ssize_t n = recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
       if (n == 0) {
         // A closing peer shuts all its streams down after its last frames; those frames may
@@ -359,6 +366,7 @@ void TcpStream::receive() {
         fail("recv", errno);
         return;
       }
+      drained = static_cast<size_t>(n) < asked;
       budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
       if (pieces) {
         data_got_ += static_cast<uint64_t>(n);

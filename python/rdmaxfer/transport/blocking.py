@@ -3,10 +3,12 @@ arrays: the same checks, the same ``_core`` calls and the same errors as posting
 :class:`~rdmaxfer.transport.transfer.Transfer` and waiting on it, without the per-call cost of
 the handle when nothing goes wrong.
 
-Each call checks its arguments with the functions of :mod:`.args`, takes the registration from
-the engine, posts one ``_core`` request and waits for it in one ``Request.wait`` (in C++, GIL
-released, Ctrl-C seen every 0.1 s). Only when the request fails, is still pending at the wait's
-bound, or the wait is interrupted does a Transfer take over (tracked by the endpoint), under the
+Each call checks its arguments with the functions of :mod:`.args` (offsets and lengths that are
+plain in-range ints pass a quicker test that accepts exactly what those functions accept), takes
+the registration from the engine, posts one ``_core`` request and waits for it in one
+``Request.wait`` (in C++, GIL released, Ctrl-C seen every 0.1 s). Only when the request fails,
+is still pending at the wait's bound, or the wait is interrupted does a Transfer take over
+(tracked by the endpoint, its WaitLimits made then, from the time the wait started), under the
 same bounds as the wait started, and decide the outcome exactly as ``Transfer.wait`` does. A
 received message that needs more than placing its bytes in host memory (a checksum, a dtype or
 shape other than ``out``'s, unreadable metadata) goes to the general receive step the same way.
@@ -18,6 +20,7 @@ a received record's dtype and shape, and a peer's packed descriptor.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -25,14 +28,14 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
-from .._config import resolve_deadline, resolve_timeout
+from .._config import default_timeout, resolve_deadline, resolve_timeout
 from ..errors import InvalidArgumentError, RdmaxferError
 from ..memory import meta as _meta
 from ..memory.buffer import as_array
 from .args import byte_range, descriptor_of, remote_offset_of
 from .domain import MemoryDomain
 from .receive import recv_step
-from .transfer import CLEANUP_TIMEOUT_S, Transfer, TransferOwner, WaitLimits
+from .transfer import CLEANUP_TIMEOUT_S, MIN_WAIT_S, Transfer, TransferOwner, WaitLimits
 
 
 class Owner(TransferOwner, Protocol):
@@ -65,7 +68,8 @@ def _bounds(timeout: float | None, deadline: float | None) -> Bounds | None:
     either is invalid: the caller then takes the general path, which raises the error where
     it always did (from the wait, once the operation is posted)."""
     try:
-        return resolve_timeout(timeout), resolve_deadline(deadline)
+        timeout_s = default_timeout() if timeout is None else resolve_timeout(timeout)
+        return timeout_s, None if deadline is None else resolve_deadline(deadline)
     except InvalidArgumentError:
         return None
 
@@ -122,18 +126,29 @@ def _descriptor(remote: object) -> _core.Descriptor:
 _DONE: Any = object()
 
 
+def _fresh(wait: Bounds, started: float) -> float:
+    """``WaitLimits(*wait, started).fresh()`` without making the WaitLimits (only a wait that
+    does not end in one call needs one): the seconds a request posted now may be waited for."""
+    left, deadline_s = wait
+    if deadline_s is not None:
+        left = min(left, deadline_s - (time.monotonic() - started))
+    return left if left > MIN_WAIT_S else 0.0
+
+
 def _settle(
     ep: Owner,
     request: _core.Request,
     left: float,
-    limits: WaitLimits,
+    wait: Bounds,
+    started: float,
     handle: Callable[[], Transfer[Any]],
 ) -> Any:
-    """Wait for ``request`` (just posted; ``left``: ``limits.fresh()``, taken before posting so
+    """Wait for ``request`` (just posted; ``left``: :func:`_fresh`, taken before posting so
     that the wait starts at once, before the peer's answer can wake an I/O thread) in one call:
     :data:`_DONE` when it completed. Otherwise the Transfer ``handle()`` makes takes over,
-    tracked: its outcome is returned or raised (a failed request, a bound run out), or it
-    withdraws/aborts on an interruption."""
+    tracked, under the bounds ``wait`` of a wait that started at ``started``: its outcome is
+    returned or raised (a failed request, a bound run out), or it withdraws/aborts on an
+    interruption."""
     try:
         if left > 0 and request.wait(left) and not request.failed():
             return _DONE
@@ -141,7 +156,7 @@ def _settle(
         transfer = ep._track(handle())
         transfer._interrupt(request, f"interrupted by {type(exc).__name__}")
         raise
-    return ep._track(handle())._wait(limits)
+    return ep._track(handle())._wait(WaitLimits(*wait, started))
 
 
 def _run(
@@ -151,20 +166,21 @@ def _run(
     keep: list[object],
     temps: list[Any],
     wait: Bounds,
-    post: Callable[[], _core.Request],
+    post: Callable[..., _core.Request],
+    args: tuple[object, ...],
 ) -> None:
-    """Post a send, WRITE or READ (``post()``) and wait for it; ``keep``: the objects it uses,
-    ``temps``: its temporary registrations, handed back when it is done (or fails to post)."""
-    request: _core.Request
-    handle = lambda: Transfer(ep, op, nbytes, request, keep=keep, temps=temps, result=None)  # noqa: E731
-    limits = WaitLimits(*wait)
-    left = limits.fresh()
+    """Post a send, WRITE or READ (``post(*args)``) and wait for it; ``keep``: the objects it
+    uses, ``temps``: its temporary registrations, handed back when it is done (or fails to
+    post)."""
+    started = time.monotonic()
+    left = _fresh(wait, started)
     try:
-        request = post()
+        request = post(*args)
     except BaseException:
         ep._release(temps)
         raise
-    if _settle(ep, request, left, limits, handle) is _DONE:
+    handle = lambda: Transfer(ep, op, nbytes, request, keep=keep, temps=temps, result=None)  # noqa: E731
+    if _settle(ep, request, left, wait, started, handle) is _DONE and temps:
         ep._release(temps, CLEANUP_TIMEOUT_S, failed=False)
 
 
@@ -190,15 +206,18 @@ def one_sided(
     what = "destination of the read" if writable else "source of the write"
     arr = as_array(local, writable=writable, what=what)
     descriptor = _descriptor(remote)
-    length = byte_range(int(arr.nbytes), offset, nbytes, what)
-    remote_at = remote_offset_of(remote_offset)
+    total = int(arr.nbytes)
+    if type(offset) is type(nbytes) is int and 0 <= offset and 0 <= nbytes <= total - offset:
+        length = nbytes  # what byte_range answers for a range inside the array
+    else:
+        length = byte_range(total, offset, nbytes, what)
+    remote_at = remote_offset if type(remote_offset) is int and remote_offset >= 0 else None
+    if remote_at is None:
+        remote_at = remote_offset_of(remote_offset)
     region, base, temps = ep._engine._local(arr, writes=writable)
     post = ep._core.post_read if writable else ep._core.post_write
-    at = base + offset
-    _run(
-        ep, op, length, [arr, region], temps, wait,
-        lambda: post(region.core, at, descriptor, remote_at, length, chunk_size, streams),
-    )  # fmt: skip
+    args = (region.core, base + offset, descriptor, remote_at, length, chunk_size, streams)
+    _run(ep, op, length, [arr, region], temps, wait, post, args)
     return True
 
 
@@ -220,10 +239,8 @@ def send(
     record = _record(arr)
     nbytes = int(arr.nbytes)
     region, offset, temps = ep._engine._local(arr, writes=False)
-    _run(
-        ep, "send", nbytes, [arr, region], temps, wait,
-        lambda: ep._core.post_send(region.core, offset, nbytes, record, chunk_size, streams),
-    )  # fmt: skip
+    args = (region.core, offset, nbytes, record, chunk_size, streams)
+    _run(ep, "send", nbytes, [arr, region], temps, wait, ep._core.post_send, args)
     return True
 
 
@@ -241,8 +258,8 @@ def recv(
         return None
     dest = None if out is None else as_array(out, writable=True, what="recv destination")
     core = ep._core
-    limits = WaitLimits(*wait)
-    left = limits.fresh()
+    started = time.monotonic()
+    left = _fresh(wait, started)
     header = core.post_recv_header()
 
     def general() -> Transfer[Any]:  # the general receive step, from the header on
@@ -252,19 +269,19 @@ def recv(
             result=result, on_header=recv_step(ep._engine, core, dest, None),
         )  # fmt: skip
 
-    got = _settle(ep, header, left, limits, general)
+    got = _settle(ep, header, left, wait, started, general)
     if got is not _DONE:
         return got  # type: ignore[no-any-return]
     msg_id, length, meta = header.message()
     facts = _message_facts(meta, length)
     if facts is None or (dest is not None and (dest.dtype != facts[0] or dest.shape != facts[1])):
-        return ep._track(general())._wait(limits)  # type: ignore[no-any-return]
+        return ep._track(general())._wait(WaitLimits(*wait, started))  # type: ignore[no-any-return]
     target = np.empty(facts[1], dtype=facts[0]) if dest is None else dest
     temps: list[Any] = []
     try:
         region, offset, temps = ep._engine._local(target, writes=True)
         keep: list[object] = [target, region]
-        left = limits.fresh()
+        left = _fresh(wait, started)
         request = core.post_recv(msg_id, region.core, offset, length)
     except BaseException as exc:
         with contextlib.suppress(RdmaxferError):
@@ -272,7 +289,7 @@ def recv(
         ep._release(temps, CLEANUP_TIMEOUT_S)
         raise
     handle = lambda: Transfer(ep, "recv", length, request, keep=keep, temps=temps, result=target)  # noqa: E731
-    got = _settle(ep, request, left, limits, handle)
+    got = _settle(ep, request, left, wait, started, handle)
     if got is not _DONE:
         return got  # type: ignore[no-any-return]
     ep._release(temps, CLEANUP_TIMEOUT_S, failed=False)

@@ -39,6 +39,9 @@ __all__ = ["MemoryDomain", "staged_backstop_s"]
 
 _NO_BYTES: npt.NDArray[np.uint8] = np.empty(0, np.uint8)
 
+# Entries _local remembers before it starts over (one per distinct array it was asked about).
+_FOUND_MAX = 256
+
 # Bound on deregistration waits when the engine closes (its endpoints are closed by then).
 CLOSE_TIMEOUT_S = 5.0
 
@@ -59,6 +62,9 @@ class MemoryDomain:
         # user registrations by exact range, so registering the same memory again is free.
         self._regions: dict[int, MemoryRegion] = {}
         self._by_range: dict[tuple[int, int, int], MemoryRegion] = {}
+        # What _local found among the user registrations, by (address, bytes, writes): read
+        # without the lock, emptied whenever a registration is made or ended.
+        self._found: dict[tuple[int, int, bool], tuple[MemoryRegion, int]] = {}
         # GPU memory: the staging pipelines (rdmaxfer.gpu.staging), the GPUDirect preflight.
         self._stagers: StagerPool | None = None
         self._preflights: dict[int, gpudirect.GpuDirectPreflight] = {}
@@ -163,6 +169,7 @@ class MemoryDomain:
             )
             self._regions[region.key] = region
             self._by_range[(addr, nbytes, bits)] = region
+            self._found.clear()
         return region
 
     def gpu_preflight(self, device: str | int = 0) -> gpudirect.GpuDirectPreflight:
@@ -230,6 +237,7 @@ class MemoryDomain:
                     self._ipc_keys.add(region.key)
                 self._regions[region.key] = region
                 self._by_range[(view.ptr, view.nbytes, bits)] = region
+                self._found.clear()
             return region
         raise RegistrationError("GPU memory registration failed: " + "; ".join(errors))
 
@@ -364,6 +372,7 @@ class MemoryDomain:
             region = MemoryRegion(self, core, core, data)
             self._regions[region.key] = region
             self._by_range[(region.addr, nbytes, bits)] = region
+            self._found.clear()
         return region
 
     def _local(
@@ -373,9 +382,14 @@ class MemoryDomain:
         lands in it): a live user region with the rights that use needs, else a temporary one
         with no remote access and local write only for a destination, from the registration
         cache (:mod:`.regcache`): (region, byte offset of arr in it, temporaries to hand back
-        with :meth:`_release_temps` when the operation is done)."""
-        self._check_open()
-        addr, nbytes = _addr(arr), int(arr.nbytes)
+        with :meth:`_release_temps` when the operation is done). A user region found is
+        remembered for the same (address, bytes, writes) until a registration is made or ended."""
+        if self._closed or self._pid != os.getpid():
+            self._check_open()
+        addr, nbytes = _core.address_of(arr), int(arr.nbytes)
+        found = self._found.get((addr, nbytes, writes))
+        if found is not None and found[0].registered:
+            return found[0], found[1], []
 
         def usable(region: MemoryRegion | None) -> bool:
             return region is not None and region.registered and region.core.local_write >= writes
@@ -384,10 +398,10 @@ class MemoryDomain:
             for bits in ACCESS.values():
                 hit = self._by_range.get((addr, nbytes, bits))
                 if hit is not None and usable(hit):
-                    return hit, 0, []
+                    return self._remember(addr, nbytes, writes, hit, 0)
             for region in self._by_range.values():
                 if usable(region) and region.contains(addr, nbytes):
-                    return region, addr - region.addr, []
+                    return self._remember(addr, nbytes, writes, region, addr - region.addr)
 
         def register(cached: bool) -> MemoryRegion:
             core = self._core.register(addr, nbytes, LOCAL_WRITE if writes else ACCESS["none"])
@@ -401,6 +415,16 @@ class MemoryDomain:
 
         temp, _ = self._temps.acquire(arr, addr, writes, register)
         return temp, 0, [temp]
+
+    def _remember(
+        self, addr: int, nbytes: int, writes: bool, region: MemoryRegion, offset: int
+    ) -> tuple[MemoryRegion, int, list[MemoryRegion]]:
+        """Note what :meth:`_local` found (under the lock), so the next look-up of the same
+        memory takes one dict probe: (region, offset, no temporaries)."""
+        if len(self._found) >= _FOUND_MAX:
+            self._found.clear()
+        self._found[(addr, nbytes, writes)] = (region, offset)
+        return region, offset, []
 
     def _release_temps(
         self, temps: list[MemoryRegion], timeout_s: float, *, failed: bool = False
@@ -421,6 +445,7 @@ class MemoryDomain:
             for key, value in list(self._by_range.items()):
                 if value is region:
                     del self._by_range[key]
+            self._found.clear()
             if self._closed and self._core_closed:
                 return
         self._core.deregister(region.core, timeout_s)

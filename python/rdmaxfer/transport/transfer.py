@@ -404,12 +404,15 @@ def _cancel_posted(future: Any) -> None:
 
 class WaitLimits:
     """The bounds of one wait: inactivity (``timeout_s``: no progress for that long) and an
-    optional overall deadline (``deadline_s`` from the start of the wait)."""
+    optional overall deadline (``deadline_s`` from the start of the wait: ``started``, a
+    ``time.monotonic()`` reading, or now)."""
 
-    def __init__(self, timeout_s: float, deadline_s: float | None) -> None:
+    def __init__(
+        self, timeout_s: float, deadline_s: float | None, started: float | None = None
+    ) -> None:
         self.timeout_s = timeout_s
         self.deadline_s = deadline_s
-        self._started = time.monotonic()
+        self._started = time.monotonic() if started is None else started
         self._by_deadline = False
 
     def elapsed(self) -> float:
