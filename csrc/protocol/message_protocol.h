@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -102,7 +103,10 @@ class MessageProtocol : public ChannelEvents,
     std::string meta;       // until announced
     uint64_t window = 0;    // RTS: the most bytes one WRITE may carry (0: any)
     uint32_t depth = 0;     // RTS: windows written at once
-    uint64_t granted = 0;   // bytes the receiver granted in windows so far
+    uint64_t granted = 0;   // bytes the receiver granted in windows from offset 0 on
+    // Windows granted beyond `granted` (offset -> bytes): a receiver granting from two threads
+    // may send its CTS messages out of order; each is checked against these, never overlapping.
+    std::map<uint64_t, uint64_t> granted_ahead;
     std::shared_ptr<SendWindows> windows;  // set by the first windowed CTS (or at post)
   };
   struct PendingRecv {
@@ -121,6 +125,11 @@ class MessageProtocol : public ChannelEvents,
   void announce(uint64_t msg_id);
   // A send is terminal: its credit goes to the next waiting message, if any.
   void release_credit(uint64_t msg_id);
+  // Checks a CTS window of `length` bytes at `offset` against what `s` was granted so far and
+  // records it (mu_ held): false when it overlaps a granted one, runs past the message or its
+  // window size, or more than kMaxGrantsOutOfOrder windows wait beyond the first gap.
+  static bool new_window(PendingSend& s, uint64_t offset, uint64_t length);
+  static constexpr size_t kMaxGrantsOutOfOrder = 1024;
   void on_answer(const CtrlMessage& message);
   // Windowed rendezvous (message_windows.cc).
   void on_window(const CtrlMessage& message);

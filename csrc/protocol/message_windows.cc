@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 
 #include "common/bytes.h"
 #include "common/error.h"
@@ -125,6 +126,30 @@ std::shared_ptr<SendWindows> MessageProtocol::post_send_windows(uint64_t length,
   return windows;
 }
 
+bool MessageProtocol::new_window(PendingSend& s, uint64_t offset, uint64_t length) {
+  if (length == 0 || offset < s.granted || offset > s.length || length > s.length - offset ||
+      (s.window != 0 && length > s.window)) {
+    return false;
+  }
+  auto next = s.granted_ahead.lower_bound(offset);
+  if (next != s.granted_ahead.end() && next->first < offset + length) return false;
+  if (next != s.granted_ahead.begin() && std::prev(next)->first + std::prev(next)->second > offset) {
+    return false;
+  }
+  if (offset != s.granted) {
+    if (s.granted_ahead.size() >= kMaxGrantsOutOfOrder) return false;
+    s.granted_ahead.emplace(offset, length);
+    return true;
+  }
+  s.granted += length;
+  for (auto ahead = s.granted_ahead.begin();
+       ahead != s.granted_ahead.end() && ahead->first == s.granted;
+       ahead = s.granted_ahead.erase(ahead)) {
+    s.granted += ahead->second;
+  }
+  return true;
+}
+
 void MessageProtocol::on_window(const CtrlMessage& message) {
   uint64_t offset = 0;
   uint32_t value = 0;
@@ -138,16 +163,15 @@ void MessageProtocol::on_window(const CtrlMessage& message) {
     auto it = sends_.find(message.msg_id);
     if (it == sends_.end()) return;  // failed meanwhile
     PendingSend& s = it->second;
-    if (s.eager || offset != s.granted || w.length == 0 || w.length > s.length - offset ||
-        (s.window != 0 && w.length > s.window)) {
+    if (s.eager || !new_window(s, offset, w.length)) {
       what = "CTS for message " + std::to_string(message.msg_id) + " of " +
              bytes_text(s.length) + " grants " + bytes_text(w.length) + " at offset " +
-             std::to_string(offset) + ", not the next window (offset " +
-             std::to_string(s.granted) + ", at most " +
-             bytes_text(s.window != 0 ? s.window : s.length) + ")";
+             std::to_string(offset) + ", not a window it has left to grant (granted up to " +
+             std::to_string(s.granted) + ", " + std::to_string(s.granted_ahead.size()) +
+             " window(s) beyond, at most " + bytes_text(s.window != 0 ? s.window : s.length) +
+             " each)";
       refused = s.request;
     } else {
-      s.granted += w.length;
       if (!s.windows) {
         s.windows = std::make_shared<SendWindows>(s.request, s.length, s.options, channel_);
         s.windows->use_source(s.region, s.offset);
