@@ -1,5 +1,6 @@
 #include "transport/loopback/loopback_channel.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
@@ -11,7 +12,9 @@ LoopbackChannel::LoopbackChannel(LoopbackTransport& transport, int lanes, std::s
     : Channel(transport.stats()),
       transport_(transport),
       lanes_(lanes),
-      peer_name_(std::move(peer)) {}
+      peer_name_(std::move(peer)),
+      swap_cts_(std::getenv("RDMAXFER_LOOPBACK_SWAP_CTS") != nullptr &&
+                std::string(std::getenv("RDMAXFER_LOOPBACK_SWAP_CTS")) == "1") {}
 
 RequestPtr LoopbackChannel::new_request(OpKind op, uint64_t bytes) {
   return std::make_shared<Request>(transport_.next_request_id(), op, bytes);
@@ -113,9 +116,27 @@ void LoopbackChannel::send_ctrl(const CtrlMessage& message, CtrlPayload payload)
   CtrlMessage copy = message;
   if (payload.length > 0) copy.data.assign(reinterpret_cast<const char*>(payload.data),
                                            payload.length);
+  std::optional<CtrlMessage> after;
+  if (swap_cts_ && copy.type == CtrlType::kCts && !copy.meta.empty()) {
+    std::lock_guard<std::mutex> lock(swap_mu_);
+    const int seen = ++cts_seen_[copy.msg_id];
+    if (seen == 1 && !held_cts_) {
+      held_cts_ = std::move(copy);
+      return;
+    }
+    if (held_cts_ && held_cts_->msg_id == copy.msg_id) {
+      after = std::move(held_cts_);
+      held_cts_.reset();
+    }
+  }
   to_peer([copy = std::move(copy)](LoopbackChannel& peer) mutable {
     peer.events()->on_ctrl(std::move(copy));
   });
+  if (after) {
+    to_peer([copy = std::move(*after)](LoopbackChannel& peer) mutable {
+      peer.events()->on_ctrl(std::move(copy));
+    });
+  }
 }
 
 Grant LoopbackChannel::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,

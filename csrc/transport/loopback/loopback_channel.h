@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -70,6 +71,13 @@ class LoopbackChannel : public Channel, public std::enable_shared_from_this<Loop
   std::string error_;
   std::unordered_map<uint32_t, GrantEntry> grants_;
   uint32_t next_grant_ = 1;
+  // RDMAXFER_LOOPBACK_SWAP_CTS=1 (tests only): the first windowed CTS of each message is held
+  // and delivered after the message's second, as a receiver granting from two threads may send
+  // them. A message granted in one window then never gets its CTS.
+  const bool swap_cts_;
+  std::mutex swap_mu_;
+  std::optional<CtrlMessage> held_cts_;
+  std::unordered_map<uint64_t, int> cts_seen_;  // windowed CTS messages sent, by msg id
 };
 
 }  // namespace rdmaxfer
