@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "transport/shm/fd_message.h"
 #include "transport/shm/shm_channel.h"
 
 namespace rdmaxfer {
@@ -23,24 +24,12 @@ constexpr double kVmmFdTimeoutS = 10.0;
 bool ShmChannel::read_socket() {
   for (;;) {
     uint64_t id = 0;
-    iovec iov{&id, sizeof(id)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t n = recvmsg(sock_.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    FdMessage m(&id, sizeof(id));
+    const ssize_t n = recvmsg(sock_.get(), m.msg(), MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
     if (n <= 0) return false;
     UniqueFd fd;
-    const cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    if (c != nullptr && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int raw = -1;
-      std::memcpy(&raw, CMSG_DATA(c), sizeof(raw));
-      fd.reset(raw);
-    }
-    if (n != static_cast<ssize_t>(sizeof(id)) || !fd.valid() || (msg.msg_flags & MSG_CTRUNC)) {
+    if (!m.take(&fd, 1) || n != static_cast<ssize_t>(sizeof(id))) {
       throw Error(ErrorKind::kProtocol, "unexpected bytes on the shm socket");
     }
     vmm_in_[id] = std::move(fd);
@@ -53,20 +42,11 @@ void ShmChannel::share_vmm(const MemoryRegion& local) {
   std::lock_guard<std::mutex> lock(sock_mu_);
   const uint64_t id = device->vmm_id();
   if (vmm_out_.count(id) != 0) return;
-  iovec iov{const_cast<uint64_t*>(&id), sizeof(id)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
+  uint64_t copy = id;
+  FdMessage m(&copy, sizeof(copy));
   const int fd = device->vmm_fd();
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(fd));
-  if (sendmsg(sock_.get(), &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(id))) {
+  m.attach(&fd, 1);
+  if (sendmsg(sock_.get(), m.msg(), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(id))) {
     throw_errno(ErrorKind::kConnection, "shm: sending a VMM allocation's fd", errno);
   }
   vmm_out_.insert(id);

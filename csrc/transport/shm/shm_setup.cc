@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "transport/auth.h"
 #include "transport/shm/cma_copy.h"
+#include "transport/shm/fd_message.h"
 #include "transport/shm/same_host.h"
 #include "transport/shm/shm_channel.h"
 #include "transport/shm/shm_transport.h"
@@ -37,34 +38,14 @@ void wait_ready(int fd, short events, const Deadline& deadline, const char* what
   }
 }
 
-// The offer and room for its two descriptors (SCM_RIGHTS), as one sendmsg/recvmsg message.
-struct OfferMessage {
-  explicit OfferMessage(RingOffer* offer) : iov{offer, sizeof(RingOffer)} {
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-  }
-  OfferMessage(const OfferMessage&) = delete;
-  OfferMessage& operator=(const OfferMessage&) = delete;
-  iovec iov;
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-  msghdr msg{};
-};
-
 void send_offer(int sock, const RingOffer& offer, int memfd, int doorbell,
                 const Deadline& deadline) {
   RingOffer copy = offer;
-  OfferMessage m(&copy);
-  msghdr& msg = m.msg;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  FdMessage m(&copy, sizeof(copy));
   const int fds[2] = {memfd, doorbell};
-  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+  m.attach(fds, 2);
   for (;;) {
-    const ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = sendmsg(sock, m.msg(), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n == static_cast<ssize_t>(sizeof(offer))) return;
     if (n >= 0) throw Error(ErrorKind::kConnection, "shm handshake: short sendmsg");
     if (errno == EAGAIN || errno == EINTR) {
@@ -77,11 +58,10 @@ void send_offer(int sock, const RingOffer& offer, int memfd, int doorbell,
 
 RingOffer recv_offer(int sock, UniqueFd* memfd, UniqueFd* doorbell, const Deadline& deadline) {
   RingOffer offer;
-  OfferMessage m(&offer);
-  msghdr& msg = m.msg;
+  FdMessage m(&offer, sizeof(offer));
   ssize_t n = 0;
   for (;;) {
-    n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    n = recvmsg(sock, m.msg(), MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n >= 0) break;
     if (errno == EAGAIN || errno == EINTR) {
       wait_ready(sock, POLLIN, deadline, "shm handshake: waiting for the peer's ring");
@@ -89,19 +69,14 @@ RingOffer recv_offer(int sock, UniqueFd* memfd, UniqueFd* doorbell, const Deadli
     }
     throw_errno(ErrorKind::kConnection, "shm handshake: recvmsg(SCM_RIGHTS)", errno);
   }
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  if (c != nullptr && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-      c->cmsg_len == CMSG_LEN(2 * sizeof(int))) {
-    int fds[2];
-    std::memcpy(fds, CMSG_DATA(c), sizeof(fds));
-    memfd->reset(fds[0]);
-    doorbell->reset(fds[1]);
-  }
+  UniqueFd fds[2];
+  const bool two = m.take(fds, 2);
   if (n == 0) throw Error(ErrorKind::kConnection, "shm handshake: the peer closed the socket");
-  if (n != static_cast<ssize_t>(sizeof(offer)) || !memfd->valid() || !doorbell->valid() ||
-      (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+  if (n != static_cast<ssize_t>(sizeof(offer)) || !two || (m.flags() & MSG_TRUNC) != 0) {
     throw Error(ErrorKind::kProtocol, "shm handshake: malformed ring offer");
   }
+  *memfd = std::move(fds[0]);
+  *doorbell = std::move(fds[1]);
   struct stat st{};
   if (fstat(memfd->get(), &st) != 0) throw_errno(ErrorKind::kTransport, "shm: fstat", errno);
   if (offer.capacity != ShmChannel::kRingBytes ||
