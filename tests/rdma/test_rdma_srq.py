@@ -69,6 +69,16 @@ def exchange(rng: np.random.Generator, ours: list[Endpoint], theirs: list[Endpoi
         r.wait(WAIT_S)
 
 
+def assert_all_reposted(ep: Endpoint) -> None:
+    """Every buffer of the SRQ serving ``ep`` is posted again (waited for, bounded by WAIT_S)."""
+    info = ep.info
+    deadline = time.monotonic() + WAIT_S
+    while info["srq_posted"] != info["srq_buffers"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        info = ep.info
+    assert info["srq_posted"] == info["srq_buffers"] >= SRQ_FIRST, info
+
+
 def test_messages_over_many_connections_through_the_srq(rng: np.random.Generator) -> None:
     with (
         Engine("rdma", rdma_device=devices()[1]) as server,
@@ -83,13 +93,8 @@ def test_messages_over_many_connections_through_the_srq(rng: np.random.Generator
             assert info["srq"] == 1 and info["posted_receives"] == 0, info
         for _ in range(3):
             exchange(rng, ours, theirs)
-        info = theirs[0].info
         # Every buffer went back to the SRQ once its message was copied out.
-        deadline = time.monotonic() + WAIT_S
-        while info["srq_posted"] != info["srq_buffers"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-            info = theirs[0].info
-        assert info["srq_posted"] == info["srq_buffers"] >= SRQ_FIRST, info
+        assert_all_reposted(theirs[0])
         assert server.stats()["recv.ops"] >= 2 * 3 * 48
 
 
@@ -169,12 +174,7 @@ def test_a_dead_peer_leaves_the_srq_serving_the_others(rng: np.random.Generator)
                     doomed.recv(timeout=WAIT_S)
             for _ in range(3):
                 exchange(rng, ours, theirs)
-            info = theirs[0].info
-            deadline = time.monotonic() + WAIT_S
-            while info["srq_posted"] != info["srq_buffers"] and time.monotonic() < deadline:
-                time.sleep(0.05)
-                info = theirs[0].info
-            assert info["srq_posted"] == info["srq_buffers"] >= SRQ_FIRST, info
+            assert_all_reposted(theirs[0])
         finally:
             if child.poll() is None:
                 child.kill()
