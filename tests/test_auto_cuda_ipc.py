@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from _gpu_data import crc, device_random
-from _ipc_peer import device_peer
+from _ipc_checks import NBYTES, MiB, connect, message_each_way, write_and_read_back
 from _peers import Peer
-from rdmaxfer import Buffer, Endpoint, Engine, InvalidArgumentError, RemoteAccessError, _core
+from rdmaxfer import Buffer, Engine, InvalidArgumentError, RemoteAccessError, _core
 from rdmaxfer.memory import cuda
 
 pytestmark = [
@@ -30,9 +30,6 @@ pytestmark = [
     ),
 ]
 
-MiB = 1 << 20
-NBYTES = 3 * MiB + 17
-
 
 @pytest.fixture(autouse=True)
 def no_forced_transport(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,18 +42,6 @@ def server() -> Iterator[Engine]:
         yield engine
 
 
-def _connect(server: Engine, spawn: Callable[..., Peer], seed: int) -> tuple[Peer, Endpoint, bytes]:
-    """An automatic peer process on this host (its link is shm), with NBYTES of its GPU memory
-    registered "rw" (make_array(seed)); returns the peer, the accepted endpoint and the
-    descriptor of the peer's region."""
-    port = server.listen("127.0.0.1", 0)
-    peer = spawn(device_peer, port, NBYTES, seed, "rw", 0, "auto")
-    ep = server.accept(timeout=30)
-    descriptor = peer.get()
-    assert isinstance(descriptor, bytes)
-    return peer, ep, descriptor
-
-
 def _staged_messages(engine: Engine) -> int:
     stats = engine._stager(0).stats()
     return stats["messages_whole"] + stats["messages_windowed"]
@@ -65,30 +50,15 @@ def _staged_messages(engine: Engine) -> int:
 def test_auto_pair_on_one_host_moves_device_memory_by_cuda_ipc(
     server: Engine, spawn: Callable[..., Peer], rng: np.random.Generator, seed: int
 ) -> None:
-    peer, ep, descriptor = _connect(server, spawn, seed)
+    peer, ep, descriptor = connect(server, spawn, seed, transport="auto")
     with ep:
         assert ep.info["transport"] == "shm" and ep.info["cuda_ipc_bytes"] == 0
         assert "cuda_ipc_off" not in ep.info
         # WRITE then READ back, over the peer's whole region
-        src, host = device_random(rng, NBYTES)
-        assert server.register(src, "r").descriptor().transport == "tcp"  # one key, any link
-        ep.write(src, descriptor, timeout=60)
-        peer.put("crc")
-        assert peer.get() == crc(host)
-        back = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
-        server.register(back, "rw")
-        ep.read(back, descriptor, timeout=60)
-        assert crc(back.copy_to_host()) == crc(host)
-        # a message each way
-        peer.put(("recv", NBYTES))
-        ep.send(src, timeout=60)
-        assert peer.get() == crc(host)
-        out = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
-        server.register(out, "rw")
-        peer.put("send")
-        ep.recv(out, timeout=60)
-        assert peer.get() == "sent"
-        assert crc(out.copy_to_host()) == crc(host)  # the peer's region, as written
+        src, region, host = write_and_read_back(server, ep, peer, descriptor, rng)
+        assert region.descriptor().transport == "tcp"  # one key, any link
+        # a message each way; the peer's region holds what was written
+        message_each_way(server, ep, peer, src, host, host)
         # a batch of two WRITEs, the two halves of new data
         src2, host2 = device_random(rng, NBYTES)
         region2 = server.register(src2, "r")

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from _gpu_data import crc, device_random
+from _ipc_checks import NBYTES, MiB, connect, message_each_way, write_and_read_back
 from _ipc_peer import device_peer
 from _peers import Peer, make_array
 from _vmm import VmmArray, standin_library
 from rdmaxfer import (
     Buffer,
     ConnectionFailedError,
-    Endpoint,
     Engine,
     InvalidArgumentError,
     RegistrationError,
@@ -40,25 +40,11 @@ pytestmark = [
     ),
 ]
 
-MiB = 1 << 20
-NBYTES = 3 * MiB + 17  # not a multiple of a page or a chunk
-
 
 @pytest.fixture
 def server() -> Iterator[Engine]:
     with Engine("shm") as engine:
         yield engine
-
-
-def _connect(
-    server: Engine, spawn: Callable[..., Peer], seed: int, access: str = "rw"
-) -> tuple[Peer, Endpoint, bytes]:
-    port = server.port or server.listen("127.0.0.1", 0)
-    peer = spawn(device_peer, port, NBYTES, seed, access)
-    ep = server.accept(timeout=30)
-    descriptor = peer.get()
-    assert isinstance(descriptor, bytes)
-    return peer, ep, descriptor
 
 
 def _standin_opened() -> int | None:
@@ -70,30 +56,13 @@ def _standin_opened() -> int | None:
     return int(ctypes.CDLL(path).rdmaxfer_standin_ipc_opened())
 
 
-def _write_and_read_back(
-    server: Engine, ep: Endpoint, peer: Peer, descriptor: bytes, rng: np.random.Generator
-) -> np.ndarray:
-    """WRITEs random device memory over the whole of the peer's region, checks the peer's CRC,
-    READs it back into another registered device buffer and checks that; returns the bytes."""
-    src, host = device_random(rng, NBYTES)
-    server.register(src, "r")
-    ep.write(src, descriptor, timeout=60)
-    peer.put("crc")
-    assert peer.get() == crc(host)
-    back = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
-    server.register(back, "rw")
-    ep.read(back, descriptor, timeout=60)
-    assert crc(back.copy_to_host()) == crc(host)
-    return host
-
-
 def test_write_and_read_of_device_memory_copy_gpu_to_gpu(
     server: Engine, spawn: Callable[..., Peer], rng: np.random.Generator, seed: int
 ) -> None:
-    peer, ep, descriptor = _connect(server, spawn, seed)
+    peer, ep, descriptor = connect(server, spawn, seed)
     with ep:
         assert ep.info["transport"] == "shm" and ep.info["cuda_ipc_bytes"] == 0
-        host = _write_and_read_back(server, ep, peer, descriptor, rng)
+        _, _, host = write_and_read_back(server, ep, peer, descriptor, rng)
         # part of it, at offsets on both sides
         part, part_host = device_random(rng, MiB + 3)
         server.register(part, "r")
@@ -115,19 +84,11 @@ def test_write_and_read_of_device_memory_copy_gpu_to_gpu(
 def test_send_and_recv_of_device_memory_between_processes(
     server: Engine, spawn: Callable[..., Peer], rng: np.random.Generator, seed: int
 ) -> None:
-    peer, ep, _ = _connect(server, spawn, seed)
+    peer, ep, _ = connect(server, spawn, seed)
     with ep:
         src, host = device_random(rng, NBYTES)
         server.register(src, "r")
-        peer.put(("recv", NBYTES))
-        ep.send(src, timeout=60)
-        assert peer.get() == crc(host)
-        out = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
-        server.register(out, "rw")
-        peer.put("send")
-        ep.recv(out, timeout=60)
-        assert peer.get() == "sent"
-        assert crc(out.copy_to_host()) == crc(make_array(seed, NBYTES))
+        message_each_way(server, ep, peer, src, host, make_array(seed, NBYTES))
         assert ep.info["cuda_ipc_bytes"] == 2 * NBYTES
         peer.put("stop")
     assert peer.join() == 0
@@ -148,7 +109,7 @@ def test_write_and_read_between_gpus_of_two_processes(
     port = server.listen("127.0.0.1", 0)
     peer = spawn(device_peer, port, NBYTES, seed, "rw", 1)
     with server.accept(timeout=30) as ep:
-        _write_and_read_back(server, ep, peer, peer.get(), rng)
+        write_and_read_back(server, ep, peer, peer.get(), rng)
         assert ep.info["cuda_ipc_bytes"] == 2 * NBYTES
         peer.put("stop")
     assert peer.join() == 0
@@ -159,7 +120,7 @@ def test_host_memory_into_device_memory_of_another_process(
 ) -> None:
     """The peer's host memory lands in this process's device region (staged at the target:
     CMA cannot reach device memory); its device memory lands there by CUDA IPC."""
-    peer, ep, _ = _connect(server, spawn, seed)
+    peer, ep, _ = connect(server, spawn, seed)
     with ep:
         target = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
         region = server.register(target, "rw")
@@ -174,7 +135,7 @@ def test_host_memory_into_device_memory_of_another_process(
 def test_bounds_and_access_are_checked_as_for_host_memory(
     server: Engine, spawn: Callable[..., Peer], rng: np.random.Generator, seed: int
 ) -> None:
-    peer, ep, descriptor = _connect(server, spawn, seed, access="r")
+    peer, ep, descriptor = connect(server, spawn, seed, access="r")
     with ep:
         src, _ = device_random(rng, MiB)
         server.register(src, "rw")
@@ -198,7 +159,7 @@ def test_bounds_and_access_are_checked_as_for_host_memory(
 def test_peer_that_dies_frees_what_was_opened(
     server: Engine, spawn: Callable[..., Peer], seed: int
 ) -> None:
-    peer, ep, _ = _connect(server, spawn, seed)
+    peer, ep, _ = connect(server, spawn, seed)
     target = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
     region = server.register(target, "rw")
     peer.put(("write", region.descriptor().pack(), NBYTES))
@@ -219,7 +180,7 @@ def test_peer_that_dies_frees_what_was_opened(
     assert ep.info["cuda_ipc_opened"] == 0
     assert _standin_opened() in (None, 0)
     # the engine stays usable: a new peer connects and moves device memory again
-    peer2, ep2, descriptor = _connect(server, spawn, seed + 1)
+    peer2, ep2, descriptor = connect(server, spawn, seed + 1)
     with ep2:
         ep2.read(target, descriptor, timeout=60)
         assert crc(target.copy_to_host()) == crc(make_array(seed + 1, NBYTES))
@@ -267,7 +228,7 @@ def test_vmm_memory_is_shared_by_a_posix_fd(
     lib = standin_library()
     if lib is None:
         pytest.skip("allocates VMM memory through the stand-in driver's entry points")
-    peer, ep, descriptor = _connect(server, spawn, seed)
+    peer, ep, descriptor = connect(server, spawn, seed)
     with ep:
         src, dst = VmmArray(lib, NBYTES), VmmArray(lib, NBYTES)
         host = rng.integers(0, 256, NBYTES, dtype=np.uint8)
