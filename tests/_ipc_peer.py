@@ -38,7 +38,9 @@ def device_peer(
     "stop" (or killed): "crc" (of the device memory), "info" (the endpoint's), "send" (the
     device memory as one message), ("recv", n) (one message into a registered device buffer
     of n bytes; answers its CRC), ("write", descriptor, n) (its first n bytes into the test's
-    region), ("write_host", descriptor, n) (the same bytes from host memory)."""
+    region), ("write_host", descriptor, n) (the same bytes from host memory); "send_plain"
+    (make_array(seed) as one message) and ("recv_plain", n) (as "recv"), from or into a new
+    device Buffer it did not register (an implicit CUDA IPC export on shm)."""
     with Engine(transport) as engine, engine.connect("127.0.0.1", port, timeout=30) as ep:
         host = make_array(seed, nbytes)
         buf: object = Buffer.empty(nbytes, np.uint8, device=f"cuda:{gpu}")
@@ -65,6 +67,15 @@ def device_peer(
             elif cmd == "send":
                 ep.send(buf, timeout=60)
                 conn.send("sent")
+            elif cmd == "send_plain":
+                plain = Buffer.empty(nbytes, np.uint8, device=f"cuda:{gpu}")
+                cuda.copy_from_host(plain._device_view(), host)
+                ep.send(plain, timeout=60)
+                conn.send("sent")
+            elif cmd[0] == "recv_plain":
+                out = Buffer.empty(cmd[1], np.uint8, device="cuda:0")
+                ep.recv(out, timeout=60)
+                conn.send(_crc(out))
             elif cmd[0] == "recv":
                 out = Buffer.empty(cmd[1], np.uint8, device="cuda:0")
                 engine.register(out, "rw")

@@ -34,9 +34,11 @@ def _random(rng: np.random.Generator, n: int) -> np.ndarray:
 
 @pytest.fixture
 def small_pool(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pools of three 64 KiB slabs for the engines of the test (read at their first staging)."""
+    """Pools of three 64 KiB slabs for the engines of the test (read at their first staging),
+    and no CUDA IPC exports of unregistered GPU memory, so that shm connections stage it too."""
     monkeypatch.setenv("RDMAXFER_BOUNCE_SLAB_BYTES", str(SLAB))
     monkeypatch.setenv("RDMAXFER_BOUNCE_POOL_BYTES", str(POOL))
+    monkeypatch.setenv("RDMAXFER_CUDA_IPC_EXPORTS", "0")
 
 
 def _bounded(stats: dict[str, int]) -> None:

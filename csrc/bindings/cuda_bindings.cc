@@ -147,6 +147,18 @@ void bind_cuda(py::module_& m) {
         return py::make_tuple(pointer_kind_name(info.kind), info.device);
       },
       py::arg("addr"));
+  m.def(
+      "cuda_allocation",
+      [](uint64_t addr) {
+        AllocationRange r;
+        {
+          py::gil_scoped_release release;
+          r = allocation_range(addr);
+        }
+        return py::make_tuple(r.base, r.size, r.buffer_id);
+      },
+      py::arg("addr"),
+      "The device allocation holding addr: (base, bytes, CU_POINTER_ATTRIBUTE_BUFFER_ID or 0)");
   m.def("cuda_synchronize_stream", &synchronize_stream_handle, py::arg("device"),
         py::arg("stream"), py::call_guard<py::gil_scoped_release>());
   m.def(

@@ -89,6 +89,37 @@ PointerInfo pointer_info(uint64_t addr) {
   return info;
 }
 
+uint64_t buffer_id_of(uint64_t addr) {
+  const CudaApi* api = cuda_api(nullptr);
+  unsigned long long id = 0;
+  if (api == nullptr) return 0;
+  if (api->pointer_get_attribute(&id, kPointerAttrBufferId, addr) != kCudaSuccess) return 0;
+  return static_cast<uint64_t>(id);
+}
+
+AllocationRange allocation_range(uint64_t addr) {
+  const CudaApi& api = cuda();
+  if (api.mem_get_address_range == nullptr) {
+    throw Error(ErrorKind::kUnsupported, "this NVIDIA driver lacks cuMemGetAddressRange_v2");
+  }
+  const PointerInfo info = pointer_info(addr);
+  if (info.kind != PointerKind::kDevice) {
+    throw Error(ErrorKind::kInvalidArgument, std::string("address ") + std::to_string(addr) +
+                                                 " is " + pointer_kind_name(info.kind) +
+                                                 " memory, not device memory");
+  }
+  CudaContext::get(info.device)->bind();
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  check_cuda(api.mem_get_address_range(&base, &size, addr), "cuMemGetAddressRange");
+  AllocationRange range;
+  range.base = base;
+  range.size = size;
+  range.buffer_id = buffer_id_of(base);
+  range.device = info.device;
+  return range;
+}
+
 void copy_device_to_host(const std::shared_ptr<CudaContext>& ctx, void* dst, uint64_t src,
                          uint64_t length) {
   if (length == 0) return;

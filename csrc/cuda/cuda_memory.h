@@ -69,6 +69,26 @@ struct PointerInfo {
 // What `addr` points at (cuPointerGetAttribute); kHost without CUDA. Never throws.
 PointerInfo pointer_info(uint64_t addr);
 
+// The device allocation holding an address: its range (cuMemGetAddressRange) and its identity,
+// CU_POINTER_ATTRIBUTE_BUFFER_ID (cuPointerGetAttribute): an id the driver gives each
+// allocation and never reuses in the process, so an allocation freed and another made at its
+// address show two ids (UCX's cuda_ipc cache checks it so). buffer_id is 0 when the driver
+// does not report it.
+struct AllocationRange {
+  uint64_t base = 0;
+  uint64_t size = 0;
+  uint64_t buffer_id = 0;
+  int device = -1;
+};
+
+// The allocation holding device address `addr`. Throws Error(kUnsupported) without CUDA or
+// cuMemGetAddressRange, Error(kInvalidArgument) when `addr` is not device memory.
+AllocationRange allocation_range(uint64_t addr);
+
+// CU_POINTER_ATTRIBUTE_BUFFER_ID of `addr`, or 0 when the driver does not report it. Never
+// throws.
+uint64_t buffer_id_of(uint64_t addr);
+
 // Calls Python-free cuMemcpy on the context's thread: a blocking device <-> host copy through a
 // private stream (used at publish time, never in the staging pipeline).
 void copy_device_to_host(const std::shared_ptr<CudaContext>& ctx, void* dst, uint64_t src,

@@ -61,6 +61,7 @@ constexpr int kAttrDmaBufSupported = 124;          // CU_DEVICE_ATTRIBUTE_DMA_BU
 // CUpointer_attribute values (cuPointerGetAttribute / cuPointerSetAttribute).
 constexpr int kPointerAttrMemoryType = 2;          // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 constexpr int kPointerAttrSyncMemops = 6;          // CU_POINTER_ATTRIBUTE_SYNC_MEMOPS
+constexpr int kPointerAttrBufferId = 7;            // CU_POINTER_ATTRIBUTE_BUFFER_ID
 constexpr int kPointerAttrIsManaged = 8;           // CU_POINTER_ATTRIBUTE_IS_MANAGED
 constexpr int kPointerAttrDeviceOrdinal = 9;       // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 

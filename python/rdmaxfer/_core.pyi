@@ -289,6 +289,11 @@ def cuda_status() -> dict[str, Any]:
 def verbs_dmabuf_unavailable() -> str:
     """ "" when libibverbs has ibv_reg_dmabuf_mr, else why not."""
 
+def cuda_allocation(addr: int) -> tuple[int, int, int]:
+    """The device allocation holding ``addr``: (base, bytes, CU_POINTER_ATTRIBUTE_BUFFER_ID, 0
+    when the driver does not report it). Raises UnsupportedError without CUDA,
+    InvalidArgumentError for memory that is not device memory."""
+
 def pointer_kind(addr: int) -> tuple[str, int]:
     """("host" | "pinned" | "device" | "managed", device ordinal or -1)."""
 

@@ -22,6 +22,10 @@
 //   RDMAXFER_CUDA_STANDIN_PEERMEM below).
 // - cuPointerSetAttribute(SYNC_MEMOPS) is recorded per allocation and read back by
 //   cuPointerGetAttribute, so a test can see it was set.
+// - Each device allocation (cuMemAlloc, an opened IPC handle, a cuMemMap'd range) gets a
+//   fresh CU_POINTER_ATTRIBUTE_BUFFER_ID, never reused, so an allocation freed and another
+//   made at its address differ; RDMAXFER_CUDA_STANDIN_NO_BUFFER_ID=1 (read at each query)
+//   answers CUDA_ERROR_INVALID_VALUE for it, as a driver that does not report it.
 // - RDMAXFER_CUDA_STANDIN_PEERMEM=1 (read at each cuMemAlloc) pretends nvidia-peermem: the
 //   allocation's device address is mapped read-write, so a NIC (rxe, whose CPU copies reach
 //   any mapped page) can register and access it as peermem lets a real NIC reach GPU memory,
@@ -173,7 +177,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* out, size_t size) {
   a.size = size;
   a.device = current_device;
   std::lock_guard<std::mutex> lock(state().mu);
-  state().device_allocations[reinterpret_cast<uintptr_t>(device)] = a;
+  add_device(reinterpret_cast<uintptr_t>(device), a);
   *out = reinterpret_cast<uintptr_t>(device);
   return kSuccess;
 }
@@ -335,6 +339,12 @@ CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr) {
     case kPointerAttrDeviceOrdinal: *static_cast<int*>(data) = a->device; break;
     case kPointerAttrIsManaged: *static_cast<int*>(data) = 0; break;
     case kPointerAttrSyncMemops: *static_cast<int*>(data) = a->sync_memops ? 1 : 0; break;
+    case kPointerAttrBufferId: {
+      const char* off = std::getenv("RDMAXFER_CUDA_STANDIN_NO_BUFFER_ID");
+      if (off != nullptr && *off != '\0') return kInvalidValue;
+      *static_cast<unsigned long long*>(data) = a->buffer_id;
+      break;
+    }
     default: return kInvalidValue;
   }
   return kSuccess;

@@ -118,7 +118,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* out, CUipcMemHandleArg handle, unsig
   a.device = current_device;
   a.imported = true;
   std::lock_guard<std::mutex> lock(state().mu);
-  state().device_allocations[reinterpret_cast<uintptr_t>(device)] = a;
+  add_device(reinterpret_cast<uintptr_t>(device), a);
   ++g_opened;
   *out = reinterpret_cast<uintptr_t>(device);
   return kSuccess;

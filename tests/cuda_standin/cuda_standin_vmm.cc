@@ -131,7 +131,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, Handle h,
   a.size = size;
   a.device = current_device;
   a.vmm = h;
-  s.device_allocations[at] = a;
+  add_device(at, a);
   ++phys->second.refs;  // the mapping holds the physical memory
   return kSuccess;
 }

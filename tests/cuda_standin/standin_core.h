@@ -35,6 +35,7 @@ inline constexpr CUresult kNotSupported = 801;
 
 inline constexpr int kPointerAttrMemoryType = 2;
 inline constexpr int kPointerAttrSyncMemops = 6;
+inline constexpr int kPointerAttrBufferId = 7;
 inline constexpr int kPointerAttrIsManaged = 8;
 inline constexpr int kPointerAttrDeviceOrdinal = 9;
 inline constexpr unsigned kMemoryTypeHost = 1;
@@ -51,6 +52,7 @@ struct DeviceAllocation {
   int fd = -1;            // the memfd behind it, kept for CUDA IPC exports (-1: imported)
   bool imported = false;  // opened from another process's handle (cuIpcOpenMemHandle)
   unsigned long long vmm = 0;  // cuMemMap'd: the physical allocation's handle (0: cuMemAlloc)
+  unsigned long long buffer_id = 0;  // CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused
 };
 
 // One stream: a worker thread that runs its tasks in order.
@@ -135,6 +137,7 @@ struct State {
   std::map<unsigned long long, Physical> physical;
   unsigned long long next_physical = 1;
   std::map<uintptr_t, size_t> reserved;  // cuMemAddressReserve'd ranges, by address
+  unsigned long long last_buffer_id = 0;  // the last CU_POINTER_ATTRIBUTE_BUFFER_ID given
 };
 
 inline State& state() {
@@ -149,6 +152,14 @@ inline size_t page_size() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 inline bool peermem() {
   const char* on = std::getenv("RDMAXFER_CUDA_STANDIN_PEERMEM");
   return on != nullptr && std::strcmp(on, "1") == 0;
+}
+
+// Records device allocation `a` at address `at`, with a fresh buffer id (cuMemAlloc,
+// cuIpcOpenMemHandle and cuMemMap make one each). Caller holds state().mu.
+inline void add_device(uintptr_t at, DeviceAllocation a) {
+  State& s = state();
+  a.buffer_id = ++s.last_buffer_id;
+  s.device_allocations[at] = a;
 }
 
 // The allocation holding [ptr, ptr+len), or nullptr. Caller holds state().mu.

@@ -13,9 +13,10 @@ namespace rdmaxfer {
 
 namespace {
 
-constexpr size_t kWireNameSize = kIpcHandleSize + sizeof(uint64_t);
-// A VMM allocation's name: its id, the mapped range's size and the offset.
-constexpr size_t kVmmNameSize = 3 * sizeof(uint64_t);
+// A cuMemAlloc'd allocation's name: its handle, buffer id and the offset.
+constexpr size_t kWireNameSize = kIpcHandleSize + 2 * sizeof(uint64_t);
+// A VMM allocation's name: its id, the mapped range's size, buffer id and the offset.
+constexpr size_t kVmmNameSize = 4 * sizeof(uint64_t);
 // Ids of exported VMM allocations, unique in this process.
 std::atomic<uint64_t> g_next_vmm_id{1};
 
@@ -62,6 +63,7 @@ IpcDeviceRegion::IpcDeviceRegion(uint8_t* addr, uint64_t length, uint32_t access
   }
   alloc_base_ = base;
   alloc_size_ = size;
+  buffer_id_ = buffer_id_of(base);
   CUipcMemHandle handle{};
   const CUresult r = api.ipc_get_mem_handle(&handle, base);
   if (r == kCudaSuccess) {
@@ -107,6 +109,7 @@ std::string IpcDeviceRegion::wire_name(const uint8_t* addr) const {
   } else {
     name = handle_;
   }
+  append_u64(&name, buffer_id_);
   append_u64(&name, offset);
   return name;
 }
@@ -159,6 +162,12 @@ class IpcPeerMemory::Mapping {
   Mapping& operator=(const Mapping&) = delete;
   CUdeviceptr base() const { return base_; }
 
+  // Where the peer has the allocation, its buffer id, and the copy it last served.
+  uint64_t peer_base = 0;
+  uint64_t buffer_id = 0;
+  uint64_t last_use = 0;
+  bool vmm() const { return imported_; }
+
  private:
   // Nothing to do on a failed call here: the peer may be gone.
   void release() {
@@ -192,6 +201,35 @@ uint64_t IpcPeerMemory::opened() const {
   return open_.size();
 }
 
+uint64_t IpcPeerMemory::closed_stale() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_stale_;
+}
+
+void IpcPeerMemory::close_stale_locked(uint64_t peer_base, uint64_t buffer_id) {
+  size_t by_handle = 0;
+  auto oldest = open_.end();
+  for (auto it = open_.begin(); it != open_.end();) {
+    const Mapping& m = *it->second;
+    // Two live allocations never share a base: another id there means the old one was freed.
+    if (buffer_id != 0 && m.buffer_id != 0 && m.peer_base == peer_base &&
+        m.buffer_id != buffer_id) {
+      it = open_.erase(it);
+      ++closed_stale_;
+      continue;
+    }
+    if (!m.vmm()) {
+      ++by_handle;
+      if (oldest == open_.end() || m.last_use < oldest->second->last_use) oldest = it;
+    }
+    ++it;
+  }
+  if (by_handle >= kMaxIpcMappings && oldest != open_.end()) {
+    open_.erase(oldest);
+    ++closed_stale_;
+  }
+}
+
 void IpcPeerMemory::close_all() {
   // Closed under the lock: once opened() says 0, nothing is open.
   std::lock_guard<std::mutex> lock(mu_);
@@ -212,21 +250,31 @@ void IpcPeerMemory::copy(const std::string& wire_name, uint64_t peer_addr,
   const IpcDeviceRegion* device = ipc_device_region(&local_region);
   const std::shared_ptr<CudaContext> ctx =
       device != nullptr ? device->context() : CudaContext::get(0);
-  // The key of the allocation (its IPC handle, or "V" and its VMM id) and the range's offset.
-  const size_t key_size = vmm ? sizeof(uint64_t) : kIpcHandleSize;
-  const std::string key = (vmm ? "V" : "") + wire_name.substr(0, key_size);
+  // The key of the allocation (its IPC handle and buffer id, or "V" and its VMM id), its
+  // buffer id and the range's offset.
+  const std::string key = vmm ? "V" + wire_name.substr(0, sizeof(uint64_t))
+                              : wire_name.substr(0, kIpcHandleSize + sizeof(uint64_t));
+  const uint64_t buffer_id = load_u64(wire_name, wire_name.size() - 2 * sizeof(uint64_t));
   const uint64_t offset = load_u64(wire_name, wire_name.size() - sizeof(uint64_t));
+  if (offset > peer_addr) {
+    throw Error(ErrorKind::kProtocol, "shm: a CUDA IPC name's offset exceeds its address");
+  }
+  const uint64_t peer_base = peer_addr - offset;
   std::lock_guard<std::mutex> lock(mu_);  // one copy at a time per connection, in record order
   CUdeviceptr peer = peer_addr;
   if (!same_process_) {
     auto it = open_.find(key);
     if (it == open_.end()) {
+      close_stale_locked(peer_base, buffer_id);
       std::unique_ptr<Mapping> mapping =
           vmm ? std::make_unique<Mapping>(ctx, vmm_fd(load_u64(wire_name, 0)),
                                           load_u64(wire_name, sizeof(uint64_t)))
-              : std::make_unique<Mapping>(ctx, key);
+              : std::make_unique<Mapping>(ctx, wire_name.substr(0, kIpcHandleSize));
+      mapping->peer_base = peer_base;
+      mapping->buffer_id = buffer_id;
       it = open_.emplace(key, std::move(mapping)).first;
     }
+    it->second->last_use = ++uses_;
     peer = it->second->base() + offset;
   }
   auto& stream = streams_[ctx->ordinal()];

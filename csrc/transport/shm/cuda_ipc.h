@@ -21,6 +21,15 @@
 // host bounce buffer at the target (cma_device_copy): the CPU cannot reach the device memory
 // of another process, and CMA cannot reach device memory.
 //
+// A record also carries the allocation's identity, CU_POINTER_ATTRIBUTE_BUFFER_ID (0 when the
+// driver does not report it), so the peer never serves a record from a mapping of memory that
+// was freed and replaced: it keys what it opened by the handle and that id, and when a record
+// names another allocation at an address it holds a mapping for (the old one was freed and a
+// new one took its place), it closes the old mapping first. Mappings by IPC handle are bounded
+// (kMaxIpcMappings per connection, the least recently used closed first; opened again from
+// the handle when named again); VMM imports stay until the connection ends (their fd comes
+// once).
+//
 // What a peer is given: the handle maps the whole allocation in the opener; the engine checks
 // every access against the registered range, as for host memory. Both processes run as one
 // user (the shm transport requires it, for CMA), so the handle gives the peer nothing that
@@ -54,13 +63,16 @@ class IpcDeviceRegion : public MemoryRegion {
   const std::shared_ptr<CudaContext>& context() const { return ctx_; }
   bool cpu_addressable() const override { return false; }
   // What a record names [addr, addr+length) of this region by: the allocation's handle
-  // (kIpcHandleSize bytes) followed by the offset of `addr` in the allocation (8 bytes); for
-  // VMM memory its id, the mapped range's size and the offset (8 bytes each).
+  // (kIpcHandleSize bytes), its buffer id and the offset of `addr` in the allocation (8 bytes
+  // each); for VMM memory its id, the mapped range's size, the buffer id and the offset (8
+  // bytes each).
   std::string wire_name(const uint8_t* addr) const;
   // VMM memory: the exported POSIX fd (passed to each peer once) and the id records name it
   // by (unique in this process); -1 and 0 for cuMemAlloc'd memory.
   int vmm_fd() const { return vmm_fd_.get(); }
   uint64_t vmm_id() const { return vmm_id_; }
+  // The allocation's CU_POINTER_ATTRIBUTE_BUFFER_ID at registration (0: not reported).
+  uint64_t buffer_id() const { return buffer_id_; }
 
  private:
   // Exports the VMM allocation mapped at `base` (`size` bytes); false when the memory is not
@@ -71,12 +83,16 @@ class IpcDeviceRegion : public MemoryRegion {
   std::string handle_;     // the CUipcMemHandle's bytes (cuMemAlloc'd memory)
   uint64_t alloc_base_ = 0;
   uint64_t alloc_size_ = 0;
+  uint64_t buffer_id_ = 0;
   UniqueFd vmm_fd_;
   uint64_t vmm_id_ = 0;
 };
 
 // The IpcDeviceRegion `region` is, or nullptr for host memory.
 const IpcDeviceRegion* ipc_device_region(const MemoryRegion* region);
+
+// Mappings by IPC handle one connection keeps open at most.
+constexpr size_t kMaxIpcMappings = 128;
 
 // The peer's allocations this end opened, and its copy stream (one per connection).
 class IpcPeerMemory {
@@ -95,20 +111,32 @@ class IpcPeerMemory {
   // Copies `length` bytes between the peer's range named by `wire_name` (at device address
   // `peer_addr` in the peer's process) and `local` (inside `local_region`, host or device
   // memory): into `local` when `to_local`, else out of it. Opens (or imports, with the fd from
-  // `vmm_fd`) the peer's allocation on first use. Throws Error(kProtocol) for a malformed name,
-  // Error(kTransport) with the driver's text when a CUDA call fails.
+  // `vmm_fd`) the peer's allocation on first use, after closing a mapping of another
+  // allocation the peer had at the same address (another buffer id: freed since). Throws
+  // Error(kProtocol) for a malformed name, Error(kTransport) with the driver's text when a
+  // CUDA call fails.
   void copy(const std::string& wire_name, uint64_t peer_addr, const MemoryRegion& local_region,
             uint8_t* local, uint64_t length, bool to_local, const VmmFdSource& vmm_fd);
   // Allocations opened now.
   uint64_t opened() const;
+  // Mappings closed because the peer named another allocation at their address, or beyond
+  // the bound on mappings by IPC handle.
+  uint64_t closed_stale() const;
   // Closes every opened allocation (the connection ended).
   void close_all();
 
  private:
   class Mapping;
+  // Closes the mappings of allocations the peer had at `peer_base` other than `buffer_id`, and
+  // beyond kMaxIpcMappings the least recently used mapping by IPC handle. Caller holds mu_.
+  void close_stale_locked(uint64_t peer_base, uint64_t buffer_id);
+
   const bool same_process_;
   mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Mapping>> open_;  // by handle bytes or VMM id
+  // By handle bytes and buffer id, or "V" and the VMM id.
+  std::map<std::string, std::unique_ptr<Mapping>> open_;
+  uint64_t uses_ = 0;          // copies made (a mapping notes the last it served)
+  uint64_t closed_stale_ = 0;  // see closed_stale()
   std::map<int, std::unique_ptr<CudaStream>> streams_;    // by local GPU ordinal
 };
 

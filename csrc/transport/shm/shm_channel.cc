@@ -70,7 +70,8 @@ std::vector<std::pair<std::string, uint64_t>> ShmChannel::attributes() const {
   return {{"peer_pid", static_cast<uint64_t>(peer_pid_)},
           {"ring_bytes", kRingBytes},
           {"cuda_ipc_bytes", ipc_bytes_.load()},
-          {"cuda_ipc_opened", ipc_.opened()}};
+          {"cuda_ipc_opened", ipc_.opened()},
+          {"cuda_ipc_closed_stale", ipc_.closed_stale()}};
 }
 
 void ShmChannel::check_open() const {

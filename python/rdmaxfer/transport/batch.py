@@ -180,13 +180,14 @@ class _Plan:
         mem = operand(local, writable=writes, what=what)
         self.keep.append(mem)
         if not isinstance(mem, np.ndarray):
-            direct = engine._device_local(mem, self.transport)
+            direct = engine._device_direct(mem, self.transport)
             if direct is None:
                 raise InvalidArgumentError(
-                    f"{what}: GPU memory in a batch must be registered for GPUDirect, or for "
-                    "CUDA IPC on a same-host shm connection (engine.register(array)); staged GPU "
-                    "memory cannot be batched"
+                    f"{what}: GPU memory in a batch must be registered for GPUDirect "
+                    "(engine.register(array)), or go over a same-host shm connection (CUDA "
+                    "IPC); staged GPU memory cannot be batched"
                 )
+            self.temps.extend(direct[2])
             return direct[0], direct[1], int(mem.nbytes), last
         addr = int(mem.__array_interface__["data"][0])
         nbytes = int(mem.nbytes)

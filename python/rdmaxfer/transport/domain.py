@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, cast
 
@@ -28,7 +29,7 @@ from ..errors import (
 from ..memory.buffer import Buffer, as_array, byte_view, device_view
 from ..memory.region import ACCESS, LOCAL_WRITE, MemoryRegion, access_bits
 from .notifications import Notifications
-from .regcache import RegistrationCache
+from .regcache import EXPORTS_ENV, RegistrationCache, exports_max
 
 if TYPE_CHECKING:
     from ..gpu import gpudirect
@@ -74,6 +75,12 @@ class MemoryDomain:
         self._notifications = Notifications(core)
         # Temporary registrations of unregistered host memory, reused across transfers.
         self._temps = RegistrationCache()
+        # Implicit CUDA IPC exports of unregistered GPU allocations (_export), and why the
+        # last unregistered GPU memory on a shm connection was staged instead ("" if none was).
+        exports = exports_max()
+        self._exports = RegistrationCache(max_entries=exports, max_bytes=sys.maxsize)
+        self._export_off = "" if exports else f"unregistered GPU memory is staged: {EXPORTS_ENV}=0"
+        self._exports_unsupported = exports == 0
 
     @property
     def core(self) -> _core.Engine:
@@ -266,8 +273,8 @@ class MemoryDomain:
         or while the engine has not touched GPU memory, so that host-only programs never load
         the driver for ``Endpoint.info``): the driver lacks the IPC calls
         (:func:`rdmaxfer.gpu.report.cuda_ipc_report`), or the engine is automatic over rdma,
-        where GPU memory is registered for GPUDirect RDMA. Unregistered GPU memory is staged
-        on every transport."""
+        where GPU memory is registered for GPUDirect RDMA. (Unregistered GPU memory moves by
+        an implicit export where registered memory does: :meth:`_export`.)"""
         from ..gpu.report import cuda_ipc_report
         from ..memory import cuda
 
@@ -291,6 +298,13 @@ class MemoryDomain:
             )
         return ""
 
+    def _cuda_ipc_export_off(self) -> str:
+        """Why unregistered GPU memory on this engine's shm connections was last staged instead
+        of moved by an implicit CUDA IPC export ("" when none was): the driver does not report
+        CU_POINTER_ATTRIBUTE_BUFFER_ID or lacks the IPC calls, or the memory cannot be
+        exported. (Where registered memory is staged too, :meth:`_cuda_ipc_off` says why.)"""
+        return self._export_off
+
     def _nearest_rail(self, device: int) -> int:
         """This engine's rail nearest GPU ``device`` (small transfers of its memory take it), or
         -1 with one rail or no PCI path (:func:`rdmaxfer.gpu.topology.nearest_rail`)."""
@@ -304,21 +318,81 @@ class MemoryDomain:
     def _device_local(
         self, view: cuda.CudaArray, transport: str
     ) -> tuple[MemoryRegion, int] | None:
-        """The live GPU registration covering ``view`` that a connection over ``transport``
-        moves directly (CUDA IPC exports on ``"shm"``, GPUDirect RDMA MRs on the others):
-        (region, byte offset of the view in it), else None: the view's transfers on that
-        connection are then staged (:meth:`_stager`)."""
+        """The live GPU registration of the user's covering ``view`` that a connection over
+        ``transport`` moves directly (CUDA IPC exports on ``"shm"``, GPUDirect RDMA MRs on the
+        others): (region, byte offset of the view in it), else None."""
         ipc = transport == "shm"
         with self._lock:
             for region in self._regions.values():
                 if (
                     region.registered
+                    and not region.temporary
                     and region.device is not None
                     and (region.key in self._ipc_keys) == ipc
                     and region.contains(view.ptr, view.nbytes)
                 ):
                     return region, view.ptr - region.addr
         return None
+
+    def _device_direct(
+        self, view: cuda.CudaArray, transport: str
+    ) -> tuple[MemoryRegion, int, list[MemoryRegion]] | None:
+        """How a connection over ``transport`` moves ``view`` without staging: a registration
+        of the user's (:meth:`_device_local`), else on a shm connection an implicit CUDA IPC
+        export of the allocation holding it (:meth:`_export`): (region, byte offset of the view
+        in it, temporaries to hand back with :meth:`_release_temps` when the operation is
+        done). None: the view's transfers on that connection are staged (:meth:`_stager`)."""
+        found = self._device_local(view, transport)
+        if found is not None:
+            return found[0], found[1], []
+        return self._export(view) if transport == "shm" else None
+
+    def _export(self, view: cuda.CudaArray) -> tuple[MemoryRegion, int, list[MemoryRegion]] | None:
+        """The implicit CUDA IPC export of the allocation holding ``view`` (unregistered GPU
+        memory on a shm connection), from the export cache: keyed by the allocation's (base,
+        bytes) as cuMemGetAddressRange reports them, validated on every use by its
+        CU_POINTER_ATTRIBUTE_BUFFER_ID (:mod:`.regcache`), so an allocation freed and another
+        made at its address never gets the old export. None (the view is staged; why in
+        :meth:`_cuda_ipc_export_off`) where this engine exports nothing for CUDA IPC (an
+        automatic engine over rdma), the driver lacks the IPC calls or does not report the
+        buffer id, or the memory cannot be exported (managed memory, VMM memory without a
+        POSIX fd handle type)."""
+        if self._exports_unsupported or not (self.transport == "shm" or self._ipc_companion()):
+            return None
+        try:
+            base, size, identity = _core.cuda_allocation(view.ptr)
+        except (InvalidArgumentError, UnsupportedError) as exc:
+            self._export_off = f"unregistered GPU memory is staged: {exc}"
+            return None
+        if identity == 0:
+            self._export_off = (
+                "unregistered GPU memory is staged: this NVIDIA driver does not report "
+                "CU_POINTER_ATTRIBUTE_BUFFER_ID, which tells an exported allocation from another "
+                "made later at its address; register the memory (engine.register(array)) to move "
+                "it by CUDA IPC"
+            )
+            self._exports_unsupported = True
+            return None
+
+        def register() -> MemoryRegion:
+            core = self._core.register_device(base, size, LOCAL_WRITE, "cuda_ipc", view.device)
+            # No owner: the export must not keep the allocation alive.
+            region = MemoryRegion(self, core, None, _NO_BYTES, temporary=True, device=view.device)
+            with self._lock:
+                self._regions[region.key] = region
+                self._ipc_keys.add(region.key)
+            return region
+
+        try:
+            region = self._exports.acquire_identified((base, size), identity, register)
+        except UnsupportedError as exc:  # the driver lacks the IPC calls
+            self._export_off = f"unregistered GPU memory is staged: {exc}"
+            self._exports_unsupported = True
+            return None
+        except RegistrationError as exc:  # this memory cannot be exported
+            self._export_off = f"unregistered GPU memory at {view.ptr:#x} was staged: {exc}"
+            return None
+        return region, view.ptr - base, [region]
 
     def _stager(self, device: int) -> _core.Stager:
         """The staging pipeline for GPU ``device`` (:mod:`rdmaxfer.gpu.staging`; made on
@@ -338,19 +412,25 @@ class MemoryDomain:
 
     def _post_device_send(
         self, endpoint: _core.Endpoint, view: cuda.CudaArray, chunk_size: int, streams: int
-    ) -> tuple[_core.Request, list[object]]:
-        """Post the send of the GPU array ``view`` on ``endpoint``: by GPUDirect from its
-        registration when it has one, else staged through the bounce slabs of its device
-        (:func:`rdmaxfer.gpu.staging.post_device_send`). Returns the request and the objects
-        that must stay alive until it completes."""
+    ) -> tuple[_core.Request, list[object], list[MemoryRegion]]:
+        """Post the send of the GPU array ``view`` on ``endpoint``: directly when the
+        connection reaches it (:meth:`_device_direct`: GPUDirect from its registration, CUDA
+        IPC on shm), else staged through the bounce slabs of its device
+        (:func:`rdmaxfer.gpu.staging.post_device_send`). Returns the request, the objects that
+        must stay alive until it completes and the temporaries to hand back then."""
         from ..gpu.staging import post_device_send
 
-        direct = self._device_local(view, endpoint.transport)
         stager = self._stager(view.device)
-        request = post_device_send(
-            stager, endpoint, view, direct, staged_backstop_s(), chunk_size, streams
-        )
-        return request, [view] if direct is None else [view, direct[0]]
+        found = self._device_direct(view, endpoint.transport)
+        direct, temps = (None, []) if found is None else ((found[0], found[1]), found[2])
+        try:
+            request = post_device_send(
+                stager, endpoint, view, direct, staged_backstop_s(), chunk_size, streams
+            )
+        except BaseException:
+            self._release_temps(temps, CLOSE_TIMEOUT_S, failed=True)
+            raise
+        return request, [view] if direct is None else [view, direct[0]], temps
 
     def alloc_pinned(self, nbytes: int, access: str = "rw") -> MemoryRegion:
         """Allocate ``nbytes`` of page-aligned host memory locked in RAM, registered.
@@ -432,7 +512,8 @@ class MemoryDomain:
         """Hand back the temporaries of a finished operation: cached ones stay registered for
         the next operation on the same memory unless it ``failed``; the rest are deregistered."""
         for region in temps:
-            if not self._temps.release(region, keep=not failed):
+            cache = self._exports if region.device is not None else self._temps
+            if not cache.release(region, keep=not failed):
                 with contextlib.suppress(RdmaxferError):
                     region.deregister(timeout_s)
 
@@ -475,6 +556,7 @@ class MemoryDomain:
             self._stagers.close()
         self._notifications.close()
         self._temps.clear()
+        self._exports.clear()
         with self._lock:
             regions = list(self._regions.values())
         for region in regions:

@@ -109,8 +109,11 @@ class Endpoint(BatchOps):
         depths, the rails and the fabric settings); every key and unit is listed in
         :mod:`rdmaxfer.transport.conninfo`."""
         info = connection_info(self._core)
-        if info["transport"] == "shm" and (why := self._engine._cuda_ipc_off()):
-            info["cuda_ipc_off"] = why
+        if info["transport"] == "shm":
+            if why := self._engine._cuda_ipc_off():
+                info["cuda_ipc_off"] = why
+            elif why := self._engine._cuda_ipc_export_off():
+                info["cuda_ipc_export_off"] = why
         return info
 
     def describe(self) -> str:
@@ -170,7 +173,9 @@ class Endpoint(BatchOps):
                 self._release(temps)
                 raise
         else:  # GPU memory: by GPUDirect from its registration, else staged through slabs
-            request, keep = self._engine._post_device_send(self._core, arr, chunk_size, streams)
+            request, keep, temps = self._engine._post_device_send(
+                self._core, arr, chunk_size, streams
+            )
         return self._track(
             Transfer(self, "send", nbytes, request, keep=keep, temps=temps, result=None)
         )
@@ -341,8 +346,9 @@ class Endpoint(BatchOps):
         if isinstance(local_mem, np.ndarray):
             region, base, temps = self._engine._local(local_mem, writes=writable)
             direct: tuple[MemoryRegion, int] | None = (region, base)
-        else:  # GPU memory: straight from/into it when registered for GPUDirect, else staged
-            direct = self._engine._device_local(local_mem, self._core.transport)
+        else:  # GPU memory: straight from/into it (GPUDirect, CUDA IPC on shm), else staged
+            found = self._engine._device_direct(local_mem, self._core.transport)
+            direct, temps = (None, []) if found is None else ((found[0], found[1]), found[2])
         if direct is not None:
             region, base = direct
             keep: list[object] = [local_mem, region]

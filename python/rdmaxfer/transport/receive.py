@@ -97,10 +97,10 @@ def recv_step(
                     transfer._on_done = _checksum_verifier(landing, expected, core.peer, target)
                 return core.post_recv(msg_id, region.core, offset, length)
             stager = domain._stager(landing.device)
-            direct = domain._device_local(landing, core.transport)
-            if direct is not None:  # GPUDirect: the sender WRITEs into the registration
-                region, base = direct
-                transfer._add_resources([landing, region], [])
+            direct = domain._device_direct(landing, core.transport)
+            if direct is not None:  # GPUDirect or CUDA IPC: the bytes go straight into it
+                region, base, temps = direct
+                transfer._add_resources([landing, region], temps)
                 return stager.post_recv_direct(
                     core, msg_id, region.core, base, length, staged_backstop_s()
                 )

@@ -1,4 +1,4 @@
-"""The registration cache: temporary registrations of unregistered host memory, kept for reuse.
+"""The registration cache: temporary registrations of unregistered memory, kept for reuse.
 
 A transfer from or into an array that is not registered needs a registration for the length of
 the operation. Registering and deregistering on every call costs a system call pair (verbs:
@@ -15,6 +15,13 @@ owner's entry is deregistered at the next cache call. Memory whose owner takes n
 owner that reallocates its own buffer in place (``ndarray.resize(refcheck=False)``) is outside
 the rule: do not transfer from such an array while it is resized.
 
+GPU memory (:meth:`RegistrationCache.acquire_identified`, the implicit CUDA IPC exports of
+``MemoryDomain``) has no owner object to watch: an entry is keyed by its allocation's (base,
+bytes) and validated on every hit with the allocation's identity, which the caller reads from
+the driver each time (CU_POINTER_ATTRIBUTE_BUFFER_ID, never reused in a process, as UCX's
+cuda_ipc cache does). An allocation freed and another made at its address has another identity:
+the old entry is dropped and a new one made. Such an entry does not keep the memory alive.
+
 Bounds: at most ``max_entries`` entries and ``max_bytes`` bytes (0: nothing is kept); the least
 recently used entry not in use by a transfer is deregistered first. Entries are dropped
 (deregistered once unused) when a user registration of overlapping memory is made or ended, when
@@ -24,6 +31,7 @@ a transfer that used one fails, and when the engine closes.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -33,14 +41,39 @@ from typing import Any
 
 import numpy.typing as npt
 
-from ..errors import RdmaxferError
+from ..errors import InvalidArgumentError, RdmaxferError
 from ..memory.region import MemoryRegion
 
-__all__ = ["RegistrationCache", "memory_owner"]
+__all__ = ["EXPORTS_ENV", "RegistrationCache", "exports_max", "memory_owner"]
 
 #: Default bounds (entries, bytes); a cached registration pins its pages on verbs.
 DEFAULT_MAX_ENTRIES = 64
 DEFAULT_MAX_BYTES = 1 << 30
+
+#: The implicit CUDA IPC exports of unregistered GPU allocations an engine keeps (the least
+#: recently used beyond it is dropped): this variable, default DEFAULT_MAX_EXPORTS (0: none,
+#: such memory is staged). An export by IPC handle holds nothing; one of VMM memory holds its
+#: POSIX fd, so the allocation lives until the export is dropped.
+EXPORTS_ENV = "RDMAXFER_CUDA_IPC_EXPORTS"
+DEFAULT_MAX_EXPORTS = 64
+
+
+def exports_max() -> int:
+    """The implicit CUDA IPC exports an engine keeps: RDMAXFER_CUDA_IPC_EXPORTS, default
+    DEFAULT_MAX_EXPORTS; 0 stages unregistered GPU memory on shm connections too.
+
+    Raises:
+        InvalidArgumentError: not an integer >= 0.
+    """
+    raw = os.environ.get(EXPORTS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_EXPORTS
+    if not raw.isdigit():
+        raise InvalidArgumentError(
+            f"{EXPORTS_ENV}={raw!r} must be an integer >= 0 (the CUDA IPC exports of unregistered "
+            f"GPU memory an engine keeps, default {DEFAULT_MAX_EXPORTS}; 0: stage such memory)"
+        )
+    return int(raw)
 
 
 def memory_owner(arr: npt.NDArray[Any]) -> object:
@@ -57,8 +90,9 @@ def memory_owner(arr: npt.NDArray[Any]) -> object:
 @dataclass(eq=False)
 class _Entry:
     region: MemoryRegion
-    owner: weakref.ref[Any]
+    owner: weakref.ref[Any] | None  # None: validated by ``identity`` instead
     writes: bool
+    identity: int = 0
     users: int = 0
     retired: bool = False
     key: tuple[int, int] = field(default=(0, 0))
@@ -84,6 +118,7 @@ class RegistrationCache:
         self.max_bytes = max_bytes
         self.hits = 0
         self.misses = 0
+        self.replaced = 0  # entries dropped because their memory's identity changed
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -120,18 +155,43 @@ class RegistrationCache:
         except TypeError:
             return register(False), False
         region = register(True)
+        self._insert(_Entry(region, ref, writes, users=1, key=key))
+        return region, True
+
+    def acquire_identified(
+        self, key: tuple[int, int], identity: int, register: Callable[[], MemoryRegion]
+    ) -> MemoryRegion:
+        """A registration of the memory ``key`` = (address, bytes) whose identity the caller
+        read just now (non-zero): the cached one when it was made for that same identity, else
+        ``register()`` makes a new one (the old entry is dropped, deregistered once unused).
+        It counts one user: hand it back with :meth:`release`."""
+        self._reap()
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                if entry.identity == identity and entry.region.registered:
+                    entry.users += 1
+                    self._entries.move_to_end(key)
+                    self.hits += 1
+                    return entry.region
+                self.replaced += entry.identity != identity
+                self._retire_locked(entry)
+        region = register()
+        self._insert(_Entry(region, None, True, identity=identity, users=1, key=key))
+        return region
+
+    def _insert(self, entry: _Entry) -> None:
+        """Cache a new ``entry`` (in use by its caller), replacing the one of its key."""
         with self._lock:
             self.misses += 1
-            old = self._entries.get(key)
+            old = self._entries.get(entry.key)
             if old is not None:
                 self._retire_locked(old)
-            entry = _Entry(region, ref, writes, users=1, key=key)
-            self._entries[key] = entry
-            self._by_key[region.key] = entry
-            self._bytes += key[1]
+            self._entries[entry.key] = entry
+            self._by_key[entry.region.key] = entry
+            self._bytes += entry.key[1]
             self._evict_locked()
         self._reap()
-        return region, True
 
     def release(self, region: MemoryRegion, *, keep: bool = True) -> bool:
         """One user of a cached ``region`` is done (``keep=False``: it failed, so the entry is
@@ -169,7 +229,12 @@ class RegistrationCache:
 
     @staticmethod
     def _valid(entry: _Entry, owner: object, writes: bool) -> bool:
-        return entry.owner() is owner and (entry.writes or not writes) and entry.region.registered
+        return (
+            entry.owner is not None
+            and entry.owner() is owner
+            and (entry.writes or not writes)
+            and entry.region.registered
+        )
 
     def _owner_died(self, ref: weakref.ref[Any]) -> None:
         # Called by the garbage collector, maybe while this thread holds the lock: no lock here.
