@@ -9,7 +9,8 @@ FAIL or SKIP, read from what the earlier steps wrote into the results folder:
   bit-exact against safetensors on CPU, CuPy and torch interop, the two-process CUDA IPC
   tests, and all GPU tests;
 - ``gpu_ipc.json`` (bench/gpu_ipc_bench.py): two processes on the same GPU (and GPU 0 to GPU 1
-  when there are two) through CUDA IPC, against the pinned D2H copy of the same run.
+  when there are two) through CUDA IPC, against the pinned D2H copy of the same run; on the
+  same GPU also from and into memory this process did not register (exported on the fly).
 
 A missing file makes its rows FAIL ("not run"). Exit status 0 only when no row failed.
 """
@@ -32,6 +33,7 @@ TEST_ROWS = (
     ("CuPy interop", "test_gpu_device", "test_cupy_arrays"),
     ("torch interop (DLPack)", "test_gpu_device", "test_torch_dlpack"),
     ("two-process CUDA IPC tests", "test_shm_cuda_ipc", ""),
+    ("CUDA IPC of unregistered GPU memory", "test_shm_cuda_ipc_unregistered", ""),
     ("auto over TCP: same-host CUDA IPC tests", "test_auto_cuda_ipc", ""),
     ("all GPU tests (pytest -m gpu)", "", ""),
 )
@@ -95,7 +97,8 @@ def gpu_test_rows(junit: Path) -> list[Row]:
         chosen = [
             c
             for c in cases
-            if module in c.get("classname", "") and c.get("name", "").startswith(prefix)
+            if module in ("", c.get("classname", "").rsplit(".", 1)[-1])
+            and c.get("name", "").startswith(prefix)
         ]
         failed = sum(
             1 for c in chosen if c.find("failure") is not None or c.find("error") is not None
@@ -116,9 +119,10 @@ def ipc_rows(ipc: Any) -> list[Row]:
     for r in ipc["rows"]:
         same = r["src_gpu"] == r["dst_gpu"]
         where = "same GPU" if same else f"GPU {r['src_gpu']} -> GPU {r['dst_gpu']}"
+        memory = "" if r.get("registered", True) else ", unregistered"
         rows.append(
             (
-                f"2 processes, {where}, CUDA IPC {_size(r['bytes'])}",
+                f"2 processes, {where}{memory}, CUDA IPC {_size(r['bytes'])}",
                 f"W {r['write_GB_per_s']:.1f} R {r['read_GB_per_s']:.1f} GB/s = "
                 f"{r['ratio_to_d2h']:.1f}x pinned D2H",
                 f">= {r['target']}x, bytes intact, by IPC",

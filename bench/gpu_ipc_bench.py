@@ -3,8 +3,10 @@ item 3; run by bench/gpu_check.sh).
 
 This process and a spawned peer each allocate device memory and register it on an shm engine;
 this process WRITEs its buffer into the peer's (the peer opens this process's allocation once
-by cuIpcOpenMemHandle and copies GPU to GPU) and READs it back. Rows: the same GPU, and GPU 0 to
-GPU 1 when there are two or more. The reference, measured in the same run, is the pinned
+by cuIpcOpenMemHandle and copies GPU to GPU) and READs it back. Rows: the same GPU, the same GPU
+with this process's buffers not registered (each transfer exports their allocations on the
+fly, from the engine's export cache after the first), and GPU 0 to GPU 1 when there are two or
+more. The reference, measured in the same run, is the pinned
 device-to-host copy of the same size (cuMemcpyDtoHAsync into cuMemHostAlloc'd memory): any
 path that staged through host memory would run at or below it, so the rate over it shows
 that the bytes stayed on the GPUs. GB/s = 1e9 bytes/s.
@@ -51,9 +53,11 @@ def peer(conn: Connection, port: int, size: int, gpu: int) -> None:
             conn.send(_crc(buf) if cmd == "crc" else ep.info)
 
 
-def run_row(size: int, src_gpu: int, dst_gpu: int, iters: int) -> dict[str, Any]:
+def run_row(
+    size: int, src_gpu: int, dst_gpu: int, iters: int, registered: bool = True
+) -> dict[str, Any]:
     """One row: WRITE and READ of ``size`` bytes between GPU ``src_gpu`` here and GPU
-    ``dst_gpu`` in the peer process."""
+    ``dst_gpu`` in the peer process; this process's buffers registered or not."""
     rng = np.random.default_rng(size + dst_gpu)
     src = Buffer.empty(size, np.uint8, device=f"cuda:{src_gpu}")
     host = rng.integers(0, 256, size, dtype=np.uint8)
@@ -72,12 +76,14 @@ def run_row(size: int, src_gpu: int, dst_gpu: int, iters: int) -> dict[str, Any]
             if not conn.poll(120):
                 raise TimeoutError("the peer process sent no descriptor within 120 s")
             descriptor = conn.recv()
-            engine.register(src, "rw")
+            if registered:
+                engine.register(src, "rw")
             write = best_time(lambda: ep.write(src, descriptor, timeout=600), iters)
             conn.send("crc")
             ok = conn.recv() == zlib.crc32(host)
             back = Buffer.empty(size, np.uint8, device=f"cuda:{src_gpu}")
-            engine.register(back, "rw")
+            if registered:
+                engine.register(back, "rw")
             read = best_time(lambda: ep.read(back, descriptor, timeout=600), iters)
             ok = ok and _crc(back) == zlib.crc32(host)
             ipc_bytes = int(ep.info["cuda_ipc_bytes"])
@@ -94,6 +100,7 @@ def run_row(size: int, src_gpu: int, dst_gpu: int, iters: int) -> dict[str, Any]
         "bytes": size,
         "src_gpu": src_gpu,
         "dst_gpu": dst_gpu,
+        "registered": registered,
         "d2h_GB_per_s": gbs(d2h),
         "write_GB_per_s": gbs(write),
         "read_GB_per_s": gbs(read),
@@ -116,14 +123,16 @@ def main() -> int:
         return 2
     size = parse_size(args.size)
     gpus = len(cuda.status()["gpus"])
-    pairs = [(0, 0)] + ([(0, 1)] if gpus >= 2 else [])
+    pairs = [(0, 0, True), (0, 0, False)] + ([(0, 1, True)] if gpus >= 2 else [])
     rows = []
-    print(f"{'bytes':>12} {'GPUs':>5} {'D2H':>8} {'write':>8} {'read':>8} {'x D2H':>6} ok")
-    for src_gpu, dst_gpu in pairs:
-        row = run_row(size, src_gpu, dst_gpu, args.iters)
+    head = f"{'bytes':>12} {'GPUs':>5} {'reg':>4} {'D2H':>8} {'write':>8} {'read':>8}"
+    print(f"{head} {'x D2H':>6} ok")
+    for src_gpu, dst_gpu, registered in pairs:
+        row = run_row(size, src_gpu, dst_gpu, args.iters, registered)
         rows.append(row)
         print(
-            f"{size:>12} {src_gpu}->{dst_gpu:<2} {row['d2h_GB_per_s']:8.2f} "
+            f"{size:>12} {src_gpu}->{dst_gpu:<2} {'yes' if registered else 'no':>4} "
+            f"{row['d2h_GB_per_s']:8.2f} "
             f"{row['write_GB_per_s']:8.2f} {row['read_GB_per_s']:8.2f} "
             f"{row['ratio_to_d2h']:6.1f} {row['checksums_ok'] and row['by_cuda_ipc']}",
             flush=True,

@@ -9,14 +9,20 @@ the peer. Keys:
 ``shm_not_used``
     When an automatic engine passed shm over: why (another host, user or namespace, CMA
     refused).
-``peer_pid``, ``ring_bytes``, ``cuda_ipc_bytes``, ``cuda_ipc_opened``
+``peer_pid``, ``ring_bytes``, ``cuda_ipc_bytes``, ``cuda_ipc_opened``, ``cuda_ipc_closed_stale``
     On shm: the peer's pid, the bytes of each ring; the bytes moved GPU to GPU by CUDA IPC
-    (registered GPU memory at either end) and the peer's GPU allocations this end has open.
+    (GPU memory at either end, registered or exported on the fly), the peer's GPU allocations
+    this end has open, and the mappings of them it closed (the peer named another allocation
+    at the same address, or beyond the 128 kept by IPC handle).
 ``cuda_ipc_off``
     On shm, once the engine has used GPU memory, when registered GPU memory is staged through
     host memory instead of moved by CUDA IPC: why (the driver lacks the IPC calls; an
-    automatic engine over rdma registers GPU memory for GPUDirect RDMA). Unregistered GPU
-    memory is staged on every connection.
+    automatic engine over rdma registers GPU memory for GPUDirect RDMA).
+``cuda_ipc_export_off``
+    On shm, when unregistered GPU memory was staged instead of exported for CUDA IPC on the
+    fly (and ``cuda_ipc_off`` is absent): why (the driver does not report
+    CU_POINTER_ATTRIBUTE_BUFFER_ID, the memory cannot be exported, or
+    ``RDMAXFER_CUDA_IPC_EXPORTS=0``). TCP and rdma connections stage unregistered GPU memory.
 ``path_mtu``, ``max_rd_atomic``, ``max_dest_rd_atomic``, ``max_inline``, ``rnr_retry``, ...
     On rdma: the smaller active MTU of the two ports (bytes); the RDMA READs this side keeps
     outstanding (the minimum of its initiator depth and the peer's responder resources) and

@@ -1,4 +1,4 @@
-"""An engine's memory side: its registrations, GPU memory (GPUDirect or staged) and the
+"""An engine's memory side: its registrations, GPU memory (GPUDirect, CUDA IPC or staged) and the
 completion notifications its transfers wait on.
 
 :class:`MemoryDomain` is what endpoints and transfers need from the engine that made them;
@@ -361,7 +361,7 @@ class MemoryDomain:
             return None
         try:
             base, size, identity = _core.cuda_allocation(view.ptr)
-        except (InvalidArgumentError, UnsupportedError) as exc:
+        except RdmaxferError as exc:  # not device memory, or the driver refused
             self._export_off = f"unregistered GPU memory is staged: {exc}"
             return None
         if identity == 0:

@@ -7,7 +7,9 @@ the array or check ``out`` before any byte is written.
 
 Every operation decides the memory kind of its array once (:mod:`rdmaxfer.transport.args`):
 host memory goes through a registration of the engine (its own, or a temporary one), GPU
-memory straight from/into a GPUDirect registration or through the engine's staging pipeline;
+memory straight from/into a GPUDirect registration or, on shm, a CUDA IPC export (registered,
+or made on the fly: ``MemoryDomain._device_direct``), else through the engine's staging
+pipeline;
 then one ``_core`` call posts it and one :class:`Transfer` tracks it (blocking calls on host
 ndarrays need one only when something goes wrong: :mod:`.blocking`).
 """
@@ -172,7 +174,7 @@ class Endpoint(BatchOps):
             except BaseException:
                 self._release(temps)
                 raise
-        else:  # GPU memory: by GPUDirect from its registration, else staged through slabs
+        else:  # GPU memory: GPUDirect or CUDA IPC when reachable, else staged through slabs
             request, keep, temps = self._engine._post_device_send(
                 self._core, arr, chunk_size, streams
             )
@@ -190,7 +192,8 @@ class Endpoint(BatchOps):
                 message's exact dtype and shape. None allocates a new array of the sender's
                 dtype and shape (bfloat16 as ``ml_dtypes.bfloat16``). A GPU array (CuPy,
                 PyTorch, ``__cuda_array_interface__``, CUDA ``__dlpack__``, a device Buffer)
-                is filled through the staging pipeline.
+                is filled by CUDA IPC on a shm connection, by GPUDirect when registered for
+                it, else through the staging pipeline.
             device: with ``out=None``, ``"cuda:N"`` allocates the new array on that GPU
                 (returned as a CuPy array when CuPy is importable, else a device Buffer).
 
