@@ -19,7 +19,7 @@ from _gpu_data import crc, device_random
 from _ipc_checks import NBYTES, MiB, connect
 from _peers import Peer, make_array
 from _vmm import VmmArray, standin_library
-from rdmaxfer import Buffer, Engine, _core
+from rdmaxfer import Buffer, Engine, InvalidArgumentError, _core
 from rdmaxfer.memory import cuda
 
 pytestmark = [
@@ -217,8 +217,8 @@ def test_auto_engines_export_unregistered_memory_on_their_shm_link(
 def test_batch_of_unregistered_device_memory_between_two_engines(
     rng: np.random.Generator,
 ) -> None:
-    """A batch names unregistered device memory on a shm connection (refused on TCP before):
-    each entry's allocation is exported; between engines of one process nothing is opened."""
+    """A batch names unregistered device memory on a shm connection (refused on TCP): each
+    entry's allocation is exported; between engines of one process nothing is opened."""
     with Engine("shm") as server, Engine("shm") as client:
         port = server.listen("127.0.0.1", 0)
         with client.connect("127.0.0.1", port, timeout=10) as ep, server.accept(timeout=10) as peer:
@@ -234,6 +234,11 @@ def test_batch_of_unregistered_device_memory_between_two_engines(
             assert ep.info["cuda_ipc_bytes"] == 2 * NBYTES - MiB
             assert peer.info["cuda_ipc_opened"] == 0
             assert len(client._exports) == 3
+            exported = [r for r in client._regions.values() if r.temporary]
+            assert len(exported) == 3
+    # closing the engine drops the exports and ends their registrations
+    assert len(client._exports) == 0
+    assert not any(r.registered for r in exported)
 
 
 def test_tcp_connection_still_stages_unregistered_device_memory(
@@ -254,6 +259,8 @@ def test_tcp_connection_still_stages_unregistered_device_memory(
             assert crc(peer.recv(timeout=60)) == crc(host)
             sending.wait(60)
             assert _staged_messages(auto) == before + 1
+            with pytest.raises(InvalidArgumentError, match=r"staged GPU memory cannot be batched"):
+                ep.write_batch([(src, descriptor, 0)], timeout=30)
             assert len(auto._exports) == 0
 
 
