@@ -66,15 +66,16 @@ class Pair:
 
 def interrupt_when_waiting(thread_id: int, bound_s: float = 30.0) -> threading.Thread:
     """Send SIGINT to this process once the thread ``thread_id`` waits in the core (its
-    innermost Python frame is one that calls ``Request.wait``: the lean path's ``_settle`` or
-    ``Transfer._wait``), so that the signal lands in the wait and not, on a loaded machine,
+    innermost Python frame is one that waits in the core: the lean path's ``_run``, whose
+    ``Endpoint.post_*_wait`` posts and waits, its ``_settle`` or ``Transfer._wait``, which call
+    ``Request.wait``), so that the signal lands in the wait and not, on a loaded machine,
     in the Python code before it. After ``bound_s`` seconds it is sent anyway."""
 
     def run() -> None:
         end = time.monotonic() + bound_s
         while time.monotonic() < end:
             frame = sys._current_frames().get(thread_id)
-            if frame is not None and frame.f_code.co_name in ("_settle", "_wait"):
+            if frame is not None and frame.f_code.co_name in ("_run", "_settle", "_wait"):
                 time.sleep(0.05)  # well inside the wait's first 0.1 s poll
                 break
             time.sleep(0.005)

@@ -14,7 +14,15 @@ import pytest
 
 from _common import Pair
 from _peers import DTYPES, make_array, same_bytes
-from rdmaxfer import InvalidArgumentError, ProtocolError, Transfer, TransferTimeoutError, _core
+from rdmaxfer import (
+    InvalidArgumentError,
+    ProtocolError,
+    RemoteAccessError,
+    Transfer,
+    TransferTimeoutError,
+    _core,
+)
+from rdmaxfer.memory import meta as _meta
 from rdmaxfer.transport import domain
 
 MiB = 1 << 20
@@ -212,3 +220,48 @@ def test_address_of_is_the_array_interface_address(seed: int) -> None:
         assert domain._addr(arr) == expected
     with pytest.raises(ValueError, match="not contiguous"):
         _core.address_of(base[::2])
+
+
+def test_post_wait_bindings_hand_back_the_request_only_when_not_done(pair: Pair, seed: int) -> None:
+    core = pair.a.core
+    nbytes = 64 << 10
+    src = make_array(seed, nbytes)
+    local = pair.client.register(src).core
+    target = np.zeros(nbytes, np.uint8)
+    desc = _core.Descriptor.unpack(pair.server.register(target).descriptor().pack())
+    slot: list[_core.Request | None] = [None]
+    # completed within the wait: True, and no Request comes back
+    assert core.post_write_wait(local, 0, desc, 0, nbytes, 0, 0, 30.0, slot) is True
+    assert slot == [None] and same_bytes(target, src)
+    back = np.zeros(nbytes, np.uint8)
+    dest = pair.client.register(back).core
+    assert core.post_read_wait(dest, 0, desc, 0, nbytes, 0, 0, 30.0, slot) is True
+    assert slot == [None] and same_bytes(back, src)
+    join = _recv_in_thread(pair)
+    record = _meta.encode(src.dtype, src.shape)
+    assert core.post_send_wait(local, 0, nbytes, record, 0, 0, 30.0, slot) is True
+    assert slot == [None] and same_bytes(join(), src)
+    # no wait (0 s): posted, handed back pending or done, and it completes
+    again = make_array(seed + 1, nbytes)
+    src[:] = again
+    assert core.post_write_wait(local, 0, desc, 0, nbytes, 0, 0, 0.0, slot) is False
+    request = slot[0]
+    assert isinstance(request, _core.Request) and request.wait(30) and not request.failed()
+    assert same_bytes(target, again)
+    # refused by the peer: handed back failed, with the peer's reason
+    read_only = _core.Descriptor.unpack(
+        pair.server.register(np.zeros(nbytes, np.uint8), access="r").descriptor().pack()
+    )
+    slot = [None]
+    assert core.post_write_wait(local, 0, read_only, 0, nbytes, 0, 0, 30.0, slot) is False
+    failed = slot[0]
+    assert isinstance(failed, _core.Request) and failed.done() and failed.failed()
+    with pytest.raises(RemoteAccessError, match="refused access"):
+        failed.check()
+    # a bad slot or range raises before anything is posted, slot untouched
+    with pytest.raises(InvalidArgumentError, match="slot must be a list of one item"):
+        core.post_write_wait(local, 0, desc, 0, nbytes, 0, 0, 30.0, [])
+    slot = [None]
+    with pytest.raises(InvalidArgumentError):
+        core.post_write_wait(local, 1, desc, 0, nbytes, 0, 0, 30.0, slot)
+    assert slot == [None]

@@ -65,26 +65,65 @@ TransferOptions transfer_options(long long chunk_size, int streams) {
 // (yielding the CPU) before sleeping on the request's condition variable.
 constexpr int kSpinUs = 50;
 
-// Waits in slices so that Ctrl-C reaches Python; the GIL is released while waiting.
-bool wait_request(const Request& req, double timeout_s) {
-  checked_timeout(timeout_s, "wait");
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(timeout_s));
-  bool first = true;
+using Clock = std::chrono::steady_clock;
+
+// Waits for `req` until `deadline` in slices of at most 0.1 s, the GIL released (spinning
+// kSpinUs first when `spin`), running Python's signal handlers between slices so that Ctrl-C
+// reaches Python (what a handler raises propagates). True when the request is terminal.
+bool wait_slices(const Request& req, Clock::time_point deadline, bool spin) {
   for (;;) {
-    const double left =
-        std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
     bool done = false;
     {
       py::gil_scoped_release release;
-      done = req.wait_for(std::max(0.0, std::min(left, 0.1)), first ? kSpinUs : 0);
-      first = false;
+      done = req.wait_for(std::max(0.0, std::min(left, 0.1)), spin ? kSpinUs : 0);
+      spin = false;
     }
     if (done) return true;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     if (left <= 0.1) return req.done();
   }
+}
+
+Clock::time_point deadline_in(double timeout_s) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+}
+
+bool wait_request(const Request& req, double timeout_s) {
+  checked_timeout(timeout_s, "wait");
+  return wait_slices(req, deadline_in(timeout_s), true);
+}
+
+// A blocking operation in one call (the lean path of rdmaxfer/transport/blocking.py): posts with
+// `post` (GIL released) and waits up to `wait_s` seconds as Request.wait does, the post and the
+// first wait slice under one release of the GIL. True when the request completed: then no
+// Request reaches Python. Otherwise the request goes into slot[0] (a list of one item the
+// caller made) before this returns False (failed, or still
+// pending at the bound: wait_s <= 0 does not wait) or raises what a signal handler raised
+// (Ctrl-C) while it waited; a request that could not be posted raises with slot untouched.
+template <typename Post>
+bool post_and_wait(Post post, double wait_s, const py::list& slot) {
+  if (slot.size() != 1) {
+    throw Error(ErrorKind::kInvalidArgument, "post_*_wait: slot must be a list of one item");
+  }
+  const bool waits = wait_s > 0;  // NaN does not wait
+  wait_s = waits ? std::min(wait_s, 1e9) : 0.0;
+  const Clock::time_point deadline = deadline_in(wait_s);
+  RequestPtr req;
+  bool done = false;
+  {
+    py::gil_scoped_release release;
+    req = post();
+    if (waits) done = req->wait_for(std::min(wait_s, 0.1), kSpinUs);
+  }
+  if (done && req->state() == Request::State::kDone) return true;
+  slot[0] = py::cast(req);
+  if (!done && waits) {
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (wait_s > 0.1) done = wait_slices(*req, deadline, false);
+  }
+  return done && req->state() == Request::State::kDone;
 }
 
 // An endpoint inherited through fork() is inert (common/fork_guard.h).
@@ -293,6 +332,64 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("local"), py::arg("offset"), py::arg("length"), py::arg("meta"),
           py::arg("chunk_size") = 0, py::arg("streams") = 0)
+      .def(
+          "post_write_wait",
+          [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local,
+                      long long local_offset, const Descriptor& remote, long long remote_offset,
+                      long long length, long long chunk_size, int streams, double wait_s,
+                      const py::list& slot) {
+            own(c);
+            auto region = region_of(local);
+            auto opts = transfer_options(chunk_size, streams);
+            return post_and_wait(
+                [&] {
+                  return c.post_write(region, checked_size(local_offset, "local_offset"), remote,
+                                      checked_size(remote_offset, "remote_offset"),
+                                      checked_size(length, "length"), opts);
+                },
+                wait_s, slot);
+          },
+          py::arg("local"), py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"),
+          py::arg("length"), py::arg("chunk_size"), py::arg("streams"), py::arg("wait"),
+          py::arg("slot"))
+      .def(
+          "post_read_wait",
+          [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local,
+                      long long local_offset, const Descriptor& remote, long long remote_offset,
+                      long long length, long long chunk_size, int streams, double wait_s,
+                      const py::list& slot) {
+            own(c);
+            auto region = region_of(local);
+            auto opts = transfer_options(chunk_size, streams);
+            return post_and_wait(
+                [&] {
+                  return c.post_read(region, checked_size(local_offset, "local_offset"), remote,
+                                     checked_size(remote_offset, "remote_offset"),
+                                     checked_size(length, "length"), opts);
+                },
+                wait_s, slot);
+          },
+          py::arg("local"), py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"),
+          py::arg("length"), py::arg("chunk_size"), py::arg("streams"), py::arg("wait"),
+          py::arg("slot"))
+      .def(
+          "post_send_wait",
+          [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local, long long offset,
+                      long long length, const py::bytes& meta, long long chunk_size, int streams,
+                      double wait_s, const py::list& slot) {
+            own(c);
+            auto region = region_of(local);
+            auto opts = transfer_options(chunk_size, streams);
+            std::string meta_s = meta;
+            return post_and_wait(
+                [&] {
+                  return c.post_send(region, checked_size(offset, "offset"),
+                                     checked_size(length, "length"), meta_s, opts);
+                },
+                wait_s, slot);
+          },
+          py::arg("local"), py::arg("offset"), py::arg("length"), py::arg("meta"),
+          py::arg("chunk_size"), py::arg("streams"), py::arg("wait"), py::arg("slot"))
       .def("post_recv_header",
            [](Connection& c) {
              own(c);

@@ -176,6 +176,46 @@ class Endpoint:
         chunk_size: int = 0,
         streams: int = 0,
     ) -> Request: ...
+    def post_write_wait(
+        self,
+        local: Region,
+        local_offset: int,
+        remote: Descriptor,
+        remote_offset: int,
+        length: int,
+        chunk_size: int,
+        streams: int,
+        wait: float,
+        slot: list[Request | None],
+    ) -> bool:
+        """post_write and Request.wait(wait) in one call: True when the WRITE completed;
+        else (failed, pending at the bound, or a signal handler raised) the request is put in
+        slot[0] (a list of one item) first."""
+    def post_read_wait(
+        self,
+        local: Region,
+        local_offset: int,
+        remote: Descriptor,
+        remote_offset: int,
+        length: int,
+        chunk_size: int,
+        streams: int,
+        wait: float,
+        slot: list[Request | None],
+    ) -> bool:
+        """post_read and Request.wait(wait) in one call, as post_write_wait."""
+    def post_send_wait(
+        self,
+        local: Region,
+        offset: int,
+        length: int,
+        meta: bytes,
+        chunk_size: int,
+        streams: int,
+        wait: float,
+        slot: list[Request | None],
+    ) -> bool:
+        """post_send and Request.wait(wait) in one call, as post_write_wait."""
     def post_recv_header(self) -> Request: ...
     def post_recv(self, msg_id: int, local: Region, offset: int, length: int) -> Request: ...
     def reject(self, msg_id: int, reason: str) -> None: ...

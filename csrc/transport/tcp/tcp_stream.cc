@@ -20,6 +20,11 @@ constexpr int kMaxIov = 1024;  // IOV_MAX on Linux
 constexpr size_t kScatterIov = 64;  // pieces of a WRITE_GATHER read by one recvmsg
 constexpr uint64_t kReadBudget = 16ull << 20;  // per wake-up, so other streams get a turn
 constexpr size_t kStage = 64 * 1024;
+// What one read into the staging buffer asks for: enough for hundreds of small frames, little
+// enough that the start of a large frame's data (copied from the buffer into its destination)
+// costs little; the rest of a frame's data, from kDirectMin bytes on, is read in place.
+constexpr size_t kStageRead = 16 * 1024;
+constexpr uint64_t kDirectMin = kStageRead;
 constexpr uint64_t kInlineLimit = 1024 * 1024;
 // A driving thread looks at its request at least this often, even without socket events (a
 // completion processed by the loop just before the stream was borrowed, a frame another thread
@@ -327,19 +332,27 @@ void TcpStream::receive() {
       if (stage_.empty()) stage_.resize(kStage);
       const bool pieces = phase_ == Phase::kData && !sink_.scatter.empty();
       const bool direct = phase_ == Phase::kData && !sink_.discard && !pieces &&
-                          header_.payload_len - data_got_ >= kStage;
+                          header_.payload_len - data_got_ >= kDirectMin;
       iovec iov[kScatterIov];
       size_t n_iov = 1;
       if (pieces) {
         n_iov = scatter_iov(iov, budget);
       } else if (direct) {
+        const uint64_t rest = header_.payload_len - data_got_;
         iov[0].iov_base =
             (sink_.into_owned ? reinterpret_cast<uint8_t*>(sink_.owned.data()) : sink_.dst) +
             data_got_;
-        iov[0].iov_len = static_cast<size_t>(std::min(header_.payload_len - data_got_, budget));
+        iov[0].iov_len = static_cast<size_t>(std::min(rest, budget));
+        if (rest <= budget) {
+          // The frame ends in this read: what follows it (the next frames) goes into the
+          // staging buffer by the same recvmsg, and a short read tells the socket is empty.
+          iov[1].iov_base = stage_.data();
+          iov[1].iov_len = kStageRead;
+          n_iov = 2;
+        }
       } else {
         iov[0].iov_base = stage_.data();
-        iov[0].iov_len = stage_.size();
+        iov[0].iov_len = kStageRead;
       }
       msghdr msg{};
       msg.msg_iov = iov;
@@ -373,8 +386,11 @@ void TcpStream::receive() {
         scatter(nullptr, static_cast<size_t>(n));
         if (data_got_ == header_.payload_len) finish_frame();
       } else if (direct) {
-        data_got_ += static_cast<uint64_t>(n);
-        if (sink_.progress) sink_.progress->note_progress(static_cast<uint64_t>(n));
+        const size_t placed = std::min(static_cast<size_t>(n), iov[0].iov_len);
+        data_got_ += placed;
+        if (sink_.progress) sink_.progress->note_progress(placed);
+        stage_pos_ = 0;
+        stage_len_ = static_cast<size_t>(n) - placed;  // consumed on the next turn
         if (data_got_ == header_.payload_len) finish_frame();
       } else {
         stage_pos_ = 0;

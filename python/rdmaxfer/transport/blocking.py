@@ -5,8 +5,10 @@ the handle when nothing goes wrong.
 
 Each call checks its arguments with the functions of :mod:`.args` (offsets and lengths that are
 plain in-range ints pass a quicker test that accepts exactly what those functions accept), takes
-the registration from the engine, posts one ``_core`` request and waits for it in one
-``Request.wait`` (in C++, GIL released, Ctrl-C seen every 0.1 s). Only when the request fails,
+the registration from the engine, posts one ``_core`` request and waits for it: a send, WRITE or
+READ in the same ``_core`` call (``Endpoint.post_*_wait``: one release of the GIL, and no
+Request object in Python when it completes), a receive's steps each in one ``Request.wait`` (in
+C++, GIL released, Ctrl-C seen every 0.1 s). Only when the request fails,
 is still pending at the wait's bound, or the wait is interrupted does a Transfer take over
 (tracked by the endpoint, its WaitLimits made then, from the time the wait started), under the
 same bounds as the wait started, and decide the outcome exactly as ``Transfer.wait`` does. A
@@ -22,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -166,22 +168,38 @@ def _run(
     keep: list[object],
     temps: list[Any],
     wait: Bounds,
-    post: Callable[..., _core.Request],
+    post_wait: Callable[..., bool],
     args: tuple[object, ...],
 ) -> None:
-    """Post a send, WRITE or READ (``post(*args)``) and wait for it; ``keep``: the objects it
-    uses, ``temps``: its temporary registrations, handed back when it is done (or fails to
-    post)."""
+    """Post a send, WRITE or READ and wait for it in one ``_core`` call (``post_wait(*args,
+    wait_s, slot)``: ``Endpoint.post_*_wait``); ``keep``: the objects it uses, ``temps``: its
+    temporary registrations, handed back when it is done (or fails to post). A request that
+    did not complete in that call (failed, pending at the bound, or interrupted while it
+    waited) comes back in ``slot`` and a Transfer takes over, as in :func:`_settle`."""
     started = time.monotonic()
-    left = _fresh(wait, started)
+    slot: list[_core.Request | None] = [None]
     try:
-        request = post(*args)
-    except BaseException:
-        ep._release(temps)
+        done = post_wait(*args, _fresh(wait, started), slot)
+    except BaseException as exc:
+        request = slot[0]
+        if request is None:  # not posted (or done before a signal handler raised)
+            ep._release(temps)
+            raise
+        transfer = ep._track(_transfer(ep, op, nbytes, request, keep, temps))
+        transfer._interrupt(request, f"interrupted by {type(exc).__name__}")
         raise
-    handle = lambda: Transfer(ep, op, nbytes, request, keep=keep, temps=temps, result=None)  # noqa: E731
-    if _settle(ep, request, left, wait, started, handle) is _DONE and temps:
-        ep._release(temps, CLEANUP_TIMEOUT_S, failed=False)
+    if done:
+        if temps:
+            ep._release(temps, CLEANUP_TIMEOUT_S, failed=False)
+        return
+    request = cast(_core.Request, slot[0])  # set by post_wait whenever it answers False
+    ep._track(_transfer(ep, op, nbytes, request, keep, temps))._wait(WaitLimits(*wait, started))
+
+
+def _transfer(
+    ep: Owner, op: str, nbytes: int, request: _core.Request, keep: list[object], temps: list[Any]
+) -> Transfer[Any]:
+    return Transfer(ep, op, nbytes, request, keep=keep, temps=temps, result=None)
 
 
 def one_sided(
@@ -215,7 +233,7 @@ def one_sided(
     if remote_at is None:
         remote_at = remote_offset_of(remote_offset)
     region, base, temps = ep._engine._local(arr, writes=writable)
-    post = ep._core.post_read if writable else ep._core.post_write
+    post = ep._core.post_read_wait if writable else ep._core.post_write_wait
     args = (region.core, base + offset, descriptor, remote_at, length, chunk_size, streams)
     _run(ep, op, length, [arr, region], temps, wait, post, args)
     return True
@@ -240,7 +258,7 @@ def send(
     nbytes = int(arr.nbytes)
     region, offset, temps = ep._engine._local(arr, writes=False)
     args = (region.core, offset, nbytes, record, chunk_size, streams)
-    _run(ep, "send", nbytes, [arr, region], temps, wait, ep._core.post_send, args)
+    _run(ep, "send", nbytes, [arr, region], temps, wait, ep._core.post_send_wait, args)
     return True
 
 

@@ -46,6 +46,18 @@ _FOUND_MAX = 256
 # Bound on deregistration waits when the engine closes (its endpoints are closed by then).
 CLOSE_TIMEOUT_S = 5.0
 
+# This process's id, made current in a child of os.fork(): _local compares it on every transfer
+# (os.getpid() is a system call).
+_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class MemoryDomain:
     """The registrations of one ``_core.Engine``, its staging pipelines and notifications.
@@ -464,7 +476,7 @@ class MemoryDomain:
         cache (:mod:`.regcache`): (region, byte offset of arr in it, temporaries to hand back
         with :meth:`_release_temps` when the operation is done). A user region found is
         remembered for the same (address, bytes, writes) until a registration is made or ended."""
-        if self._closed or self._pid != os.getpid():
+        if self._closed or self._pid != _pid:
             self._check_open()
         addr, nbytes = _core.address_of(arr), int(arr.nbytes)
         found = self._found.get((addr, nbytes, writes))

@@ -455,8 +455,10 @@ class Endpoint(BatchOps):
                 the endpoint is then aborted.
             RemoteAccessError, InvalidArgumentError, ProtocolError, ConnectionFailedError.
         """
-        args = (local, remote, offset, remote_offset, nbytes, chunk_size, streams)
-        if notify is None and blocking.one_sided(self, "write", *args, timeout, deadline):
+        if notify is None and blocking.one_sided(
+            self, "write", local, remote, offset, remote_offset, nbytes, chunk_size, streams,
+            timeout, deadline,
+        ):  # fmt: skip
             return
         self.post_write(
             local, remote, offset=offset, remote_offset=remote_offset, nbytes=nbytes,
@@ -480,8 +482,10 @@ class Endpoint(BatchOps):
 
         Raises: as :meth:`write`.
         """
-        args = (local, remote, offset, remote_offset, nbytes, chunk_size, streams)
-        if blocking.one_sided(self, "read", *args, timeout, deadline):
+        if blocking.one_sided(
+            self, "read", local, remote, offset, remote_offset, nbytes, chunk_size, streams,
+            timeout, deadline,
+        ):  # fmt: skip
             return
         self.post_read(
             local, remote, offset=offset, remote_offset=remote_offset, nbytes=nbytes,
