@@ -1,7 +1,8 @@
 """Several rails per engine (``tests/rxe/run-in-vm.sh --rails 2``): the client on rxe0+rxe2, the
 server on rxe1+rxe3 (rxe0/rxe1 on 10.77.0.0/24, rxe2/rxe3 on 10.78.0.0/24). Striping is byte
 exact and loads both rails; a rail that fails mid-transfer
-(its port down) hands its chunks to the other and the transfer completes;
+(its port down, or its device deleted with `rdma link delete`) hands its chunks to the other and
+the transfer completes; a deleted device is let go of, so its deletion completes;
 only when no rail is left does it fail, naming every rail's cause. Each rail makes its CQs on
 demand, so a two-rail engine holds 512 connections, with the fabric settings on every QP."""
 
@@ -182,6 +183,10 @@ def _run(*cmd: str) -> None:
     subprocess.run(cmd, check=True, timeout=60, capture_output=True)
 
 
+#: (client, server, the client's endpoint, the WRITE, a check that its bytes landed exactly)
+StripedWrite = tuple[_core.Engine, _core.Engine, _core.Endpoint, _core.Request, Callable[[], bool]]
+
+
 @contextmanager
 def striped_write(
     rng: np.random.Generator, size: int = 24 * MIB, before: tuple[str, ...] = ()
@@ -189,6 +194,15 @@ def striped_write(
     """A striped WRITE of `size` random bytes in 64 KiB chunks, yielded once an eighth has moved,
     with the client's endpoint and a check that the server holds exactly the bytes sent.
     `before`: a command run once connected, before the WRITE is posted."""
+    with striped_write_on(rng, size, before) as (_, _, a, request, exact):
+        yield a, request, exact
+
+
+@contextmanager
+def striped_write_on(
+    rng: np.random.Generator, size: int = 24 * MIB, before: tuple[str, ...] = ()
+) -> Iterator[StripedWrite]:
+    """striped_write, with the client and server engines too."""
     with rail_pair() as (client, server, a, _):
         if before:
             _run(*before)
@@ -199,7 +213,7 @@ def striped_write(
         request = a.post_write(src, 0, dst.descriptor(), 0, size, chunk_size=64 * 1024)
         _wait_for("an eighth of the write", lambda: request.moved >= size // 8 or request.done())
         assert not request.done(), "the write finished before a rail could fail: make it larger"
-        yield a, request, lambda: bool(np.array_equal(region_array(dst), data))
+        yield client, server, a, request, lambda: bool(np.array_equal(region_array(dst), data))
 
 
 def test_port_down_mid_transfer_moves_its_chunks(rng: np.random.Generator) -> None:
@@ -215,6 +229,72 @@ def test_port_down_mid_transfer_moves_its_chunks(rng: np.random.Generator) -> No
     finally:
         _run("ip", "link", "set", "veth2", "up")
         _wait_for("rxe2 ACTIVE again", lambda: _port_active("rxe2"))
+
+
+def _rxe2_back() -> bool:
+    """rxe2 listed, its port ACTIVE and its GID[1] the IPv4-mapped RoCE v2 one (guest.sh)."""
+    try:
+        with open("/sys/class/infiniband/rxe2/ports/1/gids/1") as f:
+            gid = f.read().strip()
+    except OSError:
+        return False
+    return _port_active("rxe2") and gid.startswith("0000:0000:0000:0000:0000:ffff:")
+
+
+#: How long `rdma link delete` may take once the engine noticed the removal (it checks the
+#: device list every 0.5 s; the rest is releasing the QPs, MRs and CQs under emulation).
+DELETE_BOUND_S = 30.0
+
+
+def test_device_deleted_mid_transfer_is_released(rng: np.random.Generator) -> None:
+    """`rdma link delete rxe2` mid-transfer. rxe cannot revoke a process's handles, so the
+    kernel's unregistration waits for every process to let go of rxe2; it stops listing the
+    device at once, and the engine's rail watch sees that: the WRITE's chunks move to rxe0, the
+    engine releases everything it held on rxe2 and the deletion completes. The WRITE is exact,
+    the endpoint shows rxe2 removed with its cause and goes on over rxe0 (an old and a new
+    registration alike). The test adds rxe2 back, as guest.sh made it, for the later tests."""
+    delete: subprocess.Popen[bytes] | None = None
+    try:
+        with striped_write_on(rng) as (client, server, a, request, exact):
+            started = time.monotonic()
+            delete = subprocess.Popen(
+                ["rdma", "link", "delete", "rxe2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            wait_ok(request)
+            assert exact()
+            try:
+                _, err = delete.communicate(timeout=DELETE_BOUND_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"rdma link delete rxe2 still blocked after {DELETE_BOUND_S} s: "
+                            f"the engine did not let go of rxe2; {a.describe()}")  # fmt: skip
+            assert delete.returncode == 0, err
+            took = time.monotonic() - started
+            assert not os.path.exists("/sys/class/infiniband/rxe2"), "rxe2 is still there"
+            text = a.describe()
+            assert "rxe0 up" in text and "rxe2 removed (device rxe2 was removed" in text, text
+            attrs = a.attributes()
+            assert attrs["rail_rxe2_removed"] == 1 and attrs["rail_rxe2_up"] == 0, attrs
+            assert attrs["rail_rxe0_removed"] == 0 and not a.closed
+            assert "rxe2 (10.78.0.1/24, " in client.describe()
+            assert "removed (device rxe2 was removed" in client.describe(), client.describe()
+            # The connection goes on over rxe0, for a registration made before the removal and
+            # one made after it (no MR on rxe2).
+            before_bytes = rail_bytes(a)["rxe0"]
+            for _ in range(2):
+                src = client.alloc_pinned(MIB + 77, 0)
+                dst = server.alloc_pinned(MIB + 77, RW)
+                data = random_bytes(rng, MIB + 77)
+                region_array(src)[:] = data
+                wait_ok(a.post_write(src, 0, dst.descriptor(), 0, MIB + 77))
+                assert np.array_equal(region_array(dst), data)
+            assert rail_bytes(a)["rxe0"] == before_bytes + 2 * (MIB + 77)
+        assert took < DELETE_BOUND_S
+    finally:
+        if delete is not None and delete.poll() is None:
+            delete.wait(timeout=120)  # the engines are closed: the deletion ends
+        if not os.path.exists("/sys/class/infiniband/rxe2"):
+            _run("rdma", "link", "add", "rxe2", "type", "rxe", "netdev", "veth2")
+        _wait_for("rxe2 back, ACTIVE with its IPv4 GID", _rxe2_back)
 
 
 def test_no_rail_left_fails_with_every_cause(rng: np.random.Generator) -> None:

@@ -40,6 +40,7 @@ RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& set
       tag_(tag) {
   const size_t n_rails = shared_.rails.size();
   rail_up_.assign(n_rails, true);
+  rail_released_.assign(n_rails, false);
   rail_cause_.assign(n_rails, "");
   rail_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(n_rails);
   lanes_.resize(lanes.size());
@@ -87,6 +88,7 @@ EndpointRecord RdmaConnection::local_record() const {
 }
 
 void RdmaConnection::connect_qps(const EndpointRecord& peer, bool acceptor) {
+  std::lock_guard<std::mutex> setup(setup_mu_);
   if (peer.qps.empty()) throw Error(ErrorKind::kConnection, no_rail_pair(shared_.rails, peer));
   if (peer.ctrl_size < CtrlHeader::kSize) {
     throw Error(ErrorKind::kProtocol, "the peer's control buffers (" +
@@ -142,7 +144,7 @@ void RdmaConnection::connect_qps(const EndpointRecord& peer, bool acceptor) {
     const EndpointRecord::Rail& theirs = peer.rails.at(static_cast<size_t>(lane.peer_rail));
     if (!rails_reach(rail.record, theirs)) {
       throw Error(ErrorKind::kConnection,
-                  "the peer paired " + rail_text(rail.context->name(), rail.record) +
+                  "the peer paired " + rail_text(rail.name, rail.record) +
                       " with its rail " + std::to_string(lane.peer_rail) +
                       " on another link layer or network; both ends must share a fabric");
     }
@@ -177,8 +179,15 @@ void RdmaConnection::start(UniqueFd socket, std::string peer) {
     std::lock_guard<std::mutex> lock(mu_);
     peer_ = std::move(peer);
   }
+  std::lock_guard<std::mutex> lock(socket_mu_);
   socket_ = std::move(socket);
-  control_poller().watch_socket(socket_.get(), tag_);
+  socket_poller_ = poller_of(lanes_[0].rail);
+  socket_poller_->watch_socket(socket_.get(), tag_);
+}
+
+std::shared_ptr<CqPoller> RdmaConnection::poller_of(int rail) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shared_.rails.at(static_cast<size_t>(rail)).poller;
 }
 
 RdmaConnection::State RdmaConnection::state() const {
@@ -201,8 +210,11 @@ std::string RdmaConnection::describe() const {
     s += ", rails:";
     for (int r : rails) {
       const size_t i = static_cast<size_t>(r);
-      s += " " + rail_name(r) + " " + (rail_up_[i] ? "up" : "failed (" + rail_cause_[i] + ")") +
-           " " + std::to_string(rail_bytes_[i].load()) + " bytes;";
+      const std::string state = rail_up_[i]         ? "up"
+                                : rail_released_[i] ? "removed (" + rail_cause_[i] + ")"
+                                                    : "failed (" + rail_cause_[i] + ")";
+      s += " " + rail_name(r) + " " + state + " " + std::to_string(rail_bytes_[i].load()) +
+           " bytes;";
     }
   }
   for (const auto& [name, value] : attributes()) s += ", " + name + " " + std::to_string(value);
@@ -218,25 +230,36 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
       const size_t i = static_cast<size_t>(r);
       rails.emplace_back(key + "_bytes", rail_bytes_[i].load());
       rails.emplace_back(key + "_up", rail_up_[i] ? 1 : 0);
+      rails.emplace_back(key + "_removed", rail_released_[i] ? 1 : 0);
     }
+  }
+  // The first QP not destroyed with its device (the control QP unless its rail was removed).
+  const Lane* first = nullptr;
+  for (const Lane& lane : lanes_) {
+    if (first == nullptr && !lane.qp->destroyed()) first = &lane;
   }
   std::vector<std::pair<std::string, uint64_t>> out = {
       {"path_mtu", negotiated_.path_mtu},
       {"max_rd_atomic", negotiated_.max_rd_atomic},
       {"max_dest_rd_atomic", negotiated_.max_dest_rd_atomic},
-      {"max_inline", lanes_.empty() ? 0 : lanes_[0].qp->limits().max_inline},
+      {"max_inline", first == nullptr ? 0 : first->qp->limits().max_inline},
       {"rnr_retry", kRnrRetries},
       {"outstanding_wrs", outstanding_wrs()},
       {"posted_receives", posted_receives()},
-      {"rails", rails.size() / 2}};
+      {"rails", rails.size() / 3}};
   // The SRQs of the rails this connection uses (shared by every connection on them).
   const bool all_srq = !lanes_.empty() && std::all_of(lanes_.begin(), lanes_.end(),
                                                       [](const Lane& l) { return l.qp->on_srq(); });
   uint64_t srq_posted = 0;
   uint64_t srq_buffers = 0;
   uint64_t srq_grows = 0;
-  for (int r : used_rails()) {
-    if (const auto& srq = shared_.rails[static_cast<size_t>(r)].srq) {
+  std::vector<std::shared_ptr<SharedReceiveQueue>> srqs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int r : used_rails()) srqs.push_back(shared_.rails[static_cast<size_t>(r)].srq);
+  }
+  for (const auto& srq : srqs) {
+    if (srq) {
       srq_posted += srq->posted();
       srq_buffers += srq->buffers();
       srq_grows += srq->grows();
@@ -247,13 +270,14 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
                          {"srq_buffers", srq_buffers},
                          {"srq_grows", srq_grows}});
   out.insert(out.end(), rails.begin(), rails.end());
-  if (!lanes_.empty()) {
+  if (first != nullptr) {
     // What the first QP holds (ibv_query_qp), and what ibv_modify_qp was given (every rail's
     // QPs get the same settings): on RoCE the traffic class (the IP TOS byte) is what the packets carry, and
     // rxe reads back no SL.
-    const FabricSettings f = lanes_[0].qp->query_fabric();
-    const FabricSettings& applied = lanes_[0].qp->applied_fabric();
-    const bool roce = shared_.rails.at(static_cast<size_t>(lanes_[0].rail)).context->ethernet();
+    const FabricSettings f = first->qp->query_fabric();
+    const FabricSettings& applied = first->qp->applied_fabric();
+    const bool roce = shared_.rails.at(static_cast<size_t>(first->rail)).record.link_layer ==
+                      EndpointRecord::kLinkEthernet;
     out.insert(out.end(), {{"service_level", f.service_level},
                            {"traffic_class", f.traffic_class},
                            {"min_rnr_timer", f.min_rnr_timer},
@@ -267,7 +291,7 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
 
 RequestPtr RdmaConnection::new_request(OpKind op, uint64_t bytes) {
   auto req = std::make_shared<Request>(transport_.next_request_id(), op, bytes);
-  req->set_progress(shared_.rails[static_cast<size_t>(lanes_[0].rail)].poller);
+  req->set_progress(poller_of(lanes_[0].rail));
   return req;
 }
 
@@ -465,12 +489,23 @@ void RdmaConnection::wait_drained(double timeout_s) {
     return torn_down_;
   };
   // A teardown begun by another thread (an error completion, the peer's GOODBYE) may still be
-  // failing its requests after the flushes drained: wait for both.
-  const CqPoller& poller = control_poller();
-  while (!(torn_down() && release_if_drained()) && poller.running() &&
+  // failing its requests after the flushes drained: wait for both. The pollers are taken anew
+  // each round: a rail's may be released meanwhile (its device removed).
+  const auto pollers = [this] {
+    std::vector<std::shared_ptr<CqPoller>> out;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Rail& rail : shared_.rails) {
+      if (rail.poller) out.push_back(rail.poller);
+    }
+    return out;
+  };
+  const auto running = [](const std::vector<std::shared_ptr<CqPoller>>& ps) {
+    return std::any_of(ps.begin(), ps.end(), [](const auto& p) { return p->running(); });
+  };
+  while (!(torn_down() && release_if_drained()) && running(pollers()) &&
          std::chrono::steady_clock::now() < deadline) {
     bool progressed = false;
-    for (const Rail& rail : shared_.rails) progressed = rail.poller->progress() || progressed;
+    for (const auto& poller : pollers()) progressed = poller->progress() || progressed;
     if (progressed) continue;
     std::unique_lock<std::mutex> lock(drain_mu_);
     drain_cv_.wait_for(lock, std::chrono::milliseconds(2));
@@ -553,10 +588,11 @@ void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
     // EOF. The queued GOODBYE byte, if any, still goes out before the FIN.
     std::lock_guard<std::mutex> lock(socket_mu_);
     if (socket_.valid()) {
-      control_poller().unwatch_socket(socket_.get());
+      if (socket_poller_) socket_poller_->unwatch_socket(socket_.get());
       ::shutdown(socket_.get(), SHUT_WR);
       socket_.reset();
     }
+    socket_poller_.reset();
   }
   if (level >= log::Level::kWarning) stats_->add_error("connection");
   if (log::enabled(level)) {

@@ -34,6 +34,10 @@
 //                   rails (with that rail's lkey and the peer rail's rkey from the descriptor):
 //                   the transfer completes. When no rail is left, or the control rail fails,
 //                   the connection closes with every failed rail's cause in the error.
+//                   release_rail() then lets go of everything the connection holds on a
+//                   rail whose device is being removed (its QPs destroyed, its buffers'
+//                   MRs deregistered, its CQ, SRQ, PD and poller given back), so the
+//                   device's unregistration can complete (rdma_transport.h).
 //   control         SENDs of control_msg.h into the peer's control receive buffers (lane 0).
 //   grant           the destination's region, or a temporary MR with REMOTE_WRITE over it if
 //                   its region lacks that access; its address and rkey go out in the CTS.
@@ -186,6 +190,10 @@ class RdmaConnection : public Channel,
   void on_qp_event(uint32_t qp_num, const std::string& what);
   // The local rail `rail` failed (`cause` says how): failover, see above.
   void rail_down(int rail, const std::string& cause);
+  // The device of `rail` is being removed (after rail_down): destroys this connection's QPs on
+  // it and lets go of every handle it holds there; describe() shows it removed with `cause`.
+  // Not on that rail's completion thread (the transport stops it first).
+  void release_rail(int rail, const std::string& cause);
 
  private:
   // One QP with its buffers; members in destruction-safe order (the QP dies before its buffers).
@@ -239,8 +247,8 @@ class RdmaConnection : public Channel,
   void repost(std::vector<SendWork> works);
   std::string rail_name(int rail) const;
   std::vector<int> used_rails() const;  // the rails of the lanes, in lane order
-  // The control rail's completion thread (it also watches the bootstrap socket).
-  CqPoller& control_poller() const { return *shared_.rails[static_cast<size_t>(lanes_[0].rail)].poller; }
+  // The completion thread of `rail` (null once its device is released).
+  std::shared_ptr<CqPoller> poller_of(int rail) const;
   void post_recv_slot(int lane, uint32_t slot);
   // A completion of `lane`; `srq_data`: an SRQ receive's buffer (null: a send WR or a receive
   // of the QP's own).
@@ -267,13 +275,14 @@ class RdmaConnection : public Channel,
 
   Transport& transport_;
   const RdmaConnSettings settings_;
-  RdmaShared shared_;
+  RdmaShared shared_;  // a rail's handles in it are reset (under mu_) by release_rail
   const uint32_t tag_;
   std::vector<Lane> lanes_;
   // The bootstrap socket (liveness and GOODBYE). Closed as soon as the connection closes;
   // socket_mu_ orders that close against the poller thread's recv on it.
   std::mutex socket_mu_;
   UniqueFd socket_;
+  std::shared_ptr<CqPoller> socket_poller_;  // the one watching socket_ (the control rail's)
   uint64_t max_chunk_ = 0;
   uint32_t peer_ctrl_size_ = 0;
   // Negotiated with the peer's endpoint record in connect_qps (see endpoint_record.h).
@@ -283,6 +292,7 @@ class RdmaConnection : public Channel,
     uint8_t max_dest_rd_atomic = 0;
   } negotiated_;
 
+  std::mutex setup_mu_;  // connect_qps against release_rail (both change the lanes' QPs)
   mutable std::mutex mu_;
   State state_ = State::kPrepared;
   // The teardown that closed the connection failed every request it held (close() waits for
@@ -295,6 +305,7 @@ class RdmaConnection : public Channel,
   std::unordered_map<uint64_t, PendingGather> gathers_;  // by request id; also in active_
   // Per local rail (index as in shared_.rails): up, why it failed, and bytes it carried.
   std::vector<bool> rail_up_;
+  std::vector<bool> rail_released_;  // its device removed: release_rail() gave it all back
   std::vector<std::string> rail_cause_;
   std::unique_ptr<std::atomic<uint64_t>[]> rail_bytes_;
   uint32_t window_ = 1;  // the credit window the peer's receive buffers allow

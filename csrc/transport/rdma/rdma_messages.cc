@@ -53,7 +53,15 @@ Grant RdmaConnection::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t
   const auto* region = dynamic_cast<const RdmaRegion*>(local.get());
   uint32_t rkey = region != nullptr ? region->rkey_on(rail) : local->key();
   if ((local->access() & kAccessRemoteWrite) == 0) {
-    temp = std::make_unique<VerbsMr>(shared_.rails[rail].pd, dst, length,
+    std::shared_ptr<ProtectionDomain> pd;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      check_open_locked();
+      pd = shared_.rails[rail].pd;
+    }
+    if (!pd) throw Error(ErrorKind::kConnection, "endpoint to " + peer() + ": its control rail " +
+                                                     rail_name(static_cast<int>(rail)) + " was removed");
+    temp = std::make_unique<VerbsMr>(pd, dst, length,
                                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     rkey = temp->rkey();
   }
@@ -98,7 +106,12 @@ void RdmaConnection::post_recv_slot(int lane, uint32_t slot) {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
-  const int rc = ibv_post_recv(l.qp->get(), &wr, &bad);
+  ibv_qp* qp = l.qp->get();
+  if (qp == nullptr) {
+    throw Error(ErrorKind::kConnection, "QP " + std::to_string(l.qp->qp_num()) + " on " +
+                                            rail_name(l.rail) + " was destroyed with its device");
+  }
+  const int rc = ibv_post_recv(qp, &wr, &bad);
   if (rc != 0) throw_verbs("ibv_post_recv", rc);
   posted_recvs_[static_cast<size_t>(lane)].fetch_add(1);
 }

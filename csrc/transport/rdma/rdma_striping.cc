@@ -11,7 +11,7 @@
 namespace rdmaxfer {
 
 std::string RdmaConnection::rail_name(int rail) const {
-  return shared_.rails.at(static_cast<size_t>(rail)).context->name();
+  return shared_.rails.at(static_cast<size_t>(rail)).name;
 }
 
 std::vector<int> RdmaConnection::used_rails() const {
@@ -268,6 +268,62 @@ void RdmaConnection::rail_down(int rail, const std::string& cause) {
                    " outstanding chunk(s) move to the remaining rails");
   }
   repost(std::move(orphans));
+}
+
+void RdmaConnection::release_rail(int rail, const std::string& cause) {
+  const size_t r = static_cast<size_t>(rail);
+  Rail dropped;  // this rail's handles, let go of outside the locks
+  std::shared_ptr<CompletionQueue> cq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (r >= rail_released_.size() || rail_released_[r]) return;
+    rail_released_[r] = true;
+    if (rail_up_[r] || rail_cause_[r].empty()) rail_cause_[r] = cause;
+    rail_up_[r] = false;  // a closed connection's drain no longer waits for its flushes
+    Rail& mine = shared_.rails[r];
+    dropped.context = std::move(mine.context);
+    dropped.pd = std::move(mine.pd);
+    dropped.channel = std::move(mine.channel);
+    dropped.cqs = std::move(mine.cqs);
+    dropped.poller = std::move(mine.poller);
+    dropped.srq = std::move(mine.srq);
+    cq = std::move(shared_.cqs[r]);
+  }
+  {
+    // Against connect_qps on a handshake thread: the QPs are destroyed before it or after it.
+    std::lock_guard<std::mutex> setup(setup_mu_);
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      Lane& lane = lanes_[i];
+      if (lane.rail != rail) continue;
+      lane.qp->to_error();
+      // rail_down moved an open connection's chunks already; a closed one's requests failed.
+      if (lane.sq) lane.sq->take_works();
+      lane.qp->destroy();  // no DMA from here on: the buffers' MRs can go
+      lane.send_slab->release_mr();
+      if (lane.recv_slab) lane.recv_slab->release_mr();
+      posted_recvs_[i].store(0);
+    }
+  }
+  {
+    // The bootstrap socket moves to a live rail's completion thread (none: nobody watches it
+    // any more, and the connection is closed or about to be).
+    std::lock_guard<std::mutex> lock(socket_mu_);
+    if (socket_poller_ && socket_poller_ == dropped.poller) {
+      socket_poller_->unwatch_socket(socket_.get());
+      socket_poller_.reset();
+      for (int other : used_rails()) {
+        if (auto p = poller_of(other); p && socket_.valid()) {
+          p->watch_socket(socket_.get(), tag_);
+          socket_poller_ = std::move(p);
+          break;
+        }
+      }
+    }
+  }
+  if (log::enabled(log::Level::kInfo)) {
+    log::write(log::Level::kInfo, "rdma endpoint to " + peer() + ": released rail " +
+                                      rail_name(rail) + " (" + cause + ")");
+  }
 }
 
 void RdmaConnection::repost(std::vector<SendWork> works) {
