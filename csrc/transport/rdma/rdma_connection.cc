@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -18,6 +21,28 @@ namespace {
 constexpr uint8_t kGoodbyeByte = 'G';
 // How long close() and the destructor wait for the flush completions after QPs go to ERR.
 constexpr double kDrainTimeoutS = 5.0;
+
+// RDMAXFER_RDMA_TEST_QP_ERR="<device>:<bytes>" (tests only): once the rail on that device has
+// carried `bytes` of one-sided chunks, the QP whose completion crossed it is moved to ERR, as a
+// QP failing mid-transfer would be. Returns (rail index or -1, bytes).
+std::pair<int, uint64_t> test_qp_error(const std::vector<Rail>& rails) {
+  const char* env = std::getenv("RDMAXFER_RDMA_TEST_QP_ERR");
+  if (env == nullptr || *env == '\0') return {-1, 0};
+  const std::string text = env;
+  const size_t colon = text.rfind(':');
+  char* end = nullptr;
+  const unsigned long long bytes =
+      colon == std::string::npos ? 0 : std::strtoull(text.c_str() + colon + 1, &end, 10);
+  if (colon == std::string::npos || colon == 0 || end == nullptr || *end != '\0' || bytes == 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "RDMAXFER_RDMA_TEST_QP_ERR='" + text + "' is not DEVICE:BYTES (e.g. rxe2:4194304; "
+                "tests only: unset it)");
+  }
+  for (size_t r = 0; r < rails.size(); ++r) {
+    if (rails[r].name == text.substr(0, colon)) return {static_cast<int>(r), bytes};
+  }
+  return {-1, 0};  // not a rail of this engine (the other side's knob)
+}
 
 ErrorKind kind_of(ibv_wc_status status) {
   switch (status) {
@@ -45,6 +70,7 @@ RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& set
   rail_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(n_rails);
   lanes_.resize(lanes.size());
   posted_recvs_ = std::make_unique<std::atomic<int>[]>(lanes.size());
+  std::tie(test_err_rail_, test_err_bytes_) = test_qp_error(shared_.rails);
   for (size_t i = 0; i < lanes.size(); ++i) {
     Lane& lane = lanes_[i];
     const Rail& rail = shared_.rails.at(static_cast<size_t>(lanes[i].rail));
@@ -181,7 +207,7 @@ void RdmaConnection::start(UniqueFd socket, std::string peer) {
   }
   std::lock_guard<std::mutex> lock(socket_mu_);
   socket_ = std::move(socket);
-  socket_poller_ = poller_of(lanes_[0].rail);
+  socket_poller_ = poller_of(ctrl_rail());
   socket_poller_->watch_socket(socket_.get(), tag_);
 }
 
@@ -204,7 +230,8 @@ std::string RdmaConnection::describe() const {
   const std::vector<int> rails = used_rails();
   std::string names;
   for (int r : rails) names += (names.empty() ? "" : "+") + rail_name(r);
-  std::string s = "rdma to " + peer() + ", " + std::to_string(streams()) + " RC QP(s) on " + names;
+  std::string s = "rdma to " + peer() + ", " + std::to_string(streams()) + " RC QP(s) on " + names +
+                  ", control rail " + rail_name(ctrl_rail());
   {
     std::lock_guard<std::mutex> lock(mu_);
     s += ", rails:";
@@ -291,7 +318,7 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
 
 RequestPtr RdmaConnection::new_request(OpKind op, uint64_t bytes) {
   auto req = std::make_shared<Request>(transport_.next_request_id(), op, bytes);
-  req->set_progress(poller_of(lanes_[0].rail));
+  req->set_progress(poller_of(ctrl_rail()));
   return req;
 }
 
@@ -391,9 +418,12 @@ void RdmaConnection::complete(int lane, bool is_recv, const ibv_wc& wc, const ui
     return;
   }
   if (wc.status != IBV_WC_SUCCESS) {
-    if (rail != lanes_[0].rail && wc.status != IBV_WC_REM_ACCESS_ERR) {
-      // A data rail failed: its chunks, the failed one included, move (a bad descriptor
-      // fails the transfer instead: it would on every rail).
+    if (wc.status != IBV_WC_REM_ACCESS_ERR &&
+        (rail != ctrl_rail() ||
+         (wc.status != IBV_WC_RNR_RETRY_EXC_ERR && other_rail_up(rail)))) {
+      // A rail failed: its chunks, the failed one included, move (a bad descriptor fails the
+      // transfer instead: it would on every rail; so does a peer that stopped reposting its
+      // receive buffers, and a failure on the only live rail keeps its precise error).
       rail_down(rail, std::string(is_recv ? "a receive" : "a WR") + " failed: " +
                           wc_status_text(wc.status) + " (QP " + std::to_string(wc.qp_num) + ")");
       return;
@@ -425,6 +455,10 @@ void RdmaConnection::complete(int lane, bool is_recv, const ibv_wc& wc, const ui
   if (!r.parts_done.empty()) {
     stats_->add_lane(lane, r.part_bytes);
     rail_bytes_[static_cast<size_t>(rail)] += r.part_bytes;
+    if (rail == test_err_rail_ && rail_bytes_[static_cast<size_t>(rail)] >= test_err_bytes_ &&
+        !test_err_done_.exchange(true)) {
+      lanes_[static_cast<size_t>(lane)].qp->to_error();  // RDMAXFER_RDMA_TEST_QP_ERR
+    }
   }
   if (r.ctrl_bytes > 0) stats_->add_op("ctrl", r.ctrl_bytes);
   finish_parts(r.parts_done);

@@ -1,7 +1,8 @@
 // A connection to one peer over one or more RC QPs (the verbs Connection), on one or more rails
 // (rdma_rails.h): each QP sits on one of this engine's rails and pairs with a QP on the peer's
-// rail that it reaches (endpoint_record.h). Lane 0 (the first QP) carries the control SENDs,
-// the grants and WRITE_WITH_IMM; its rail is the control rail.
+// rail that it reaches (endpoint_record.h). One lane, the control lane (the first QP until its
+// rail fails), carries the control SENDs, and WRITE_WITH_IMM goes on its rail, where the
+// grants' rkeys are: its rail is the control rail.
 //
 // Lifecycle (explicit state, see State):
 //   kPrepared   constructed by the transport: QPs created and in INIT (on the rail's SRQ, or
@@ -32,8 +33,19 @@
 //                   QPs, its device removed or its port down), its QPs go to ERR and every
 //                   one-sided chunk queued or in flight on them is posted again on the live
 //                   rails (with that rail's lkey and the peer rail's rkey from the descriptor):
-//                   the transfer completes. When no rail is left, or the control rail fails,
-//                   the connection closes with every failed rail's cause in the error.
+//                   the transfer completes. When the control rail fails, the control lane
+//                   moves to the first live lane after it (or, if none, the first live one),
+//                   and the control SENDs not completed on the failed lane are sent again there
+//                   (a SEND the peer received but whose ACK was lost then arrives twice); the
+//                   peer moves its own control lane when a message arrives on a later lane than
+//                   its control lane (lanes pair in the same order on both sides), so both end
+//                   on the same rail pair and grants, CTS and WRITE_WITH_IMM flow there. A
+//                   notified WRITE in flight on the failed rail fails (its grant's rkey is on
+//                   the peer's old control rail); the connection stays. A control SEND that
+//                   fails with RNR_RETRY_EXC_ERR (a peer that stopped reposting) closes the
+//                   connection as before, and so does a failure on a connection's only live
+//                   rail. Only when no rail is left does the connection close, with every
+//                   failed rail's cause in the error.
 //                   release_rail() then lets go of everything the connection holds on a
 //                   rail whose device is being removed (its QPs destroyed, its buffers'
 //                   MRs deregistered, its CQ, SRQ, PD and poller given back), so the
@@ -234,6 +246,14 @@ class RdmaConnection : public Channel,
                    uint64_t local_offset, uint64_t remote_addr,
                    std::shared_ptr<const std::vector<uint32_t>> remote_keys, uint64_t length,
                    bool with_imm, uint32_t imm, const TransferOptions& options);
+  // The control lane and its rail (see above).
+  int ctrl_lane() const { return ctrl_lane_.load(); }
+  int ctrl_rail() const { return lanes_[static_cast<size_t>(ctrl_lane())].rail; }
+  // A receive arrived on `lane`: the peer moved its control lane there when it is later than
+  // ours (and live): ours follows.
+  void follow_ctrl_lane(int lane);
+  // Whether a rail other than `rail` is live (a failure on `rail` can then fail over).
+  bool other_rail_up(int rail) const;
   // Lanes on a live rail whose peer rail has a key in `keys` (null: lanes of the control rail).
   std::vector<int> usable_lanes(const std::vector<uint32_t>* keys) const;
   int least_loaded(const std::vector<int>& among) const;
@@ -308,7 +328,13 @@ class RdmaConnection : public Channel,
   std::vector<bool> rail_released_;  // its device removed: release_rail() gave it all back
   std::vector<std::string> rail_cause_;
   std::unique_ptr<std::atomic<uint64_t>[]> rail_bytes_;
+  // RDMAXFER_RDMA_TEST_QP_ERR (tests only, rdma_connection.cc): the rail whose QP is moved to
+  // ERR once it carried test_err_bytes_ (-1: none), and whether that happened.
+  int test_err_rail_ = -1;
+  uint64_t test_err_bytes_ = 0;
+  std::atomic<bool> test_err_done_{false};
   uint32_t window_ = 1;  // the credit window the peer's receive buffers allow
+  std::atomic<int> ctrl_lane_{0};
   std::unordered_map<uint64_t, GrantHold> grants_;
   uint64_t next_grant_ = 1;
   // Receive WRs posted per QP (completions, flushes included, take them back).

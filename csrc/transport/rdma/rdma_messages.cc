@@ -39,7 +39,7 @@ void RdmaConnection::send_ctrl(const CtrlMessage& m, CtrlPayload payload) {
   }
   std::vector<SendWork> works;
   works.push_back(std::move(w));
-  submit(0, std::move(works));
+  submit(ctrl_lane(), std::move(works));
 }
 
 Grant RdmaConnection::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
@@ -47,8 +47,8 @@ Grant RdmaConnection::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t
                             const RequestPtr& /*progress: the CQ drives it*/) {
   uint8_t* dst = local->addr() + offset;
   // The peer writes straight into dst, which needs REMOTE_WRITE, on the control rail (its
-  // WRITE_WITH_IMM comes on the QP paired with our first).
-  const size_t rail = static_cast<size_t>(lanes_[0].rail);
+  // WRITE_WITH_IMM comes on a QP paired with one of that rail's).
+  const size_t rail = static_cast<size_t>(ctrl_rail());
   std::unique_ptr<VerbsMr> temp;
   const auto* region = dynamic_cast<const RdmaRegion*>(local.get());
   uint32_t rkey = region != nullptr ? region->rkey_on(rail) : local->key();
@@ -160,6 +160,7 @@ void RdmaConnection::on_recv(int lane, const ibv_wc& wc, const uint8_t* srq_data
     throw Error(ErrorKind::kProtocol, "receive completion for unknown slot");
   }
   const uint8_t* p = own ? l.recv_slab->slot(slot) : srq_data;
+  follow_ctrl_lane(lane);
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     if (own) post_recv_slot(lane, slot);
     const uint32_t value = ntohl(wc.imm_data);
