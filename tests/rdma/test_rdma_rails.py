@@ -1,8 +1,11 @@
 """Several rails per engine (``tests/rxe/run-in-vm.sh --rails 2``): the client on rxe0+rxe2, the
 server on rxe1+rxe3 (rxe0/rxe1 on 10.77.0.0/24, rxe2/rxe3 on 10.78.0.0/24). Striping is byte
 exact and loads both rails; a rail that fails mid-transfer
-(its port down) hands its chunks to the other and the transfer completes;
-only when no rail is left does it fail, naming every rail's cause. Each rail makes its CQs on
+(its port down, its QP in error, or its device deleted with `rdma link delete`) hands its chunks
+to the other and the transfer completes; a deleted device is let go of, so its deletion
+completes; when the control rail fails, the control lane moves to the other rail on both sides
+and messages, grants and notifications go on; only when no rail is left does it fail, naming
+every rail's cause. Each rail makes its CQs on
 demand, so a two-rail engine holds 512 connections, with the fabric settings on every QP."""
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ def test_engine_lists_its_rails_and_registers_on_each() -> None:
         assert a.streams == 2 and b.streams == 2
         assert a.attributes()["rails"] == 2 and set(rail_bytes(a)) == {"rxe0", "rxe2"}
         assert set(rail_bytes(b)) == {"rxe1", "rxe3"}
-        assert "RC QP(s) on rxe0+rxe2" in a.describe(), a.describe()
+        assert "RC QP(s) on rxe0+rxe2, control rail rxe0" in a.describe(), a.describe()
 
 
 def test_devices_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,6 +185,13 @@ def _run(*cmd: str) -> None:
     subprocess.run(cmd, check=True, timeout=60, capture_output=True)
 
 
+#: (client, server, the client's and the server's endpoint, the WRITE, a check that its bytes
+#: landed exactly)
+StripedWrite = tuple[
+    _core.Engine, _core.Engine, _core.Endpoint, _core.Endpoint, _core.Request, Callable[[], bool]
+]
+
+
 @contextmanager
 def striped_write(
     rng: np.random.Generator, size: int = 24 * MIB, before: tuple[str, ...] = ()
@@ -189,7 +199,16 @@ def striped_write(
     """A striped WRITE of `size` random bytes in 64 KiB chunks, yielded once an eighth has moved,
     with the client's endpoint and a check that the server holds exactly the bytes sent.
     `before`: a command run once connected, before the WRITE is posted."""
-    with rail_pair() as (client, server, a, _):
+    with striped_write_on(rng, size, before) as (_, _, a, _, request, exact):
+        yield a, request, exact
+
+
+@contextmanager
+def striped_write_on(
+    rng: np.random.Generator, size: int = 24 * MIB, before: tuple[str, ...] = ()
+) -> Iterator[StripedWrite]:
+    """striped_write, with the client and server engines too."""
+    with rail_pair() as (client, server, a, b):
         if before:
             _run(*before)
         src = client.alloc_pinned(size, 0)
@@ -199,7 +218,7 @@ def striped_write(
         request = a.post_write(src, 0, dst.descriptor(), 0, size, chunk_size=64 * 1024)
         _wait_for("an eighth of the write", lambda: request.moved >= size // 8 or request.done())
         assert not request.done(), "the write finished before a rail could fail: make it larger"
-        yield a, request, lambda: bool(np.array_equal(region_array(dst), data))
+        yield client, server, a, b, request, lambda: bool(np.array_equal(region_array(dst), data))
 
 
 def test_port_down_mid_transfer_moves_its_chunks(rng: np.random.Generator) -> None:
@@ -217,25 +236,172 @@ def test_port_down_mid_transfer_moves_its_chunks(rng: np.random.Generator) -> No
         _wait_for("rxe2 ACTIVE again", lambda: _port_active("rxe2"))
 
 
+def test_qp_in_error_mid_transfer_moves_its_chunks(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rxe2's QP goes to ERR once rxe2 carried 4 MiB of a striped WRITE (the tests-only knob
+    RDMAXFER_RDMA_TEST_QP_ERR): its WRs flush, its chunks move to rxe0, the WRITE is exact."""
+    monkeypatch.setenv("RDMAXFER_RDMA_TEST_QP_ERR", f"rxe2:{4 * MIB}")
+    with striped_write(rng) as (a, request, exact):
+        wait_ok(request)
+        assert exact()
+        text = a.describe()
+        # Its flushed WRs (or, without an SRQ, its flushed receives) say why.
+        assert "rxe0 up" in text and "rxe2 failed (a " in text, text
+        assert "IBV_WC_WR_FLUSH_ERR" in text, text
+        assert a.attributes()["rail_rxe2_up"] == 0 and not a.closed
+        assert rail_bytes(a)["rxe2"] >= 4 * MIB
+
+
+def _rxe2_back() -> bool:
+    """rxe2 listed, its port ACTIVE and its GID[1] the IPv4-mapped RoCE v2 one (guest.sh)."""
+    try:
+        with open("/sys/class/infiniband/rxe2/ports/1/gids/1") as f:
+            gid = f.read().strip()
+    except OSError:
+        return False
+    return _port_active("rxe2") and gid.startswith("0000:0000:0000:0000:0000:ffff:")
+
+
+#: How long `rdma link delete` may take once the engine noticed the removal (it checks the
+#: device list every 0.5 s; the rest is releasing the QPs, MRs and CQs under emulation).
+DELETE_BOUND_S = 30.0
+
+
+def test_device_deleted_mid_transfer_is_released(rng: np.random.Generator) -> None:
+    """`rdma link delete rxe2` mid-transfer. rxe cannot revoke a process's handles, so the
+    kernel's unregistration waits for every process to let go of rxe2; it stops listing the
+    device at once, and the engine's rail watch sees that: the WRITE's chunks move to rxe0, the
+    engine releases everything it held on rxe2 and the deletion completes. The WRITE is exact,
+    the endpoint shows rxe2 removed with its cause and goes on over rxe0 (an old and a new
+    registration alike). The test adds rxe2 back, as guest.sh made it, for the later tests."""
+    delete: subprocess.Popen[bytes] | None = None
+    try:
+        # 64 MiB: still moving when the watch notices (it lists the devices every 0.5 s).
+        with striped_write_on(rng, 64 * MIB) as (client, server, a, _, request, exact):
+            started = time.monotonic()
+            delete = subprocess.Popen(
+                ["rdma", "link", "delete", "rxe2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            wait_ok(request)
+            assert exact()
+            try:
+                _, err = delete.communicate(timeout=DELETE_BOUND_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"rdma link delete rxe2 still blocked after {DELETE_BOUND_S} s: "
+                            f"the engine did not let go of rxe2; {a.describe()}")  # fmt: skip
+            assert delete.returncode == 0, err
+            took = time.monotonic() - started
+            assert not os.path.exists("/sys/class/infiniband/rxe2"), "rxe2 is still there"
+            text = a.describe()
+            assert "rxe0 up" in text and "rxe2 removed (device rxe2 was removed" in text, text
+            attrs = a.attributes()
+            assert attrs["rail_rxe2_removed"] == 1 and attrs["rail_rxe2_up"] == 0, attrs
+            assert attrs["rail_rxe0_removed"] == 0 and not a.closed
+            assert "rxe2 (10.78.0.1/24, " in client.describe()
+            assert "removed (device rxe2 was removed" in client.describe(), client.describe()
+            # The connection goes on over rxe0, for a registration made before the removal and
+            # one made after it (no MR on rxe2).
+            before_bytes = rail_bytes(a)["rxe0"]
+            for _ in range(2):
+                src = client.alloc_pinned(MIB + 77, 0)
+                dst = server.alloc_pinned(MIB + 77, RW)
+                data = random_bytes(rng, MIB + 77)
+                region_array(src)[:] = data
+                wait_ok(a.post_write(src, 0, dst.descriptor(), 0, MIB + 77))
+                assert np.array_equal(region_array(dst), data)
+            assert rail_bytes(a)["rxe0"] == before_bytes + 2 * (MIB + 77)
+        assert took < DELETE_BOUND_S
+    finally:
+        if delete is not None and delete.poll() is None:
+            delete.wait(timeout=120)  # the engines are closed: the deletion ends
+        if not os.path.exists("/sys/class/infiniband/rxe2"):
+            _run("rdma", "link", "add", "rxe2", "type", "rxe", "netdev", "veth2")
+        _wait_for("rxe2 back, ACTIVE with its IPv4 GID", _rxe2_back)
+
+
+def _send_and_notify(
+    rng: np.random.Generator,
+    sender: tuple[_core.Engine, _core.Endpoint],
+    receiver: tuple[_core.Engine, _core.Endpoint],
+) -> None:
+    """A rendezvous message (control SENDs, a grant of a temporary MR, WRITE_WITH_IMM) and an
+    eager one from `sender` to `receiver`, then a WRITE with a notification: bytes exact."""
+    (src_engine, ep), (dst_engine, peer) = sender, receiver
+    for size, meta in ((300_000 + 7, b"rendezvous"), (1000, b"eager")):
+        src = src_engine.alloc_pinned(size, 0)
+        data = random_bytes(rng, size)
+        region_array(src)[:] = data
+        send = ep.post_send(src, 0, size, meta, 0, 0)
+        header = peer.post_recv_header()
+        wait_ok(header)
+        msg_id, length, got_meta = header.message()
+        assert (length, got_meta) == (size, meta)
+        dst = dst_engine.alloc_pinned(size, 0)  # no REMOTE_WRITE: a temporary MR is granted
+        wait_ok(peer.post_recv(msg_id, dst, 0, size))
+        wait_ok(send)
+        assert np.array_equal(region_array(dst), data)
+    size = 64 * 1024 + 3
+    src = src_engine.alloc_pinned(size, 0)
+    dst = dst_engine.alloc_pinned(size, RW)
+    data = random_bytes(rng, size)
+    region_array(src)[:] = data
+    table = np.array([[0, 0, 0, 0, size]], dtype=np.uint64)
+    plan = _core.BatchPlan("write", [src], [dst.descriptor()], table)
+    wait_ok(_core.post_batch(ep, plan, b"landed", whole=True).request)
+    assert _core.pop_notification(dst_engine, WAIT_S) == (peer.peer, b"landed")
+    assert np.array_equal(region_array(dst), data)
+
+
+def test_control_rail_down_mid_transfer_moves_the_control_lane(rng: np.random.Generator) -> None:
+    """rxe0, the control rail (control SENDs, grants, WRITE_WITH_IMM), goes down in the middle
+    of a striped WRITE: the WRITE completes over rxe2, both sides move their control lane to
+    rxe2, and messages, grants and notifications then flow both ways."""
+    try:
+        with striped_write_on(rng) as (client, server, a, b, request, exact):
+            _run("ip", "link", "set", "veth0", "down")  # rxe0 and rxe1: PORT_ERR on both sides
+            wait_ok(request)
+            assert exact()
+            _wait_for("the server to fail rxe1 over", lambda: b.attributes()["rail_rxe1_up"] == 0)
+            text = a.describe()
+            assert "rxe0 failed (device rxe0: asynchronous event: port error" in text, text
+            assert "rxe2 up" in text and not a.closed and not b.closed
+            assert "control rail rxe2" in text and "control rail rxe3" in b.describe()
+            _send_and_notify(rng, (client, a), (server, b))
+            _send_and_notify(rng, (server, b), (client, a))
+            assert not a.closed and not b.closed
+            assert a.attributes()["rail_rxe2_up"] == 1 and b.attributes()["rail_rxe3_up"] == 1
+    finally:
+        _run("ip", "link", "set", "veth0", "up")
+        _wait_for("rxe0 ACTIVE again", lambda: _port_active("rxe0"))
+
+
 def test_no_rail_left_fails_with_every_cause(rng: np.random.Generator) -> None:
     """rxe2's port goes down first (the connection goes on over rxe0), then rxe0's in the middle
-    of a WRITE: the WRITE fails naming both rails' causes."""
+    of a WRITE: the WRITE fails, and the side that saw its last rail fail first closes naming
+    both its rails' causes (the other may see that peer go away before its own port error)."""
     try:
-        with striped_write(rng, 64 * MIB, before=("ip", "link", "set", "veth2", "down")) as (
+        with striped_write_on(rng, 64 * MIB, before=("ip", "link", "set", "veth2", "down")) as (
+            _,
+            _,
             a,
+            b,
             request,
             _,
         ):
             _wait_for("rxe2 to fail over", lambda: a.attributes()["rail_rxe2_up"] == 0)
             _run("ip", "link", "set", "veth0", "down")
             assert request.wait(WAIT_S), "the write neither completed nor failed"
-            with pytest.raises(ConnectionFailedError) as failed:
+            with pytest.raises(ConnectionFailedError):
                 request.check()
-            text = str(failed.value)
-            assert "lost its control rail rxe0" in text, text
-            assert "rxe2: device rxe2: asynchronous event: port error" in text, text
-            assert "rxe0: device rxe0: asynchronous event: port error" in text, text
-            assert a.closed
+            _wait_for("both endpoints to close", lambda: a.closed and b.closed)
+            errors = {"client": a.error, "server": b.error}
+            lost = {side: e for side, e in errors.items() if "lost every rail" in e}
+            assert lost, errors
+            for side, text in lost.items():
+                devices = ("rxe2", "rxe0") if side == "client" else ("rxe3", "rxe1")
+                for device in devices:
+                    assert f"{device}: device {device}: asynchronous event: port error" in text
     finally:
         for netdev, device in (("veth0", "rxe0"), ("veth2", "rxe2")):
             _run("ip", "link", "set", netdev, "up")

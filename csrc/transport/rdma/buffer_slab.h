@@ -23,6 +23,8 @@ class BufferSlab {
   uint32_t slot_size() const { return slot_size_; }
   uint32_t count() const { return count_; }
   uint32_t lkey() const { return mr_->lkey(); }
+  // ibv_dereg_mr now (its QP destroyed: nothing posts from or into the slab again).
+  void release_mr() { mr_.reset(); }
 
  private:
   uint8_t* base_ = nullptr;

@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -18,6 +21,28 @@ namespace {
 constexpr uint8_t kGoodbyeByte = 'G';
 // How long close() and the destructor wait for the flush completions after QPs go to ERR.
 constexpr double kDrainTimeoutS = 5.0;
+
+// RDMAXFER_RDMA_TEST_QP_ERR="<device>:<bytes>" (tests only): once the rail on that device has
+// carried `bytes` of one-sided chunks, the QP whose completion crossed it is moved to ERR, as a
+// QP failing mid-transfer would be. Returns (rail index or -1, bytes).
+std::pair<int, uint64_t> test_qp_error(const std::vector<Rail>& rails) {
+  const char* env = std::getenv("RDMAXFER_RDMA_TEST_QP_ERR");
+  if (env == nullptr || *env == '\0') return {-1, 0};
+  const std::string text = env;
+  const size_t colon = text.rfind(':');
+  char* end = nullptr;
+  const unsigned long long bytes =
+      colon == std::string::npos ? 0 : std::strtoull(text.c_str() + colon + 1, &end, 10);
+  if (colon == std::string::npos || colon == 0 || end == nullptr || *end != '\0' || bytes == 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "RDMAXFER_RDMA_TEST_QP_ERR='" + text + "' is not DEVICE:BYTES (e.g. rxe2:4194304; "
+                "tests only: unset it)");
+  }
+  for (size_t r = 0; r < rails.size(); ++r) {
+    if (rails[r].name == text.substr(0, colon)) return {static_cast<int>(r), bytes};
+  }
+  return {-1, 0};  // not a rail of this engine (the other side's knob)
+}
 
 ErrorKind kind_of(ibv_wc_status status) {
   switch (status) {
@@ -40,10 +65,12 @@ RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& set
       tag_(tag) {
   const size_t n_rails = shared_.rails.size();
   rail_up_.assign(n_rails, true);
+  rail_released_.assign(n_rails, false);
   rail_cause_.assign(n_rails, "");
   rail_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(n_rails);
   lanes_.resize(lanes.size());
   posted_recvs_ = std::make_unique<std::atomic<int>[]>(lanes.size());
+  std::tie(test_err_rail_, test_err_bytes_) = test_qp_error(shared_.rails);
   for (size_t i = 0; i < lanes.size(); ++i) {
     Lane& lane = lanes_[i];
     const Rail& rail = shared_.rails.at(static_cast<size_t>(lanes[i].rail));
@@ -87,6 +114,7 @@ EndpointRecord RdmaConnection::local_record() const {
 }
 
 void RdmaConnection::connect_qps(const EndpointRecord& peer, bool acceptor) {
+  std::lock_guard<std::mutex> setup(setup_mu_);
   if (peer.qps.empty()) throw Error(ErrorKind::kConnection, no_rail_pair(shared_.rails, peer));
   if (peer.ctrl_size < CtrlHeader::kSize) {
     throw Error(ErrorKind::kProtocol, "the peer's control buffers (" +
@@ -142,7 +170,7 @@ void RdmaConnection::connect_qps(const EndpointRecord& peer, bool acceptor) {
     const EndpointRecord::Rail& theirs = peer.rails.at(static_cast<size_t>(lane.peer_rail));
     if (!rails_reach(rail.record, theirs)) {
       throw Error(ErrorKind::kConnection,
-                  "the peer paired " + rail_text(rail.context->name(), rail.record) +
+                  "the peer paired " + rail_text(rail.name, rail.record) +
                       " with its rail " + std::to_string(lane.peer_rail) +
                       " on another link layer or network; both ends must share a fabric");
     }
@@ -177,8 +205,15 @@ void RdmaConnection::start(UniqueFd socket, std::string peer) {
     std::lock_guard<std::mutex> lock(mu_);
     peer_ = std::move(peer);
   }
+  std::lock_guard<std::mutex> lock(socket_mu_);
   socket_ = std::move(socket);
-  control_poller().watch_socket(socket_.get(), tag_);
+  socket_poller_ = poller_of(ctrl_rail());
+  socket_poller_->watch_socket(socket_.get(), tag_);
+}
+
+std::shared_ptr<CqPoller> RdmaConnection::poller_of(int rail) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shared_.rails.at(static_cast<size_t>(rail)).poller;
 }
 
 RdmaConnection::State RdmaConnection::state() const {
@@ -195,14 +230,18 @@ std::string RdmaConnection::describe() const {
   const std::vector<int> rails = used_rails();
   std::string names;
   for (int r : rails) names += (names.empty() ? "" : "+") + rail_name(r);
-  std::string s = "rdma to " + peer() + ", " + std::to_string(streams()) + " RC QP(s) on " + names;
+  std::string s = "rdma to " + peer() + ", " + std::to_string(streams()) + " RC QP(s) on " + names +
+                  ", control rail " + rail_name(ctrl_rail());
   {
     std::lock_guard<std::mutex> lock(mu_);
     s += ", rails:";
     for (int r : rails) {
       const size_t i = static_cast<size_t>(r);
-      s += " " + rail_name(r) + " " + (rail_up_[i] ? "up" : "failed (" + rail_cause_[i] + ")") +
-           " " + std::to_string(rail_bytes_[i].load()) + " bytes;";
+      const std::string state = rail_up_[i]         ? "up"
+                                : rail_released_[i] ? "removed (" + rail_cause_[i] + ")"
+                                                    : "failed (" + rail_cause_[i] + ")";
+      s += " " + rail_name(r) + " " + state + " " + std::to_string(rail_bytes_[i].load()) +
+           " bytes;";
     }
   }
   for (const auto& [name, value] : attributes()) s += ", " + name + " " + std::to_string(value);
@@ -218,25 +257,36 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
       const size_t i = static_cast<size_t>(r);
       rails.emplace_back(key + "_bytes", rail_bytes_[i].load());
       rails.emplace_back(key + "_up", rail_up_[i] ? 1 : 0);
+      rails.emplace_back(key + "_removed", rail_released_[i] ? 1 : 0);
     }
+  }
+  // The first QP not destroyed with its device (the control QP unless its rail was removed).
+  const Lane* first = nullptr;
+  for (const Lane& lane : lanes_) {
+    if (first == nullptr && !lane.qp->destroyed()) first = &lane;
   }
   std::vector<std::pair<std::string, uint64_t>> out = {
       {"path_mtu", negotiated_.path_mtu},
       {"max_rd_atomic", negotiated_.max_rd_atomic},
       {"max_dest_rd_atomic", negotiated_.max_dest_rd_atomic},
-      {"max_inline", lanes_.empty() ? 0 : lanes_[0].qp->limits().max_inline},
+      {"max_inline", first == nullptr ? 0 : first->qp->limits().max_inline},
       {"rnr_retry", kRnrRetries},
       {"outstanding_wrs", outstanding_wrs()},
       {"posted_receives", posted_receives()},
-      {"rails", rails.size() / 2}};
+      {"rails", rails.size() / 3}};
   // The SRQs of the rails this connection uses (shared by every connection on them).
   const bool all_srq = !lanes_.empty() && std::all_of(lanes_.begin(), lanes_.end(),
                                                       [](const Lane& l) { return l.qp->on_srq(); });
   uint64_t srq_posted = 0;
   uint64_t srq_buffers = 0;
   uint64_t srq_grows = 0;
-  for (int r : used_rails()) {
-    if (const auto& srq = shared_.rails[static_cast<size_t>(r)].srq) {
+  std::vector<std::shared_ptr<SharedReceiveQueue>> srqs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int r : used_rails()) srqs.push_back(shared_.rails[static_cast<size_t>(r)].srq);
+  }
+  for (const auto& srq : srqs) {
+    if (srq) {
       srq_posted += srq->posted();
       srq_buffers += srq->buffers();
       srq_grows += srq->grows();
@@ -247,13 +297,14 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
                          {"srq_buffers", srq_buffers},
                          {"srq_grows", srq_grows}});
   out.insert(out.end(), rails.begin(), rails.end());
-  if (!lanes_.empty()) {
+  if (first != nullptr) {
     // What the first QP holds (ibv_query_qp), and what ibv_modify_qp was given (every rail's
     // QPs get the same settings): on RoCE the traffic class (the IP TOS byte) is what the packets carry, and
     // rxe reads back no SL.
-    const FabricSettings f = lanes_[0].qp->query_fabric();
-    const FabricSettings& applied = lanes_[0].qp->applied_fabric();
-    const bool roce = shared_.rails.at(static_cast<size_t>(lanes_[0].rail)).context->ethernet();
+    const FabricSettings f = first->qp->query_fabric();
+    const FabricSettings& applied = first->qp->applied_fabric();
+    const bool roce = shared_.rails.at(static_cast<size_t>(first->rail)).record.link_layer ==
+                      EndpointRecord::kLinkEthernet;
     out.insert(out.end(), {{"service_level", f.service_level},
                            {"traffic_class", f.traffic_class},
                            {"min_rnr_timer", f.min_rnr_timer},
@@ -267,7 +318,7 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
 
 RequestPtr RdmaConnection::new_request(OpKind op, uint64_t bytes) {
   auto req = std::make_shared<Request>(transport_.next_request_id(), op, bytes);
-  req->set_progress(shared_.rails[static_cast<size_t>(lanes_[0].rail)].poller);
+  req->set_progress(poller_of(ctrl_rail()));
   return req;
 }
 
@@ -367,9 +418,12 @@ void RdmaConnection::complete(int lane, bool is_recv, const ibv_wc& wc, const ui
     return;
   }
   if (wc.status != IBV_WC_SUCCESS) {
-    if (rail != lanes_[0].rail && wc.status != IBV_WC_REM_ACCESS_ERR) {
-      // A data rail failed: its chunks, the failed one included, move (a bad descriptor
-      // fails the transfer instead: it would on every rail).
+    if (wc.status != IBV_WC_REM_ACCESS_ERR &&
+        (rail != ctrl_rail() ||
+         (wc.status != IBV_WC_RNR_RETRY_EXC_ERR && other_rail_up(rail)))) {
+      // A rail failed: its chunks, the failed one included, move (a bad descriptor fails the
+      // transfer instead: it would on every rail; so does a peer that stopped reposting its
+      // receive buffers, and a failure on the only live rail keeps its precise error).
       rail_down(rail, std::string(is_recv ? "a receive" : "a WR") + " failed: " +
                           wc_status_text(wc.status) + " (QP " + std::to_string(wc.qp_num) + ")");
       return;
@@ -401,6 +455,10 @@ void RdmaConnection::complete(int lane, bool is_recv, const ibv_wc& wc, const ui
   if (!r.parts_done.empty()) {
     stats_->add_lane(lane, r.part_bytes);
     rail_bytes_[static_cast<size_t>(rail)] += r.part_bytes;
+    if (rail == test_err_rail_ && rail_bytes_[static_cast<size_t>(rail)] >= test_err_bytes_ &&
+        !test_err_done_.exchange(true)) {
+      lanes_[static_cast<size_t>(lane)].qp->to_error();  // RDMAXFER_RDMA_TEST_QP_ERR
+    }
   }
   if (r.ctrl_bytes > 0) stats_->add_op("ctrl", r.ctrl_bytes);
   finish_parts(r.parts_done);
@@ -465,12 +523,23 @@ void RdmaConnection::wait_drained(double timeout_s) {
     return torn_down_;
   };
   // A teardown begun by another thread (an error completion, the peer's GOODBYE) may still be
-  // failing its requests after the flushes drained: wait for both.
-  const CqPoller& poller = control_poller();
-  while (!(torn_down() && release_if_drained()) && poller.running() &&
+  // failing its requests after the flushes drained: wait for both. The pollers are taken anew
+  // each round: a rail's may be released meanwhile (its device removed).
+  const auto pollers = [this] {
+    std::vector<std::shared_ptr<CqPoller>> out;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Rail& rail : shared_.rails) {
+      if (rail.poller) out.push_back(rail.poller);
+    }
+    return out;
+  };
+  const auto running = [](const std::vector<std::shared_ptr<CqPoller>>& ps) {
+    return std::any_of(ps.begin(), ps.end(), [](const auto& p) { return p->running(); });
+  };
+  while (!(torn_down() && release_if_drained()) && running(pollers()) &&
          std::chrono::steady_clock::now() < deadline) {
     bool progressed = false;
-    for (const Rail& rail : shared_.rails) progressed = rail.poller->progress() || progressed;
+    for (const auto& poller : pollers()) progressed = poller->progress() || progressed;
     if (progressed) continue;
     std::unique_lock<std::mutex> lock(drain_mu_);
     drain_cv_.wait_for(lock, std::chrono::milliseconds(2));
@@ -553,10 +622,11 @@ void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
     // EOF. The queued GOODBYE byte, if any, still goes out before the FIN.
     std::lock_guard<std::mutex> lock(socket_mu_);
     if (socket_.valid()) {
-      control_poller().unwatch_socket(socket_.get());
+      if (socket_poller_) socket_poller_->unwatch_socket(socket_.get());
       ::shutdown(socket_.get(), SHUT_WR);
       socket_.reset();
     }
+    socket_poller_.reset();
   }
   if (level >= log::Level::kWarning) stats_->add_error("connection");
   if (log::enabled(level)) {

@@ -1,7 +1,8 @@
 // A connection to one peer over one or more RC QPs (the verbs Connection), on one or more rails
 // (rdma_rails.h): each QP sits on one of this engine's rails and pairs with a QP on the peer's
-// rail that it reaches (endpoint_record.h). Lane 0 (the first QP) carries the control SENDs,
-// the grants and WRITE_WITH_IMM; its rail is the control rail.
+// rail that it reaches (endpoint_record.h). One lane, the control lane (the first QP until its
+// rail fails), carries the control SENDs, and WRITE_WITH_IMM goes on its rail, where the
+// grants' rkeys are: its rail is the control rail.
 //
 // Lifecycle (explicit state, see State):
 //   kPrepared   constructed by the transport: QPs created and in INIT (on the rail's SRQ, or
@@ -32,8 +33,23 @@
 //                   QPs, its device removed or its port down), its QPs go to ERR and every
 //                   one-sided chunk queued or in flight on them is posted again on the live
 //                   rails (with that rail's lkey and the peer rail's rkey from the descriptor):
-//                   the transfer completes. When no rail is left, or the control rail fails,
-//                   the connection closes with every failed rail's cause in the error.
+//                   the transfer completes. When the control rail fails, the control lane
+//                   moves to the first live lane after it (or, if none, the first live one),
+//                   and the control SENDs not completed on the failed lane are sent again there
+//                   (a SEND the peer received but whose ACK was lost then arrives twice); the
+//                   peer moves its own control lane when a message arrives on a later lane than
+//                   its control lane (lanes pair in the same order on both sides), so both end
+//                   on the same rail pair and grants, CTS and WRITE_WITH_IMM flow there. A
+//                   notified WRITE in flight on the failed rail fails (its grant's rkey is on
+//                   the peer's old control rail); the connection stays. A control SEND that
+//                   fails with RNR_RETRY_EXC_ERR (a peer that stopped reposting) closes the
+//                   connection as before, and so does a failure on a connection's only live
+//                   rail. Only when no rail is left does the connection close, with every
+//                   failed rail's cause in the error.
+//                   release_rail() then lets go of everything the connection holds on a
+//                   rail whose device is being removed (its QPs destroyed, its buffers'
+//                   MRs deregistered, its CQ, SRQ, PD and poller given back), so the
+//                   device's unregistration can complete (rdma_transport.h).
 //   control         SENDs of control_msg.h into the peer's control receive buffers (lane 0).
 //   grant           the destination's region, or a temporary MR with REMOTE_WRITE over it if
 //                   its region lacks that access; its address and rkey go out in the CTS.
@@ -186,6 +202,10 @@ class RdmaConnection : public Channel,
   void on_qp_event(uint32_t qp_num, const std::string& what);
   // The local rail `rail` failed (`cause` says how): failover, see above.
   void rail_down(int rail, const std::string& cause);
+  // The device of `rail` is being removed (after rail_down): destroys this connection's QPs on
+  // it and lets go of every handle it holds there; describe() shows it removed with `cause`.
+  // Not on that rail's completion thread (the transport stops it first).
+  void release_rail(int rail, const std::string& cause);
 
  private:
   // One QP with its buffers; members in destruction-safe order (the QP dies before its buffers).
@@ -226,6 +246,14 @@ class RdmaConnection : public Channel,
                    uint64_t local_offset, uint64_t remote_addr,
                    std::shared_ptr<const std::vector<uint32_t>> remote_keys, uint64_t length,
                    bool with_imm, uint32_t imm, const TransferOptions& options);
+  // The control lane and its rail (see above).
+  int ctrl_lane() const { return ctrl_lane_.load(); }
+  int ctrl_rail() const { return lanes_[static_cast<size_t>(ctrl_lane())].rail; }
+  // A receive arrived on `lane`: the peer moved its control lane there when it is later than
+  // ours (and live): ours follows.
+  void follow_ctrl_lane(int lane);
+  // Whether a rail other than `rail` is live (a failure on `rail` can then fail over).
+  bool other_rail_up(int rail) const;
   // Lanes on a live rail whose peer rail has a key in `keys` (null: lanes of the control rail).
   std::vector<int> usable_lanes(const std::vector<uint32_t>* keys) const;
   int least_loaded(const std::vector<int>& among) const;
@@ -239,8 +267,8 @@ class RdmaConnection : public Channel,
   void repost(std::vector<SendWork> works);
   std::string rail_name(int rail) const;
   std::vector<int> used_rails() const;  // the rails of the lanes, in lane order
-  // The control rail's completion thread (it also watches the bootstrap socket).
-  CqPoller& control_poller() const { return *shared_.rails[static_cast<size_t>(lanes_[0].rail)].poller; }
+  // The completion thread of `rail` (null once its device is released).
+  std::shared_ptr<CqPoller> poller_of(int rail) const;
   void post_recv_slot(int lane, uint32_t slot);
   // A completion of `lane`; `srq_data`: an SRQ receive's buffer (null: a send WR or a receive
   // of the QP's own).
@@ -267,13 +295,14 @@ class RdmaConnection : public Channel,
 
   Transport& transport_;
   const RdmaConnSettings settings_;
-  RdmaShared shared_;
+  RdmaShared shared_;  // a rail's handles in it are reset (under mu_) by release_rail
   const uint32_t tag_;
   std::vector<Lane> lanes_;
   // The bootstrap socket (liveness and GOODBYE). Closed as soon as the connection closes;
   // socket_mu_ orders that close against the poller thread's recv on it.
   std::mutex socket_mu_;
   UniqueFd socket_;
+  std::shared_ptr<CqPoller> socket_poller_;  // the one watching socket_ (the control rail's)
   uint64_t max_chunk_ = 0;
   uint32_t peer_ctrl_size_ = 0;
   // Negotiated with the peer's endpoint record in connect_qps (see endpoint_record.h).
@@ -283,6 +312,7 @@ class RdmaConnection : public Channel,
     uint8_t max_dest_rd_atomic = 0;
   } negotiated_;
 
+  std::mutex setup_mu_;  // connect_qps against release_rail (both change the lanes' QPs)
   mutable std::mutex mu_;
   State state_ = State::kPrepared;
   // The teardown that closed the connection failed every request it held (close() waits for
@@ -295,9 +325,16 @@ class RdmaConnection : public Channel,
   std::unordered_map<uint64_t, PendingGather> gathers_;  // by request id; also in active_
   // Per local rail (index as in shared_.rails): up, why it failed, and bytes it carried.
   std::vector<bool> rail_up_;
+  std::vector<bool> rail_released_;  // its device removed: release_rail() gave it all back
   std::vector<std::string> rail_cause_;
   std::unique_ptr<std::atomic<uint64_t>[]> rail_bytes_;
+  // RDMAXFER_RDMA_TEST_QP_ERR (tests only, rdma_connection.cc): the rail whose QP is moved to
+  // ERR once it carried test_err_bytes_ (-1: none), and whether that happened.
+  int test_err_rail_ = -1;
+  uint64_t test_err_bytes_ = 0;
+  std::atomic<bool> test_err_done_{false};
   uint32_t window_ = 1;  // the credit window the peer's receive buffers allow
+  std::atomic<int> ctrl_lane_{0};
   std::unordered_map<uint64_t, GrantHold> grants_;
   uint64_t next_grant_ = 1;
   // Receive WRs posted per QP (completions, flushes included, take them back).

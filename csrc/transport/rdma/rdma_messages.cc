@@ -39,7 +39,7 @@ void RdmaConnection::send_ctrl(const CtrlMessage& m, CtrlPayload payload) {
   }
   std::vector<SendWork> works;
   works.push_back(std::move(w));
-  submit(0, std::move(works));
+  submit(ctrl_lane(), std::move(works));
 }
 
 Grant RdmaConnection::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
@@ -47,13 +47,21 @@ Grant RdmaConnection::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t
                             const RequestPtr& /*progress: the CQ drives it*/) {
   uint8_t* dst = local->addr() + offset;
   // The peer writes straight into dst, which needs REMOTE_WRITE, on the control rail (its
-  // WRITE_WITH_IMM comes on the QP paired with our first).
-  const size_t rail = static_cast<size_t>(lanes_[0].rail);
+  // WRITE_WITH_IMM comes on a QP paired with one of that rail's).
+  const size_t rail = static_cast<size_t>(ctrl_rail());
   std::unique_ptr<VerbsMr> temp;
   const auto* region = dynamic_cast<const RdmaRegion*>(local.get());
   uint32_t rkey = region != nullptr ? region->rkey_on(rail) : local->key();
   if ((local->access() & kAccessRemoteWrite) == 0) {
-    temp = std::make_unique<VerbsMr>(shared_.rails[rail].pd, dst, length,
+    std::shared_ptr<ProtectionDomain> pd;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      check_open_locked();
+      pd = shared_.rails[rail].pd;
+    }
+    if (!pd) throw Error(ErrorKind::kConnection, "endpoint to " + peer() + ": its control rail " +
+                                                     rail_name(static_cast<int>(rail)) + " was removed");
+    temp = std::make_unique<VerbsMr>(pd, dst, length,
                                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     rkey = temp->rkey();
   }
@@ -98,7 +106,12 @@ void RdmaConnection::post_recv_slot(int lane, uint32_t slot) {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
-  const int rc = ibv_post_recv(l.qp->get(), &wr, &bad);
+  ibv_qp* qp = l.qp->get();
+  if (qp == nullptr) {
+    throw Error(ErrorKind::kConnection, "QP " + std::to_string(l.qp->qp_num()) + " on " +
+                                            rail_name(l.rail) + " was destroyed with its device");
+  }
+  const int rc = ibv_post_recv(qp, &wr, &bad);
   if (rc != 0) throw_verbs("ibv_post_recv", rc);
   posted_recvs_[static_cast<size_t>(lane)].fetch_add(1);
 }
@@ -147,6 +160,7 @@ void RdmaConnection::on_recv(int lane, const ibv_wc& wc, const uint8_t* srq_data
     throw Error(ErrorKind::kProtocol, "receive completion for unknown slot");
   }
   const uint8_t* p = own ? l.recv_slab->slot(slot) : srq_data;
+  follow_ctrl_lane(lane);
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     if (own) post_recv_slot(lane, slot);
     const uint32_t value = ntohl(wc.imm_data);

@@ -151,7 +151,7 @@ std::string no_rail_pair(const std::vector<Rail>& ours, const EndpointRecord& pe
   std::string mine;
   std::string theirs;
   for (size_t r = 0; r < ours.size(); ++r) {
-    mine += (r == 0 ? "" : ", ") + rail_text(ours[r].context->name(), ours[r].record);
+    mine += (r == 0 ? "" : ", ") + rail_text(ours[r].name, ours[r].record);
   }
   for (size_t c = 0; c < peer.rails.size(); ++c) {
     theirs += (c == 0 ? "" : ", ") + rail_text("rail " + std::to_string(c), peer.rails[c]);

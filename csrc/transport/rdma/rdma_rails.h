@@ -28,7 +28,11 @@
 
 namespace rdmaxfer {
 
+// Every handle below is reset when the rail's device is removed (its name and record stay,
+// `removed` says why): see RdmaTransport::remove_rail.
 struct Rail {
+  std::string name;     // the device's name, e.g. "rxe0"
+  std::string removed;  // why the device was released (empty while the rail holds it)
   std::shared_ptr<DeviceContext> context;
   std::shared_ptr<ProtectionDomain> pd;
   std::shared_ptr<CompletionChannel> channel;

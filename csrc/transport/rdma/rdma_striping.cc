@@ -11,7 +11,7 @@
 namespace rdmaxfer {
 
 std::string RdmaConnection::rail_name(int rail) const {
-  return shared_.rails.at(static_cast<size_t>(rail)).context->name();
+  return shared_.rails.at(static_cast<size_t>(rail)).name;
 }
 
 std::vector<int> RdmaConnection::used_rails() const {
@@ -28,7 +28,7 @@ std::vector<int> RdmaConnection::usable_lanes(const std::vector<uint32_t>* keys)
   for (size_t i = 0; i < lanes_.size(); ++i) {
     const Lane& lane = lanes_[i];
     if (!rail_up_[static_cast<size_t>(lane.rail)]) continue;
-    if (keys == nullptr ? lane.rail != lanes_[0].rail
+    if (keys == nullptr ? lane.rail != ctrl_rail()
                         : static_cast<size_t>(lane.peer_rail) >= keys->size() ||
                               (*keys)[static_cast<size_t>(lane.peer_rail)] == 0) {
       continue;
@@ -218,7 +218,7 @@ void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
 
 void RdmaConnection::on_qp_event(uint32_t qp_num, const std::string& what) {
   for (const Lane& lane : lanes_) {
-    if (lane.qp->qp_num() == qp_num && lane.rail != lanes_[0].rail) {
+    if (lane.qp->qp_num() == qp_num && other_rail_up(lane.rail)) {
       rail_down(lane.rail, what + " on QP " + std::to_string(qp_num));
       return;
     }
@@ -230,6 +230,7 @@ void RdmaConnection::rail_down(int rail, const std::string& cause) {
   const size_t r = static_cast<size_t>(rail);
   std::string causes;
   bool lost = false;
+  bool moved_ctrl = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const std::vector<int> rails = used_rails();
@@ -239,21 +240,37 @@ void RdmaConnection::rail_down(int rail, const std::string& cause) {
     }
     rail_up_[r] = false;
     rail_cause_[r] = cause;
-    lost = rail == lanes_[0].rail;
     bool any_up = false;
     for (int x : rails) {
       const size_t i = static_cast<size_t>(x);
       any_up = any_up || rail_up_[i];
       if (!rail_up_[i]) causes += (causes.empty() ? "" : "; ") + rail_name(x) + ": " + rail_cause_[i];
     }
-    lost = lost || !any_up;
+    lost = !any_up;
+    if (!lost && lanes_[static_cast<size_t>(ctrl_lane_.load())].rail == rail) {
+      // The control lane moves: to the first live lane after it, else the first live one.
+      const int from = ctrl_lane_.load();
+      int to = -1;
+      for (size_t i = 0; i < lanes_.size(); ++i) {
+        if (!rail_up_[static_cast<size_t>(lanes_[i].rail)]) continue;
+        if (to < 0 || (to < from && static_cast<int>(i) > from)) to = static_cast<int>(i);
+      }
+      ctrl_lane_.store(to);
+      moved_ctrl = true;
+    }
   }
   if (lost) {
     abort(ErrorKind::kConnection,
-          "connection to " + peer() + " lost " +
-              (rail == lanes_[0].rail ? "its control rail " + rail_name(rail) : "every rail") +
-              ": " + causes);
+          "connection to " + peer() + " lost every rail: " + causes);
     return;
+  }
+  if (moved_ctrl) {
+    // The bootstrap socket's watch stays where it is (a rail whose port is down still has its
+    // completion thread; release_rail moves the watch when the device goes).
+    log::write(log::Level::kWarning, "rdma endpoint to " + peer() + ": control rail " +
+                                         rail_name(rail) + " failed (" + cause +
+                                         "); control messages move to " +
+                                         rail_name(ctrl_rail()));
   }
   std::vector<SendWork> orphans;
   for (Lane& lane : lanes_) {
@@ -270,12 +287,108 @@ void RdmaConnection::rail_down(int rail, const std::string& cause) {
   repost(std::move(orphans));
 }
 
+void RdmaConnection::release_rail(int rail, const std::string& cause) {
+  const size_t r = static_cast<size_t>(rail);
+  Rail dropped;  // this rail's handles, let go of outside the locks
+  std::shared_ptr<CompletionQueue> cq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (r >= rail_released_.size() || rail_released_[r]) return;
+    rail_released_[r] = true;
+    if (rail_up_[r] || rail_cause_[r].empty()) rail_cause_[r] = cause;
+    rail_up_[r] = false;  // a closed connection's drain no longer waits for its flushes
+    Rail& mine = shared_.rails[r];
+    dropped.context = std::move(mine.context);
+    dropped.pd = std::move(mine.pd);
+    dropped.channel = std::move(mine.channel);
+    dropped.cqs = std::move(mine.cqs);
+    dropped.poller = std::move(mine.poller);
+    dropped.srq = std::move(mine.srq);
+    cq = std::move(shared_.cqs[r]);
+  }
+  {
+    // Against connect_qps on a handshake thread: the QPs are destroyed before it or after it.
+    std::lock_guard<std::mutex> setup(setup_mu_);
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      Lane& lane = lanes_[i];
+      if (lane.rail != rail) continue;
+      lane.qp->to_error();
+      // rail_down moved an open connection's chunks already; a closed one's requests failed.
+      if (lane.sq) lane.sq->take_works();
+      lane.qp->destroy();  // no DMA from here on: the buffers' MRs can go
+      lane.send_slab->release_mr();
+      if (lane.recv_slab) lane.recv_slab->release_mr();
+      posted_recvs_[i].store(0);
+    }
+  }
+  {
+    // The bootstrap socket moves to a live rail's completion thread (none: nobody watches it
+    // any more, and the connection is closed or about to be).
+    std::lock_guard<std::mutex> lock(socket_mu_);
+    if (socket_poller_ && socket_poller_ == dropped.poller) {
+      socket_poller_->unwatch_socket(socket_.get());
+      socket_poller_.reset();
+      for (int other : used_rails()) {
+        if (auto p = poller_of(other); p && socket_.valid()) {
+          p->watch_socket(socket_.get(), tag_);
+          socket_poller_ = std::move(p);
+          break;
+        }
+      }
+    }
+  }
+  if (log::enabled(log::Level::kInfo)) {
+    log::write(log::Level::kInfo, "rdma endpoint to " + peer() + ": released rail " +
+                                      rail_name(rail) + " (" + cause + ")");
+  }
+}
+
+void RdmaConnection::follow_ctrl_lane(int lane) {
+  int cur = ctrl_lane_.load();
+  // Only a later lane on another rail means a move (WRITE_WITH_IMM may come on any QP of the
+  // control rail).
+  while (lane > cur && lanes_[static_cast<size_t>(lane)].rail != lanes_[static_cast<size_t>(cur)].rail) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!rail_up_[static_cast<size_t>(lanes_[static_cast<size_t>(lane)].rail)]) return;
+    }
+    if (ctrl_lane_.compare_exchange_weak(cur, lane)) {
+      log::write(log::Level::kInfo, "rdma endpoint to " + peer() +
+                                        ": the peer moved its control lane; ours follows to " +
+                                        rail_name(lanes_[static_cast<size_t>(lane)].rail));
+      return;
+    }
+  }
+}
+
+bool RdmaConnection::other_rail_up(int rail) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Lane& lane : lanes_) {
+    if (lane.rail != rail && rail_up_[static_cast<size_t>(lane.rail)]) return true;
+  }
+  return false;
+}
+
 void RdmaConnection::repost(std::vector<SendWork> works) {
   std::vector<std::vector<SendWork>> per_lane(lanes_.size());
   for (SendWork& w : works) {
     if (w.request && w.request->done()) continue;  // failed meanwhile
+    if (w.opcode == IBV_WR_SEND) {  // a control SEND: on the (new) control lane
+      per_lane[static_cast<size_t>(ctrl_lane())].push_back(std::move(w));
+      continue;
+    }
+    if (!w.remote_keys) {
+      // A notified WRITE's chunk: bound to the grant's rkey, on the peer's old control rail.
+      if (w.request) {
+        w.request->fail(Error(ErrorKind::kConnection,
+                              "connection to " + peer() + ": a notified WRITE was in flight on "
+                              "the control rail when it failed; its grant is bound to that rail "
+                              "(send it again: the connection goes on over the other rails)"));
+      }
+      continue;
+    }
     const std::vector<int> usable = usable_lanes(w.remote_keys.get());
-    if (!w.remote_keys || usable.empty()) {
+    if (usable.empty()) {
       abort(ErrorKind::kConnection,
             "connection to " + peer() + ": a failed rail's chunk has no live rail to move to");
       return;

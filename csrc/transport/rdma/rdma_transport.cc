@@ -65,6 +65,7 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
   for (const std::string& name : rail_devices(config_)) {
     Rail rail;
     rail.context = DeviceContext::open(name, config_.port, config_.gid_index);
+    rail.name = rail.context->name();
     rail.record = rail_record(*rail.context);
     rails_.push_back(std::move(rail));
   }
@@ -107,7 +108,7 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
     h.async_event = [this, index](const ibv_async_event& e) { on_async_event(index, e); };
     h.socket_ready = [this](uint64_t tag) { on_socket(tag); };
     h.fatal = [this, index](const std::string& why) {
-      rail_failed(index, "completion thread of " + rails_[static_cast<size_t>(index)].context->name() +
+      rail_failed(index, "completion thread of " + rails_[static_cast<size_t>(index)].name +
                              " failed: " + why);
     };
     rail.poller = std::make_shared<CqPoller>(rail.context, rail.channel, busy_poll_, std::move(h));
@@ -118,6 +119,7 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
   }
   qp_tags_.resize(rails_.size());
   for (Rail& rail : rails_) rail.poller->start();
+  start_rail_watch();
 }
 
 RdmaTransport::~RdmaTransport() { shutdown(); }
@@ -132,7 +134,7 @@ void RdmaTransport::open_srq(Rail& rail) {
   const uint32_t chunk = srq_chunk();
   const ibv_device_attr& a = rail.context->device_attr();
   if (a.max_srq == 0 || a.max_srq_wr == 0) {
-    rail.srq_off = rail.context->name() + " has no SRQ (ibv_query_device: max_srq " +
+    rail.srq_off = rail.name + " has no SRQ (ibv_query_device: max_srq " +
                    std::to_string(a.max_srq) + ")";
     return;
   }
@@ -140,7 +142,7 @@ void RdmaTransport::open_srq(Rail& rail) {
     rail.srq = std::make_shared<SharedReceiveQueue>(rail.pd, settings_.ctrl_size, chunk, kSrqCap);
   } catch (const Error& e) {
     rail.srq_off = e.what();  // the QPs post their own receives, as on a device without SRQ
-    log::write(log::Level::kWarning, "rdma: no SRQ on " + rail.context->name() + " (" +
+    log::write(log::Level::kWarning, "rdma: no SRQ on " + rail.name + " (" +
                                          e.what() + "): each QP posts its own receive buffers");
   }
 }
@@ -156,7 +158,15 @@ Capabilities RdmaTransport::capabilities() const {
 }
 
 std::string RdmaTransport::describe() const {
-  const DeviceContext& dc = *rails_[0].context;
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t live = 0;  // the first rail whose device is still held
+  while (live + 1 < rails_.size() && !rails_[live].context) ++live;
+  if (!rails_[live].context) {
+    std::string s = "rdma: every rail's device was removed:";
+    for (const Rail& rail : rails_) s += " " + rail.name + " (" + rail.removed + ");";
+    return s;
+  }
+  const DeviceContext& dc = *rails_[live].context;
   const ibv_port_attr& pa = dc.port_attr();
   const bool eth = dc.ethernet();
   std::string s = "rdma: device " + dc.name() + " port " + std::to_string(dc.port()) +
@@ -175,13 +185,16 @@ std::string RdmaTransport::describe() const {
        describe_fabric_settings(settings_.limits.fabric) + ", " + std::to_string(rails_.size()) +
        " rail(s):";
   for (size_t i = 0; i < rails_.size(); ++i) {
-    s += (i == 0 ? " " : ", ") + rail_text(rails_[i].context->name(), rails_[i].record);
+    s += (i == 0 ? " " : ", ") + rail_text(rails_[i].name, rails_[i].record);
+    if (!rails_[i].removed.empty()) s += " removed (" + rails_[i].removed + ")";
   }
   s += "; receive buffers of " + std::to_string(settings_.ctrl_size) + " bytes:";
   for (size_t i = 0; i < rails_.size(); ++i) {
     const Rail& rail = rails_[i];
-    s += (i == 0 ? " " : ", ") + rail.context->name() + " ";
-    if (rail.srq) {
+    s += (i == 0 ? " " : ", ") + rail.name + " ";
+    if (!rail.removed.empty()) {
+      s += "none (removed)";
+    } else if (rail.srq) {
       s += "SRQ, " + std::to_string(rail.srq->posted()) + " posted of " +
            std::to_string(rail.srq->buffers()) + " (at most " + std::to_string(rail.srq->cap()) +
            ")";
@@ -194,16 +207,19 @@ std::string RdmaTransport::describe() const {
 
 std::vector<std::string> RdmaTransport::rails() const {
   std::vector<std::string> out;
-  for (const Rail& rail : rails_) out.push_back(rail.context->name());
+  for (const Rail& rail : rails_) out.push_back(rail.name);
   return out;
 }
 
 std::vector<std::pair<std::string, uint64_t>> RdmaTransport::gauges() const {
   uint64_t posted = 0;
   uint64_t allocated = 0;
-  for (const Rail& rail : rails_) {
-    posted += rail.srq ? rail.srq->posted() : 0;
-    allocated += rail.srq ? rail.srq->buffers() : 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Rail& rail : rails_) {
+      posted += rail.srq ? rail.srq->posted() : 0;
+      allocated += rail.srq ? rail.srq->buffers() : 0;
+    }
   }
   for (const auto& c : live_connections()) {
     // Connected: its QPs are paired (a handshake in progress still rearranges them).
@@ -217,13 +233,18 @@ std::vector<std::pair<std::string, uint64_t>> RdmaTransport::gauges() const {
 std::shared_ptr<MemoryRegion> RdmaTransport::make_region(uint8_t* addr, uint64_t length,
                                                          uint32_t access,
                                                          std::unique_ptr<PinnedAllocation> owned) {
-  return std::make_shared<RdmaRegion>(pds_, addr, length, access, std::move(owned));
+  auto region = std::make_shared<RdmaRegion>(current_pds(), addr, length, access, std::move(owned));
+  track(region);
+  return region;
 }
 
 std::shared_ptr<MemoryRegion> RdmaTransport::make_device_region(uint8_t* addr, uint64_t length,
                                                                 uint32_t access, int dmabuf_fd,
                                                                 uint64_t dmabuf_offset) {
-  return std::make_shared<RdmaRegion>(pds_, addr, length, access, dmabuf_fd, dmabuf_offset);
+  auto region =
+      std::make_shared<RdmaRegion>(current_pds(), addr, length, access, dmabuf_fd, dmabuf_offset);
+  track(region);
+  return region;
 }
 
 uint16_t RdmaTransport::listen(const std::string& host, uint16_t port) {
@@ -248,47 +269,68 @@ std::shared_ptr<RdmaConnection> RdmaTransport::prepare(const std::vector<LaneSpe
   for (const LaneSpec& l : lanes) ++per_rail[static_cast<size_t>(l.rail)];
   const int per_qp = static_cast<int>(settings_.limits.sq_depth + settings_.ctrl_depth);
   uint32_t tag = 0;
+  std::vector<Rail> rails;  // a copy: remove_rail may reset rails_'s handles meanwhile
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) throw Error(ErrorKind::kClosed, "the engine is closed");
+    rails = rails_;
     for (auto it = connections_.begin(); it != connections_.end();) {
       auto c = it->second.lock();
       if (!c || c->is_closed()) {
-        release_cqs(it->first);
+        release_cqs_locked(it->first);
         forget_qps_locked(it->first);
+        if (c) closed_.push_back(c);  // still held: remove_rail finds its QPs there
         it = connections_.erase(it);
       } else {
         ++it;
       }
     }
+    closed_.erase(std::remove_if(closed_.begin(), closed_.end(),
+                                 [](const auto& w) { return w.expired(); }),
+                  closed_.end());
     do {
       tag = next_tag_++ & 0xffffff;
     } while (tag == 0 || connections_.count(tag) != 0 || pending_.count(tag) != 0);
     pending_.insert(tag);  // held until the connection is made or given up
   }
   try {
-    std::vector<std::shared_ptr<CompletionQueue>> cqs(rails_.size());
-    for (size_t r = 0; r < rails_.size(); ++r) {
-      if (per_rail[r] > 0) cqs[r] = rails_[r].cqs->reserve(tag, per_rail[r] * per_qp);
+    std::vector<std::shared_ptr<CompletionQueue>> cqs(rails.size());
+    for (size_t r = 0; r < rails.size(); ++r) {
+      if (per_rail[r] == 0) continue;
+      if (!rails[r].removed.empty()) {
+        throw Error(ErrorKind::kConnection, "rail " + rails[r].name + " was removed (" +
+                                                rails[r].removed + ")");
+      }
+      cqs[r] = rails[r].cqs->reserve(tag, per_rail[r] * per_qp);
     }
     auto conn = std::make_shared<RdmaConnection>(*this, settings_,
-                                                 RdmaShared{rails_, std::move(cqs)}, tag, lanes);
+                                                 RdmaShared{std::move(rails), std::move(cqs)},
+                                                 tag, lanes);
     attach_protocol(conn);
     std::lock_guard<std::mutex> lock(mu_);
+    // A rail removed since the copy: remove_rail did not see this connection, so it goes.
+    for (size_t r = 0; r < rails_.size(); ++r) {
+      if (per_rail[r] > 0 && !rails_[r].removed.empty()) {
+        throw Error(ErrorKind::kConnection, "rail " + rails_[r].name + " was removed (" +
+                                                rails_[r].removed + ") while connecting");
+      }
+    }
     pending_.erase(tag);
     connections_[tag] = conn;
     for (const auto& [rail, qpn] : conn->qp_numbers()) qp_tags_[static_cast<size_t>(rail)][qpn] = tag;
     return conn;
   } catch (...) {
-    release_cqs(tag);
     std::lock_guard<std::mutex> lock(mu_);
+    release_cqs_locked(tag);
     pending_.erase(tag);
     throw;
   }
 }
 
-void RdmaTransport::release_cqs(uint32_t tag) {
-  for (Rail& rail : rails_) rail.cqs->release(tag);
+void RdmaTransport::release_cqs_locked(uint32_t tag) {
+  for (Rail& rail : rails_) {
+    if (rail.cqs) rail.cqs->release(tag);
+  }
 }
 
 EndpointRecord RdmaTransport::read_record(int fd, const Deadline& deadline) {
@@ -395,8 +437,20 @@ std::shared_ptr<Channel> RdmaTransport::connect(const std::string& host, uint16_
     std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kRdma, 1,
                                                   engine_id(), rng(), sockets, deadline, retries);
     std::vector<LaneSpec> lanes;
-    for (size_t r = 0; r < rails_.size(); ++r) {
-      for (int i = 0; i < n; ++i) lanes.push_back({static_cast<int>(r), EndpointRecord::kAnyRail});
+    std::string removed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t r = 0; r < rails_.size(); ++r) {
+        if (!rails_[r].removed.empty()) {
+          removed += (removed.empty() ? "" : "; ") + rails_[r].name + ": " + rails_[r].removed;
+          continue;  // its device was removed
+        }
+        for (int i = 0; i < n; ++i) lanes.push_back({static_cast<int>(r), EndpointRecord::kAnyRail});
+      }
+    }
+    if (lanes.empty()) {
+      throw Error(ErrorKind::kConnection,
+                  "every rail of this engine was removed (" + removed + "); open a new engine");
     }
     auto conn = prepare(lanes);
     handshake(*conn, fds[0].get(), nullptr, deadline);
@@ -439,7 +493,7 @@ void RdmaTransport::on_srq_receive(int rail, const ibv_wc& wc) {
     srq->repost(wc.wr_id);
   } catch (const Error& e) {
     rail_failed(rail, "the shared receive queue of " +
-                          rails_[static_cast<size_t>(rail)].context->name() + " failed: " +
+                          rails_[static_cast<size_t>(rail)].name + " failed: " +
                           e.what());
   }
 }
@@ -475,16 +529,20 @@ void RdmaTransport::on_async_event(int rail, const ibv_async_event& event) {
           srq->on_limit();
         } catch (const Error& e) {
           rail_failed(rail, "growing the shared receive queue of " +
-                                rails_[static_cast<size_t>(rail)].context->name() +
+                                rails_[static_cast<size_t>(rail)].name +
                                 " failed: " + e.what());
         }
       }
       return;
+    case IBV_EVENT_DEVICE_FATAL:
+      // The device is gone for good: failover now, then the rail watch releases it.
+      rail_failed(rail, "device " + rails_[static_cast<size_t>(rail)].name + ": " + what);
+      device_fatal(rail, "device " + rails_[static_cast<size_t>(rail)].name + ": " + what);
+      return;
     case IBV_EVENT_SRQ_ERR:
     case IBV_EVENT_CQ_ERR:
-    case IBV_EVENT_DEVICE_FATAL:
     case IBV_EVENT_PORT_ERR:
-      rail_failed(rail, "device " + rails_[static_cast<size_t>(rail)].context->name() + ": " + what);
+      rail_failed(rail, "device " + rails_[static_cast<size_t>(rail)].name + ": " + what);
       return;
     default: return;  // informational (LID change, last WQE reached, ...)
   }
@@ -494,6 +552,9 @@ std::vector<std::shared_ptr<RdmaConnection>> RdmaTransport::live_connections() c
   std::vector<std::shared_ptr<RdmaConnection>> conns;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [tag, w] : connections_) {
+    if (auto c = w.lock()) conns.push_back(std::move(c));
+  }
+  for (auto& w : closed_) {
     if (auto c = w.lock()) conns.push_back(std::move(c));
   }
   return conns;
@@ -516,7 +577,7 @@ std::vector<LaneSpec> RdmaTransport::pair_rails(const EndpointRecord& peer) cons
     if (n == 0) continue;
     int best = -1;
     for (size_t r = 0; r < rails_.size(); ++r) {
-      if (!rails_reach(rails_[r].record, peer.rails[c])) continue;
+      if (!rails_reach(rails_[r].record, peer.rails[c]) || rail_removed(r)) continue;
       if (best < 0 || load[r] < load[static_cast<size_t>(best)]) best = static_cast<int>(r);
     }
     if (best < 0) continue;
@@ -553,12 +614,15 @@ void RdmaTransport::shutdown() {
     acceptor = std::move(acceptor_);
     accepted_.clear();
   }
+  stop_rail_watch();  // no rail is removed from here on
   acceptor.reset();  // cuts the handshakes in progress and waits for their threads
   abort_all(ErrorKind::kClosed, "the engine was closed");
   // Drain every connection's flush completions before the completion thread stops.
   const std::vector<std::shared_ptr<RdmaConnection>> conns = live_connections();
   for (const auto& c : conns) c->close();  // closed already: waits (bounded) for the drain
-  for (Rail& rail : rails_) rail.poller->stop();
+  for (Rail& rail : rails_) {
+    if (rail.poller) rail.poller->stop();
+  }
 }
 
 }  // namespace rdmaxfer

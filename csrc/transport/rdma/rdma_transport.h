@@ -19,6 +19,19 @@
 // uses, so a CQ never overruns. Fabric settings (fabric_settings.h) apply to the QPs of every
 // rail. A device's fatal event or a failed completion thread fails its rail over in every
 // connection (rdma_connection.h).
+//
+// Device removal (rdma_removal.cc), on an engine of two rails or more: a rail watch thread lists
+// the devices (ibv_get_device_list) every kRailCheckS seconds. A device being unregistered
+// (`rdma link delete`, a driver unbind or hot unplug) leaves that list at once, and a device
+// without disassociate_ucontext (rxe) keeps working and sends no event meanwhile: the kernel
+// waits, inside the unregistration, until every process has let go of it. So when a rail's
+// device is missing from the list, or its IBV_EVENT_DEVICE_FATAL came, the watch fails the
+// rail over in every connection, stops its completion thread and releases everything the
+// engine holds on it: every connection's QPs there (release_rail), the MR of every
+// registration on its PD, its SRQ, CQs, completion channel, PD and context. The
+// unregistration then completes; registrations keep working on the other rails; describe()
+// shows the rail removed with its cause. A removed rail is not used again by this engine (a
+// new Engine opens the device once it is back).
 #pragma once
 
 #include <condition_variable>
@@ -26,6 +39,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -64,13 +78,26 @@ class RdmaTransport : public Transport {
   // A connection with QPs on `lanes`, room reserved for them in each rail's CqSet. Throws
   // Error(kConnection) when a rail's CqSet is full (cq_set.h).
   std::shared_ptr<RdmaConnection> prepare(const std::vector<LaneSpec>& lanes);
-  // Gives back the CQ entries `tag` reserved on every rail (CqSet::release).
-  void release_cqs(uint32_t tag);
+  // Gives back the CQ entries `tag` reserved on every rail (CqSet::release); mu_ held.
+  void release_cqs_locked(uint32_t tag);
   // The acceptor's QPs for a connector's record (see endpoint_record.h); none when no rail of
   // ours reaches one of the peer's (the acceptor then answers with a record without QPs).
   std::vector<LaneSpec> pair_rails(const EndpointRecord& peer) const;
   // A rail's device failed: every connection fails over (RdmaConnection::rail_down).
   void rail_failed(int rail, const std::string& cause);
+  // Device removal (rdma_removal.cc, see above).
+  void start_rail_watch();
+  void stop_rail_watch();
+  void watch_rails();  // the watch thread
+  // IBV_EVENT_DEVICE_FATAL of `rail`: the watch removes it at once.
+  void device_fatal(int rail, const std::string& cause);
+  // Fails `rail` over everywhere and releases every handle on its device. On the watch thread.
+  void remove_rail(int rail, const std::string& cause);
+  bool rail_removed(size_t rail) const;
+  // The PDs new registrations get an MR in (null: a removed rail), and the registrations to
+  // drop a removed rail's MR from.
+  PdList current_pds() const;
+  void track(const std::shared_ptr<RdmaRegion>& region);
   static EndpointRecord read_record(int fd, const Deadline& deadline);
   // Sends our record, reads the peer's (unless the acceptor already has it), brings the QPs to
   // RTS, then the READY exchange.
@@ -80,6 +107,7 @@ class RdmaTransport : public Transport {
   // The connection holding QP `qp_num` of `rail` (SRQ receives name no connection in wr_id).
   std::shared_ptr<RdmaConnection> find_qp(int rail, uint32_t qp_num);
   void forget_qps_locked(uint32_t tag);
+  // Every connection object alive (closed ones still held included).
   std::vector<std::shared_ptr<RdmaConnection>> live_connections() const;
   // The rail's SRQ, or why it has none (env RDMAXFER_SRQ=0, max_srq 0, ibv_create_srq failed).
   void open_srq(Rail& rail);
@@ -97,8 +125,17 @@ class RdmaTransport : public Transport {
   RdmaConfig config_;
   bool busy_poll_ = false;
   RdmaConnSettings settings_;
-  std::vector<Rail> rails_;  // rdma_rails.h; rail 0 first
-  PdList pds_;              // each rail's PD, in rail order: every registration covers them
+  std::vector<Rail> rails_;  // rdma_rails.h; rail 0 first. A removed rail's handles: mu_
+  mutable std::mutex regions_mu_;
+  PdList pds_;  // each rail's PD, in rail order: every registration covers them (regions_mu_)
+  std::vector<std::weak_ptr<RdmaRegion>> regions_;  // regions_mu_
+  size_t prune_at_ = 64;  // regions_ size at which expired entries are dropped
+
+  std::thread watch_;  // the rail watch (two rails or more)
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool watch_stop_ = false;                   // watch_mu_
+  std::vector<std::string> fatal_;            // per rail: DEVICE_FATAL's cause (watch_mu_)
 
   std::unique_ptr<Acceptor> acceptor_;
   std::condition_variable accepted_cv_;
@@ -107,6 +144,8 @@ class RdmaTransport : public Transport {
   bool shut_down_ = false;
   uint32_t next_tag_ = 1;
   std::unordered_map<uint32_t, std::weak_ptr<RdmaConnection>> connections_;
+  // Closed ones no longer in connections_ that someone still holds (their QPs exist).
+  std::vector<std::weak_ptr<RdmaConnection>> closed_;
   std::vector<std::unordered_map<uint32_t, uint32_t>> qp_tags_;  // per rail: QP number -> tag
   std::unordered_set<uint32_t> pending_;  // tags of connections being set up (prepare)
 };

@@ -174,8 +174,16 @@ std::vector<SendWork> SendQueue::take_works() {
   std::lock_guard<std::mutex> lock(mu_);
   dead_ = true;
   for (auto& f : in_flight_) {
-    if (!f.counts_part) continue;  // a control SEND: it belongs to the control QP's rail
     SendWork w;
+    if (f.slot >= 0) {  // a control SEND: its message is in its slot
+      w.opcode = IBV_WR_SEND;
+      w.last = true;
+      w.ctrl.assign(reinterpret_cast<const char*>(ctrl_.slot(static_cast<uint32_t>(f.slot))),
+                    f.length);
+      out.push_back(std::move(w));
+      continue;
+    }
+    if (!f.counts_part) continue;
     w.opcode = f.opcode;
     w.local_addr = f.local_addr;
     w.length = f.length;

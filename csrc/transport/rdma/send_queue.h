@@ -78,8 +78,9 @@ class SendQueue {
   std::vector<RequestPtr> take_all();
   // Failover of this queue's rail: the queue dies and hands back, as works to post elsewhere,
   // every one-sided chunk queued or in flight (a chunk that completed unsignaled is sent again:
-  // WRITE and READ are idempotent). Its QP must be in ERR first; the flushes that follow retire
-  // nothing.
+  // WRITE and READ are idempotent) and every control SEND not completed (its bytes copied back
+  // out of its slot: one the peer received but whose ACK was lost arrives twice). Its QP must
+  // be in ERR first; the flushes that follow retire nothing.
   std::vector<SendWork> take_works();
   // No WR in flight (all completed or flushed).
   bool idle() const;

@@ -205,6 +205,14 @@ std::vector<std::string> DeviceContext::active_devices() {
   return out;
 }
 
+std::vector<std::string> DeviceContext::listed_devices() {
+  const VerbsApi& api = verbs();
+  DeviceList list(api);
+  std::vector<std::string> out;
+  for (int i = 0; i < list.size(); ++i) out.emplace_back(api.get_device_name(list[i]));
+  return out;
+}
+
 DeviceContext::~DeviceContext() {
   if (ctx_ != nullptr) verbs().close_device(ctx_);
 }

@@ -26,6 +26,12 @@ class DeviceContext {
   static std::shared_ptr<DeviceContext> open(const std::string& device, int port, int gid_index);
   // Every device with an active port, in ibv_get_device_list order.
   static std::vector<std::string> active_devices();
+  // The names ibv_get_device_list gives now (no device opened). rdma-core lists devices from
+  // RDMA netlink, which stops listing one as soon as the kernel begins unregistering it (a
+  // `rdma link delete`, a driver unbind), while contexts opened on it still work: that is how
+  // an engine notices a device being removed (rdma_transport.h). Throws Error(kTransport)
+  // when the listing fails.
+  static std::vector<std::string> listed_devices();
   ~DeviceContext();
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;

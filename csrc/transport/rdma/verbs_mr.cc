@@ -103,17 +103,28 @@ RdmaRegion::RdmaRegion(const PdList& pds, uint8_t* addr, uint64_t length, uint32
                        std::unique_ptr<PinnedAllocation> owned)
     : MemoryRegion(addr, length, access, std::move(owned)) {
   for (const auto& pd : pds) {
-    mrs_.push_back(std::make_unique<VerbsMr>(pd, addr, length, verbs_access(access)));
+    mrs_.push_back(pd ? std::make_unique<VerbsMr>(pd, addr, length, verbs_access(access))
+                      : nullptr);
   }
   keep_keys();
 }
 
 void RdmaRegion::keep_keys() {
   for (const auto& mr : mrs_) {
-    lkeys_.push_back(mr->lkey());
-    rkeys_.push_back(mr->rkey());
+    lkeys_.push_back(mr ? mr->lkey() : 0);
+    rkeys_.push_back(mr ? mr->rkey() : 0);
   }
   set_key(rkeys_.at(0));
+}
+
+void RdmaRegion::drop_rail(size_t rail) {
+  std::lock_guard<std::mutex> lock(mrs_mu_);
+  if (rail < mrs_.size()) mrs_[rail].reset();
+}
+
+void RdmaRegion::release_handle() {
+  std::lock_guard<std::mutex> lock(mrs_mu_);
+  mrs_.clear();
 }
 
 }  // namespace rdmaxfer
@@ -124,8 +135,9 @@ RdmaRegion::RdmaRegion(const PdList& pds, uint8_t* device_addr, uint64_t length,
                        uint32_t access, int dmabuf_fd, uint64_t dmabuf_offset)
     : MemoryRegion(device_addr, length, access, nullptr) {
   for (const auto& pd : pds) {
-    mrs_.push_back(std::make_unique<VerbsMr>(pd, device_addr, length, verbs_access(access),
-                                             dmabuf_fd, dmabuf_offset));
+    mrs_.push_back(pd ? std::make_unique<VerbsMr>(pd, device_addr, length, verbs_access(access),
+                                                  dmabuf_fd, dmabuf_offset)
+                      : nullptr);
   }
   keep_keys();
 }

@@ -9,11 +9,15 @@
 // lkey() the lkey on rail 0; lkey_on(rail) / rkey_on(rail) name the other rails'. Access from use (core/region.h): IBV_ACCESS_LOCAL_WRITE only with
 // kAccessLocalWrite (a READ lands in it, a receive writes it; a read-only mapping refuses it with
 // EFAULT), REMOTE_READ / REMOTE_WRITE only when asked for. revoke() (at deregistration)
-// destroys the MR at once: the rkey is dead even while the object lives on.
+// destroys the MR at once: the rkey is dead even while the object lives on. drop_rail(rail)
+// destroys the MR of one rail whose device is being removed (rdma_transport.h); a rail whose
+// PD is null in the PdList (removed before the registration) gets no MR, and lkey and rkey 0
+// there (a descriptor's key 0 on a rail: no access through it).
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/region.h"
@@ -66,13 +70,16 @@ class RdmaRegion : public MemoryRegion {
   uint32_t rkey_on(size_t rail) const { return rkeys_.at(rail); }
   int home_rail() const override { return home_rail_.load(); }
   void set_home_rail(int rail) override { home_rail_.store(rail); }
+  // ibv_dereg_mr of the MR on `rail` now (its QPs are destroyed: no WR uses it any more).
+  void drop_rail(size_t rail);
 
  protected:
-  void release_handle() override { mrs_.clear(); }
+  void release_handle() override;
 
  private:
   void keep_keys();
-  std::vector<std::unique_ptr<VerbsMr>> mrs_;
+  std::mutex mrs_mu_;  // drop_rail against release_handle
+  std::vector<std::unique_ptr<VerbsMr>> mrs_;  // null on a removed rail
   std::vector<uint32_t> lkeys_;
   std::vector<uint32_t> rkeys_;
   std::atomic<int> home_rail_{-1};

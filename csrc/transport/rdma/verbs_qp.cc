@@ -35,7 +35,11 @@ QueuePair::QueuePair(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<Compl
     init.cap.max_inline_data = 0;  // a provider without inline data: plain WRs only
     qp_ = verbs().create_qp(pd_->get(), &init);
   }
-  if (qp_ != nullptr) limits_.max_inline = init.cap.max_inline_data;  // what was granted
+  if (qp_ != nullptr) {
+    limits_.max_inline = init.cap.max_inline_data;  // what was granted
+    qp_num_ = qp_->qp_num;
+  }
+  on_srq_ = srq_ != nullptr;
   if (qp_ == nullptr) {
     throw_verbs("ibv_create_qp(RC, " + std::to_string(limits_.sq_depth) + " send / " +
                     (srq_ ? std::string("SRQ") : std::to_string(limits_.rq_depth)) +
@@ -51,6 +55,8 @@ QueuePair::~QueuePair() {
 }
 
 void QueuePair::to_init() {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_live();
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_INIT;
   attr.pkey_index = 0;
@@ -62,6 +68,8 @@ void QueuePair::to_init() {
 }
 
 void QueuePair::to_rtr(const QpAddress& peer, ibv_mtu path_mtu, uint8_t max_dest_rd_atomic) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_live();
   const DeviceContext& dc = pd_->context();
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTR;
@@ -98,6 +106,8 @@ void QueuePair::to_rtr(const QpAddress& peer, ibv_mtu path_mtu, uint8_t max_dest
 }
 
 void QueuePair::to_rts(uint8_t max_rd_atomic) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_live();
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTS;
   attr.timeout = kTimeout;
@@ -113,6 +123,8 @@ void QueuePair::to_rts(uint8_t max_rd_atomic) {
 }
 
 FabricSettings QueuePair::query_fabric() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_live();
   ibv_qp_attr attr{};
   ibv_qp_init_attr init{};
   const int rc = verbs().query_qp(qp_, &attr, IBV_QP_AV | IBV_QP_MIN_RNR_TIMER, &init);
@@ -125,9 +137,32 @@ FabricSettings QueuePair::query_fabric() const {
 }
 
 void QueuePair::to_error() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (qp_ == nullptr) return;
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_ERR;
   verbs().modify_qp(qp_, &attr, IBV_QP_STATE);
+}
+
+void QueuePair::check_live() const {
+  if (qp_ == nullptr) {
+    throw Error(ErrorKind::kConnection, "QP " + std::to_string(qp_num_) +
+                                            " was destroyed with its device (rail removed)");
+  }
+}
+
+void QueuePair::destroy() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (qp_ != nullptr) verbs().destroy_qp(qp_);  // best effort: the device is going away
+  qp_ = nullptr;
+  srq_.reset();
+  cq_.reset();
+  pd_.reset();
+}
+
+bool QueuePair::destroyed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return qp_ == nullptr;
 }
 
 }  // namespace rdmaxfer

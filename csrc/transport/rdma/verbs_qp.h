@@ -14,11 +14,14 @@
 //   -> to_rts()             timeouts, retry counts (rnr_retry finite), our PSN, max_rd_atomic
 //                           (negotiated): can post sends
 //   -> to_error()           on teardown: every outstanding WR is flushed
-//   -> ibv_destroy_qp       on destruction, before the CQ and the buffers its WRs used.
+//   -> ibv_destroy_qp       on destruction, before the CQ and the buffers its WRs used, or
+//                           earlier by destroy() (its device is being removed: the QP lets
+//                           go of its PD, CQ and SRQ; to_error() is then a no-op).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 #include "transport/rdma/fabric_settings.h"
 #include "transport/rdma/verbs_cq.h"
@@ -68,10 +71,10 @@ class QueuePair {
   QueuePair& operator=(const QueuePair&) = delete;
 
   ibv_qp* get() const { return qp_; }
-  uint32_t qp_num() const { return qp_->qp_num; }
+  uint32_t qp_num() const { return qp_num_; }
   uint32_t psn() const { return psn_; }
   const QpLimits& limits() const { return limits_; }
-  bool on_srq() const { return srq_ != nullptr; }
+  bool on_srq() const { return on_srq_; }
 
   void to_init();
   // max_dest_rd_atomic: READs served at once = min(our responder resources, the peer's
@@ -81,19 +84,27 @@ class QueuePair {
   void to_rts(uint8_t max_rd_atomic);
   // Best effort (teardown path): never throws.
   void to_error() noexcept;
+  // ibv_destroy_qp now (idempotent; the QP must be in ERR and its send queue dead: nothing
+  // posts on it again) and lets go of the PD, CQ and SRQ, so its device can be released.
+  void destroy() noexcept;
+  bool destroyed() const;
   // The fabric settings the QP holds, read back with ibv_query_qp (after to_rtr); throws on
-  // failure. Providers differ in what they report: rxe keeps no SL for RoCE (reads back 0).
+  // failure (Error kConnection after destroy(), as are the to_* transitions). Providers differ in what they report: rxe keeps no SL for RoCE (reads back 0).
   FabricSettings query_fabric() const;
   // The fabric settings to_rtr gave ibv_modify_qp (zero before to_rtr). The traffic class is
   // 0 where the address carries no GRH (InfiniBand inside a subnet).
   const FabricSettings& applied_fabric() const { return applied_; }
 
  private:
+  void check_live() const;  // mu_ held
   std::shared_ptr<ProtectionDomain> pd_;
   std::shared_ptr<CompletionQueue> cq_;
   std::shared_ptr<SharedReceiveQueue> srq_;  // declared before qp_: outlives it
   QpLimits limits_;
+  bool on_srq_ = false;
+  mutable std::mutex mu_;  // destroy() against to_error() and query_fabric() on other threads
   ibv_qp* qp_ = nullptr;
+  uint32_t qp_num_ = 0;
   uint32_t psn_ = 0;
   FabricSettings applied_{0, 0, 0};
 };
