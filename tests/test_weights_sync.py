@@ -98,6 +98,41 @@ def test_four_row_quarters_of_every_tensor_rebuild_the_file(
         np.testing.assert_array_equal(whole, arr, err_msg=name)
 
 
+def test_a_pull_whose_server_closed_before_the_done_message_returns_its_bytes(
+    minilm: tuple[Path, dict[str, np.ndarray]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server closes its end once "done" lands; over verbs its GOODBYE can beat the SEND's
+    # completion, so the client sees the SEND fail. Here the server closes before "done" goes
+    # out: every READ has completed, so the pull returns its bytes.
+    path, ref = minilm
+    send = Endpoint.send
+    failed: list[str] = []
+
+    def send_after_server_closed(ep: Endpoint, data: object, **kwargs: object) -> None:
+        if bytes(np.asarray(data)).find(b'"done"') >= 0:
+            server.close()
+            deadline = time.monotonic() + 30
+            while not ep.closed and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert ep.closed, "the client endpoint never saw the server close"
+            try:
+                send(ep, data, **kwargs)  # type: ignore[arg-type]
+            except ConnectionError as exc:
+                failed.append(str(exc))
+                raise
+            return
+        send(ep, data, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Endpoint, "send", send_after_server_closed)
+    with WeightServer(path, transport="tcp") as server:
+        server.start()
+        got = pull_weights(f"127.0.0.1:{server.port}", transport="tcp", names=[ROWS, BIAS])
+    assert failed, "the done message did not fail: this test did not make the race"
+    assert sorted(got) == sorted([ROWS, BIAS])
+    for name, arr in got.items():
+        np.testing.assert_array_equal(arr, ref[name], err_msg=name)
+
+
 def test_selective_pulls_by_list_and_predicate(
     minilm: tuple[Path, dict[str, np.ndarray]],
 ) -> None:
