@@ -12,6 +12,12 @@ gives each figure's median over the rounds, and each ratio's median over the rou
 taken within one process).
 Latencies are medians of ``--iters`` operations, in microseconds.
 
+``--pin A,B`` fixes the placement for every figure alike: each round's process (and every thread
+of it) runs on CPU A, the peer processes it spawns (rdmaxfer's bench peer, the plain Python
+peer) on CPU B. Without it the scheduler places them, and on a 2-CPU machine that decides more
+than either implementation: a plain Python 8-byte ping-pong takes ~6 µs with both processes on
+one CPU and ~47 µs across two (``bench/results/issue12-placement-python-sockets.txt``).
+
     python bench/before_after.py --before /work/main/.venv/bin/python --transport tcp
     python bench/before_after.py --before OLD/python --after NEW/python --transport shm \
         --sizes 8,64K --rounds 5 --json out.json
@@ -28,6 +34,25 @@ import sys
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _pin(mine: int, peers: int) -> None:
+    """Run this process on CPU ``mine`` and every process it spawns from now on (through
+    ``multiprocessing``'s spawn context, as both peers are started) on CPU ``peers``: a child
+    inherits the affinity it is started with, so the parent takes ``peers`` for the start."""
+    from multiprocessing.context import SpawnProcess
+
+    os.sched_setaffinity(0, {mine})
+    start = SpawnProcess.start
+
+    def start_on_peer_cpu(self: SpawnProcess) -> None:
+        os.sched_setaffinity(0, {peers})
+        try:
+            start(self)
+        finally:
+            os.sched_setaffinity(0, {mine})
+
+    SpawnProcess.start = start_on_peer_cpu  # type: ignore[method-assign]
 
 
 def one_round(transport: str, sizes: list[int], iters: int) -> dict[str, Any]:
@@ -62,6 +87,8 @@ def one_round(transport: str, sizes: list[int], iters: int) -> dict[str, Any]:
 def _run(python: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [python, os.path.abspath(__file__), "--one", "--transport", args.transport,
            "--sizes", args.sizes, "--iters", str(args.iters)]  # fmt: skip
+    if args.pin:
+        cmd += ["--pin", args.pin]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -80,12 +107,18 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="also write every round to this file")
+    parser.add_argument(
+        "--pin", help="A,B: this side on CPU A, the peer processes on CPU B (default: unpinned)"
+    )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     from rdmaxfer.tools import bench
 
     sizes = bench.parse_sizes(args.sizes)
     if args.one:
+        if args.pin:
+            mine, peers = (int(c) for c in args.pin.split(","))
+            _pin(mine, peers)
         print(json.dumps(one_round(args.transport, sizes, args.iters)))
         return
     if not args.before:
@@ -109,10 +142,15 @@ def main() -> None:
         # speed relative to the reference = reference latency / our latency, per round
         return statistics.median(r["ref_us"][i] / r[key][i] for r in rounds[label])
 
+    where = (
+        f"pinned: this side CPU {args.pin.split(',')[0]}, peers CPU {args.pin.split(',')[1]}"
+        if args.pin
+        else "unpinned"
+    )
     print(
-        f"\n{args.transport} WRITE, median of {args.rounds} alternating rounds of {args.iters} "
-        f"operations each; reference: {ref_name} in the same process; speed vs reference = "
-        "reference latency / ours (higher is better)\n"
+        f"\n{args.transport} WRITE ({where}), median of {args.rounds} alternating rounds of "
+        f"{args.iters} operations each; reference: {ref_name} in the same process; "
+        "speed vs reference = reference latency / ours (higher is better)\n"
     )
     print("| bytes | before API µs | after API µs | after C++ loop µs | reference µs "
           "| before vs ref | after vs ref |")  # fmt: skip
