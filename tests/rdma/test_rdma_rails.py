@@ -253,14 +253,14 @@ def test_qp_in_error_mid_transfer_moves_its_chunks(
         assert rail_bytes(a)["rxe2"] >= 4 * MIB
 
 
-def _rxe2_back() -> bool:
-    """rxe2 listed, its port ACTIVE and its GID[1] the IPv4-mapped RoCE v2 one (guest.sh)."""
+def _device_back(device: str) -> bool:
+    """`device` listed, its port ACTIVE and its GID[1] the IPv4-mapped RoCE v2 one (guest.sh)."""
     try:
-        with open("/sys/class/infiniband/rxe2/ports/1/gids/1") as f:
+        with open(f"/sys/class/infiniband/{device}/ports/1/gids/1") as f:
             gid = f.read().strip()
     except OSError:
         return False
-    return _port_active("rxe2") and gid.startswith("0000:0000:0000:0000:0000:ffff:")
+    return _port_active(device) and gid.startswith("0000:0000:0000:0000:0000:ffff:")
 
 
 #: How long `rdma link delete` may take once the engine noticed the removal (it checks the
@@ -317,7 +317,7 @@ def test_device_deleted_mid_transfer_is_released(rng: np.random.Generator) -> No
             delete.wait(timeout=120)  # the engines are closed: the deletion ends
         if not os.path.exists("/sys/class/infiniband/rxe2"):
             _run("rdma", "link", "add", "rxe2", "type", "rxe", "netdev", "veth2")
-        _wait_for("rxe2 back, ACTIVE with its IPv4 GID", _rxe2_back)
+        _wait_for("rxe2 back, ACTIVE with its IPv4 GID", functools.partial(_device_back, "rxe2"))
 
 
 def _send_and_notify(
@@ -374,6 +374,40 @@ def test_control_rail_down_mid_transfer_moves_the_control_lane(rng: np.random.Ge
     finally:
         _run("ip", "link", "set", "veth0", "up")
         _wait_for("rxe0 ACTIVE again", lambda: _port_active("rxe0"))
+
+
+def test_control_device_deleted_mid_transfer(rng: np.random.Generator) -> None:
+    """`rdma link delete rxe0` (the control rail's device) mid-WRITE: the WRITE completes over
+    rxe2, the deletion completes, and messages and notifications go on both ways over rxe2. The
+    server's rxe1 keeps its port up; the server fails it over when it sees the client's control
+    lane move to rxe2 (else its WRITEs there would wait for the retries to run out). The test
+    adds rxe0 back, as guest.sh made it, for the later tests."""
+    delete: subprocess.Popen[bytes] | None = None
+    try:
+        with striped_write_on(rng, 64 * MIB) as (client, server, a, b, request, exact):
+            delete = subprocess.Popen(
+                ["rdma", "link", "delete", "rxe0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            wait_ok(request)
+            assert exact()
+            _, err = delete.communicate(timeout=DELETE_BOUND_S)
+            assert delete.returncode == 0, err
+            text = a.describe()
+            assert "rxe0 removed (device rxe0 was removed" in text, text
+            assert "control rail rxe2" in text and not a.closed, text
+            _send_and_notify(rng, (client, a), (server, b))
+            _send_and_notify(rng, (server, b), (client, a))
+            text = b.describe()
+            assert "control rail rxe3" in text and not b.closed, text
+            # rxe1's port stayed up: the server failed it over when it followed the control lane.
+            assert "rxe1 failed (the peer moved its control lane off it" in text, text
+            assert not a.closed and a.attributes()["rail_rxe2_up"] == 1
+    finally:
+        if delete is not None and delete.poll() is None:
+            delete.wait(timeout=120)
+        if not os.path.exists("/sys/class/infiniband/rxe0"):
+            _run("rdma", "link", "add", "rxe0", "type", "rxe", "netdev", "veth0")
+        _wait_for("rxe0 back, ACTIVE with its IPv4 GID", functools.partial(_device_back, "rxe0"))
 
 
 def test_no_rail_left_fails_with_every_cause(rng: np.random.Generator) -> None:

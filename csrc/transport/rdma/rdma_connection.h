@@ -250,7 +250,9 @@ class RdmaConnection : public Channel,
   int ctrl_lane() const { return ctrl_lane_.load(); }
   int ctrl_rail() const { return lanes_[static_cast<size_t>(ctrl_lane())].rail; }
   // A receive arrived on `lane`: the peer moved its control lane there when it is later than
-  // ours (and live): ours follows.
+  // ours (and live): ours follows, and our rail of the old control lane fails over too (the
+  // peer moves its control lane only when its side of that rail failed; a deleted device
+  // leaves our side's port up, so nothing else would tell us before the retries run out).
   void follow_ctrl_lane(int lane);
   // Whether a rail other than `rail` is live (a failure on `rail` can then fail over).
   bool other_rail_up(int rail) const;

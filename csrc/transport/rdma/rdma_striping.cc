@@ -353,9 +353,13 @@ void RdmaConnection::follow_ctrl_lane(int lane) {
       if (!rail_up_[static_cast<size_t>(lanes_[static_cast<size_t>(lane)].rail)]) return;
     }
     if (ctrl_lane_.compare_exchange_weak(cur, lane)) {
+      const int old_rail = lanes_[static_cast<size_t>(cur)].rail;
       log::write(log::Level::kInfo, "rdma endpoint to " + peer() +
                                         ": the peer moved its control lane; ours follows to " +
                                         rail_name(lanes_[static_cast<size_t>(lane)].rail));
+      // No-op when our side of the rail failed already (a port down on both ends).
+      rail_down(old_rail, "the peer moved its control lane off it: its side of the rail failed "
+                          "(e.g. its device was removed)");
       return;
     }
   }
