@@ -240,9 +240,12 @@ def test_qp_in_error_mid_transfer_moves_its_chunks(
     rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """rxe2's QP goes to ERR once rxe2 carried 4 MiB of a striped WRITE (the tests-only knob
-    RDMAXFER_RDMA_TEST_QP_ERR): its WRs flush, its chunks move to rxe0, the WRITE is exact."""
+    RDMAXFER_RDMA_TEST_QP_ERR): its WRs flush, its chunks move to rxe0, the WRITE is exact.
+    64 MiB, so that rxe2 still has most of its 32 MiB to carry when the completion crossing
+    4 MiB is handled (completions are signaled sparsely and their thread can lag rxe: with
+    24 MiB every WR had once completed by then, and nothing was left to fail over)."""
     monkeypatch.setenv("RDMAXFER_RDMA_TEST_QP_ERR", f"rxe2:{4 * MIB}")
-    with striped_write(rng) as (a, request, exact):
+    with striped_write(rng, 64 * MIB) as (a, request, exact):
         wait_ok(request)
         assert exact()
         text = a.describe()
