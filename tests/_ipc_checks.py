@@ -8,14 +8,34 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
 from _gpu_data import crc, device_random
 from _ipc_peer import device_peer
 from _peers import Peer
-from rdmaxfer import Buffer, Endpoint, Engine
+from rdmaxfer import Buffer, Endpoint, Engine, _core
+from rdmaxfer.memory import cuda
 
 MiB = 1 << 20
 NBYTES = 3 * MiB + 17  # not a multiple of a page or a chunk
+
+#: The marks of every CUDA IPC test module: GPU tests that need a usable CUDA (the stand-in
+#: driver on a machine without a GPU) and the shm transport.
+IPC_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda.available(), reason=cuda.unavailable_reason() or "no GPU"),
+    pytest.mark.skipif(
+        _core.available_transports().get("shm", "") != "",
+        reason=f"shm unavailable: {_core.available_transports().get('shm')}",
+    ),
+]
+
+
+def staged_messages(engine: Engine) -> int:
+    """How many messages ``engine`` has staged through host memory on GPU 0 (whole or in
+    windows): 0 while every GPU message moves by CUDA IPC."""
+    stats = engine._stager(0).stats()
+    return int(stats["messages_whole"] + stats["messages_windowed"])
 
 
 def connect(

@@ -12,18 +12,21 @@ import numpy as np
 import pytest
 
 from _gpu_data import crc, device_random
-from _ipc_checks import NBYTES, MiB, connect, message_each_way, write_and_read_back
+from _ipc_checks import (
+    IPC_MARKS,
+    NBYTES,
+    MiB,
+    connect,
+    message_each_way,
+    staged_messages,
+    write_and_read_back,
+)
 from _peers import Peer
 from rdmaxfer import Buffer, Engine, InvalidArgumentError, RemoteAccessError, _core
 from rdmaxfer.memory import cuda
 
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not cuda.available(), reason=cuda.unavailable_reason() or "no GPU"),
-    pytest.mark.skipif(
-        _core.available_transports().get("shm", "") != "",
-        reason=f"shm unavailable: {_core.available_transports().get('shm')}",
-    ),
+    *IPC_MARKS,
     pytest.mark.skipif(
         _core.available_transports().get("rdma", "") == "",
         reason="an RDMA device is active: transport='auto' runs over rdma (GPUDirect) here",
@@ -40,11 +43,6 @@ def no_forced_transport(monkeypatch: pytest.MonkeyPatch) -> None:
 def server() -> Iterator[Engine]:
     with Engine("auto") as engine:
         yield engine
-
-
-def _staged_messages(engine: Engine) -> int:
-    stats = engine._stager(0).stats()
-    return stats["messages_whole"] + stats["messages_windowed"]
 
 
 def test_auto_pair_on_one_host_moves_device_memory_by_cuda_ipc(
@@ -75,7 +73,7 @@ def test_auto_pair_on_one_host_moves_device_memory_by_cuda_ipc(
         peer.put("info")
         info = peer.get()
         assert info["transport"] == "shm" and info["cuda_ipc_bytes"] == moved
-        assert _staged_messages(server) == 0
+        assert staged_messages(server) == 0
         peer.put("stop")
     assert peer.join() == 0
 
@@ -93,13 +91,13 @@ def test_tcp_links_of_an_auto_engine_stage_its_cuda_ipc_registrations(
             descriptor = forced.register(target).descriptor()
             src, host = device_random(rng, NBYTES)
             region = auto.register(src, "rw")
-            before = _staged_messages(auto)
+            before = staged_messages(auto)
             ep.write(src, descriptor, timeout=60)
             assert crc(target) == crc(host)
             sending = ep.post_send(src)
             assert crc(peer.recv(timeout=60)) == crc(host)
             sending.wait(60)
-            assert _staged_messages(auto) == before + 1
+            assert staged_messages(auto) == before + 1
             with pytest.raises(RemoteAccessError, match=r"GPU memory shared by CUDA IPC"):
                 peer.write(np.ones(4096, np.uint8), region.descriptor(), timeout=30)
             # the registration itself, named in a batch: refused before the CPU touches it

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from _gpu_data import crc, device_random
-from _ipc_checks import NBYTES, MiB, connect, message_each_way, write_and_read_back
+from _ipc_checks import IPC_MARKS, NBYTES, MiB, connect, message_each_way, write_and_read_back
 from _ipc_peer import device_peer
 from _peers import Peer, make_array
 from _vmm import VmmArray, standin_library
@@ -27,18 +27,10 @@ from rdmaxfer import (
     InvalidArgumentError,
     RegistrationError,
     RemoteAccessError,
-    _core,
 )
 from rdmaxfer.memory import cuda
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not cuda.available(), reason=cuda.unavailable_reason() or "no GPU"),
-    pytest.mark.skipif(
-        _core.available_transports().get("shm", "") != "",
-        reason=f"shm unavailable: {_core.available_transports().get('shm')}",
-    ),
-]
+pytestmark = IPC_MARKS
 
 
 @pytest.fixture

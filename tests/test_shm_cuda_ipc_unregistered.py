@@ -16,31 +16,19 @@ import numpy as np
 import pytest
 
 from _gpu_data import crc, device_random
-from _ipc_checks import NBYTES, MiB, connect
+from _ipc_checks import IPC_MARKS, NBYTES, MiB, connect, staged_messages
 from _peers import Peer, make_array
 from _vmm import VmmArray, standin_library
 from rdmaxfer import Buffer, Engine, InvalidArgumentError, _core
 from rdmaxfer.memory import cuda
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not cuda.available(), reason=cuda.unavailable_reason() or "no GPU"),
-    pytest.mark.skipif(
-        _core.available_transports().get("shm", "") != "",
-        reason=f"shm unavailable: {_core.available_transports().get('shm')}",
-    ),
-]
+pytestmark = IPC_MARKS
 
 
 @pytest.fixture
 def server() -> Iterator[Engine]:
     with Engine("shm") as engine:
         yield engine
-
-
-def _staged_messages(engine: Engine) -> int:
-    stats = engine._stager(0).stats()
-    return int(stats["messages_whole"] + stats["messages_windowed"])
 
 
 def _ptr(buf: Buffer) -> int:
@@ -84,7 +72,7 @@ def test_unregistered_device_memory_moves_by_cuda_ipc_between_processes(
         # every byte went GPU to GPU, none through the staging slabs
         moved = 3 * NBYTES + MiB
         assert ep.info["cuda_ipc_bytes"] == moved
-        assert _staged_messages(server) == 0
+        assert staged_messages(server) == 0
         assert "cuda_ipc_export_off" not in ep.info
         # one export per allocation, reused: src was exported once for the WRITE and the send
         exports = server._exports
@@ -209,7 +197,7 @@ def test_auto_engines_export_unregistered_memory_on_their_shm_link(
             assert peer.get() == "sent"
             assert crc(out.copy_to_host()) == crc(make_array(seed, NBYTES))
             assert ep.info["cuda_ipc_bytes"] == 2 * NBYTES
-            assert _staged_messages(server) == 0
+            assert staged_messages(server) == 0
             peer.put("stop")
         assert peer.join() == 0
 
@@ -254,11 +242,11 @@ def test_tcp_connection_still_stages_unregistered_device_memory(
             src, host = device_random(rng, NBYTES)
             ep.write(src, descriptor, timeout=60)
             assert crc(target) == crc(host)
-            before = _staged_messages(auto)
+            before = staged_messages(auto)
             sending = ep.post_send(src)
             assert crc(peer.recv(timeout=60)) == crc(host)
             sending.wait(60)
-            assert _staged_messages(auto) == before + 1
+            assert staged_messages(auto) == before + 1
             with pytest.raises(InvalidArgumentError, match=r"staged GPU memory cannot be batched"):
                 ep.write_batch([(src, descriptor, 0)], timeout=30)
             assert len(auto._exports) == 0
