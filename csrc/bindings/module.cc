@@ -272,6 +272,25 @@ PYBIND11_MODULE(_core, m) {
     return rdmaxfer::live_region(*h);
   };
 
+  // post_write_wait / post_read_wait: the one-sided `post` (Connection::post_write or
+  // post_read) and its wait in one call, with one release of the GIL (post_and_wait).
+  auto one_sided_wait = [region_of](auto post) {
+    return [region_of, post](Connection& c, const std::shared_ptr<RegionHandle>& local,
+                             long long local_offset, const Descriptor& remote,
+                             long long remote_offset, long long length, long long chunk_size,
+                             int streams, double wait_s, const py::list& slot) {
+      own(c);
+      auto region = region_of(local);
+      auto opts = transfer_options(chunk_size, streams);
+      return post_and_wait(
+          [&] {
+            return (c.*post)(region, checked_size(local_offset, "local_offset"), remote,
+                             checked_size(remote_offset, "remote_offset"),
+                             checked_size(length, "length"), opts);
+          },
+          wait_s, slot);
+    };
+  };
   py::class_<Connection, std::shared_ptr<Connection>>(m, "Endpoint")
       .def_property_readonly("peer", &Connection::peer)
       .def_property_readonly("streams", &Connection::streams)
@@ -332,46 +351,12 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("local"), py::arg("offset"), py::arg("length"), py::arg("meta"),
           py::arg("chunk_size") = 0, py::arg("streams") = 0)
-      .def(
-          "post_write_wait",
-          [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local,
-                      long long local_offset, const Descriptor& remote, long long remote_offset,
-                      long long length, long long chunk_size, int streams, double wait_s,
-                      const py::list& slot) {
-            own(c);
-            auto region = region_of(local);
-            auto opts = transfer_options(chunk_size, streams);
-            return post_and_wait(
-                [&] {
-                  return c.post_write(region, checked_size(local_offset, "local_offset"), remote,
-                                      checked_size(remote_offset, "remote_offset"),
-                                      checked_size(length, "length"), opts);
-                },
-                wait_s, slot);
-          },
-          py::arg("local"), py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"),
-          py::arg("length"), py::arg("chunk_size"), py::arg("streams"), py::arg("wait"),
-          py::arg("slot"))
-      .def(
-          "post_read_wait",
-          [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local,
-                      long long local_offset, const Descriptor& remote, long long remote_offset,
-                      long long length, long long chunk_size, int streams, double wait_s,
-                      const py::list& slot) {
-            own(c);
-            auto region = region_of(local);
-            auto opts = transfer_options(chunk_size, streams);
-            return post_and_wait(
-                [&] {
-                  return c.post_read(region, checked_size(local_offset, "local_offset"), remote,
-                                     checked_size(remote_offset, "remote_offset"),
-                                     checked_size(length, "length"), opts);
-                },
-                wait_s, slot);
-          },
-          py::arg("local"), py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"),
-          py::arg("length"), py::arg("chunk_size"), py::arg("streams"), py::arg("wait"),
-          py::arg("slot"))
+      .def("post_write_wait", one_sided_wait(&Connection::post_write), py::arg("local"),
+           py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"), py::arg("length"),
+           py::arg("chunk_size"), py::arg("streams"), py::arg("wait"), py::arg("slot"))
+      .def("post_read_wait", one_sided_wait(&Connection::post_read), py::arg("local"),
+           py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"), py::arg("length"),
+           py::arg("chunk_size"), py::arg("streams"), py::arg("wait"), py::arg("slot"))
       .def(
           "post_send_wait",
           [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local, long long offset,
