@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "transport/rdma/cq_poller.h"
@@ -43,6 +44,20 @@ struct Rail {
   std::shared_ptr<SharedReceiveQueue> srq;
   std::string srq_off;
   EndpointRecord::Rail record;  // what the peer learns about it
+
+  // A Rail holding this one's verbs handles (context, PD, channel, CQs, poller, SRQ), which
+  // this one no longer holds: its name, cause and record stay. For releasing a removed device's
+  // handles outside a lock.
+  Rail take_handles() {
+    Rail out;
+    out.context = std::move(context);
+    out.pd = std::move(pd);
+    out.channel = std::move(channel);
+    out.cqs = std::move(cqs);
+    out.poller = std::move(poller);
+    out.srq = std::move(srq);
+    return out;
+  }
 };
 
 // The device names to open, in rail order ("" once: the default device). Throws

@@ -131,13 +131,7 @@ void RdmaTransport::remove_rail(int rail, const std::string& cause) {
   Rail dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Rail& mine = rails_[r];
-    dropped.context = std::move(mine.context);
-    dropped.pd = std::move(mine.pd);
-    dropped.channel = std::move(mine.channel);
-    dropped.cqs = std::move(mine.cqs);
-    dropped.poller = std::move(mine.poller);
-    dropped.srq = std::move(mine.srq);
+    dropped = rails_[r].take_handles();
   }
   const std::weak_ptr<DeviceContext> context = dropped.context;
   dropped = Rail{};

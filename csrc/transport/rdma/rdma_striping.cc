@@ -297,13 +297,7 @@ void RdmaConnection::release_rail(int rail, const std::string& cause) {
     rail_released_[r] = true;
     if (rail_up_[r] || rail_cause_[r].empty()) rail_cause_[r] = cause;
     rail_up_[r] = false;  // a closed connection's drain no longer waits for its flushes
-    Rail& mine = shared_.rails[r];
-    dropped.context = std::move(mine.context);
-    dropped.pd = std::move(mine.pd);
-    dropped.channel = std::move(mine.channel);
-    dropped.cqs = std::move(mine.cqs);
-    dropped.poller = std::move(mine.poller);
-    dropped.srq = std::move(mine.srq);
+    dropped = shared_.rails[r].take_handles();
     cq = std::move(shared_.cqs[r]);
   }
   {
