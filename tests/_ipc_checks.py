@@ -13,6 +13,7 @@ import pytest
 from _gpu_data import crc, device_random
 from _ipc_peer import device_peer
 from _peers import Peer
+from _vmm import VmmArray, standin_library
 from rdmaxfer import Buffer, Endpoint, Engine, _core
 from rdmaxfer.memory import cuda
 
@@ -29,6 +30,21 @@ IPC_MARKS = [
         reason=f"shm unavailable: {_core.available_transports().get('shm')}",
     ),
 ]
+
+
+def vmm_source_and_target(rng: np.random.Generator) -> tuple[VmmArray, VmmArray, np.ndarray]:
+    """Two NBYTES ranges of VMM memory (cuMemCreate + cuMemMap, through the stand-in driver's
+    entry points): a source holding random bytes, a target, and the source's bytes on the host.
+    Skips the test where the stand-in driver is not the one loaded."""
+    lib = standin_library()
+    if lib is None:
+        pytest.skip("allocates VMM memory through the stand-in driver's entry points")
+    src, dst = VmmArray(lib, NBYTES), VmmArray(lib, NBYTES)
+    host = rng.integers(0, 256, NBYTES, dtype=np.uint8)
+    view = cuda.array_view(src, writable=True)
+    assert view is not None
+    cuda.copy_from_host(view, host)
+    return src, dst, host
 
 
 def staged_messages(engine: Engine) -> int:

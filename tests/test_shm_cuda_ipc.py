@@ -16,10 +16,18 @@ import numpy as np
 import pytest
 
 from _gpu_data import crc, device_random
-from _ipc_checks import IPC_MARKS, NBYTES, MiB, connect, message_each_way, write_and_read_back
+from _ipc_checks import (
+    IPC_MARKS,
+    NBYTES,
+    MiB,
+    connect,
+    message_each_way,
+    vmm_source_and_target,
+    write_and_read_back,
+)
 from _ipc_peer import device_peer
 from _peers import Peer, make_array
-from _vmm import VmmArray, standin_library
+from _vmm import standin_library
 from rdmaxfer import (
     Buffer,
     ConnectionFailedError,
@@ -217,16 +225,9 @@ def test_vmm_memory_is_shared_by_a_posix_fd(
 ) -> None:
     """Memory of the VMM API has no CUDA IPC handle: it is exported as a POSIX fd, sent to the
     peer once over the connection's socket (SCM_RIGHTS), and imported and mapped there."""
-    lib = standin_library()
-    if lib is None:
-        pytest.skip("allocates VMM memory through the stand-in driver's entry points")
+    src, dst, host = vmm_source_and_target(rng)
     peer, ep, descriptor = connect(server, spawn, seed)
     with ep:
-        src, dst = VmmArray(lib, NBYTES), VmmArray(lib, NBYTES)
-        host = rng.integers(0, 256, NBYTES, dtype=np.uint8)
-        view = cuda.array_view(src, writable=True)
-        assert view is not None
-        cuda.copy_from_host(view, host)
         server.register(src, "r")
         server.register(dst, "rw")
         ep.write(src, descriptor, timeout=60)

@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 from _gpu_data import crc, device_random
-from _ipc_checks import IPC_MARKS, NBYTES, MiB, connect, staged_messages
+from _ipc_checks import IPC_MARKS, NBYTES, MiB, connect, staged_messages, vmm_source_and_target
 from _peers import Peer, make_array
-from _vmm import VmmArray, standin_library
 from rdmaxfer import Buffer, Engine, InvalidArgumentError, _core
 from rdmaxfer.memory import cuda
 
@@ -147,16 +146,9 @@ def test_unregistered_vmm_memory_is_exported_as_a_posix_fd(
 ) -> None:
     """Unregistered memory of the VMM API: its mapped range is exported on the fly as a POSIX
     fd (sent to the peer once), as a registration of it would be."""
-    lib = standin_library()
-    if lib is None:
-        pytest.skip("allocates VMM memory through the stand-in driver's entry points")
+    src, dst, host = vmm_source_and_target(rng)
     peer, ep, descriptor = connect(server, spawn, seed)
     with ep:
-        src, dst = VmmArray(lib, NBYTES), VmmArray(lib, NBYTES)
-        host = rng.integers(0, 256, NBYTES, dtype=np.uint8)
-        view = cuda.array_view(src, writable=True)
-        assert view is not None
-        cuda.copy_from_host(view, host)
         ep.write(src, descriptor, timeout=60)
         peer.put("crc")
         assert peer.get() == crc(host)
