@@ -155,3 +155,36 @@ def peers_by_tag(
     assert sorted(peer_of) == list(range(len(theirs)))
     assert sorted(peer_of.values()) == list(range(len(ours)))
     return peer_of
+
+
+def send_and_notify(
+    rng: np.random.Generator,
+    sender: tuple[_core.Engine, _core.Endpoint],
+    receiver: tuple[_core.Engine, _core.Endpoint],
+) -> None:
+    """A rendezvous message (control SENDs, a grant of a temporary MR, WRITE_WITH_IMM) and an
+    eager one from `sender` to `receiver`, then a WRITE with a notification: bytes exact."""
+    (src_engine, ep), (dst_engine, peer) = sender, receiver
+    for size, meta in ((300_000 + 7, b"rendezvous"), (1000, b"eager")):
+        src = src_engine.alloc_pinned(size, 0)
+        data = random_bytes(rng, size)
+        region_array(src)[:] = data
+        send = ep.post_send(src, 0, size, meta, 0, 0)
+        header = peer.post_recv_header()
+        wait_ok(header)
+        msg_id, length, got_meta = header.message()
+        assert (length, got_meta) == (size, meta)
+        dst = dst_engine.alloc_pinned(size, 0)  # no REMOTE_WRITE: a temporary MR is granted
+        wait_ok(peer.post_recv(msg_id, dst, 0, size))
+        wait_ok(send)
+        assert np.array_equal(region_array(dst), data)
+    size = 64 * 1024 + 3
+    src = src_engine.alloc_pinned(size, 0)
+    dst = dst_engine.alloc_pinned(size, RW)
+    data = random_bytes(rng, size)
+    region_array(src)[:] = data
+    table = np.array([[0, 0, 0, 0, size]], dtype=np.uint64)
+    plan = _core.BatchPlan("write", [src], [dst.descriptor()], table)
+    wait_ok(_core.post_batch(ep, plan, b"landed", whole=True).request)
+    assert _core.pop_notification(dst_engine, WAIT_S) == (peer.peer, b"landed")
+    assert np.array_equal(region_array(dst), data)

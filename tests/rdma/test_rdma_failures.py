@@ -24,9 +24,11 @@ from .rdma_helpers import (
     WAIT_S,
     RdmaPair,
     addrs,
+    connect_pair,
     devices,
     random_bytes,
     region_array,
+    send_and_notify,
     wait_ok,
 )
 
@@ -189,3 +191,30 @@ def test_memlock_too_low(drop_ipc_lock: bool) -> None:
     assert f"(errno {out['errno']})" in out["error"], out["error"]
     assert "ulimit -l" in out["error"] and "64 KiB" in out["error"], out["error"]
     assert "ibv_reg_mr" in out["error"]
+
+
+def test_control_sends_that_come_twice_are_handed_up_once(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every control SEND posted twice with its number (the tests-only knob
+    RDMAXFER_RDMA_TEST_CTRL_TWICE=1, as a SEND whose ACK was lost with a failed rail is sent
+    again on another): RTS, EAGER, CTS and NOTIFY each reach the protocol once, so a
+    rendezvous and an eager message and a notified WRITE each way arrive once and exact, no
+    phantom message or notification follows, and each side counts the repeats it dropped."""
+    monkeypatch.setenv("RDMAXFER_RDMA_TEST_CTRL_TWICE", "1")
+    pair = connect_pair()
+    try:
+        send_and_notify(rng, (pair.client, pair.a), (pair.server, pair.b))
+        send_and_notify(rng, (pair.server, pair.b), (pair.client, pair.a))
+        # Per direction: RTS, CTS; EAGER, CTS; NOTIFY, each sent twice.
+        for ep in (pair.a, pair.b):
+            repeats = ep.attributes()["ctrl_repeats"]
+            assert repeats == 5, ep.describe()
+            extra = ep.post_recv_header()
+            assert not extra.wait(1.0), f"a message came twice: {extra.message()}"
+        for engine in (pair.client, pair.server):
+            assert _core.pop_notification(engine, 0.5) is None
+        assert not pair.a.closed and not pair.b.closed
+    finally:
+        pair.client.close()
+        pair.server.close()

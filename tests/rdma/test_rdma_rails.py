@@ -35,6 +35,7 @@ from .rdma_helpers import (
     raise_fd_limit,
     random_bytes,
     region_array,
+    send_and_notify,
     wait_ok,
 )
 
@@ -271,6 +272,36 @@ def _device_back(device: str) -> bool:
 DELETE_BOUND_S = 30.0
 
 
+@contextmanager
+def deleting(device: str, netdev: str) -> Iterator[subprocess.Popen[bytes]]:
+    """Starts `rdma link delete device` and yields it; afterwards waits for it (the engines are
+    closed by then, so it ends) and adds `device` back on `netdev`, as guest.sh made it, for the
+    later tests."""
+    delete = subprocess.Popen(
+        ["rdma", "link", "delete", device], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        yield delete
+    finally:
+        if delete.poll() is None:
+            delete.wait(timeout=120)
+        if not os.path.exists(f"/sys/class/infiniband/{device}"):
+            _run("rdma", "link", "add", device, "type", "rxe", "netdev", netdev)
+        _wait_for(
+            f"{device} back, ACTIVE with its IPv4 GID", functools.partial(_device_back, device)
+        )
+
+
+def deleted_within_bound(delete: subprocess.Popen[bytes], ep: _core.Endpoint) -> None:
+    """Asserts that `delete` ends, successfully, within DELETE_BOUND_S."""
+    try:
+        _, err = delete.communicate(timeout=DELETE_BOUND_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"rdma link delete still blocked after {DELETE_BOUND_S} s: the engine did "
+                    f"not let go of the device; {ep.describe()}")  # fmt: skip
+    assert delete.returncode == 0, err
+
+
 def test_device_deleted_mid_transfer_is_released(rng: np.random.Generator) -> None:
     """`rdma link delete rxe2` mid-transfer. rxe cannot revoke a process's handles, so the
     kernel's unregistration waits for every process to let go of rxe2; it stops listing the
@@ -278,22 +309,13 @@ def test_device_deleted_mid_transfer_is_released(rng: np.random.Generator) -> No
     engine releases everything it held on rxe2 and the deletion completes. The WRITE is exact,
     the endpoint shows rxe2 removed with its cause and goes on over rxe0 (an old and a new
     registration alike). The test adds rxe2 back, as guest.sh made it, for the later tests."""
-    delete: subprocess.Popen[bytes] | None = None
-    try:
-        # 64 MiB: still moving when the watch notices (it lists the devices every 0.5 s).
-        with striped_write_on(rng, 64 * MIB) as (client, server, a, _, request, exact):
-            started = time.monotonic()
-            delete = subprocess.Popen(
-                ["rdma", "link", "delete", "rxe2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-            )
+    # 64 MiB: still moving when the watch notices (it lists the devices every 0.5 s).
+    with striped_write_on(rng, 64 * MIB) as (client, server, a, _, request, exact):
+        started = time.monotonic()
+        with deleting("rxe2", "veth2") as delete:
             wait_ok(request)
             assert exact()
-            try:
-                _, err = delete.communicate(timeout=DELETE_BOUND_S)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"rdma link delete rxe2 still blocked after {DELETE_BOUND_S} s: "
-                            f"the engine did not let go of rxe2; {a.describe()}")  # fmt: skip
-            assert delete.returncode == 0, err
+            deleted_within_bound(delete, a)
             took = time.monotonic() - started
             assert not os.path.exists("/sys/class/infiniband/rxe2"), "rxe2 is still there"
             text = a.describe()
@@ -314,46 +336,57 @@ def test_device_deleted_mid_transfer_is_released(rng: np.random.Generator) -> No
                 wait_ok(a.post_write(src, 0, dst.descriptor(), 0, MIB + 77))
                 assert np.array_equal(region_array(dst), data)
             assert rail_bytes(a)["rxe0"] == before_bytes + 2 * (MIB + 77)
-        assert took < DELETE_BOUND_S
-    finally:
-        if delete is not None and delete.poll() is None:
-            delete.wait(timeout=120)  # the engines are closed: the deletion ends
-        if not os.path.exists("/sys/class/infiniband/rxe2"):
-            _run("rdma", "link", "add", "rxe2", "type", "rxe", "netdev", "veth2")
-        _wait_for("rxe2 back, ACTIVE with its IPv4 GID", functools.partial(_device_back, "rxe2"))
+    assert took < DELETE_BOUND_S
 
 
-def _send_and_notify(
-    rng: np.random.Generator,
-    sender: tuple[_core.Engine, _core.Endpoint],
-    receiver: tuple[_core.Engine, _core.Endpoint],
-) -> None:
-    """A rendezvous message (control SENDs, a grant of a temporary MR, WRITE_WITH_IMM) and an
-    eager one from `sender` to `receiver`, then a WRITE with a notification: bytes exact."""
-    (src_engine, ep), (dst_engine, peer) = sender, receiver
-    for size, meta in ((300_000 + 7, b"rendezvous"), (1000, b"eager")):
-        src = src_engine.alloc_pinned(size, 0)
+def test_peer_is_told_of_a_deleted_rail(rng: np.random.Generator) -> None:
+    """`rdma link delete rxe2` (the client's) while the server WRITEs into the client's memory
+    without a pause, each WRITE striped over rxe1 and rxe3. The deletion sends nothing to the
+    server, whose rxe3 keeps its port up: untold, a WRITE it posts there once the client let go
+    of rxe2 waits for the retries to run out (rxe gave no retry-exceeded completion in 60 s).
+    The client tells it (RAIL_DOWN on the control lane): the server's chunks on rxe3 move to
+    rxe1, every WRITE completes, exact, and the server names the client's cause. A READ and a
+    WRITE of the server's then go over rxe1 alone."""
+    size = 16 * MIB
+    with rail_pair() as (client, server, a, b):
+        src = server.alloc_pinned(size, 0)
+        dst = client.alloc_pinned(size, RW)
         data = random_bytes(rng, size)
         region_array(src)[:] = data
-        send = ep.post_send(src, 0, size, meta, 0, 0)
-        header = peer.post_recv_header()
-        wait_ok(header)
-        msg_id, length, got_meta = header.message()
-        assert (length, got_meta) == (size, meta)
-        dst = dst_engine.alloc_pinned(size, 0)  # no REMOTE_WRITE: a temporary MR is granted
-        wait_ok(peer.post_recv(msg_id, dst, 0, size))
-        wait_ok(send)
-        assert np.array_equal(region_array(dst), data)
-    size = 64 * 1024 + 3
-    src = src_engine.alloc_pinned(size, 0)
-    dst = dst_engine.alloc_pinned(size, RW)
-    data = random_bytes(rng, size)
-    region_array(src)[:] = data
-    table = np.array([[0, 0, 0, 0, size]], dtype=np.uint64)
-    plan = _core.BatchPlan("write", [src], [dst.descriptor()], table)
-    wait_ok(_core.post_batch(ep, plan, b"landed", whole=True).request)
-    assert _core.pop_notification(dst_engine, WAIT_S) == (peer.peer, b"landed")
-    assert np.array_equal(region_array(dst), data)
+        wait_ok(b.post_write(src, 0, dst.descriptor(), 0, size, chunk_size=64 * 1024))
+        carried = rail_bytes(b)
+        assert carried["rxe1"] > 0 and carried["rxe3"] > 0, carried
+        writes = 0
+        with deleting("rxe2", "veth2") as delete:
+            deadline = time.monotonic() + DELETE_BOUND_S
+            while b.attributes()["rail_rxe3_up"] == 1 or writes < 2:
+                assert time.monotonic() < deadline, (
+                    f"the server never failed rxe3 over: {b.describe()}"
+                )
+                region_array(dst)[:] = 0
+                wait_ok(b.post_write(src, 0, dst.descriptor(), 0, size, chunk_size=64 * 1024))
+                assert np.array_equal(region_array(dst), data)
+                writes += 1
+            deleted_within_bound(delete, a)
+            text = b.describe()
+            assert "rxe1 up" in text and not b.closed, text
+            assert "rxe3 failed (the peer's side of the rail failed: device rxe2 was removed" in (
+                text
+            ), text
+            assert a.attributes()["rail_rxe2_removed"] == 1
+            before = rail_bytes(b)
+            small = 3 * MIB + 5
+            mine = server.alloc_pinned(small, RW)
+            theirs = client.alloc_pinned(small, RW)
+            there = random_bytes(rng, small)
+            region_array(theirs)[:] = there
+            wait_ok(b.post_read(mine, 0, theirs.descriptor(), 0, small))
+            assert np.array_equal(region_array(mine), there)
+            back = random_bytes(rng, small)
+            region_array(mine)[:] = back
+            wait_ok(b.post_write(mine, 0, theirs.descriptor(), 0, small))
+            assert np.array_equal(region_array(theirs), back)
+            assert rail_bytes(b) == {"rxe1": before["rxe1"] + 2 * small, "rxe3": before["rxe3"]}
 
 
 def test_control_rail_down_mid_transfer_moves_the_control_lane(rng: np.random.Generator) -> None:
@@ -370,8 +403,8 @@ def test_control_rail_down_mid_transfer_moves_the_control_lane(rng: np.random.Ge
             assert "rxe0 failed (device rxe0: asynchronous event: port error" in text, text
             assert "rxe2 up" in text and not a.closed and not b.closed
             assert "control rail rxe2" in text and "control rail rxe3" in b.describe()
-            _send_and_notify(rng, (client, a), (server, b))
-            _send_and_notify(rng, (server, b), (client, a))
+            send_and_notify(rng, (client, a), (server, b))
+            send_and_notify(rng, (server, b), (client, a))
             assert not a.closed and not b.closed
             assert a.attributes()["rail_rxe2_up"] == 1 and b.attributes()["rail_rxe3_up"] == 1
     finally:
@@ -383,34 +416,26 @@ def test_control_device_deleted_mid_transfer(rng: np.random.Generator) -> None:
     """`rdma link delete rxe0` (the control rail's device) mid-WRITE: the WRITE completes over
     rxe2, the deletion completes, and messages and notifications go on both ways over rxe2. The
     server's rxe1 keeps its port up; the server fails it over when it sees the client's control
-    lane move to rxe2 (else its WRITEs there would wait for the retries to run out). The test
-    adds rxe0 back, as guest.sh made it, for the later tests."""
-    delete: subprocess.Popen[bytes] | None = None
-    try:
-        with striped_write_on(rng, 64 * MIB) as (client, server, a, b, request, exact):
-            delete = subprocess.Popen(
-                ["rdma", "link", "delete", "rxe0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-            )
+    lane move to rxe2 or the client's RAIL_DOWN for rxe0 comes, whichever is first (else its
+    WRITEs there would wait for the retries to run out). The test adds rxe0 back, as guest.sh
+    made it, for the later tests."""
+    with striped_write_on(rng, 64 * MIB) as (client, server, a, b, request, exact):
+        with deleting("rxe0", "veth0") as delete:
             wait_ok(request)
             assert exact()
-            _, err = delete.communicate(timeout=DELETE_BOUND_S)
-            assert delete.returncode == 0, err
+            deleted_within_bound(delete, a)
             text = a.describe()
             assert "rxe0 removed (device rxe0 was removed" in text, text
             assert "control rail rxe2" in text and not a.closed, text
-            _send_and_notify(rng, (client, a), (server, b))
-            _send_and_notify(rng, (server, b), (client, a))
+            send_and_notify(rng, (client, a), (server, b))
+            send_and_notify(rng, (server, b), (client, a))
             text = b.describe()
             assert "control rail rxe3" in text and not b.closed, text
-            # rxe1's port stayed up: the server failed it over when it followed the control lane.
-            assert "rxe1 failed (the peer moved its control lane off it" in text, text
+            # rxe1's port stayed up: the server failed it over when the client told it.
+            assert "rxe1 failed (the peer's side of the rail failed: device rxe0 was removed" in (
+                text
+            ), text
             assert not a.closed and a.attributes()["rail_rxe2_up"] == 1
-    finally:
-        if delete is not None and delete.poll() is None:
-            delete.wait(timeout=120)
-        if not os.path.exists("/sys/class/infiniband/rxe0"):
-            _run("rdma", "link", "add", "rxe0", "type", "rxe", "netdev", "veth0")
-        _wait_for("rxe0 back, ACTIVE with its IPv4 GID", functools.partial(_device_back, "rxe0"))
 
 
 def test_no_rail_left_fails_with_every_cause(rng: np.random.Generator) -> None:

@@ -47,6 +47,7 @@ void CtrlHeader::encode(uint8_t* out) const {
   store_le<uint64_t>(out + 24, addr);
   store_le<uint32_t>(out + 32, rkey);
   store_le<uint32_t>(out + 36, payload_len);
+  store_le<uint64_t>(out + 40, seq);
 }
 
 CtrlHeader CtrlHeader::decode(const uint8_t* in, size_t available) {
@@ -57,7 +58,8 @@ CtrlHeader CtrlHeader::decode(const uint8_t* in, size_t available) {
   if (load_le<uint16_t>(in) != kMagic) bad("bad magic");
   if (in[2] != kVersion) bad("unsupported version " + std::to_string(in[2]));
   CtrlHeader h;
-  if (in[3] < 1 || in[3] > static_cast<uint8_t>(CtrlType::kNotify)) {
+  if ((in[3] < 1 || in[3] > static_cast<uint8_t>(CtrlType::kNotify)) &&
+      in[3] != static_cast<uint8_t>(kCtrlRailDown)) {
     bad("unknown type " + std::to_string(in[3]));
   }
   h.type = static_cast<CtrlType>(in[3]);
@@ -67,12 +69,28 @@ CtrlHeader CtrlHeader::decode(const uint8_t* in, size_t available) {
   h.addr = load_le<uint64_t>(in + 24);
   h.rkey = load_le<uint32_t>(in + 32);
   h.payload_len = load_le<uint32_t>(in + 36);
+  h.seq = load_le<uint64_t>(in + 40);
   if (static_cast<uint64_t>(h.meta_len) + h.payload_len > available - kSize) {
     bad("metadata and data run past the received " + std::to_string(available) + " bytes");
   }
   if (h.type == CtrlType::kEager && h.payload_len != h.size) bad("EAGER data length != size");
   if (h.type != CtrlType::kEager && h.payload_len != 0) bad("unexpected data");
   return h;
+}
+
+bool CtrlSeqFilter::first(uint64_t seq) {
+  if (seq == 0) return true;
+  if (seq < below_ || !above_.insert(seq).second) return false;
+  if (above_.size() > kMaxAbove) below_ = *above_.begin();
+  advance();
+  return true;
+}
+
+void CtrlSeqFilter::advance() {
+  while (!above_.empty() && *above_.begin() == below_) {
+    above_.erase(above_.begin());
+    ++below_;
+  }
 }
 
 }  // namespace rdmaxfer

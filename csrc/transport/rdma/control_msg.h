@@ -7,20 +7,33 @@
 //    8 msg_id u64 (the sender's request id)   16 size u64 (message bytes)
 //   24 addr u64 (CTS: where to write)   32 rkey u32 (CTS; NOTIFY: an int payload)
 //   36 payload_len u32
-//   40 reserved u64 (0)
+//   40 seq u64: the sender's number for this control SEND, counting from 1 on each connection
+//      (0: not numbered). A SEND sent again after a failover (its ACK lost with the failed
+//      rail, rdma_connection.h) keeps its number, and the receiver hands each number up once.
 //
 // The types are ctrl_message.h's; a rendezvous CTS carries the receiver's grant as addr + rkey,
 // and the sender RDMA-WRITEs the message there, the last chunk as WRITE_WITH_IMM with imm =
 // low 32 bits of msg_id, which completes the receive.
+// One type is the verbs transport's own, handled there and never handed to the protocol:
+//   RAIL_DOWN  addr = the sender's rail (index in its endpoint record) whose side failed: its
+//              port down, its device removed or a QP there in error; meta = the cause (at most
+//              kRailDownCauseMax bytes). The receiver fails over its lanes paired with that
+//              rail (rdma_connection.h). Sent at most once per rail for a connection's life,
+//              outside the credit window: the receive buffers hold 4x the window (window =
+//              ctrl_depth / 4, rdma_connection.cc), and with an SRQ they grow on demand.
 // Closing uses the bootstrap TCP stream (one GOODBYE byte, or EOF), not a control message.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
 
 #include "transport/ctrl_message.h"
 
 namespace rdmaxfer {
+
+constexpr CtrlType kCtrlRailDown = static_cast<CtrlType>(0x40);
+constexpr size_t kRailDownCauseMax = 512;
 
 struct CtrlHeader {
   static constexpr size_t kSize = 48;
@@ -33,6 +46,7 @@ struct CtrlHeader {
   uint64_t addr = 0;
   uint32_t rkey = 0;
   uint32_t payload_len = 0;
+  uint64_t seq = 0;
 
   // The header of `message` carrying `payload_len` bytes of data after its metadata.
   static CtrlHeader of(const CtrlMessage& message, uint64_t payload_len);
@@ -42,6 +56,22 @@ struct CtrlHeader {
   void encode(uint8_t* out) const;
   // Throws Error(kProtocol) on a bad magic, version, type, or lengths past `available` bytes.
   static CtrlHeader decode(const uint8_t* in, size_t available);
+};
+
+// The control SEND numbers (CtrlHeader::seq) a receiver has handed up: every one below
+// `below_`, and those above it in `above_` (out of order only after a failover, until the
+// gap fills). Not thread-safe.
+class CtrlSeqFilter {
+ public:
+  // True the first time `seq` comes (and always for 0, not numbered); false for a repeat.
+  bool first(uint64_t seq);
+
+ private:
+  // A gap with this many numbers past it: its number was lost for good, the filter skips it.
+  static constexpr size_t kMaxAbove = 4096;
+  void advance();  // moves below_ over the numbers in above_ that follow it
+  uint64_t below_ = 1;
+  std::set<uint64_t> above_;
 };
 
 }  // namespace rdmaxfer

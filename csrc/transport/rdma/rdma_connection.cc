@@ -44,6 +44,18 @@ std::pair<int, uint64_t> test_qp_error(const std::vector<Rail>& rails) {
   return {-1, 0};  // not a rail of this engine (the other side's knob)
 }
 
+// RDMAXFER_RDMA_TEST_CTRL_TWICE=1 (tests only): every control SEND is posted twice.
+bool test_ctrl_twice() {
+  const char* env = std::getenv("RDMAXFER_RDMA_TEST_CTRL_TWICE");
+  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
+  if (std::string(env) != "1") {
+    throw Error(ErrorKind::kInvalidArgument, "RDMAXFER_RDMA_TEST_CTRL_TWICE='" +
+                                                 std::string(env) +
+                                                 "' is not 0 or 1 (tests only: unset it)");
+  }
+  return true;
+}
+
 ErrorKind kind_of(ibv_wc_status status) {
   switch (status) {
     case IBV_WC_REM_ACCESS_ERR: return ErrorKind::kRemoteAccess;
@@ -67,10 +79,13 @@ RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& set
   rail_up_.assign(n_rails, true);
   rail_released_.assign(n_rails, false);
   rail_cause_.assign(n_rails, "");
+  rail_by_peer_.assign(n_rails, false);
   rail_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(n_rails);
   lanes_.resize(lanes.size());
   posted_recvs_ = std::make_unique<std::atomic<int>[]>(lanes.size());
+  lane_up_.assign(lanes.size(), true);
   std::tie(test_err_rail_, test_err_bytes_) = test_qp_error(shared_.rails);
+  test_ctrl_twice_ = test_ctrl_twice();
   for (size_t i = 0; i < lanes.size(); ++i) {
     Lane& lane = lanes_[i];
     const Rail& rail = shared_.rails.at(static_cast<size_t>(lanes[i].rail));
@@ -158,6 +173,10 @@ void RdmaConnection::connect_qps(const EndpointRecord& peer, bool acceptor) {
   }
   lanes_ = std::move(paired);
   posted_recvs_ = std::make_unique<std::atomic<int>[]>(lanes_.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lane_up_.assign(lanes_.size(), true);
+  }
   const QpLimits& own = settings_.limits;
   negotiated_.max_rd_atomic =
       std::max<uint8_t>(1, std::min(own.initiator_depth, peer.responder_resources));
@@ -273,6 +292,7 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
       {"rnr_retry", kRnrRetries},
       {"outstanding_wrs", outstanding_wrs()},
       {"posted_receives", posted_receives()},
+      {"ctrl_repeats", ctrl_repeats_.load()},
       {"rails", rails.size() / 3}};
   // The SRQs of the rails this connection uses (shared by every connection on them).
   const bool all_srq = !lanes_.empty() && std::all_of(lanes_.begin(), lanes_.end(),
@@ -403,7 +423,7 @@ void RdmaConnection::complete(int lane, bool is_recv, const ibv_wc& wc, const ui
   bool failed_over = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    failed_over = !rail_up_[static_cast<size_t>(rail)];
+    failed_over = !lane_up_[static_cast<size_t>(lane)];
   }
   // A failed-over rail's flushes: its chunks were taken and posted elsewhere (drained() no
   // longer counts its QPs).
@@ -492,7 +512,7 @@ void RdmaConnection::on_socket_ready() {
 bool RdmaConnection::drained() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < lanes_.size(); ++i) {
-    if (!rail_up_[static_cast<size_t>(lanes_[i].rail)]) continue;  // failed over: nothing kept
+    if (!lane_up_[i]) continue;  // failed over: nothing kept
     if ((lanes_[i].sq && !lanes_[i].sq->idle()) || posted_recvs_[i].load() > 0) return false;
   }
   return true;

@@ -32,19 +32,25 @@
 //   failover        when a rail fails (an error completion or async QP error on one of its
 //                   QPs, its device removed or its port down), its QPs go to ERR and every
 //                   one-sided chunk queued or in flight on them is posted again on the live
-//                   rails (with that rail's lkey and the peer rail's rkey from the descriptor):
-//                   the transfer completes. When the control rail fails, the control lane
-//                   moves to the first live lane after it (or, if none, the first live one),
-//                   and the control SENDs not completed on the failed lane are sent again there
-//                   (a SEND the peer received but whose ACK was lost then arrives twice); the
-//                   peer moves its own control lane when a message arrives on a later lane than
-//                   its control lane (lanes pair in the same order on both sides), so both end
-//                   on the same rail pair and grants, CTS and WRITE_WITH_IMM flow there. A
+//                   lanes (with that rail's lkey and the peer rail's rkey from the descriptor):
+//                   the transfer completes. The peer is told (RAIL_DOWN, control_msg.h, on
+//                   the live control lane) and fails over its QPs paired with that rail the
+//                   same way (a deleted device or a QP in error leaves the peer's end up,
+//                   and its WRs there would wait for the retries to run out); a lane is live
+//                   while neither its rail nor the peer's rail it pairs with failed. When the
+//                   control lane fails, it moves to the first live lane after it (or, if
+//                   none, the first live one), and the control SENDs not completed on the
+//                   failed lane are sent again there (a SEND the peer received but whose ACK
+//                   was lost arrives twice; each carries a number and the receiver drops
+//                   repeats); the peer moves its own control lane by the same rule on the
+//                   RAIL_DOWN, or when a message arrives on a later lane than its control
+//                   lane (lanes pair in the same order on both sides), so both end on the
+//                   same rail pair and grants, CTS and WRITE_WITH_IMM flow there. A
 //                   notified WRITE in flight on the failed rail fails (its grant's rkey is on
 //                   the peer's old control rail); the connection stays. A control SEND that
 //                   fails with RNR_RETRY_EXC_ERR (a peer that stopped reposting) closes the
 //                   connection as before, and so does a failure on a connection's only live
-//                   rail. Only when no rail is left does the connection close, with every
+//                   rail. Only when no lane is left does the connection close, with every
 //                   failed rail's cause in the error.
 //                   release_rail() then lets go of everything the connection holds on a
 //                   rail whose device is being removed (its QPs destroyed, its buffers'
@@ -200,7 +206,8 @@ class RdmaConnection : public Channel,
   void on_srq_completion(int rail, const ibv_wc& wc, const uint8_t* data);
   void on_socket_ready();
   void on_qp_event(uint32_t qp_num, const std::string& what);
-  // The local rail `rail` failed (`cause` says how): failover, see above.
+  // The local rail `rail` failed (`cause` says how): failover, see above; the peer is told
+  // (RAIL_DOWN, control_msg.h).
   void rail_down(int rail, const std::string& cause);
   // The device of `rail` is being removed (after rail_down): destroys this connection's QPs on
   // it and lets go of every handle it holds there; describe() shows it removed with `cause`.
@@ -254,7 +261,15 @@ class RdmaConnection : public Channel,
   // peer moves its control lane only when its side of that rail failed; a deleted device
   // leaves our side's port up, so nothing else would tell us before the retries run out).
   void follow_ctrl_lane(int lane);
-  // Whether a rail other than `rail` is live (a failure on `rail` can then fail over).
+  // The peer's side of its rail `peer_rail` failed (its RAIL_DOWN, `cause` its text): our lanes
+  // paired with it fail over, without telling the peer back.
+  void peer_rail_down(int peer_rail, const std::string& cause);
+  // Failover of the live lanes on our rail `rail` or paired with the peer's rail `peer_rail`
+  // (-1: none): they go to ERR and their chunks move to the live lanes; a local rail left with
+  // no live lane fails with `cause`. `tell_peer`: `cause` is our own finding on `rail` (it
+  // replaces a cause the peer reported) and a RAIL_DOWN for `rail` goes to the peer.
+  void fail_over(int rail, int peer_rail, const std::string& cause, bool tell_peer);
+  // Whether a lane on a rail other than `rail` is live (a failure on `rail` can then fail over).
   bool other_rail_up(int rail) const;
   // Lanes on a live rail whose peer rail has a key in `keys` (null: lanes of the control rail).
   std::vector<int> usable_lanes(const std::vector<uint32_t>* keys) const;
@@ -329,6 +344,10 @@ class RdmaConnection : public Channel,
   std::vector<bool> rail_up_;
   std::vector<bool> rail_released_;  // its device removed: release_rail() gave it all back
   std::vector<std::string> rail_cause_;
+  // Its cause is the peer's report (RAIL_DOWN): a local cause found later replaces it.
+  std::vector<bool> rail_by_peer_;
+  // Per lane: live (false once its rail, or the peer's rail it pairs with, failed over).
+  std::vector<bool> lane_up_;
   std::unique_ptr<std::atomic<uint64_t>[]> rail_bytes_;
   // RDMAXFER_RDMA_TEST_QP_ERR (tests only, rdma_connection.cc): the rail whose QP is moved to
   // ERR once it carried test_err_bytes_ (-1: none), and whether that happened.
@@ -336,6 +355,12 @@ class RdmaConnection : public Channel,
   uint64_t test_err_bytes_ = 0;
   std::atomic<bool> test_err_done_{false};
   uint32_t window_ = 1;  // the credit window the peer's receive buffers allow
+  std::atomic<uint64_t> ctrl_seq_{0};  // the number of our last control SEND (control_msg.h)
+  CtrlSeqFilter ctrl_seen_;            // the peer's control SEND numbers handed up (under mu_)
+  std::atomic<uint64_t> ctrl_repeats_{0};  // the peer's control SENDs that came again, dropped
+  // RDMAXFER_RDMA_TEST_CTRL_TWICE=1 (tests only, rdma_messages.cc): every control SEND is
+  // posted twice with its number, as a SEND whose ACK was lost is sent again after a failover.
+  bool test_ctrl_twice_ = false;
   std::atomic<int> ctrl_lane_{0};
   std::unordered_map<uint64_t, GrantHold> grants_;
   uint64_t next_grant_ = 1;

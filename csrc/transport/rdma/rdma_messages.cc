@@ -25,7 +25,8 @@ void RdmaConnection::check_open() const {
 }
 
 void RdmaConnection::send_ctrl(const CtrlMessage& m, CtrlPayload payload) {
-  const CtrlHeader h = CtrlHeader::of(m, payload.length);
+  CtrlHeader h = CtrlHeader::of(m, payload.length);
+  h.seq = ctrl_seq_.fetch_add(1) + 1;
   SendWork w;
   w.opcode = IBV_WR_SEND;
   w.last = true;
@@ -38,6 +39,13 @@ void RdmaConnection::send_ctrl(const CtrlMessage& m, CtrlPayload payload) {
     std::memcpy(p + CtrlHeader::kSize + m.meta.size(), payload.data, payload.length);
   }
   std::vector<SendWork> works;
+  if (test_ctrl_twice_) {
+    SendWork again;
+    again.opcode = IBV_WR_SEND;
+    again.last = true;
+    again.ctrl = w.ctrl;
+    works.push_back(std::move(again));
+  }
   works.push_back(std::move(w));
   submit(ctrl_lane(), std::move(works));
 }
@@ -160,8 +168,8 @@ void RdmaConnection::on_recv(int lane, const ibv_wc& wc, const uint8_t* srq_data
     throw Error(ErrorKind::kProtocol, "receive completion for unknown slot");
   }
   const uint8_t* p = own ? l.recv_slab->slot(slot) : srq_data;
-  follow_ctrl_lane(lane);
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    follow_ctrl_lane(lane);
     if (own) post_recv_slot(lane, slot);
     const uint32_t value = ntohl(wc.imm_data);
     uint64_t landed = 0;
@@ -179,8 +187,23 @@ void RdmaConnection::on_recv(int lane, const ibv_wc& wc, const uint8_t* srq_data
   if (wc.opcode != IBV_WC_RECV) {
     throw Error(ErrorKind::kProtocol, "unexpected receive opcode " + std::to_string(wc.opcode));
   }
-  CtrlMessage m = CtrlHeader::decode(p, wc.byte_len).message(p + CtrlHeader::kSize);
+  const CtrlHeader h = CtrlHeader::decode(p, wc.byte_len);
+  CtrlMessage m = h.message(p + CtrlHeader::kSize);
   if (own) post_recv_slot(lane, slot);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ctrl_seen_.first(h.seq)) {
+      ctrl_repeats_.fetch_add(1);  // sent again after a failover, and received both times
+      return;
+    }
+  }
+  if (m.type == kCtrlRailDown) {
+    // Before following the control lane: the failover then names the peer's cause.
+    peer_rail_down(static_cast<int>(std::min<uint64_t>(m.addr, EndpointRecord::kMaxRails)),
+                   m.meta);
+    return;
+  }
+  follow_ctrl_lane(lane);
   events()->on_ctrl(std::move(m));
 }
 

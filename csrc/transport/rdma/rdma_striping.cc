@@ -27,7 +27,7 @@ std::vector<int> RdmaConnection::usable_lanes(const std::vector<uint32_t>* keys)
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < lanes_.size(); ++i) {
     const Lane& lane = lanes_[i];
-    if (!rail_up_[static_cast<size_t>(lane.rail)]) continue;
+    if (!lane_up_[i]) continue;
     if (keys == nullptr ? lane.rail != ctrl_rail()
                         : static_cast<size_t>(lane.peer_rail) >= keys->size() ||
                               (*keys)[static_cast<size_t>(lane.peer_rail)] == 0) {
@@ -227,32 +227,55 @@ void RdmaConnection::on_qp_event(uint32_t qp_num, const std::string& what) {
 }
 
 void RdmaConnection::rail_down(int rail, const std::string& cause) {
-  const size_t r = static_cast<size_t>(rail);
+  fail_over(rail, -1, cause, true);
+}
+
+void RdmaConnection::peer_rail_down(int peer_rail, const std::string& cause) {
+  fail_over(-1, peer_rail, "the peer's side of the rail failed: " + cause, false);
+}
+
+void RdmaConnection::fail_over(int rail, int peer_rail, const std::string& cause,
+                               bool tell_peer) {
+  std::vector<size_t> taken;  // the lanes this failure takes out
+  std::vector<int> failed;    // local rails left with no live lane
   std::string causes;
   bool lost = false;
   bool moved_ctrl = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (state_ != State::kConnected) return;
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      if (lane_up_[i] && (lanes_[i].rail == rail || lanes_[i].peer_rail == peer_rail)) {
+        lane_up_[i] = false;
+        taken.push_back(i);
+      }
+    }
+    if (tell_peer && static_cast<size_t>(rail) < rail_by_peer_.size() &&
+        rail_by_peer_[static_cast<size_t>(rail)]) {
+      rail_by_peer_[static_cast<size_t>(rail)] = false;  // our own cause says more
+      rail_cause_[static_cast<size_t>(rail)] = cause;
+    }
+    if (taken.empty()) return;  // failed over already
     const std::vector<int> rails = used_rails();
-    if (state_ != State::kConnected || r >= rail_up_.size() || !rail_up_[r] ||
-        std::find(rails.begin(), rails.end(), rail) == rails.end()) {
-      return;
-    }
-    rail_up_[r] = false;
-    rail_cause_[r] = cause;
-    bool any_up = false;
     for (int x : rails) {
-      const size_t i = static_cast<size_t>(x);
-      any_up = any_up || rail_up_[i];
-      if (!rail_up_[i]) causes += (causes.empty() ? "" : "; ") + rail_name(x) + ": " + rail_cause_[i];
+      const size_t r = static_cast<size_t>(x);
+      bool live = false;
+      for (size_t i = 0; i < lanes_.size(); ++i) live = live || (lanes_[i].rail == x && lane_up_[i]);
+      if (rail_up_[r] && !live) {
+        rail_up_[r] = false;
+        rail_cause_[r] = cause;
+        rail_by_peer_[r] = peer_rail >= 0;
+        failed.push_back(x);
+      }
+      if (!rail_up_[r]) causes += (causes.empty() ? "" : "; ") + rail_name(x) + ": " + rail_cause_[r];
     }
-    lost = !any_up;
-    if (!lost && lanes_[static_cast<size_t>(ctrl_lane_.load())].rail == rail) {
+    lost = std::find(lane_up_.begin(), lane_up_.end(), true) == lane_up_.end();
+    const int from = ctrl_lane_.load();
+    if (!lost && !lane_up_[static_cast<size_t>(from)]) {
       // The control lane moves: to the first live lane after it, else the first live one.
-      const int from = ctrl_lane_.load();
       int to = -1;
       for (size_t i = 0; i < lanes_.size(); ++i) {
-        if (!rail_up_[static_cast<size_t>(lanes_[i].rail)]) continue;
+        if (!lane_up_[i]) continue;
         if (to < 0 || (to < from && static_cast<int>(i) > from)) to = static_cast<int>(i);
       }
       ctrl_lane_.store(to);
@@ -267,22 +290,33 @@ void RdmaConnection::rail_down(int rail, const std::string& cause) {
   if (moved_ctrl) {
     // The bootstrap socket's watch stays where it is (a rail whose port is down still has its
     // completion thread; release_rail moves the watch when the device goes).
-    log::write(log::Level::kWarning, "rdma endpoint to " + peer() + ": control rail " +
-                                         rail_name(rail) + " failed (" + cause +
-                                         "); control messages move to " +
+    log::write(log::Level::kWarning, "rdma endpoint to " + peer() + ": the control lane failed (" +
+                                         cause + "); control messages move to " +
                                          rail_name(ctrl_rail()));
   }
   std::vector<SendWork> orphans;
-  for (Lane& lane : lanes_) {
-    if (lane.rail != rail) continue;
-    lane.qp->to_error();
-    for (auto& w : lane.sq->take_works()) orphans.push_back(std::move(w));
+  for (size_t i : taken) {
+    lanes_[i].qp->to_error();
+    for (auto& w : lanes_[i].sq->take_works()) orphans.push_back(std::move(w));
   }
   if (log::enabled(log::Level::kWarning)) {
+    std::string which;
+    for (int x : failed) which += (which.empty() ? "" : "+") + rail_name(x);
     log::write(log::Level::kWarning,
-               "rdma endpoint to " + peer() + ": rail " + rail_name(rail) + " failed (" + cause +
+               "rdma endpoint to " + peer() + ": " + std::to_string(taken.size()) +
+                   " QP(s) failed" + (which.empty() ? "" : ", rail " + which) + " (" + cause +
                    "); " + std::to_string(orphans.size()) +
                    " outstanding chunk(s) move to the remaining rails");
+  }
+  if (tell_peer) {
+    // The peer's end of the rail may stay up (a deleted device sends nothing; a QP in error
+    // only shows there when a WR of the peer's fails): its WRs there would wait for the
+    // retries to run out. It is told on the control lane, which is live.
+    CtrlMessage m;
+    m.type = kCtrlRailDown;
+    m.addr = static_cast<uint64_t>(rail);
+    m.meta = cause.substr(0, std::min<size_t>(cause.size(), kRailDownCauseMax));
+    send_ctrl(m, {});
   }
   repost(std::move(orphans));
 }
@@ -295,8 +329,12 @@ void RdmaConnection::release_rail(int rail, const std::string& cause) {
     std::lock_guard<std::mutex> lock(mu_);
     if (r >= rail_released_.size() || rail_released_[r]) return;
     rail_released_[r] = true;
-    if (rail_up_[r] || rail_cause_[r].empty()) rail_cause_[r] = cause;
-    rail_up_[r] = false;  // a closed connection's drain no longer waits for its flushes
+    if (rail_up_[r] || rail_by_peer_[r] || rail_cause_[r].empty()) rail_cause_[r] = cause;
+    rail_by_peer_[r] = false;
+    rail_up_[r] = false;
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      if (lanes_[i].rail == rail) lane_up_[i] = false;  // a closed one's drain no longer waits
+    }
     dropped = shared_.rails[r].take_handles();
     cq = std::move(shared_.cqs[r]);
   }
@@ -344,16 +382,19 @@ void RdmaConnection::follow_ctrl_lane(int lane) {
   while (lane > cur && lanes_[static_cast<size_t>(lane)].rail != lanes_[static_cast<size_t>(cur)].rail) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!rail_up_[static_cast<size_t>(lanes_[static_cast<size_t>(lane)].rail)]) return;
+      if (!lane_up_[static_cast<size_t>(lane)]) return;
     }
     if (ctrl_lane_.compare_exchange_weak(cur, lane)) {
       const int old_rail = lanes_[static_cast<size_t>(cur)].rail;
       log::write(log::Level::kInfo, "rdma endpoint to " + peer() +
                                         ": the peer moved its control lane; ours follows to " +
                                         rail_name(lanes_[static_cast<size_t>(lane)].rail));
-      // No-op when our side of the rail failed already (a port down on both ends).
-      rail_down(old_rail, "the peer moved its control lane off it: its side of the rail failed "
-                          "(e.g. its device was removed)");
+      // No-op when our side of the rail failed already (a port down on both ends); the peer's
+      // RAIL_DOWN may still be on its way (it follows the move).
+      fail_over(old_rail, -1,
+                "the peer moved its control lane off it: its side of the rail failed "
+                "(e.g. its device was removed)",
+                false);
       return;
     }
   }
@@ -361,8 +402,8 @@ void RdmaConnection::follow_ctrl_lane(int lane) {
 
 bool RdmaConnection::other_rail_up(int rail) const {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const Lane& lane : lanes_) {
-    if (lane.rail != rail && rail_up_[static_cast<size_t>(lane.rail)]) return true;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (lanes_[i].rail != rail && lane_up_[i]) return true;
   }
   return false;
 }

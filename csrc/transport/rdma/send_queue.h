@@ -79,7 +79,8 @@ class SendQueue {
   // Failover of this queue's rail: the queue dies and hands back, as works to post elsewhere,
   // every one-sided chunk queued or in flight (a chunk that completed unsignaled is sent again:
   // WRITE and READ are idempotent) and every control SEND not completed (its bytes copied back
-  // out of its slot: one the peer received but whose ACK was lost arrives twice). Its QP must
+  // out of its slot: one the peer received but whose ACK was lost arrives twice, and the peer
+  // drops the repeat by its number, control_msg.h). Its QP must
   // be in ERR first; the flushes that follow retire nothing.
   std::vector<SendWork> take_works();
   // No WR in flight (all completed or flushed).

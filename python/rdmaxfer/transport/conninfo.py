@@ -29,7 +29,9 @@ the peer. Keys:
     serves at once (its responder resources against the peer's initiator depth, both from the
     endpoint records); ``max_inline``, the bytes a WR carries inline; ``rnr_retry``, the RNR
     retry count; ``outstanding_wrs``, the WRs posted and not completed; ``posted_receives``,
-    the receive WRs its QPs posted themselves (0 on a rail with a shared receive queue).
+    the receive WRs its QPs posted themselves (0 on a rail with a shared receive queue);
+    ``ctrl_repeats``, the peer's control SENDs that arrived a second time and were dropped (a
+    SEND whose ACK was lost with a failed rail is sent again; ``control_msg.h``: seq).
 ``srq``, ``srq_posted``, ``srq_buffers``, ``srq_grows``
     On rdma: 1 when the connection's QPs take their receives from their rails' shared receive
     queues (0: each QP posts its own, the device has no SRQ or ``RDMAXFER_SRQ=0``); the
