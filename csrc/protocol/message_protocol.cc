@@ -251,6 +251,7 @@ RequestPtr MessageProtocol::post_recv(uint64_t msg_id, const std::shared_ptr<Mem
   }
   cts.addr = grant.addr;
   cts.key = grant.key;
+  cts.route = grant.route;
   cts.size = length;
   // The usual value is taken by a receive in flight: name ours (one window, the whole message).
   if (value != static_cast<uint32_t>(msg_id)) cts.meta = encode_window(0, value);
@@ -344,10 +345,11 @@ void MessageProtocol::on_answer(const CtrlMessage& message) {
     if (send.length == 0) {  // nothing to write
       send.request->complete();
     } else if (send.windows) {
-      send.windows->granted(WindowGrant{0, send.length, message.addr, message.key, value});
+      send.windows->granted(
+          WindowGrant{0, send.length, message.addr, message.key, value, message.route});
     } else {
       ch->post_write_notify(send.request, send.region, send.offset, send.length, message.addr,
-                            message.key, value, send.options);
+                            message.key, message.route, value, send.options);
     }
   }
 }

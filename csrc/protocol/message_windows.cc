@@ -86,7 +86,7 @@ RequestPtr SendWindows::write(const WindowGrant& window,
     if (auto self = weak.lock()) self->written(done);
   });
   ch->post_write_notify(part, region, offset, window.length, window.addr, window.key,
-                        window.value, options_);
+                        window.route, window.value, options_);
   return part;
 }
 
@@ -154,7 +154,7 @@ void MessageProtocol::on_window(const CtrlMessage& message) {
   uint64_t offset = 0;
   uint32_t value = 0;
   decode_window(message.meta, &offset, &value);
-  const WindowGrant w{offset, message.size, message.addr, message.key, value};
+  const WindowGrant w{offset, message.size, message.addr, message.key, value, message.route};
   std::shared_ptr<SendWindows> windows;
   RequestPtr refused;
   std::string what;
@@ -278,12 +278,14 @@ bool MessageProtocol::grant_window(const std::shared_ptr<RecvWindows>& recv,
   }
   w.addr = grant.addr;
   w.key = grant.key;
+  w.route = grant.route;
   CtrlMessage cts;
   cts.type = CtrlType::kCts;
   cts.msg_id = recv->msg_id;
   cts.size = w.length;
   cts.addr = grant.addr;
   cts.key = grant.key;
+  cts.route = grant.route;
   cts.meta = encode_window(w.offset, w.value);
   ch->send_ctrl(cts, CtrlPayload());
   if (window != nullptr) *window = w;

@@ -45,6 +45,7 @@ struct WindowGrant {
   uint64_t addr = 0;    // the receiver's grant
   uint32_t key = 0;
   uint32_t value = 0;   // the notification the WRITE carries
+  uint32_t route = 0;   // the grant's route (Grant)
 };
 
 // The CTS meta of a window: {offset, value}. decode throws Error(kProtocol) on anything else.

@@ -70,18 +70,18 @@ class Channel {
   // message's bytes) is held until sent or copied. A failure closes the channel.
   virtual void send_ctrl(const CtrlMessage& message, CtrlPayload payload) = 0;
   // Lets the peer write local[offset, offset+length) for one message, notifying `value`; the
-  // grant's addr and key go to the peer in a CTS. Bytes landing count as `progress`'s. Released
+  // grant's addr, key and route go to the peer in a CTS. Bytes landing count as `progress`'s. Released
   // by release_grant (or by the channel closing; verbs keeps it until the flushes are drained).
   virtual Grant grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
                       uint64_t length, uint32_t value, const RequestPtr& progress) = 0;
   virtual void release_grant(uint64_t id) = 0;
-  // WRITEs local[offset, offset+length) to the peer's grant (addr, key); the peer's
-  // on_notify(value) fires once every byte is in place. Drives `request` (its parts): done when
-  // the bytes have left (TCP: into the sockets; verbs: the WRs completed).
+  // WRITEs local[offset, offset+length) to the peer's grant (addr, key, route: Grant); the
+  // peer's on_notify(value) fires once every byte is in place. Drives `request` (its parts):
+  // done when the bytes have left (TCP: into the sockets; verbs: the WRs completed).
   virtual void post_write_notify(const RequestPtr& request,
                                  const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                                 uint64_t length, uint64_t addr, uint32_t key, uint32_t value,
-                                 const TransferOptions& options) = 0;
+                                 uint64_t length, uint64_t addr, uint32_t key, uint32_t route,
+                                 uint32_t value, const TransferOptions& options) = 0;
   // A request of this channel (verbs: waiting on it drives the CQ).
   virtual RequestPtr new_request(OpKind op, uint64_t bytes) = 0;
   virtual ChannelLimits limits() const = 0;

@@ -3,8 +3,8 @@
 // TCP: a frame, wire.h):
 //   RTS     msg_id, size, meta: a message waits at the sender (rendezvous)
 //   EAGER   like RTS with the data attached (size <= the channel's eager limit)
-//   CTS     msg_id; for rendezvous addr + key of the receiver's grant, which the sender
-//           WRITEs with notification (value = low 32 bits of msg_id). For EAGER the CTS only
+//   CTS     msg_id; for rendezvous addr + key (+ route) of the receiver's grant, which the
+//           sender WRITEs with notification (value = low 32 bits of msg_id). For EAGER the CTS only
 //           acknowledges.
 //   REJECT  msg_id, meta = reason: the receiver refused the message.
 //   NOTIFY  msg_id (the sender's request id); size 1: an int payload in key (32 bits, an
@@ -28,6 +28,7 @@ struct CtrlMessage {
   uint64_t size = 0;    // message bytes
   uint64_t addr = 0;    // CTS of a rendezvous: where to write
   uint32_t key = 0;     // CTS of a rendezvous: the grant's key (the rkey on verbs)
+  uint32_t route = 0;   // CTS of a rendezvous: the grant's route (Grant)
   std::string meta;     // RTS/EAGER: the sender's metadata; REJECT: the reason
   std::string data;     // a received EAGER message's bytes
 };
@@ -44,6 +45,9 @@ struct Grant {
   uint64_t id = 0;    // the channel's handle, for release_grant
   uint64_t addr = 0;  // where the peer writes
   uint32_t key = 0;   // what the peer names it by (the rkey on verbs)
+  // Where `key` is valid, for the peer's post_write_notify: on verbs the granting side's rail
+  // (its index in that side's endpoint record), whose PD holds the rkey; 0 elsewhere.
+  uint32_t route = 0;
 };
 
 }  // namespace rdmaxfer

@@ -172,8 +172,8 @@ bool LoopbackChannel::land(uint32_t key, uint64_t addr, uint32_t value, const ui
 void LoopbackChannel::post_write_notify(const RequestPtr& request,
                                         const std::shared_ptr<MemoryRegion>& local,
                                         uint64_t offset, uint64_t length, uint64_t addr,
-                                        uint32_t key, uint32_t value,
-                                        const TransferOptions& /*options*/) {
+                                        uint32_t key, uint32_t /*route: one path*/,
+                                        uint32_t value, const TransferOptions& /*options*/) {
   std::shared_ptr<LoopbackChannel> peer = peer_.lock();
   if (!peer) {
     request->fail(ErrorKind::kConnection, "connection to " + peer_name_ + " is closed");

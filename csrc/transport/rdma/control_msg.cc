@@ -10,6 +10,7 @@ namespace rdmaxfer {
 
 namespace {
 constexpr uint16_t kMagic = 0x4352;
+constexpr uint64_t kSeqMask = (1ull << 48) - 1;
 }
 
 CtrlHeader CtrlHeader::of(const CtrlMessage& message, uint64_t payload_len) {
@@ -19,6 +20,7 @@ CtrlHeader CtrlHeader::of(const CtrlMessage& message, uint64_t payload_len) {
   h.size = message.size;
   h.addr = message.addr;
   h.rkey = message.key;
+  h.grant_rail = static_cast<uint8_t>(message.route);
   h.meta_len = static_cast<uint32_t>(message.meta.size());
   h.payload_len = static_cast<uint32_t>(payload_len);
   return h;
@@ -31,6 +33,7 @@ CtrlMessage CtrlHeader::message(const uint8_t* body) const {
   m.size = size;
   m.addr = addr;
   m.key = rkey;
+  m.route = grant_rail;
   m.meta.assign(reinterpret_cast<const char*>(body), meta_len);
   m.data.assign(reinterpret_cast<const char*>(body + meta_len), payload_len);
   return m;
@@ -47,7 +50,7 @@ void CtrlHeader::encode(uint8_t* out) const {
   store_le<uint64_t>(out + 24, addr);
   store_le<uint32_t>(out + 32, rkey);
   store_le<uint32_t>(out + 36, payload_len);
-  store_le<uint64_t>(out + 40, seq);
+  store_le<uint64_t>(out + 40, (seq & kSeqMask) | static_cast<uint64_t>(grant_rail) << 48);
 }
 
 CtrlHeader CtrlHeader::decode(const uint8_t* in, size_t available) {
@@ -69,7 +72,9 @@ CtrlHeader CtrlHeader::decode(const uint8_t* in, size_t available) {
   h.addr = load_le<uint64_t>(in + 24);
   h.rkey = load_le<uint32_t>(in + 32);
   h.payload_len = load_le<uint32_t>(in + 36);
-  h.seq = load_le<uint64_t>(in + 40);
+  const uint64_t tail = load_le<uint64_t>(in + 40);
+  h.seq = tail & kSeqMask;
+  h.grant_rail = static_cast<uint8_t>(tail >> 48);
   if (static_cast<uint64_t>(h.meta_len) + h.payload_len > available - kSize) {
     bad("metadata and data run past the received " + std::to_string(available) + " bytes");
   }

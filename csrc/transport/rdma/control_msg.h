@@ -7,12 +7,14 @@
 //    8 msg_id u64 (the sender's request id)   16 size u64 (message bytes)
 //   24 addr u64 (CTS: where to write)   32 rkey u32 (CTS; NOTIFY: an int payload)
 //   36 payload_len u32
-//   40 seq u64: the sender's number for this control SEND, counting from 1 on each connection
+//   40 seq u48: the sender's number for this control SEND, counting from 1 on each connection
 //      (0: not numbered). A SEND sent again after a failover (its ACK lost with the failed
 //      rail, rdma_connection.h) keeps its number, and the receiver hands each number up once.
+//   46 grant rail u8 (CTS: the route of the grant, the sender's rail whose PD holds the rkey;
+//      the WRITEs go on a QP paired with it)   47 reserved u8 (0)
 //
-// The types are ctrl_message.h's; a rendezvous CTS carries the receiver's grant as addr + rkey,
-// and the sender RDMA-WRITEs the message there, the last chunk as WRITE_WITH_IMM with imm =
+// The types are ctrl_message.h's; a rendezvous CTS carries the receiver's grant as addr + rkey
+// + grant rail, and the sender RDMA-WRITEs the message there, the last chunk as WRITE_WITH_IMM with imm =
 // low 32 bits of msg_id, which completes the receive.
 // One type is the verbs transport's own, handled there and never handed to the protocol:
 //   RAIL_DOWN  addr = the sender's rail (index in its endpoint record) whose side failed: its
@@ -46,7 +48,8 @@ struct CtrlHeader {
   uint64_t addr = 0;
   uint32_t rkey = 0;
   uint32_t payload_len = 0;
-  uint64_t seq = 0;
+  uint64_t seq = 0;  // < 2^48
+  uint8_t grant_rail = 0;
 
   // The header of `message` carrying `payload_len` bytes of data after its metadata.
   static CtrlHeader of(const CtrlMessage& message, uint64_t payload_len);

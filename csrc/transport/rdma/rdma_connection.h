@@ -1,8 +1,9 @@
 // A connection to one peer over one or more RC QPs (the verbs Connection), on one or more rails
 // (rdma_rails.h): each QP sits on one of this engine's rails and pairs with a QP on the peer's
 // rail that it reaches (endpoint_record.h). One lane, the control lane (the first QP until its
-// rail fails), carries the control SENDs, and WRITE_WITH_IMM goes on its rail, where the
-// grants' rkeys are: its rail is the control rail.
+// rail fails), carries the control SENDs, and grants are made on its rail (the control rail);
+// a grant's CTS names that rail (its route) and the peer's WRITE_WITH_IMM into it goes on a QP
+// paired with it.
 //
 // Lifecycle (explicit state, see State):
 //   kPrepared   constructed by the transport: QPs created and in INIT (on the rail's SRQ, or
@@ -58,8 +59,10 @@
 //                   device's unregistration can complete (rdma_transport.h).
 //   control         SENDs of control_msg.h into the peer's control receive buffers (lane 0).
 //   grant           the destination's region, or a temporary MR with REMOTE_WRITE over it if
-//                   its region lacks that access; its address and rkey go out in the CTS.
-//   write_notify    RDMA WRITEs on one QP, the last as WRITE_WITH_IMM (imm = the value): RC
+//                   its region lacks that access, on the control rail; its address, rkey and
+//                   rail (the route) go out in the CTS.
+//   write_notify    RDMA WRITEs on one QP paired with the grant's rail (its route, from the
+//                   CTS), the last as WRITE_WITH_IMM (imm = the value): RC
 //                   delivers them in order, so the immediate's receive completion (on_notify
 //                   at the peer) means every byte is in place.
 //   gathered WRITEs (GatherWrites, a batch's groups of small WRITEs): one request for the
@@ -168,7 +171,7 @@ class RdmaConnection : public Channel,
   void release_grant(uint64_t id) override;
   void post_write_notify(const RequestPtr& request, const std::shared_ptr<MemoryRegion>& local,
                          uint64_t offset, uint64_t length, uint64_t addr, uint32_t key,
-                         uint32_t value, const TransferOptions& options) override;
+                         uint32_t route, uint32_t value, const TransferOptions& options) override;
   // GatherWrites: at most 64 pieces of at most 64 KiB each (rdma_gather.cc).
   Limits gather_limits() const override;
   RequestPtr post_write_gather(const std::shared_ptr<MemoryRegion>& local,
@@ -245,14 +248,21 @@ class RdmaConnection : public Channel,
                             uint64_t local_offset, const Descriptor& remote,
                             uint64_t remote_offset, uint64_t length,
                             const TransferOptions& options);
-  // Registers `req` as active and posts its WRs: striped over the lanes, or (with_imm) all on
-  // one lane with the last one a WRITE_WITH_IMM carrying `imm`.
-  // `remote_keys`: the remote region's rkey on each peer rail (with_imm: the grant's, on the
-  // peer's control rail, alone).
+  // A WRITE into a grant of the peer's (post_write_notify): every WR on one QP paired with the
+  // peer's rail `grant_rail`, where the grant's rkey is valid, the last a WRITE_WITH_IMM of
+  // `imm` (RC delivers them in order).
+  struct Notified {
+    bool with_imm = false;
+    uint32_t imm = 0;
+    int grant_rail = -1;
+  };
+  // Registers `req` as active and posts its WRs: striped over the lanes, or (notified) as
+  // Notified says. `remote_keys`: the remote region's rkey on each peer rail (notified: the
+  // grant's, alone).
   void post_chunks(OpKind op, const RequestPtr& req, const std::shared_ptr<MemoryRegion>& local,
                    uint64_t local_offset, uint64_t remote_addr,
                    std::shared_ptr<const std::vector<uint32_t>> remote_keys, uint64_t length,
-                   bool with_imm, uint32_t imm, const TransferOptions& options);
+                   const Notified& notified, const TransferOptions& options);
   // The control lane and its rail (see above).
   int ctrl_lane() const { return ctrl_lane_.load(); }
   int ctrl_rail() const { return lanes_[static_cast<size_t>(ctrl_lane())].rail; }
@@ -271,8 +281,9 @@ class RdmaConnection : public Channel,
   void fail_over(int rail, int peer_rail, const std::string& cause, bool tell_peer);
   // Whether a lane on a rail other than `rail` is live (a failure on `rail` can then fail over).
   bool other_rail_up(int rail) const;
-  // Lanes on a live rail whose peer rail has a key in `keys` (null: lanes of the control rail).
-  std::vector<int> usable_lanes(const std::vector<uint32_t>* keys) const;
+  // Live lanes whose peer rail has a key in `keys` (null: the live lanes paired with the
+  // peer's rail `peer_rail`).
+  std::vector<int> usable_lanes(const std::vector<uint32_t>* keys, int peer_rail = -1) const;
   int least_loaded(const std::vector<int>& among) const;
   // The rail each of `count` chunks goes on: `rails` weighted by link speed.
   std::vector<int> stripe(const std::vector<int>& rails, uint64_t count) const;

@@ -77,7 +77,7 @@ Grant RdmaConnection::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t
   check_open_locked();
   const uint64_t id = next_grant_++;
   grants_[id] = GrantHold{RegionUse(local), std::move(temp), value, length};
-  return Grant{id, reinterpret_cast<uint64_t>(dst), rkey};
+  return Grant{id, reinterpret_cast<uint64_t>(dst), rkey, static_cast<uint32_t>(rail)};
 }
 
 void RdmaConnection::release_grant(uint64_t id) {
@@ -92,12 +92,12 @@ void RdmaConnection::release_grant(uint64_t id) {
 void RdmaConnection::post_write_notify(const RequestPtr& request,
                                        const std::shared_ptr<MemoryRegion>& local,
                                        uint64_t offset, uint64_t length, uint64_t addr,
-                                       uint32_t key, uint32_t value,
+                                       uint32_t key, uint32_t route, uint32_t value,
                                        const TransferOptions& options) {
   try {
     post_chunks(OpKind::kWrite, request, local, offset, addr,
-                std::make_shared<const std::vector<uint32_t>>(1, key), length, true, value,
-                options);
+                std::make_shared<const std::vector<uint32_t>>(1, key), length,
+                Notified{true, value, static_cast<int>(route)}, options);
   } catch (const Error& e) {
     request->fail(e);  // closed meanwhile: nothing was posted
   }

@@ -22,13 +22,14 @@ std::vector<int> RdmaConnection::used_rails() const {
   return rails;
 }
 
-std::vector<int> RdmaConnection::usable_lanes(const std::vector<uint32_t>* keys) const {
+std::vector<int> RdmaConnection::usable_lanes(const std::vector<uint32_t>* keys,
+                                              int peer_rail) const {
   std::vector<int> out;
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < lanes_.size(); ++i) {
     const Lane& lane = lanes_[i];
     if (!lane_up_[i]) continue;
-    if (keys == nullptr ? lane.rail != ctrl_rail()
+    if (keys == nullptr ? lane.peer_rail != peer_rail
                         : static_cast<size_t>(lane.peer_rail) >= keys->size() ||
                               (*keys)[static_cast<size_t>(lane.peer_rail)] == 0) {
       continue;
@@ -120,7 +121,7 @@ RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<Memor
   keys->push_back(remote.key);
   keys->insert(keys->end(), remote.rail_keys.begin(), remote.rail_keys.end());
   post_chunks(op, req, local, local_offset, remote.addr + remote_offset, std::move(keys), length,
-              false, 0, options);
+              Notified{}, options);
   return req;
 }
 
@@ -128,11 +129,20 @@ void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
                                  const std::shared_ptr<MemoryRegion>& local,
                                  uint64_t local_offset, uint64_t remote_addr,
                                  std::shared_ptr<const std::vector<uint32_t>> remote_keys,
-                                 uint64_t length, bool with_imm, uint32_t imm,
+                                 uint64_t length, const Notified& notified,
                                  const TransferOptions& options) {
-  // With an immediate, every chunk goes on one QP of the control rail so the WRITE_WITH_IMM
-  // lands last (the grant's rkey is on the peer's control rail).
-  const std::vector<int> usable = usable_lanes(with_imm ? nullptr : remote_keys.get());
+  // With an immediate, every chunk goes on one QP paired with the grant's rail so the
+  // WRITE_WITH_IMM lands last.
+  const bool with_imm = notified.with_imm;
+  const uint32_t imm = notified.imm;
+  const std::vector<int> usable =
+      with_imm ? usable_lanes(nullptr, notified.grant_rail) : usable_lanes(remote_keys.get());
+  if (usable.empty() && with_imm) {
+    throw Error(ErrorKind::kConnection,
+                "endpoint to " + peer() + ": the receiver granted this message's buffer on its "
+                "rail " + std::to_string(notified.grant_rail) + ", which failed; send it again "
+                "(the connection goes on over the other rails)");
+  }
   if (usable.empty()) {
     throw Error(ErrorKind::kConnection,
                 "endpoint to " + peer() + ": no live rail reaches the remote region (its "

@@ -210,7 +210,8 @@ void ShmChannel::release_grant(uint64_t id) {
 
 void ShmChannel::post_write_notify(const RequestPtr& request,
                                    const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                                   uint64_t length, uint64_t addr, uint32_t key, uint32_t value,
+                                   uint64_t length, uint64_t addr, uint32_t key,
+                                   uint32_t /*route: one path*/, uint32_t value,
                                    const TransferOptions& /*options*/) {
   const uint64_t op = next_op_.fetch_add(1);
   const std::string meta = name_of(*local, local->addr() + offset);

@@ -80,7 +80,7 @@ class ShmChannel : public Channel,
   void release_grant(uint64_t id) override;
   void post_write_notify(const RequestPtr& request, const std::shared_ptr<MemoryRegion>& local,
                          uint64_t offset, uint64_t length, uint64_t addr, uint32_t key,
-                         uint32_t value, const TransferOptions& options) override;
+                         uint32_t route, uint32_t value, const TransferOptions& options) override;
   RequestPtr new_request(OpKind op, uint64_t bytes) override;
   ChannelLimits limits() const override;
   void check_open() const override;

@@ -306,8 +306,8 @@ void TcpConnection::release_grant(uint64_t id) {
 void TcpConnection::post_write_notify(const RequestPtr& request,
                                       const std::shared_ptr<MemoryRegion>& local,
                                       uint64_t offset, uint64_t length, uint64_t addr,
-                                      uint32_t key, uint32_t value,
-                                      const TransferOptions& options) {
+                                      uint32_t key, uint32_t /*route: any stream*/,
+                                      uint32_t value, const TransferOptions& options) {
   const ChunkPlan plan = plan_chunks(length, streams(), options);
   request->set_parts(plan.count);
   const int first = least_loaded(plan.streams).index();
