@@ -77,6 +77,7 @@ void MessageProtocol::enqueue(const Channel& ch, PendingSend send) {
       self->finished(done);
       self->release_credit(id);
       self->forget_send(id);
+      self->abort_if_granted(done);
     }
   });
   bool now = false;
@@ -281,6 +282,10 @@ void MessageProtocol::on_ctrl(CtrlMessage message) {
     on_answer(message);
     return;
   }
+  if (message.type == CtrlType::kAbort) {
+    on_abort(message.msg_id, message.meta);
+    return;
+  }
   if (message.type == CtrlType::kNotify) {
     NotifyPayload payload = NotifyPayload::of(message);
     std::shared_ptr<Channel> ch = channel_.lock();
@@ -317,6 +322,7 @@ void MessageProtocol::on_answer(const CtrlMessage& message) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sends_.find(message.msg_id);
     if (it == sends_.end()) return;
+    if (message.type == CtrlType::kCts) granted_sends_.insert(message.msg_id);
     if (it->second.windows && message.type == CtrlType::kCts) {
       // Its bytes come window by window (staging): kept until terminal, granted whole now.
       send = it->second;
@@ -361,7 +367,10 @@ void MessageProtocol::on_notify(uint32_t value) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = recv_by_value_.find(value);
     if (it == recv_by_value_.end()) {
-      if (closed_) return;
+      if (closed_ || std::find(aborted_values_.begin(), aborted_values_.end(), value) !=
+                         aborted_values_.end()) {
+        return;
+      }
       protocol_error("a WRITE with notification value " + std::to_string(value) +
              " matches no message being received");
     }
@@ -396,6 +405,7 @@ void MessageProtocol::on_closed(const Error& why) {
     recvs_.clear();
     recv_by_value_.clear();
     windowed_.clear();
+    granted_sends_.clear();
   }
   for (auto& r : failed_windows) r->fail(why);
   // The channel releases the grants itself (verbs: once the flushes are drained).
@@ -418,6 +428,71 @@ std::vector<std::pair<std::string, uint64_t>> MessageProtocol::attributes() cons
   return {{"credit_window", window},
           {"sends_waiting_for_credit", waiting_.size()},
           {"messages_waiting_for_recv", inbox_.announced().size()}};
+}
+
+void MessageProtocol::abort_if_granted(const Request& done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (granted_sends_.erase(done.id()) == 0 || closed_) return;
+  }
+  if (done.state() != Request::State::kFailed) return;
+  std::shared_ptr<Channel> ch = channel_.lock();
+  if (!ch || ch->is_closed()) return;
+  CtrlMessage m;
+  m.type = CtrlType::kAbort;
+  m.msg_id = done.id();
+  m.meta = done.error_message().substr(0, std::min<uint64_t>(kMaxReason, ch->limits().ctrl_room));
+  try {
+    ch->send_ctrl(m, CtrlPayload());
+  } catch (const Error&) {
+    // Closed meanwhile: the peer's teardown fails its RECV.
+  }
+}
+
+void MessageProtocol::on_abort(uint64_t msg_id, const std::string& reason) {
+  std::vector<uint64_t> grants;
+  std::vector<RequestPtr> parts;  // windows in flight of a windowed receive
+  RequestPtr recv;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    std::vector<uint32_t> values;
+    if (auto it = recvs_.find(msg_id); it != recvs_.end()) {
+      recv = it->second.request;
+      grants.push_back(it->second.grant);
+      recvs_.erase(it);
+      for (const auto& [value, id] : recv_by_value_) {
+        if (id == msg_id) values.push_back(value);
+      }
+    } else if (auto wit = windowed_.find(msg_id); wit != windowed_.end()) {
+      recv = wit->second->request;
+      for (auto& [value, p] : wit->second->pending) {
+        values.push_back(value);
+        grants.push_back(p.grant);
+        parts.push_back(p.landed);
+      }
+      wit->second->pending.clear();
+      windowed_.erase(wit);
+    } else {
+      return;  // landed already (its WRITE completed here, its ACK was lost), or unknown
+    }
+    for (uint32_t value : values) {
+      recv_by_value_.erase(value);
+      aborted_values_.push_back(value);
+      if (aborted_values_.size() > kMaxAborted) aborted_values_.pop_front();
+    }
+  }
+  std::shared_ptr<Channel> ch = channel_.lock();
+  const Error why(ErrorKind::kConnection,
+                  "the sender " + (ch ? ch->peer() : std::string("peer")) + " gave up on message " +
+                      std::to_string(msg_id) + " after it was granted, and it was not delivered: " +
+                      reason + " (the sender may send it again)");
+  if (ch) {
+    for (uint64_t g : grants) ch->release_grant(g);
+    ch->stats()->add_error("recv");  // counted before the failure wakes its waiter
+  }
+  for (const RequestPtr& p : parts) p->fail(why);
+  recv->fail(why);
 }
 
 }  // namespace rdmaxfer

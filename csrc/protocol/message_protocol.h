@@ -7,11 +7,14 @@
 //     message) if it fits the channel's        post_recv_header hands it out
 //     eager limit and control room, else     post_recv: EAGER -> copy, CTS;
 //     RTS (size + meta)                        rendezvous -> grant the destination, CTS with
-//   CTS: EAGER -> done; rendezvous ->           the grant's addr + key
+//   CTS: EAGER -> done; rendezvous ->           the grant's addr + key + route
 //     post_write_notify into the grant       on_notify(value): the bytes are in place, the
 //     (chunked, striped by the channel),       grant is released, the RECV completes
 //     done when the bytes left
 //   REJECT: the send fails (kProtocol)       reject: REJECT with the reason
+//   a granted send that fails while the      on_ctrl: ABORT -> the RECV fails at once (its
+//     channel stays open (a rail failed        grants released), not at its timeout
+//     under its WRITE): ABORT with the error
 //   (batch.h) NOTIFY after a request's       on_ctrl: NOTIFY -> the engine's notification
 //     bytes were placed                        queue, with the peer's address
 //
@@ -38,6 +41,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "protocol/message_inbox.h"
@@ -142,6 +146,12 @@ class MessageProtocol : public ChannelEvents,
   // A window of a windowed receive landed (on_notify); false when `value` names none.
   bool window_landed(uint32_t value);
   void forget_send(uint64_t msg_id);
+  // A send is terminal: when it failed after the peer granted it and the channel is open, the
+  // peer is told (ABORT), so its RECV fails now rather than at its timeout.
+  void abort_if_granted(const Request& done);
+  // The peer gave up on its message `msg_id` (ABORT, `reason` its error): the RECV of it, whole
+  // or windowed, fails and its grants go.
+  void on_abort(uint64_t msg_id, const std::string& reason);
   // The counting points (see the header comment).
   void finished(const Request& request);
   void credit_stall(uint64_t msg_id);
@@ -159,6 +169,11 @@ class MessageProtocol : public ChannelEvents,
   static constexpr uint32_t kMaxWindowsAhead = 8;  // windows granted at once into a destination
   std::unordered_map<uint32_t, uint64_t> recv_by_value_;  // notify value -> msg id
   std::unordered_map<uint64_t, std::shared_ptr<RecvWindows>> windowed_;  // by msg id
+  std::unordered_set<uint64_t> granted_sends_;  // sends a CTS came for, until terminal
+  // Notification values of receives the peer aborted: a WRITE_WITH_IMM of one that still lands
+  // is dropped, not a protocol error (at most kMaxAborted kept, the oldest dropped first).
+  std::deque<uint32_t> aborted_values_;
+  static constexpr size_t kMaxAborted = 256;
   uint32_t next_value_ = 0x80000000u;  // notification values the receiver picks itself
 };
 

@@ -177,6 +177,7 @@ void MessageProtocol::on_window(const CtrlMessage& message) {
         s.windows->use_source(s.region, s.offset);
       }
       windows = s.windows;
+      granted_sends_.insert(message.msg_id);
     }
   }
   if (refused) {

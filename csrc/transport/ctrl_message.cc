@@ -9,6 +9,7 @@ const char* ctrl_type_name(CtrlType type) {
     case CtrlType::kCts: return "CTS";
     case CtrlType::kReject: return "REJECT";
     case CtrlType::kNotify: return "NOTIFY";
+    case CtrlType::kAbort: return "ABORT";
   }
   return "unknown";
 }

@@ -10,6 +10,9 @@
 //   NOTIFY  msg_id (the sender's request id); size 1: an int payload in key (32 bits, an
 //           IMM's room), size 0: a bytes payload in meta (at most 64 bytes). Sent once every
 //           byte of the request it follows was placed at the peer (protocol/batch.h).
+//   ABORT   msg_id, meta = the reason: the sender gave up on a message the receiver granted
+//           (its WRITE failed while the channel stayed open: on verbs, a rail failed under
+//           it); the receiver fails that RECV at once instead of at its timeout.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +22,14 @@
 
 namespace rdmaxfer {
 
-enum class CtrlType : uint8_t { kRts = 1, kEager = 2, kCts = 3, kReject = 4, kNotify = 5 };
+enum class CtrlType : uint8_t {
+  kRts = 1,
+  kEager = 2,
+  kCts = 3,
+  kReject = 4,
+  kNotify = 5,
+  kAbort = 6
+};
 const char* ctrl_type_name(CtrlType type);
 
 struct CtrlMessage {

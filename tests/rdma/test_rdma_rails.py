@@ -463,6 +463,46 @@ def test_messages_go_on_while_the_control_rail_fails(rng: np.random.Generator) -
         _wait_for("rxe0 ACTIVE again", lambda: _port_active("rxe0"))
 
 
+def test_message_failed_on_its_grants_rail_is_aborted_then_sent_again(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rxe0, the control rail, goes to ERR once it carried 4 MiB (the tests-only knob
+    RDMAXFER_RDMA_TEST_QP_ERR) in the middle of a 64 MiB rendezvous message, whose WRITE is
+    bound to the rail of the receiver's grant: the send fails alone and says to send it again.
+    The sender tells the receiver (ABORT), whose RECV fails at once, naming the cause, instead
+    of at its timeout; the connection goes on over rxe2 and the message sent again arrives
+    exact."""
+    monkeypatch.setenv("RDMAXFER_RDMA_TEST_QP_ERR", f"rxe0:{4 * MIB}")
+    size = 64 * MIB
+    with rail_pair() as (client, server, a, b):
+        src = client.alloc_pinned(size, 0)
+        dst = server.alloc_pinned(size, 0)
+        data = random_bytes(rng, size)
+        region_array(src)[:] = data
+        send = a.post_send(src, 0, size, b"big", 64 * 1024, 0)  # chunks: the knob fires mid-way
+        header = b.post_recv_header()
+        wait_ok(header)
+        msg_id, _, _ = header.message()
+        recv = b.post_recv(msg_id, dst, 0, size)
+        assert send.wait(WAIT_S), "the send neither completed nor failed"
+        with pytest.raises(ConnectionFailedError, match=r"in flight on the control rail.*send it"):
+            send.check()
+        assert recv.wait(10.0), "the receiver was not told: its RECV waits for its timeout"
+        with pytest.raises(ConnectionFailedError, match=f"gave up on message {msg_id} after it"):
+            recv.check()
+        assert not a.closed and not b.closed, (a.error, b.error)
+        region_array(dst)[:] = 0
+        again = a.post_send(src, 0, size, b"again", 0, 0)
+        header = b.post_recv_header()
+        wait_ok(header)
+        msg_id, length, meta = header.message()
+        assert (length, meta) == (size, b"again")
+        wait_ok(b.post_recv(msg_id, dst, 0, size))
+        wait_ok(again)
+        assert np.array_equal(region_array(dst), data)
+        assert "control rail rxe2" in a.describe() and "control rail rxe3" in b.describe()
+
+
 def test_control_device_deleted_mid_transfer(rng: np.random.Generator) -> None:
     """`rdma link delete rxe0` (the control rail's device) mid-WRITE: the WRITE completes over
     rxe2, the deletion completes, and messages and notifications go on both ways over rxe2. The

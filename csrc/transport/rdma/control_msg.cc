@@ -61,7 +61,7 @@ CtrlHeader CtrlHeader::decode(const uint8_t* in, size_t available) {
   if (load_le<uint16_t>(in) != kMagic) bad("bad magic");
   if (in[2] != kVersion) bad("unsupported version " + std::to_string(in[2]));
   CtrlHeader h;
-  if ((in[3] < 1 || in[3] > static_cast<uint8_t>(CtrlType::kNotify)) &&
+  if ((in[3] < 1 || in[3] > static_cast<uint8_t>(CtrlType::kAbort)) &&
       in[3] != static_cast<uint8_t>(kCtrlRailDown)) {
     bad("unknown type " + std::to_string(in[3]));
   }

@@ -381,7 +381,8 @@ void ShmChannel::on_record(const std::string& record) {
     case FrameType::kMsgEager:
     case FrameType::kMsgCts:
     case FrameType::kMsgReject:
-    case FrameType::kMsgNotify: {
+    case FrameType::kMsgNotify:
+    case FrameType::kMsgAbort: {
       CtrlMessage m;
       m.type = ctrl_type_of(h.type);
       if (m.type == CtrlType::kEager && h.payload_len != h.size) {

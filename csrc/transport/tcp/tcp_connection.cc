@@ -502,7 +502,8 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
     case FrameType::kMsgEager:
     case FrameType::kMsgCts:
     case FrameType::kMsgReject:
-    case FrameType::kMsgNotify: {
+    case FrameType::kMsgNotify:
+    case FrameType::kMsgAbort: {
       CtrlMessage m;
       m.type = ctrl_type_of(h.type);
       m.msg_id = h.req_id;

@@ -16,6 +16,7 @@ FrameType frame_type_of(CtrlType type) {
     case CtrlType::kCts: return FrameType::kMsgCts;
     case CtrlType::kReject: return FrameType::kMsgReject;
     case CtrlType::kNotify: return FrameType::kMsgNotify;
+    case CtrlType::kAbort: return FrameType::kMsgAbort;
   }
   return FrameType::kMsgReject;
 }
@@ -26,6 +27,7 @@ CtrlType ctrl_type_of(FrameType type) {
     case FrameType::kMsgEager: return CtrlType::kEager;
     case FrameType::kMsgCts: return CtrlType::kCts;
     case FrameType::kMsgNotify: return CtrlType::kNotify;
+    case FrameType::kMsgAbort: return CtrlType::kAbort;
     default: return CtrlType::kReject;
   }
 }
@@ -45,6 +47,7 @@ const char* frame_type_name(FrameType type) {
     case FrameType::kMsgNotify: return "MSG_NOTIFY";
     case FrameType::kWriteGather: return "WRITE_GATHER";
     case FrameType::kWriteGatherAck: return "WRITE_GATHER_ACK";
+    case FrameType::kMsgAbort: return "MSG_ABORT";
   }
   return "unknown";
 }
@@ -73,7 +76,7 @@ FrameHeader FrameHeader::decode(const uint8_t* in) {
   }
   FrameHeader h;
   if (in[3] < static_cast<uint8_t>(FrameType::kWrite) ||
-      in[3] > static_cast<uint8_t>(FrameType::kWriteGatherAck)) {
+      in[3] > static_cast<uint8_t>(FrameType::kMsgAbort)) {
     throw Error(ErrorKind::kProtocol, "unknown frame type " + std::to_string(in[3]));
   }
   h.type = static_cast<FrameType>(in[3]);

@@ -52,10 +52,11 @@ enum class FrameType : uint8_t {
   kMsgNotify = 11,
   kWriteGather = 12,
   kWriteGatherAck = 13,
+  kMsgAbort = 14,
 };
 const char* frame_type_name(FrameType type);
 // The frame that carries a control message of `type`, and back (for the kMsg* control frames:
-// RTS, EAGER, CTS, REJECT, NOTIFY; shared by the TCP and shm channels).
+// RTS, EAGER, CTS, REJECT, NOTIFY, ABORT; shared by the TCP and shm channels).
 FrameType frame_type_of(CtrlType type);
 CtrlType ctrl_type_of(FrameType type);
 
