@@ -70,8 +70,9 @@ class Channel {
   // message's bytes) is held until sent or copied. A failure closes the channel.
   virtual void send_ctrl(const CtrlMessage& message, CtrlPayload payload) = 0;
   // Lets the peer write local[offset, offset+length) for one message, notifying `value`; the
-  // grant's addr, key and route go to the peer in a CTS. Bytes landing count as `progress`'s. Released
-  // by release_grant (or by the channel closing; verbs keeps it until the flushes are drained).
+  // grant's addr, key and route go to the peer in a CTS. Bytes landing count as `progress`'s.
+  // Released by release_grant (or by the channel closing; verbs keeps it until the flushes are
+  // drained).
   virtual Grant grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
                       uint64_t length, uint32_t value, const RequestPtr& progress) = 0;
   virtual void release_grant(uint64_t id) = 0;

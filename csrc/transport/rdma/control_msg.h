@@ -14,8 +14,8 @@
 //      the WRITEs go on a QP paired with it)   47 reserved u8 (0)
 //
 // The types are ctrl_message.h's; a rendezvous CTS carries the receiver's grant as addr + rkey
-// + grant rail, and the sender RDMA-WRITEs the message there, the last chunk as WRITE_WITH_IMM with imm =
-// low 32 bits of msg_id, which completes the receive.
+// + grant rail, and the sender RDMA-WRITEs the message there, the last chunk as WRITE_WITH_IMM
+// with imm = low 32 bits of msg_id, which completes the receive.
 // One type is the verbs transport's own, handled there and never handed to the protocol:
 //   RAIL_DOWN  addr = the sender's rail (index in its endpoint record) whose side failed: its
 //              port down, its device removed or a QP there in error; meta = the cause (at most

@@ -270,14 +270,18 @@ void RdmaConnection::fail_over(int rail, int peer_rail, const std::string& cause
     for (int x : rails) {
       const size_t r = static_cast<size_t>(x);
       bool live = false;
-      for (size_t i = 0; i < lanes_.size(); ++i) live = live || (lanes_[i].rail == x && lane_up_[i]);
+      for (size_t i = 0; i < lanes_.size(); ++i) {
+        live = live || (lanes_[i].rail == x && lane_up_[i]);
+      }
       if (rail_up_[r] && !live) {
         rail_up_[r] = false;
         rail_cause_[r] = cause;
         rail_by_peer_[r] = peer_rail >= 0;
         failed.push_back(x);
       }
-      if (!rail_up_[r]) causes += (causes.empty() ? "" : "; ") + rail_name(x) + ": " + rail_cause_[r];
+      if (!rail_up_[r]) {
+        causes += (causes.empty() ? "" : "; ") + rail_name(x) + ": " + rail_cause_[r];
+      }
     }
     lost = std::find(lane_up_.begin(), lane_up_.end(), true) == lane_up_.end();
     const int from = ctrl_lane_.load();
