@@ -5,8 +5,8 @@ one-sided WRITE per size through the Python API (``rdmaxfer.tools.bench.run_benc
 depth 1) and in the C++ timing loop (``loop="cpp"``), then the reference measured in the same
 process right after: plain Python sockets (``tcp_vs_peers.python_sockets``: ``sendall`` +
 ``recv_into`` + a 1-byte acknowledgement; for 8 bytes and less their 8-byte ping-pong) for
-``--transport tcp``; for ``--transport shm`` the same WRITE over TCP loopback (issue 14's
-64 KiB target), and the plain Python ping-pong for 8 bytes and less (its round-trip target).
+``--transport tcp``; for ``--transport shm`` the same WRITE over TCP loopback (the shm 64 KiB
+target), and the plain Python ping-pong for 8 bytes and less (its round-trip target).
 Rounds alternate before, after, before, ... so both builds see the same machine load; the table
 gives each figure's median over the rounds, and each ratio's median over the rounds (a ratio is
 taken within one process).
@@ -16,11 +16,11 @@ Latencies are medians of ``--iters`` operations, in microseconds.
 of it) runs on CPU A, the peer processes it spawns (rdmaxfer's bench peer, the plain Python
 peer) on CPU B. Without it the scheduler places them, and on a 2-CPU machine that decides more
 than either implementation: a plain Python 8-byte ping-pong takes ~6 µs with both processes on
-one CPU and ~47 µs across two (``bench/results/issue12-placement-python-sockets.txt``).
+one CPU and ~47 µs across two.
 
-    python bench/before_after.py --before /work/main/.venv/bin/python --transport tcp
+    python bench/before_after.py --before OLD/bin/python --transport tcp
     python bench/before_after.py --before OLD/python --after NEW/python --transport shm \
-        --sizes 8,64K --rounds 5 --json out.json
+        --sizes 8,64K --rounds 5
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
+
+#: Where the results go by default, named by what they measure (the docs' tables read them).
+RESULTS = Path(__file__).resolve().parent / "results"
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -106,7 +110,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="8,64K,1M")
     parser.add_argument("--iters", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", help="also write every round to this file")
+    parser.add_argument(
+        "--json",
+        help="write every round here ('': nowhere; default: "
+        "bench/results/small-ops-TRANSPORT[-cpus-A-B].json)",
+    )
     parser.add_argument(
         "--pin", help="A,B: this side on CPU A, the peer processes on CPU B (default: unpinned)"
     )
@@ -161,6 +169,9 @@ def main() -> None:
             f"| {med('after', 'cpp_us', i):.1f} | {med('after', 'ref_us', i):.1f} "
             f"| {ratio('before', 'api_us', i):.2f}x | {ratio('after', 'api_us', i):.2f}x |"
         )
+    if args.json is None:
+        placement = f"-cpus-{args.pin.replace(',', '-')}" if args.pin else ""
+        args.json = str(RESULTS / f"small-ops-{args.transport}{placement}.json")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sizes": sizes, "iters": args.iters, "rounds": rounds}, f, indent=2)

@@ -41,6 +41,9 @@ from _nginx import Nginx  # noqa: E402
 from rdmaxfer.tools.bench import parse_size  # noqa: E402
 from rdmaxfer.tools.fetch import fetch  # noqa: E402
 
+#: Where the results go by default, named by what they measure (the docs' tables read them).
+RESULTS = HERE / "results"
+
 
 def make_file(path: Path, size: int) -> str:
     """Random bytes (never zeros), written in 64 MiB pieces; returns the sha256."""
@@ -95,7 +98,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cap", default="100M", help="nginx limit_rate per connection ('' = skip)")
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
-    ap.add_argument("--json", help="write the rows as JSON to this file")
+    ap.add_argument(
+        "--json",
+        default=str(RESULTS / "fetch-vs-curl.json"),
+        help="write the rows here (default: %(default)s; '': nowhere)",
+    )
     args = ap.parse_args()
     size = parse_size(args.size)
     work = Path(args.dir or tempfile.mkdtemp(prefix="fetch-bench-"))

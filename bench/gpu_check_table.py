@@ -2,7 +2,7 @@
 FAIL or SKIP, read from what the earlier steps wrote into the results folder:
 
 - ``gpu_bench.json`` (bench/gpu_bench.py): staged WRITE/READ against the pinned copy and wire
-  ceiling per size, target >= 0.8x (issue 16 item 6); the GPU-to-GPU loopback send/recv
+  ceiling per size, target >= 0.8x; the GPU-to-GPU loopback send/recv
   (default 4 GiB), target: bytes intact and >= 0.8x the staged WRITE rate of the largest size
   measured in the same run;
 - ``gpu-tests.xml`` (pytest -m gpu, JUnit): pull_weights of the MiniLM file into cuda:0 checked

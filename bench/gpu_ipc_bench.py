@@ -1,5 +1,5 @@
-"""Two processes of one host moving GPU memory through CUDA IPC on the shm transport (issue 14
-item 3; run by bench/gpu_check.sh).
+"""Two processes of one host moving GPU memory through CUDA IPC on the shm transport (run by
+bench/gpu_check.sh).
 
 This process and a spawned peer each allocate device memory and register it on an shm engine;
 this process WRITEs its buffer into the peer's (the peer opens this process's allocation once

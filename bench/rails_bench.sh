@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Striping over two rails against one, in the rxe guest (issue 15's speed check):
+# Striping over two rails against one, in the rxe guest:
 #
 #   tests/rxe/run-in-vm.sh --rails 2 -- bench/rails_bench.sh [ROUNDS] [ITERS]
 #
 # Runs `rdmaxfer bench --transport rdma --op write --size 1M,16M` with --rails 1 and --rails 2
 # in alternating rounds (default 3 rounds of 5 timed WRITEs per size) and writes every round's
-# JSON to bench/results/rails.jsonl ({"rails": N, "round": i, "results": [...]} per line).
+# JSON to bench/results/rails-rxe.jsonl ({"rails": N, "round": i, "results": [...]} per line).
 set -euo pipefail
 rounds=${1:-3}
 iters=${2:-5}
-out=bench/results/rails.jsonl
+out=bench/results/rails-rxe.jsonl
 : > "$out"
 for ((i = 0; i < rounds; i++)); do
     for rails in 1 2; do

@@ -7,7 +7,7 @@ iperf3 is installed). Then an 8-byte round trip: rdmaxfer 8-byte WRITE (timed fr
 in the C++ timing loop like perftest) vs a plain Python ping-pong.
 GB/s = 1e9 bytes/s; the median of ``--iters`` runs.
 
-    python bench/tcp_vs_peers.py [--sizes 64K,1M,16M,256M,1G] [--iters 5] [--json out.json]
+    python bench/tcp_vs_peers.py [--sizes 64K,1M,16M,256M,1G] [--iters 5] [--json FILE]
 """
 
 from __future__ import annotations
@@ -21,10 +21,14 @@ import statistics
 import subprocess
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import numpy as np
 
 from rdmaxfer.tools import bench
+
+#: Where the results go by default, named by what they measure (the docs' tables read them).
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _python_peer(conn: Connection, size: int) -> None:
@@ -128,7 +132,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="64K,1M,16M,256M,1G")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--rtt-iters", type=int, default=5000)
-    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument(
+        "--json",
+        default=str(RESULTS / "tcp-vs-iperf3-python.json"),
+        help="write the results here (default: %(default)s; '': nowhere)",
+    )
     args = parser.parse_args()
     sizes = bench.parse_sizes(args.sizes)
 

@@ -1,5 +1,5 @@
 """Weight sync: 4 consumers each pulling a quarter of every tensor's rows vs one consumer
-pulling everything, from one WeightServer serving the MiniLM file (issue 13 item 5; target:
+pulling everything, from one WeightServer serving the MiniLM file (target:
 the 4 sharded consumers finish no later than 1.2x the one full pull).
 
 The server runs in its own process; every consumer is a process (multiprocessing spawn) that
@@ -12,7 +12,7 @@ its first axis (a 1-D tensor's elements); the quarters are ``[k*n//4 : (k+1)*n//
 A round in which a consumer raises is reported with its error and left out of the medians;
 the run then exits with status 1. Warnings of the server and the consumers are printed.
 
-    python bench/weight_sync_bench.py [--iters 5] [--transport tcp] [--json out.json]
+    python bench/weight_sync_bench.py [--iters 5] [--transport tcp] [--json FILE]
     tests/rxe/run-in-vm.sh -- .venv/bin/python bench/weight_sync_bench.py --transport rdma
 """
 
@@ -26,9 +26,13 @@ import multiprocessing as mp
 import statistics
 import time
 from multiprocessing.synchronize import Barrier
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+#: Where the results go by default, named by what they measure (the docs' tables read them).
+RESULTS = Path(__file__).resolve().parent / "results"
 
 CONSUMERS = 4
 
@@ -139,7 +143,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--transport", default="tcp", choices=["tcp", "rdma"])
-    parser.add_argument("--json", help="write the rounds and medians here")
+    parser.add_argument(
+        "--json",
+        help="write the rounds here ('': nowhere; default: "
+        "bench/results/weight-sync-TRANSPORT.json)",
+    )
     args = parser.parse_args()
     from rdmaxfer.tools.cli import default_model_file
 
@@ -189,6 +197,8 @@ def main() -> None:
         f"ratio 4 sharded / 1 full: {m4 / m1:.2f}x (per round {min(ratios):.2f}-"
         f"{max(ratios):.2f}; target <= 1.2x)"
     )
+    if args.json is None:
+        args.json = str(RESULTS / f"weight-sync-{args.transport}.json")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
