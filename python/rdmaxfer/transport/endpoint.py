@@ -453,7 +453,9 @@ class Endpoint(BatchOps):
         Raises:
             TransferTimeoutError: no progress for ``timeout`` seconds, or past ``deadline``;
                 the endpoint is then aborted.
-            RemoteAccessError, InvalidArgumentError, ProtocolError, ConnectionFailedError.
+            RemoteAccessError, InvalidArgumentError, ProtocolError, ConnectionFailedError: the
+                peer refused the access, an argument is bad, the peer broke the protocol, or the
+                connection failed.
         """
         if notify is None and blocking.one_sided(
             self, "write", local, remote, offset, remote_offset, nbytes, chunk_size, streams,

@@ -147,10 +147,9 @@ class Transfer(Generic[T]):
                 while bytes are still moving. A recv still waiting for its message fails when
                 none arrived within ``timeout``.
             deadline: an optional bound on the whole wait, in seconds from now (None: none).
-
-            When either runs out while bytes are moving, the endpoint is aborted (its stream
-            can no longer be trusted); while a recv still waits for a message, the wait is
-            withdrawn and the endpoint stays usable.
+                When either runs out while bytes are moving, the endpoint is aborted (its
+                stream can no longer be trusted); while a recv still waits for a message, the
+                wait is withdrawn and the endpoint stays usable.
 
         Returns:
             The received array for a recv, else None.

@@ -122,7 +122,8 @@ def pull_weights(
         TransferTimeoutError: ``min_version`` was not published within ``timeout``, or the
             READs stalled.
         UnsupportedError: ``device`` is a GPU but CUDA is not usable here (with the reason).
-        ConnectionFailedError, ProtocolError, RemoteAccessError.
+        ConnectionFailedError, ProtocolError, RemoteAccessError: the connection failed, the
+            server broke the protocol, or it refused a READ.
     """
     ordinal = None if device is None or device == "cpu" else cuda.parse_device(device)
     if names is None and into is not None:

@@ -324,7 +324,9 @@ def push_weights(
     Raises:
         InvalidArgumentError: a name the receiver does not have or one it has that is not
             pushed, or another dtype/shape (the message names the tensor); no byte moved.
-        ConnectionFailedError, TransferTimeoutError, ProtocolError, RemoteAccessError.
+        ConnectionFailedError, TransferTimeoutError, ProtocolError, RemoteAccessError: the
+            connection failed, the WRITEs stalled, the receiver broke the protocol, or it
+            refused a WRITE.
     """
     if (
         isinstance(version, bool)
