@@ -1,9 +1,11 @@
 """Every program of examples/ runs as written, both sides on this machine, and prints its
-line."""
+line: the examples the README and the docs show (they include these files) are the ones that
+run here."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from rdmaxfer.memory import cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+DOCS = ROOT / "docs"
 TIMEOUT_S = 180
 
 #: What each example prints when every byte arrived as sent (checked line for line).
@@ -56,8 +59,11 @@ def _free_port_pair() -> int:
     raise RuntimeError("no two neighbouring free ports")
 
 
-def test_every_example_has_its_line() -> None:
+def test_every_example_has_its_line_and_is_shown_in_the_docs() -> None:
     assert sorted(EXPECTED) == _programs()
+    shown = "\n".join(p.read_text() for p in DOCS.rglob("*.md"))
+    included = set(re.findall(r'--8<-- "examples/([^"]+)"', shown))
+    assert included == set(EXPECTED), "an example no docs page includes, or a missing one"
 
 
 def _run(name: str) -> subprocess.CompletedProcess[str]:

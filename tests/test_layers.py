@@ -18,7 +18,7 @@ import pytest
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "python" / "rdmaxfer"
 
 #: The floors of ``rdmaxfer``, lowest first; a module belongs to the floor of the longest
-#: prefix that names it. See the README's "How it works".
+#: prefix that names it. See docs/internals.md.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("rdmaxfer._core", "rdmaxfer.errors", "rdmaxfer._config", "rdmaxfer._warn"),
     ("rdmaxfer.memory",),

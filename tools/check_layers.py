@@ -1,6 +1,6 @@
 """Fails on a C++ include that goes up a floor of csrc/.
 
-The floors, lowest first (README "How it works"): a file may include its own floor and the
+The floors, lowest first (docs/internals.md): a file may include its own floor and the
 floors below it, never one above::
 
     common -> core -> cuda -> transport -> protocol -> engine -> bindings
