@@ -76,7 +76,8 @@ def test_repeated_writes_reuse_one_temporary_mr(rng: np.random.Generator) -> Non
             ep.write(source, target.descriptor(), timeout=WAIT_S)
             np.testing.assert_array_equal(target.numpy(), source)
             assert client.registered_count() == base + 1
-        cached = client._temps._entries[(source.ctypes.data, 8192)].region
+        cached = client._temps.lookup(source)
+        assert cached is not None
         user = client.register(source, "r")
         assert not cached.registered
         user.deregister(timeout=WAIT_S)
