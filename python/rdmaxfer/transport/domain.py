@@ -74,7 +74,7 @@ class MemoryDomain:
         # memory again is free, with the range key of each.
         self._regions: dict[int, MemoryRegion] = {}
         self._by_range: dict[tuple[int, int, int], MemoryRegion] = {}
-        self._range_of: dict[int, tuple[int, int, int]] = {}
+        self._range_of: dict[int, tuple[tuple[int, int, int], str]] = {}  # key -> (range, kind)
         # Which user registration contains a range, by kind: host memory with local write
         # ("host_lw") or without ("host"), GPU memory exported for CUDA IPC ("ipc") or
         # registered for GPUDirect RDMA ("direct").
@@ -194,15 +194,15 @@ class MemoryDomain:
 
     def _add_user_locked(self, region: MemoryRegion, at: tuple[int, int, int]) -> None:
         """Index a new user registration of the range ``at`` = (address, bytes, access)."""
-        self._regions[region.key] = region
-        self._by_range[at] = region
-        self._range_of[region.key] = at
-        self._covers[self._cover_kind(region)].add(region.key, region.addr, region.nbytes, region)
-
-    def _cover_kind(self, region: MemoryRegion) -> str:
+        key = region.key
         if region.device is not None:
-            return "ipc" if region.key in self._ipc_keys else "direct"
-        return "host_lw" if region.core.local_write else "host"
+            kind = "ipc" if key in self._ipc_keys else "direct"
+        else:
+            kind = "host_lw" if region.core.local_write else "host"
+        self._regions[key] = region
+        self._by_range[at] = region
+        self._range_of[key] = (at, kind)
+        self._covers[kind].add(key, at[0], at[1], region)
 
     def gpu_preflight(self, device: str | int = 0) -> gpudirect.GpuDirectPreflight:
         """How this engine registers memory of GPU ``device`` for RDMA, and why not otherwise:
@@ -521,13 +521,16 @@ class MemoryDomain:
     def _deregister_region(self, region: MemoryRegion, timeout_s: float) -> None:
         if not region.temporary and region.device is None:
             self._temps.invalidate(region.numpy())
+        key = region.key
         with self._lock:
-            self._regions.pop(region.key, None)
-            self._covers[self._cover_kind(region)].remove(region.key)
-            self._ipc_keys.discard(region.key)
-            at = self._range_of.pop(region.key, None)
-            if at is not None and self._by_range.get(at) is region:
-                del self._by_range[at]
+            self._regions.pop(key, None)
+            self._ipc_keys.discard(key)
+            indexed = self._range_of.pop(key, None)
+            if indexed is not None:
+                at, kind = indexed
+                self._covers[kind].remove(key)
+                if self._by_range.get(at) is region:
+                    del self._by_range[at]
             if self._closed and self._core_closed:
                 return
         self._core.deregister(region.core, timeout_s)

@@ -42,7 +42,9 @@ class SortedInts:
             self._blocks.append([value])
             maxes.append(value)
         else:
-            k = min(bisect_left(maxes, value), len(maxes) - 1)
+            k = bisect_left(maxes, value)
+            if k == len(maxes):
+                k -= 1
             block = self._blocks[k]
             insort(block, value)
             maxes[k] = block[-1]
