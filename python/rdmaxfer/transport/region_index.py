@@ -13,7 +13,7 @@ binary search over the blocks and one within a block of at most ``2 * SortedInts
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 __all__ = ["CoverIndex", "SortedInts"]
@@ -92,7 +92,14 @@ class _Node(Generic[T]):
     end: int
     item: T
     parent: _Node[T] | None = None
-    inner: dict[int, _Node[T]] = field(default_factory=dict)  # ranges inside this one
+    inner: dict[int, _Node[T]] | None = None  # ranges inside this one (made with the first)
+
+    def hold(self, child: _Node[T]) -> None:
+        """Keep ``child`` (a range inside this one) under this one."""
+        child.parent = self
+        if self.inner is None:
+            self.inner = {}
+        self.inner[child.key] = child
 
 
 class CoverIndex(Generic[T]):
@@ -122,15 +129,16 @@ class CoverIndex(Generic[T]):
         if node is None:
             return
         parent = node.parent
+        inner = node.inner.values() if node.inner is not None else ()
         if parent is not None:
+            assert parent.inner is not None
             del parent.inner[key]
-            for child in node.inner.values():
-                child.parent = parent
-                parent.inner[child.key] = child
+            for child in inner:
+                parent.hold(child)
             return
         del self._top[node.start]
         self._starts.remove(node.start)
-        for child in node.inner.values():
+        for child in inner:
             child.parent = None
             self._place(child)
 
@@ -147,8 +155,7 @@ class CoverIndex(Generic[T]):
         if start is not None:
             before = self._top[start]
             if before.end >= node.end:  # inside a kept range: wait under it
-                node.parent = before
-                before.inner[node.key] = node
+                before.hold(node)
                 return
             if start == node.start:  # same start, shorter: it is inside this one
                 self._absorb(node, before)
@@ -166,5 +173,4 @@ class CoverIndex(Generic[T]):
         """Move the kept range ``other`` (inside ``node``) under ``node``."""
         del self._top[other.start]
         self._starts.remove(other.start)
-        other.parent = node
-        node.inner[other.key] = other
+        node.hold(other)
