@@ -70,7 +70,8 @@ def test_user_registration_and_deregistration_drop_the_cached_one(
     base = pair.client.registered_count()
     pair.a.write(src, desc, timeout=TIMEOUT_S)
     assert pair.client.registered_count() == base + 1
-    cached = pair.client._temps._entries[(src.ctypes.data, NBYTES)].region
+    cached = pair.client._temps.lookup(src)
+    assert cached is not None
     user = pair.client.register(src, "r")
     assert not cached.registered, "registering the memory drops the cached registration"
     assert pair.client.registered_count() == base + 1  # only the user's
@@ -98,7 +99,8 @@ def test_memory_at_a_reused_address_never_meets_a_stale_registration(
     base = pair.client.registered_count()
     first = _owned_view(memory.ctypes.data, NBYTES)
     pair.a.write(first, target.descriptor(), timeout=TIMEOUT_S)
-    stale = pair.client._temps._entries[(memory.ctypes.data, NBYTES)].region
+    stale = pair.client._temps.lookup(first)
+    assert stale is not None
     del first
     gc.collect()
     memory[:] = rng.integers(0, 256, NBYTES, dtype=np.uint8)
@@ -107,7 +109,8 @@ def test_memory_at_a_reused_address_never_meets_a_stale_registration(
     pair.a.write(second, target.descriptor(), timeout=TIMEOUT_S)
     assert pair.client._temps.misses == misses + 1, "a new owner must not hit the old entry"
     assert not stale.registered, "the dead owner's registration is deregistered"
-    assert pair.client._temps._entries[(memory.ctypes.data, NBYTES)].region is not stale
+    fresh = pair.client._temps.lookup(second)
+    assert fresh is not None and fresh is not stale
     assert pair.client.registered_count() == base + 1
     assert crc(target.numpy()) == crc(memory)
 
@@ -201,7 +204,9 @@ def test_user_registrations_found_for_a_transfer_follow_register_and_deregister(
     assert write_and_find() == (exact, 0, 0)  # remembered
     exact.deregister()
     region, offset, temps = write_and_find()
-    assert region is not exact and region.temporary and (offset, temps) == (0, 1)
+    # The temporary registration is the whole allocation's (big), at the view's offset.
+    assert region is not exact and region.temporary and (offset, temps) == (NBYTES, 1)
+    assert (region.addr, region.nbytes) == (big.ctypes.data, big.nbytes)
     covering = engine.register(big, "r")
     assert write_and_find() == (covering, NBYTES, 0)
     again = engine.register(view, "r")

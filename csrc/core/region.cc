@@ -35,7 +35,9 @@ void check_mapped(const uint8_t* addr, uint64_t length) {
   const uint64_t begin = reinterpret_cast<uint64_t>(addr) / page * page;
   const uint64_t end = reinterpret_cast<uint64_t>(addr) + length;
   constexpr uint64_t kWindowPages = 1 << 16;
-  std::vector<unsigned char> residency(kWindowPages);
+  // One byte per page of the first window only: a small registration clears a few bytes, not
+  // the whole window's 64 KiB.
+  std::vector<unsigned char> residency(std::min((end - begin + page - 1) / page, kWindowPages));
   for (uint64_t at = begin; at < end; at += kWindowPages * page) {
     const uint64_t span = std::min(end - at, kWindowPages * page);
     if (mincore(reinterpret_cast<void*>(at), span, residency.data()) != 0) {

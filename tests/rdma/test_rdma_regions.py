@@ -76,7 +76,8 @@ def test_repeated_writes_reuse_one_temporary_mr(rng: np.random.Generator) -> Non
             ep.write(source, target.descriptor(), timeout=WAIT_S)
             np.testing.assert_array_equal(target.numpy(), source)
             assert client.registered_count() == base + 1
-        cached = client._temps._entries[(source.ctypes.data, 8192)].region
+        cached = client._temps.lookup(source)
+        assert cached is not None
         user = client.register(source, "r")
         assert not cached.registered
         user.deregister(timeout=WAIT_S)
@@ -85,3 +86,33 @@ def test_repeated_writes_reuse_one_temporary_mr(rng: np.random.Generator) -> Non
         ep.write(source, target.descriptor(), timeout=WAIT_S)
         np.testing.assert_array_equal(target.numpy(), source)
         assert client.registered_count() == base + 1
+
+
+def test_a_batch_of_views_of_one_array_registers_one_mr(rng: np.random.Generator) -> None:
+    """1,000 views of one unregistered array in a batch get one temporary registration: one
+    ibv_reg_mr of the whole array (one rail), without local write for a source; a READ batch
+    into views of another array gets one more, with local write. The bytes arrive exactly."""
+    n, page = 1000, 4096
+    with api_pair() as (server, client, ep, _):
+        target = np.zeros(n * page, np.uint8)
+        desc = server.register(target, "rw").descriptor()
+        source = random_bytes(rng, n * page)
+        slots = [int(s) for s in rng.permutation(n)]
+        base, misses = client.registered_count(), client._temps.misses
+        entries = [(source[i * page : (i + 1) * page], desc, s * page) for i, s in enumerate(slots)]
+        with ep.prepare_batch(entries) as prepared:
+            assert client.registered_count() == base + 1, "one MR for every view"
+            assert prepared.post().wait(WAIT_S).ok
+        assert client._temps.misses == misses + 1
+        mr = client._temps.lookup(source)
+        assert mr is not None and not mr.core.local_write
+        assert (mr.addr, mr.nbytes) == (source.ctypes.data, source.nbytes)
+        np.testing.assert_array_equal(target.reshape(n, page)[slots].reshape(-1), source)
+        back = np.zeros_like(source)
+        views = [(back[i * page : (i + 1) * page], desc, s * page) for i, s in enumerate(slots)]
+        assert ep.read_batch(views, timeout=WAIT_S).ok
+        np.testing.assert_array_equal(back, source)
+        assert client._temps.misses == misses + 2
+        assert client.registered_count() == base + 2
+        landing = client._temps.lookup(back)
+        assert landing is not None and landing.core.local_write

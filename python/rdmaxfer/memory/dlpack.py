@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidArgumentError
+from .allocation import Allocation, torch_storage
 
 __all__ = [
     "HOST_DEVICES",
@@ -131,9 +132,9 @@ _PACKED: dict[int, tuple[int, ...]] = {0: (1, 2, 4), 1: (1, 2, 4), 15: (6,), 16:
 
 @dataclass(frozen=True)
 class DLView:
-    """What a capsule describes. ``ptr`` includes ``byte_offset``; ``shape`` and ``dtype`` are
-    those of the NumPy view (see the module docstring for sub-byte types); ``nbytes`` is the
-    size of the data in bytes."""
+    """What a capsule describes. ``ptr`` includes ``byte_offset`` (bytes from the tensor's data
+    pointer); ``shape`` and ``dtype`` are those of the NumPy view (see the module docstring for
+    sub-byte types); ``nbytes`` is the size of the data in bytes."""
 
     ptr: int
     shape: tuple[int, ...]
@@ -141,6 +142,7 @@ class DLView:
     device_type: int
     device_id: int
     readonly: bool
+    byte_offset: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -261,20 +263,31 @@ def parse(capsule: object, *, what: str = "array") -> DLView:
         int(t.device.device_type),
         int(t.device.device_id),
         readonly,
+        int(t.byte_offset),
     )
 
 
 class _Owner:
-    """Keeps the capsule (and so the producer's tensor) alive under the NumPy view."""
+    """Keeps the capsule (and so the producer's tensor) alive under the NumPy view, and names
+    the allocation holding it (:mod:`.allocation`)."""
 
-    def __init__(self, capsule: object, view: DLView) -> None:
+    def __init__(self, capsule: object, view: DLView, producer: object) -> None:
         self.capsule = capsule
+        self.producer = producer
+        self._start = view.ptr - view.byte_offset
+        self._nbytes = view.byte_offset + view.nbytes
         self.__array_interface__ = {
             "data": (view.ptr, view.readonly),
             "shape": (view.nbytes,),
             "typestr": "|u1",
             "version": 3,
         }
+
+    def rdmaxfer_allocation(self) -> Allocation:
+        """A PyTorch tensor's storage; for any other producer, the producer object owning the
+        bytes from the tensor's data pointer to the end of the view."""
+        found = torch_storage(self.producer)
+        return found if found is not None else Allocation(self.producer, self._start, self._nbytes)
 
 
 def host_array(obj: Any, *, what: str = "array") -> npt.NDArray[Any]:
@@ -297,5 +310,5 @@ def host_array(obj: Any, *, what: str = "array") -> npt.NDArray[Any]:
         )
     if view.nbytes == 0:
         return np.zeros(view.shape, view.dtype)
-    raw: npt.NDArray[Any] = np.asarray(_Owner(capsule, view))
+    raw: npt.NDArray[Any] = np.asarray(_Owner(capsule, view, obj))
     return raw.view(view.dtype).reshape(view.shape)

@@ -189,7 +189,7 @@ class _Plan:
                 )
             self.temps.extend(direct[2])
             return direct[0], direct[1], int(mem.nbytes), last
-        addr = int(mem.__array_interface__["data"][0])
+        addr = _native.address_of(mem)
         nbytes = int(mem.nbytes)
         if (
             last is not None

@@ -29,7 +29,8 @@ from ..errors import (
 from ..memory.buffer import Buffer, as_array, byte_view, device_view
 from ..memory.region import ACCESS, LOCAL_WRITE, MemoryRegion, access_bits
 from .notifications import Notifications
-from .regcache import EXPORTS_ENV, RegistrationCache, exports_max
+from .regcache import EXPORTS_ENV, RegistrationCache, cache_bounds, exports_max
+from .region_index import CoverIndex
 
 if TYPE_CHECKING:
     from ..gpu import gpudirect
@@ -39,9 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["MemoryDomain", "staged_backstop_s"]
 
 _NO_BYTES: npt.NDArray[np.uint8] = np.empty(0, np.uint8)
-
-# Entries _local remembers before it starts over (one per distinct array it was asked about).
-_FOUND_MAX = 256
 
 # Bound on deregistration waits when the engine closes (its endpoints are closed by then).
 CLOSE_TIMEOUT_S = 5.0
@@ -72,12 +70,17 @@ class MemoryDomain:
         self._closed = False
         self._pid = os.getpid()  # in a child of os.fork() this engine is the parent's: inert
         # Every live registration by key (so none can be freed while its key is live), and the
-        # user registrations by exact range, so registering the same memory again is free.
+        # user registrations by exact range (address, bytes, access), so registering the same
+        # memory again is free, with the range key of each.
         self._regions: dict[int, MemoryRegion] = {}
         self._by_range: dict[tuple[int, int, int], MemoryRegion] = {}
-        # What _local found among the user registrations, by (address, bytes, writes): read
-        # without the lock, emptied whenever a registration is made or ended.
-        self._found: dict[tuple[int, int, bool], tuple[MemoryRegion, int]] = {}
+        self._range_of: dict[int, tuple[tuple[int, int, int], str]] = {}  # key -> (range, kind)
+        # Which user registration contains a range, by kind: host memory with local write
+        # ("host_lw") or without ("host"), GPU memory exported for CUDA IPC ("ipc") or
+        # registered for GPUDirect RDMA ("direct").
+        self._covers: dict[str, CoverIndex[MemoryRegion]] = {
+            kind: CoverIndex() for kind in ("host", "host_lw", "ipc", "direct")
+        }
         # GPU memory: the staging pipelines (rdmaxfer.gpu.staging), the GPUDirect preflight.
         self._stagers: StagerPool | None = None
         self._preflights: dict[int, gpudirect.GpuDirectPreflight] = {}
@@ -85,8 +88,8 @@ class MemoryDomain:
         # connections only; the others are GPUDirect RDMA MRs, moved directly on rdma ones).
         self._ipc_keys: set[int] = set()
         self._notifications = Notifications(core)
-        # Temporary registrations of unregistered host memory, reused across transfers.
-        self._temps = RegistrationCache()
+        # Temporary registrations of unregistered host memory, one per allocation, reused.
+        self._temps = RegistrationCache(*cache_bounds())
         # Implicit CUDA IPC exports of unregistered GPU allocations (_export), and why the
         # last unregistered GPU memory on a shm connection was staged instead ("" if none was).
         exports = exports_max()
@@ -177,7 +180,7 @@ class MemoryDomain:
         writes = arr.flags.writeable if local_write is None else local_write
         core_bits = bits | (LOCAL_WRITE if writes else 0)
         addr, nbytes = _addr(arr), int(arr.nbytes)
-        self._temps.invalidate(addr, nbytes)
+        self._temps.invalidate(arr)
         with self._lock:
             cached = self._by_range.get((addr, nbytes, bits))
             if cached is not None and cached.registered and cached.core.local_write >= writes:
@@ -186,10 +189,20 @@ class MemoryDomain:
             region = MemoryRegion(
                 self, self._core.register(addr, nbytes, core_bits), owner, byte_view(arr)
             )
-            self._regions[region.key] = region
-            self._by_range[(addr, nbytes, bits)] = region
-            self._found.clear()
+            self._add_user_locked(region, (addr, nbytes, bits))
         return region
+
+    def _add_user_locked(self, region: MemoryRegion, at: tuple[int, int, int]) -> None:
+        """Index a new user registration of the range ``at`` = (address, bytes, access)."""
+        key = region.key
+        if region.device is not None:
+            kind = "ipc" if key in self._ipc_keys else "direct"
+        else:
+            kind = "host_lw" if region.core.local_write else "host"
+        self._regions[key] = region
+        self._by_range[at] = region
+        self._range_of[key] = (at, kind)
+        self._covers[kind].add(key, at[0], at[1], region)
 
     def gpu_preflight(self, device: str | int = 0) -> gpudirect.GpuDirectPreflight:
         """How this engine registers memory of GPU ``device`` for RDMA, and why not otherwise:
@@ -254,9 +267,7 @@ class MemoryDomain:
             with self._lock:
                 if method == "cuda_ipc":
                     self._ipc_keys.add(region.key)
-                self._regions[region.key] = region
-                self._by_range[(view.ptr, view.nbytes, bits)] = region
-                self._found.clear()
+                self._add_user_locked(region, (view.ptr, view.nbytes, bits))
             return region
         raise RegistrationError("GPU memory registration failed: " + "; ".join(errors))
 
@@ -291,8 +302,10 @@ class MemoryDomain:
         from ..memory import cuda
 
         with self._lock:
-            used = self._stagers is not None or any(
-                region.device is not None for region in self._regions.values()
+            used = (
+                self._stagers is not None
+                or len(self._covers["ipc"]) + len(self._covers["direct"]) > 0
+                or len(self._exports) > 0
             )
         if not used:
             return ""
@@ -333,18 +346,13 @@ class MemoryDomain:
         """The live GPU registration of the user's covering ``view`` that a connection over
         ``transport`` moves directly (CUDA IPC exports on ``"shm"``, GPUDirect RDMA MRs on the
         others): (region, byte offset of the view in it), else None."""
-        ipc = transport == "shm"
         with self._lock:
-            for region in self._regions.values():
-                if (
-                    region.registered
-                    and not region.temporary
-                    and region.device is not None
-                    and (region.key in self._ipc_keys) == ipc
-                    and region.contains(view.ptr, view.nbytes)
-                ):
-                    return region, view.ptr - region.addr
-        return None
+            region = self._covers["ipc" if transport == "shm" else "direct"].find(
+                view.ptr, view.nbytes
+            )
+        if region is None or not region.registered:
+            return None
+        return region, view.ptr - region.addr
 
     def _device_direct(
         self, view: cuda.CudaArray, transport: str
@@ -462,61 +470,42 @@ class MemoryDomain:
             core = self._core.alloc_pinned(nbytes, bits)
             data: npt.NDArray[np.uint8] = np.frombuffer(cast(Any, core), dtype=np.uint8)
             region = MemoryRegion(self, core, core, data)
-            self._regions[region.key] = region
-            self._by_range[(region.addr, nbytes, bits)] = region
-            self._found.clear()
+            self._add_user_locked(region, (region.addr, nbytes, bits))
         return region
 
     def _local(
         self, arr: npt.NDArray[Any], *, writes: bool
     ) -> tuple[MemoryRegion, int, list[MemoryRegion]]:
-        """The registration covering ``arr`` for a local use (``writes``: a READ or receive
-        lands in it): a live user region with the rights that use needs, else a temporary one
-        with no remote access and local write only for a destination, from the registration
+        """The registration holding ``arr`` for a local use (``writes``: a READ or receive
+        lands in it): a live user region with the rights that use needs (one of exactly arr's
+        range first, else one containing it), else a temporary one of the allocation holding
+        arr with no remote access and local write only for a destination, from the registration
         cache (:mod:`.regcache`): (region, byte offset of arr in it, temporaries to hand back
-        with :meth:`_release_temps` when the operation is done). A user region found is
-        remembered for the same (address, bytes, writes) until a registration is made or ended."""
+        with :meth:`_release_temps` when the operation is done). O(log n) in the registrations.
+        """
         if self._closed or self._pid != _pid:
             self._check_open()
         addr, nbytes = _core.address_of(arr), int(arr.nbytes)
-        found = self._found.get((addr, nbytes, writes))
-        if found is not None and found[0].registered:
-            return found[0], found[1], []
-
-        def usable(region: MemoryRegion | None) -> bool:
-            return region is not None and region.registered and region.core.local_write >= writes
-
         with self._lock:
             for bits in ACCESS.values():
                 hit = self._by_range.get((addr, nbytes, bits))
-                if hit is not None and usable(hit):
-                    return self._remember(addr, nbytes, writes, hit, 0)
-            for region in self._by_range.values():
-                if usable(region) and region.contains(addr, nbytes):
-                    return self._remember(addr, nbytes, writes, region, addr - region.addr)
+                if hit is not None and hit.registered and hit.core.local_write >= writes:
+                    return hit, 0, []
+            found = self._covers["host_lw"].find(addr, nbytes)
+            if found is None and not writes:
+                found = self._covers["host"].find(addr, nbytes)
+        if found is not None and found.registered:
+            return found, addr - found.addr, []
 
-        def register(cached: bool) -> MemoryRegion:
-            core = self._core.register(addr, nbytes, LOCAL_WRITE if writes else ACCESS["none"])
-            # A cached one must not keep arr alive (regcache: the entry dies with the owner);
-            # each transfer keeps arr alive while it runs.
-            owner, data = (None, _NO_BYTES) if cached else (arr, byte_view(arr))
-            temp = MemoryRegion(self, core, owner, data, temporary=True)
+        def register(start: int, length: int, hold: object) -> MemoryRegion:
+            core = self._core.register(start, length, LOCAL_WRITE if writes else ACCESS["none"])
+            temp = MemoryRegion(self, core, hold, _NO_BYTES, temporary=True)
             with self._lock:
                 self._regions[temp.key] = temp
             return temp
 
-        temp, _ = self._temps.acquire(arr, addr, writes, register)
-        return temp, 0, [temp]
-
-    def _remember(
-        self, addr: int, nbytes: int, writes: bool, region: MemoryRegion, offset: int
-    ) -> tuple[MemoryRegion, int, list[MemoryRegion]]:
-        """Note what :meth:`_local` found (under the lock), so the next look-up of the same
-        memory takes one dict probe: (region, offset, no temporaries)."""
-        if len(self._found) >= _FOUND_MAX:
-            self._found.clear()
-        self._found[(addr, nbytes, writes)] = (region, offset)
-        return region, offset, []
+        temp, offset = self._temps.acquire(arr, writes, register)
+        return temp, offset, [temp]
 
     def _release_temps(
         self, temps: list[MemoryRegion], timeout_s: float, *, failed: bool = False
@@ -531,14 +520,17 @@ class MemoryDomain:
 
     def _deregister_region(self, region: MemoryRegion, timeout_s: float) -> None:
         if not region.temporary and region.device is None:
-            self._temps.invalidate(region.addr, region.nbytes)
+            self._temps.invalidate(region.numpy())
+        key = region.key
         with self._lock:
-            self._regions.pop(region.key, None)
-            self._ipc_keys.discard(region.key)
-            for key, value in list(self._by_range.items()):
-                if value is region:
-                    del self._by_range[key]
-            self._found.clear()
+            self._regions.pop(key, None)
+            self._ipc_keys.discard(key)
+            indexed = self._range_of.pop(key, None)
+            if indexed is not None:
+                at, kind = indexed
+                self._covers[kind].remove(key)
+                if self._by_range.get(at) is region:
+                    del self._by_range[at]
             if self._closed and self._core_closed:
                 return
         self._core.deregister(region.core, timeout_s)
