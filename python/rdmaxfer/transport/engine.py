@@ -328,7 +328,9 @@ class Engine(MemoryDomain):
             timeout: seconds for connecting and the handshake (default: ``RDMAXFER_TIMEOUT``
                 or 60). A refused connection (the peer does not listen yet) is retried with
                 backoff (50 ms doubling to 1 s) until then, as torch.distributed's TCPStore
-                does; each handshake step of the accepting side has its own 5 s.
+                does, the last attempt at the timeout (timeout=1: 6 attempts, at 0, 0.05,
+                0.15, 0.35, 0.75 and 1 s); each handshake step of the accepting side has its
+                own 5 s.
             retry_refused: False fails at once when refused: for a peer known to listen
                 already (e.g. one whose address was published after it listened), where a
                 refusal means it is gone.
