@@ -205,6 +205,12 @@ class Engine(MemoryDomain):
         with self._lock:
             return dict(self._links)
 
+    def endpoints(self) -> list[Endpoint]:
+        """The endpoints of this engine that are open now (accepted or connected), oldest
+        first; each has its own ``stats()`` and ``peer``."""
+        with self._lock:
+            return [e for e in self._endpoints.values() if not e.closed]
+
     def stats(self) -> dict[str, int]:
         """The counters of every endpoint this engine made (open or closed) plus failed
         set-ups; keys and units in :mod:`rdmaxfer.transport.stats`. Readable after ``close()``."""
