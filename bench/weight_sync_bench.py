@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--transport", default="tcp", choices=["tcp", "rdma"])
     parser.add_argument("--json", help="write the rounds and medians here")
     args = parser.parse_args()
-    from rdmaxfer.tools.cli import default_model_file
+    from rdmaxfer.tools.cli_weights import default_model_file
 
     path = str(default_model_file())
     ctx = mp.get_context("spawn")

@@ -3,12 +3,17 @@ read at scrape time; `rdmaxfer serve --metrics-port` serves them over HTTP."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
+import rdmaxfer
 from rdmaxfer import Engine, UnsupportedError
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="pip install prometheus_client")
@@ -100,3 +105,38 @@ def test_importing_metrics_loads_no_prometheus_client() -> None:
     code = "import sys, rdmaxfer.metrics; print('prometheus_client' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_serve_metrics_port_is_scraped_over_http(tmp_path: Path) -> None:
+    rng = np.random.default_rng(9)
+    weights = {"w": rng.standard_normal((128, 64)).astype(np.float32)}
+    path = tmp_path / "w.safetensors"
+    save_file(weights, str(path))
+    command = [sys.executable, "-m", "rdmaxfer", "serve", str(path), "--port", "0",
+               "--transport", "tcp", "--metrics-port", "0", "--max-clients", "2"]  # fmt: skip
+    server = subprocess.Popen(
+        command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert ", metrics on http://127.0.0.1:" in line, line
+        address = line.split(" on ", 1)[1].split(",", 1)[0]
+        url = line.rsplit(" ", 1)[1].strip()
+        before = samples(httpx.get(url, timeout=30).text)
+        assert total(before, "rdmaxfer_connections_total") == 0
+        pulled = rdmaxfer.pull_weights(address, transport="tcp", timeout=30)
+        np.testing.assert_array_equal(pulled["w"], weights["w"])
+        after = samples(httpx.get(url, timeout=30).text)
+        assert total(after, "rdmaxfer_connections_total", link="tcp") == 1
+        assert total(after, "rdmaxfer_bytes_total") > total(before, "rdmaxfer_bytes_total")
+        assert total(after, "rdmaxfer_operations_total") > total(
+            before, "rdmaxfer_operations_total"
+        )
+        rdmaxfer.pull_weights(address, transport="tcp", timeout=30)  # the last client
+        server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 0

@@ -78,7 +78,7 @@ def test_engine_example_runs_on_both_sides(tmp_path: Path) -> None:
 
 
 def test_weight_sync_example_runs(tmp_path: Path) -> None:
-    from rdmaxfer.tools.cli import default_model_file
+    from rdmaxfer.tools.cli_weights import default_model_file
 
     pull_port, push_port = _free_port(), _free_port()
     code = (
