@@ -311,7 +311,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             warm, seconds = _pull(address, args, engine, label="warm pull", into=into)
             print(
                 "warm pull: " + _report(warm, seconds, _links(engine)) + " (the same "
-                "arrays again, as a repeated weight sync; `rdmaxfer bench` measures this)"
+                "arrays again, as a repeated weight sync; `rdmaxfer bench` times such repeats)"
             )
         served = True
         bad = verify_against_file(into, path)
