@@ -149,7 +149,7 @@ def main() -> None:
         "bench/results/weight-sync-TRANSPORT.json)",
     )
     args = parser.parse_args()
-    from rdmaxfer.tools.cli import default_model_file
+    from rdmaxfer.tools.cli_weights import default_model_file
 
     path = str(default_model_file())
     ctx = mp.get_context("spawn")

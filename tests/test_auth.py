@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from rdmaxfer import ConnectionFailedError, Engine
+from rdmaxfer import ConnectionFailedError, Engine, TransferTimeoutError
 
 
 def roundtrip(server: Engine, client: Engine, rng: np.random.Generator) -> None:
@@ -83,8 +83,44 @@ def test_forged_proof_reveals_nothing() -> None:
             verdict = s.recv(16, socket.MSG_WAITALL)
             assert struct.unpack("<H", verdict[6:8])[0] == 5  # auth failed
             assert s.recv(100) == b""  # closed
-        with pytest.raises(Exception, match="no peer connected"):
-            server.accept(timeout=0.5)
+        with pytest.raises(TransferTimeoutError) as info:
+            server.accept(timeout=1)
+    assert f"a peer connected to port {port} but its handshake failed" in str(info.value)
+    assert "authentication failed: the peer holds a different secret" in str(info.value)
+
+
+def test_accept_says_a_peer_failed_authentication_and_why(transport: str) -> None:
+    """An accept that gets no connection says so, and when peers connected and failed their
+    handshake, how many and why the last one failed (not "no peer connected"); an accepted
+    connection clears the record."""
+    with Engine(transport, secret="right") as server:
+        port = server.listen("127.0.0.1", 0)
+        with pytest.raises(TransferTimeoutError, match=r"^accept: no peer connected within 0.1 s"):
+            server.accept(timeout=0.1)
+        with Engine(transport, secret="wrong") as bad:
+            with pytest.raises(ConnectionFailedError):
+                bad.connect("127.0.0.1", port, timeout=10)
+        with pytest.raises(TransferTimeoutError) as info:
+            server.accept(timeout=1)
+        text = str(info.value)
+        assert text.startswith(
+            f"accept: no connection completed within 1 s: a peer connected to port {port} but "
+            "its handshake failed ("
+        ), text
+        assert "authentication failed: the peer holds a different secret" in text, text
+        with Engine(transport) as none:  # no secret: it hangs up at the challenge
+            with pytest.raises(ConnectionFailedError):
+                none.connect("127.0.0.1", port, timeout=10)
+        with pytest.raises(TransferTimeoutError) as info:
+            server.accept(timeout=1)
+        text = str(info.value)
+        assert f"2 connections to port {port} failed their handshake (the last" in text, text
+        assert "authentication failed: the peer hung up at the challenge" in text, text
+        with Engine(transport, secret="right") as good:
+            good.connect("127.0.0.1", port, timeout=10)
+            server.accept(timeout=10).close()
+        with pytest.raises(TransferTimeoutError, match=r"^accept: no peer connected within"):
+            server.accept(timeout=0.1)
 
 
 def test_listen_beyond_loopback_without_secret_warns() -> None:

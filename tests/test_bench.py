@@ -110,7 +110,7 @@ def test_cli_reference_and_plot(tmp_path: Path) -> None:
     cmd += ["--duration", "0.2", "--qd", "2", "--reference", "--plot", str(png)]
     out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    rows = json.loads(out.stdout)
+    rows = [json.loads(line) for line in out.stdout.splitlines()]  # JSON Lines
     assert [r["bytes"] for r in rows] == [4096, 262144]
     for r in rows:
         assert r["qd"] == 2 and r["ref_tool"] == "iperf3" and r["ref_bw_GB_per_s"] > 0

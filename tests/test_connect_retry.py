@@ -61,7 +61,9 @@ def test_connect_gives_up_at_its_timeout_saying_how_long_it_tried() -> None:
         text,
     )
     assert found, text
-    assert int(found[1]) >= 3  # 50 ms, 100 ms, 200 ms, 400 ms... between attempts
+    # Attempts at 0, 0.05, 0.15, 0.35 and 0.75 s (50 ms doubling), the last at the deadline;
+    # fewer when a sleep overran on a loaded machine, never more (no spinning at the end).
+    assert 3 <= int(found[1]) <= 6, text
     assert 1.0 <= float(found[2]) < 1.0 + MARGIN_S
     assert 1.0 <= elapsed < 1.0 + MARGIN_S
 

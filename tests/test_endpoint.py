@@ -186,10 +186,17 @@ def test_recv_into_read_only_or_strided_out_is_refused_up_front(pair: Pair, seed
     ro.flags.writeable = False
     with pytest.raises(InvalidArgumentError, match=r"read-only and cannot receive"):
         pair.b.recv(out=ro, timeout=10)
-    with pytest.raises(InvalidArgumentError, match=r"not C-contiguous"):
-        pair.b.recv(out=np.empty((8, 16), np.float64)[:, ::2], timeout=10)
+    grid = np.zeros((8, 16), np.float64)
+    with pytest.raises(InvalidArgumentError, match=r"not C-contiguous") as info:
+        pair.b.recv(out=grid[:, ::2], timeout=10)
+    # The fix it names fills the caller's view; a contiguous copy of the view would not.
+    assert "receive into a contiguous array" in str(info.value)
+    assert "copy it into this view after" in str(info.value)
+    assert "ascontiguousarray" not in str(info.value)
     # the message was not consumed
-    assert same_bytes(pair.b.recv(timeout=30), sent)
+    received = pair.b.recv(out=np.empty((8, 8), np.float64), timeout=30)
+    grid[:, ::2] = received
+    assert same_bytes(grid[:, ::2].copy(), sent) and not grid[:, 1::2].any()
     transfer.wait(30)
 
 

@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rdmaxfer.memory",),
     ("rdmaxfer.gpu",),
     ("rdmaxfer.transport",),
+    ("rdmaxfer.metrics",),
     ("rdmaxfer.weights",),
     ("rdmaxfer.distributed",),
     ("rdmaxfer.tools",),

@@ -17,7 +17,8 @@ from safetensors.numpy import save_file
 import rdmaxfer
 from rdmaxfer import Engine, TransferTimeoutError, TransportError, _core
 from rdmaxfer._config import parse_address
-from rdmaxfer.tools.cli import build_parser, start_serve_process
+from rdmaxfer.tools.cli import build_parser
+from rdmaxfer.tools.cli_weights import start_serve_process
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -75,6 +76,7 @@ def test_handshake_timeout_names_the_peer_and_the_seconds() -> None:
         silent.close()
     text = str(info.value)
     assert f"handshake with 127.0.0.1:{port}" in text and "within 1.5 s" in text, text
+    assert "did not answer rdmaxfer's hello" in text and "not an rdmaxfer engine" in text, text
 
 
 def test_serve_prints_a_line_per_client(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from rdmaxfer import Engine, InvalidArgumentError, pull_weights, serve_weights
-from rdmaxfer.tools.cli import default_model_file, start_serve_process, verify_against_file
+from rdmaxfer.tools.cli_weights import default_model_file, start_serve_process, verify_against_file
 from rdmaxfer.weights import WeightServer, save_safetensors_copy
 
 

@@ -22,7 +22,7 @@ from rdmaxfer import (
     push_weights,
     receive_weights,
 )
-from rdmaxfer.tools.cli import default_model_file
+from rdmaxfer.tools.cli_weights import default_model_file
 from rdmaxfer.weights import WeightServer
 
 ROWS = "encoder.layer.0.intermediate.dense.weight"  # [1536, 384] F32

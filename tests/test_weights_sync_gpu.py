@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 
 from rdmaxfer import Buffer, InvalidArgumentError, pull_weights, push_weights, receive_weights
 from rdmaxfer.memory import cuda
-from rdmaxfer.tools.cli import default_model_file
+from rdmaxfer.tools.cli_weights import default_model_file
 from rdmaxfer.weights import WeightServer
 
 pytestmark = [

@@ -29,10 +29,12 @@ class Deadline {
   double timeout_s() const { return timeout_s_; }
   bool expired() const { return Clock::now() >= at_; }
 
-  // Milliseconds left, clamped to [0, cap_ms]; for poll()/epoll_wait().
+  // Milliseconds left, rounded up and clamped to [0, cap_ms]; for poll()/epoll_wait(). Rounded
+  // up, so that a wait of that many milliseconds reaches the deadline (rounded down, the last
+  // fraction of a millisecond would be spun through in waits of 0 ms).
   int remaining_ms(int cap_ms = std::numeric_limits<int>::max()) const {
     if (at_ == Clock::time_point::max()) return cap_ms;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at_ - Clock::now()).count();
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(at_ - Clock::now()).count();
     if (left < 0) return 0;
     return left > cap_ms ? cap_ms : static_cast<int>(left);
   }

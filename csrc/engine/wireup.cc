@@ -41,6 +41,7 @@ uint16_t Wireup::listen(const std::string& host, uint16_t port) {
     shm_->listen(host, bound);
     std::lock_guard<std::mutex> lock(mu_);
     shm_listening_ = true;
+    port_ = bound;
   } catch (const Error& e) {
     // Same-host peers still connect, over the network transport.
     log::write(log::Level::kInfo, std::string("transport auto: no shm listener on port ") +
@@ -55,9 +56,11 @@ uint16_t Wireup::listen(const std::string& host, uint16_t port) {
 
 Link Wireup::accept(double timeout_s) {
   bool both = false;
+  uint16_t port = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     both = shm_listening_;
+    port = port_;
   }
   if (!both) return network_link(network_.accept(timeout_s), shm_off());
   const Deadline deadline(timeout_s);
@@ -72,9 +75,7 @@ Link Wireup::accept(double timeout_s) {
     } catch (const Error& e) {
       if (!is_timeout(e)) throw;
       if (deadline.expired()) {
-        throw Error(ErrorKind::kTimeout,
-                    "accept: no peer connected within " + seconds_text(timeout_s) +
-                        " s; raise timeout= or check that the peer connects to this port");
+        throw Error(ErrorKind::kTimeout, network_.accept_timeout_text(timeout_s, port));
       }
     }
   }

@@ -62,6 +62,7 @@ class Wireup {
   mutable std::mutex mu_;
   std::string shm_off_;
   bool shm_listening_ = false;
+  uint16_t port_ = 0;  // the port both listen on (accept's message)
 };
 
 }  // namespace rdmaxfer

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "common/bytes.h"
@@ -31,6 +32,91 @@ std::string hello_status_text(HelloStatus status) {
              "RDMAXFER_SECRET / secret= on both sides)";
   }
   return "unknown status " + std::to_string(static_cast<int>(status));
+}
+
+// What a peer that is not an rdmaxfer engine sent, for a message: its first line, non-printable
+// bytes as \xNN, at most kQuoteBytes bytes; and what it looks like (", looks like HTTP").
+constexpr size_t kQuoteBytes = 64;
+
+std::string quote_reply(const std::string& bytes) {
+  std::string text;
+  for (const char c : bytes.substr(0, bytes.find_first_of("\r\n"))) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f && c != '"' && c != '\\') {
+      text += c;
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", u);
+      text += hex;
+    }
+  }
+  std::string guess;
+  if (bytes.rfind("HTTP/", 0) == 0) guess = ", looks like HTTP";
+  if (bytes.rfind("SSH-", 0) == 0) guess = ", looks like SSH";
+  if (bytes.size() >= 2 && (bytes[0] == 0x15 || bytes[0] == 0x16) && bytes[1] == 0x03) {
+    guess = ", looks like TLS";
+  }
+  return "it answered \"" + text + "\"" + guess;
+}
+
+// The error for a peer whose reply to our hello starts with `got` instead of kAckMagic: the
+// reply quoted, with what else it sent at once (an HTTP server's status line, say).
+Error not_an_engine(int fd, std::string got, const std::string& where) {
+  const Deadline more(0.1);
+  while (got.size() < kQuoteBytes && got.find('\n') == std::string::npos) {
+    char buf[kQuoteBytes];
+    const ssize_t n = recv(fd, buf, kQuoteBytes - got.size(), MSG_DONTWAIT);
+    if (n > 0) {
+      got.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, more.remaining_ms()) <= 0) break;
+  }
+  return Error(ErrorKind::kConnection, "handshake with " + where + ": the peer at " + where +
+                                           " is not an rdmaxfer engine (" + quote_reply(got) +
+                                           "); check the address and port");
+}
+
+// The reply to our hello, or an error that says what the peer did instead: said nothing in
+// time, closed the connection, or answered something else (not_an_engine). Read a byte at a
+// time until the magic matched, so that a short foreign answer is quoted too.
+HelloAck receive_ack(int fd, const Deadline& deadline, const std::string& where) {
+  uint8_t buf[HelloAck::kSize];
+  size_t got = 0;
+  while (got < sizeof(buf)) {
+    const size_t want = got < sizeof(kAckMagic) ? 1 : sizeof(buf) - got;
+    try {
+      recv_exact(fd, buf + got, want, deadline, "handshake: waiting for the reply");
+    } catch (const Error& e) {
+      // Closed, or reset: closed without reading our hello.
+      const bool closed = e.kind() == ErrorKind::kConnection &&
+                          (e.err_no() == 0 || e.err_no() == ECONNRESET);
+      if (got == 0 && e.kind() == ErrorKind::kTimeout) {
+        throw Error(ErrorKind::kTimeout,
+                    "handshake with " + where +
+                        ": the peer accepted the connection but did not answer rdmaxfer's hello "
+                        "within " + seconds_text(deadline.timeout_s()) +
+                        " s: it is not an rdmaxfer engine (an HTTP server, for one, waits "
+                        "silently for a request) or it is overloaded; check the address and "
+                        "port");
+      }
+      if (got == 0 && closed) {
+        throw Error(ErrorKind::kConnection,
+                    "handshake with " + where +
+                        ": the peer closed the connection without answering rdmaxfer's hello: "
+                        "it is not an rdmaxfer engine, or it is shutting down; check the "
+                        "address and port");
+      }
+      if (closed && got < sizeof(kAckMagic)) break;  // a short answer, not ours
+      throw;
+    }
+    got += want;
+    if (got <= sizeof(kAckMagic) && buf[got - 1] != kAckMagic[got - 1]) break;
+  }
+  if (got == sizeof(buf)) return HelloAck::unpack(buf);
+  throw not_an_engine(fd, std::string(reinterpret_cast<const char*>(buf), got), where);
 }
 }  // namespace
 
@@ -144,11 +230,7 @@ void client_handshake(int fd, Hello hello, const std::string& secret, const Dead
   uint8_t buf[Hello::kSize];
   hello.pack(buf);
   send_exact(fd, buf, sizeof(buf), deadline, ("handshake with " + where + ": sending hello").c_str());
-  uint8_t ack_buf[HelloAck::kSize];
-  recv_exact(fd, ack_buf, sizeof(ack_buf), deadline,
-             ("handshake with " + where + ": waiting for the reply (is it an rdmaxfer peer?)")
-                 .c_str());
-  HelloAck ack = HelloAck::unpack(ack_buf);
+  const HelloAck ack = receive_ack(fd, deadline, where);
   if (ack.status == HelloStatus::kAuthChallenge) {
     if (secret.empty()) {
       throw Error(ErrorKind::kConnection,
@@ -216,13 +298,10 @@ Acceptor::~Acceptor() {
   handshakes_.stop();
 }
 
-AcceptedGroup Acceptor::accept(double timeout_s) {
+std::optional<AcceptedGroup> Acceptor::accept(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!wait_interruptible(cv_, lock, Deadline(timeout_s), [this] { return !ready_.empty(); })) {
-    throw Error(ErrorKind::kTimeout,
-                "accept: no peer connected within " + seconds_text(timeout_s) +
-                    " s; raise timeout= or check that the peer connects to port " +
-                    std::to_string(port_));
+    return std::nullopt;
   }
   AcceptedGroup group = std::move(ready_.front());
   ready_.pop_front();
@@ -288,7 +367,19 @@ Hello server_handshake(int fd, TransportKind transport, uint64_t engine_id,
     send_exact(fd, ack_buf, sizeof(ack_buf), deadline, "handshake: challenge");
     send_exact(fd, server_nonce.data(), server_nonce.size(), deadline, "handshake: challenge");
     uint8_t reply[64];
-    recv_exact(fd, reply, sizeof(reply), deadline, "handshake: waiting for the proof");
+    try {
+      recv_exact(fd, reply, sizeof(reply), deadline, "handshake: waiting for the proof");
+    } catch (const Error& e) {
+      // The peer has no secret: it hangs up at the challenge (unread, the nonce makes it a
+      // reset).
+      if (e.kind() != ErrorKind::kConnection || (e.err_no() != 0 && e.err_no() != ECONNRESET)) {
+        throw;
+      }
+      throw Error(ErrorKind::kConnection,
+                  "authentication failed: the peer hung up at the challenge, as one without "
+                  "the shared secret does (set the same RDMAXFER_SECRET / secret= on both "
+                  "sides)");
+    }
     Digest proof{};
     Nonce client_nonce{};
     std::memcpy(proof.data(), reply, 32);

@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -116,8 +117,8 @@ class Acceptor {
   Acceptor& operator=(const Acceptor&) = delete;
   ~Acceptor();
   uint16_t port() const { return port_; }
-  // Throws Error(kTimeout) when no connection completes in time.
-  AcceptedGroup accept(double timeout_s);
+  // The next complete group; none when no connection completes in time.
+  std::optional<AcceptedGroup> accept(double timeout_s);
 
  private:
   void run();

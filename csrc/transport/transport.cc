@@ -1,5 +1,6 @@
 #include "transport/transport.h"
 
+#include "common/deadline.h"
 #include "common/error.h"
 
 namespace rdmaxfer {
@@ -45,6 +46,14 @@ std::shared_ptr<Channel> Transport::counted_connect(
 }
 
 void Transport::log_accepted(const Channel& conn) const {
+  if (owner_ != nullptr) {
+    owner_->log_accepted(conn);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(refusals_mu_);
+    refusals_ = Refusals{};
+  }
   if (log::enabled(log::Level::kDebug)) {
     log::write(log::Level::kDebug, std::string("endpoint accepted over ") +
                                        transport_kind_name(capabilities().kind) + ": " +
@@ -55,6 +64,33 @@ void Transport::log_accepted(const Channel& conn) const {
 void Transport::accept_failed(const std::string& peer, const std::string& cause) const {
   stats_->add_error("accept");
   log::write(log::Level::kWarning, "incoming connection from " + peer + " refused: " + cause);
+  const Transport& root = owner_ != nullptr ? *owner_ : *this;
+  std::lock_guard<std::mutex> lock(root.refusals_mu_);
+  ++root.refusals_.count;
+  root.refusals_.peer = peer;
+  root.refusals_.cause = cause;
+}
+
+std::string Transport::accept_timeout_text(double timeout_s, uint16_t port) const {
+  if (owner_ != nullptr) return owner_->accept_timeout_text(timeout_s, port);
+  Refusals refused;
+  {
+    std::lock_guard<std::mutex> lock(refusals_mu_);
+    refused = refusals_;
+  }
+  const std::string within = seconds_text(timeout_s) + " s";
+  if (refused.count == 0) {
+    return "accept: no peer connected within " + within +
+           "; raise timeout= or check that the peer connects to port " + std::to_string(port);
+  }
+  const std::string to_port = " to port " + std::to_string(port);
+  if (refused.count == 1) {
+    return "accept: no connection completed within " + within + ": a peer connected" + to_port +
+           " but its handshake failed (" + refused.peer + ": " + refused.cause + ")";
+  }
+  return "accept: no connection completed within " + within + ": " +
+         std::to_string(refused.count) + " connections" + to_port +
+         " failed their handshake (the last, from " + refused.peer + ": " + refused.cause + ")";
 }
 
 std::shared_ptr<MemoryRegion> Transport::make_device_region(uint8_t*, uint64_t, uint32_t, int,

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -91,6 +92,10 @@ class Transport : public RegistrationBackend {
   }
   // Set once by the engine, before any connection (protocol/connection.h).
   void set_protocol(ProtocolFactory factory) { protocol_ = std::move(factory); }
+  // The message of an accept that waited `timeout_s` for a peer on `port` in vain: no peer
+  // connected, or peers connected and their set-up failed since the last accepted one (how
+  // many, and the last one's address and cause: a wrong secret, say). Shared with the owner.
+  std::string accept_timeout_text(double timeout_s, uint16_t port) const;
 
  protected:
   // RegistrationBackend: make_region is the transport's; device memory is refused by default
@@ -105,10 +110,10 @@ class Transport : public RegistrationBackend {
   std::shared_ptr<Channel> counted_connect(
       const std::string& peer,
       const std::function<std::shared_ptr<Channel>(int* retries)>& attempt, bool probe = false);
-  // Logs an accepted endpoint at DEBUG.
+  // Logs an accepted endpoint at DEBUG (and forgets the refusals before it).
   void log_accepted(const Channel& channel) const;
   // Logs (WARNING) and counts ("errors.accept") an incoming connection from `peer` whose
-  // set-up failed.
+  // set-up failed, and keeps it for accept_timeout_text.
   void accept_failed(const std::string& peer, const std::string& cause) const;
 
   // Gives a new channel its protocol; throws when the engine set none.
@@ -121,6 +126,15 @@ class Transport : public RegistrationBackend {
   const uint64_t engine_id_;
   const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
   std::atomic<uint64_t> next_request_id_{1};
+  // Incoming connections refused since the last accepted one: how many, the last one's
+  // peer and cause (the owner's, for a companion).
+  struct Refusals {
+    uint64_t count = 0;
+    std::string peer;
+    std::string cause;
+  };
+  mutable std::mutex refusals_mu_;
+  mutable Refusals refusals_;
 };
 
 }  // namespace rdmaxfer

@@ -30,7 +30,7 @@ from rdmaxfer import (
     pull_weights,
     serve_weights,
 )
-from rdmaxfer.tools.cli import default_model_file, verify_against_file
+from rdmaxfer.tools.cli_weights import default_model_file, verify_against_file
 
 from .rdma_helpers import WAIT_S, addrs, devices, random_bytes
 

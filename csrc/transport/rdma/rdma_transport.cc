@@ -408,10 +408,7 @@ std::shared_ptr<Channel> RdmaTransport::accept(double timeout_s) {
   if (!acceptor_) throw Error(ErrorKind::kInvalidArgument, "accept: call listen() first");
   if (!wait_interruptible(accepted_cv_, lock, Deadline(timeout_s),
                           [this] { return !accepted_.empty() || shut_down_; })) {
-    throw Error(ErrorKind::kTimeout,
-                "accept: no peer connected within " + seconds_text(timeout_s) +
-                    " s; raise timeout= or check that the peer connects to port " +
-                    std::to_string(acceptor_->port()));
+    throw Error(ErrorKind::kTimeout, accept_timeout_text(timeout_s, acceptor_->port()));
   }
   if (shut_down_) throw Error(ErrorKind::kClosed, "accept: the engine is closed");
   auto conn = std::move(accepted_.front());

@@ -216,10 +216,7 @@ std::shared_ptr<Channel> ShmTransport::accept(double timeout_s) {
   if (port_ == 0) throw Error(ErrorKind::kInvalidArgument, "accept: call listen() first");
   if (!wait_interruptible(cv_, lock, Deadline(timeout_s),
                           [this] { return !accepted_.empty() || shut_down_; })) {
-    throw Error(ErrorKind::kTimeout,
-                "accept: no peer connected within " + seconds_text(timeout_s) +
-                    " s; raise timeout= or check that the peer connects to port " +
-                    std::to_string(port_));
+    throw Error(ErrorKind::kTimeout, accept_timeout_text(timeout_s, port_));
   }
   if (shut_down_) throw Error(ErrorKind::kClosed, "accept: the engine is closed");
   auto channel = std::move(accepted_.front());

@@ -76,8 +76,9 @@ std::shared_ptr<Channel> TcpTransport::accept(double timeout_s) {
     }
     acceptor = acceptor_.get();
   }
-  AcceptedGroup group = acceptor->accept(timeout_s);
-  auto conn = adopt(std::move(group.fds), group.peer);
+  std::optional<AcceptedGroup> group = acceptor->accept(timeout_s);
+  if (!group) throw Error(ErrorKind::kTimeout, accept_timeout_text(timeout_s, acceptor->port()));
+  auto conn = adopt(std::move(group->fds), group->peer);
   log_accepted(*conn);
   return conn;
 }

@@ -132,10 +132,12 @@ def as_array(obj: object, writable: bool, *, what: str = "buffer") -> npt.NDArra
             "convert it to a numeric dtype first"
         )
     if not arr.flags.c_contiguous:
+        from .dlpack import contiguous_fix
+
         raise InvalidArgumentError(
             f"the {what} (shape {arr.shape}, dtype {arr.dtype}) is not C-contiguous: its strides "
             f"are {arr.strides} bytes (itemsize {arr.itemsize}); a transfer needs one contiguous "
-            "range of memory: pass np.ascontiguousarray(arr) (a contiguous copy)"
+            "range of memory: " + contiguous_fix(writable)
         )
     if writable and not arr.flags.writeable:
         raise InvalidArgumentError(

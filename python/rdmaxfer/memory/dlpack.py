@@ -41,6 +41,7 @@ __all__ = [
     "KDL_CUDA_MANAGED",
     "DLView",
     "check_contiguous",
+    "contiguous_fix",
     "dtype_code",
     "host_array",
     "parse",
@@ -172,6 +173,21 @@ def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def contiguous_fix(writable: bool | None) -> str:
+    """How to pass a non-contiguous array to a transfer, for an error message: a source as a
+    contiguous copy; a destination (``writable``) not so, as a copy would receive the data and
+    the caller's array would not, but as a contiguous array copied into the view after; both
+    when which is not known (None)."""
+    source = "pass a contiguous copy (np.ascontiguousarray(x) / x.contiguous())"
+    destination = (
+        "receive into a contiguous array (np.empty(x.shape, x.dtype)) and copy it into this "
+        "view after (x[...] = received): a contiguous copy of x would receive the data, not x"
+    )
+    if writable is None:
+        return f"as a source, {source}; as a destination, {destination}"
+    return destination if writable else source
+
+
 def check_contiguous(
     shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int, what: str
 ) -> None:
@@ -188,8 +204,8 @@ def check_contiguous(
     ):
         raise InvalidArgumentError(
             f"the {what} (shape {shape}) is not C-contiguous: its strides are {strides} bytes, "
-            f"C order would be {expected}; a transfer needs one contiguous range: pass a "
-            "contiguous copy (x.contiguous() / np.ascontiguousarray(x))"
+            f"C order would be {expected}; a transfer needs one contiguous range: "
+            + contiguous_fix(None)
         )
 
 

@@ -35,8 +35,9 @@ import multiprocessing as mp
 import os
 import re
 import secrets
+import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -207,7 +208,9 @@ def _peer(
     secret: str,
 ) -> None:
     """The passive side: exposes a registered buffer; for ``send`` it receives every message
-    announced over ``conn`` (``("recv", size, count, qd)``) until ``("done",)``."""
+    announced over ``conn`` (``("recv", size, count, qd)``) until ``("done",)``. Ctrl-C is for
+    the parent, which ends this process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     with _engine(transport, streams, device, secret) as engine:
         port = engine.listen(bind, 0)
         buf = np.empty(max(nbytes, 1), dtype=np.uint8)
@@ -234,7 +237,8 @@ def peer_process(
     transport: str, nbytes: int, streams: int, setup: RdmaSetup, secret: str
 ) -> Iterator[tuple[Connection, int, bytes]]:
     """Runs :func:`_peer` in a new process exposing ``nbytes``; yields the control pipe, the
-    peer's port and its region's packed descriptor, and ends the peer on exit."""
+    peer's port and its region's packed descriptor, and ends the peer on exit (at once when
+    the caller failed or was interrupted)."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     args = (child, transport, nbytes, streams, setup.peer_device, setup.bind, secret)
@@ -246,10 +250,11 @@ def peer_process(
         port, descriptor = parent.recv()
         yield parent, port, descriptor
         parent.send(("done",))
-    finally:
         peer.join(timeout=30)
+    finally:
         if peer.is_alive():
             peer.kill()
+            peer.join()
 
 
 _PEER_IDLE_S = 600.0
@@ -343,6 +348,7 @@ def run_bench(
     duration: float | None = None,
     rdma: RdmaSetup | None = None,
     stats: bool = False,
+    on_row: Callable[[BenchResult], None] | None = None,
 ) -> list[BenchResult]:
     """Run the benchmark; one :class:`BenchResult` per size.
 
@@ -361,6 +367,8 @@ def run_bench(
             :meth:`RdmaSetup.resolve`).
         stats: also record, per size, how much each of the connecting side's counters
             (:mod:`rdmaxfer.transport.stats`, warmup included) grew, in :attr:`BenchResult.stats`.
+        on_row: called with each row as soon as its size is measured (``rdmaxfer bench
+            --json`` prints it then), before the next size runs.
 
     Raises:
         InvalidArgumentError: unknown op or loop, loop="cpp" with op="send", qd>1 or a
@@ -414,6 +422,8 @@ def run_bench(
                     if stats:
                         row.stats = {k: v - before.get(k, 0) for k, v in ep.stats().items()}
                     results.append(row)
+                    if on_row is not None:
+                        on_row(row)
     return results
 
 

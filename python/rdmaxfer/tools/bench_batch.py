@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,24 @@ class BatchRow:
         """Batch bandwidth over the contiguous transfer's, measured in the same run."""
         return self.contiguous_s / self.batch_s
 
+    def as_dict(self) -> dict[str, Any]:
+        """The row as a flat dict (``rdmaxfer bench --batch N --json``): seconds are medians,
+        GB/s = 1e9 bytes/s."""
+        return {
+            "case": self.case.name,
+            "entries": self.case.entries,
+            "entry_bytes": self.case.size,
+            "bytes": self.nbytes,
+            "op": self.op,
+            "transport": self.transport,
+            "operations": self.operations,
+            "batch_s": self.batch_s,
+            "contiguous_s": self.contiguous_s,
+            "batch_GB_per_s": self.batch_gbps,
+            "contiguous_GB_per_s": self.contiguous_gbps,
+            "ratio": self.ratio,
+        }
+
 
 def run_batch_bench(
     cases: Sequence[BatchCase],
@@ -75,8 +93,10 @@ def run_batch_bench(
     iters: int = 5,
     streams: int = 0,
     rdma: RdmaSetup | None = None,
+    on_row: Callable[[BatchRow], None] | None = None,
 ) -> list[BatchRow]:
-    """Measure every case against a peer process (as ``rdmaxfer bench``).
+    """Measure every case against a peer process (as ``rdmaxfer bench``); ``on_row`` is called
+    with each row as soon as it is measured.
 
     Raises:
         InvalidArgumentError: op not write/read, no case, an empty case, iters < 1.
@@ -98,6 +118,8 @@ def run_batch_bench(
             with engine.connect(format_address(setup.bind, port), timeout=30) as ep:
                 for case in cases:
                     rows.append(_measure(ep, region, descriptor, case, op, transport, iters, rng))
+                    if on_row is not None:
+                        on_row(rows[-1])
     return rows
 
 

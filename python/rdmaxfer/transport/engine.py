@@ -205,6 +205,12 @@ class Engine(MemoryDomain):
         with self._lock:
             return dict(self._links)
 
+    def endpoints(self) -> list[Endpoint]:
+        """The endpoints of this engine that are open now (accepted or connected), oldest
+        first; each has its own ``stats()`` and ``peer``."""
+        with self._lock:
+            return [e for e in self._endpoints.values() if not e.closed]
+
     def stats(self) -> dict[str, int]:
         """The counters of every endpoint this engine made (open or closed) plus failed
         set-ups; keys and units in :mod:`rdmaxfer.transport.stats`. Readable after ``close()``."""
@@ -328,7 +334,9 @@ class Engine(MemoryDomain):
             timeout: seconds for connecting and the handshake (default: ``RDMAXFER_TIMEOUT``
                 or 60). A refused connection (the peer does not listen yet) is retried with
                 backoff (50 ms doubling to 1 s) until then, as torch.distributed's TCPStore
-                does; each handshake step of the accepting side has its own 5 s.
+                does, the last attempt at the timeout (timeout=1: 6 attempts, at 0, 0.05,
+                0.15, 0.35, 0.75 and 1 s); each handshake step of the accepting side has its
+                own 5 s.
             retry_refused: False fails at once when refused: for a peer known to listen
                 already (e.g. one whose address was published after it listened), where a
                 refusal means it is gone.
