@@ -64,19 +64,21 @@ def _entries(
 
 def _round(
     ep: Any, whole: Any, descriptor: bytes, entries: list[Any], op: str, nbytes: int
-) -> tuple[float, float, int]:
+) -> tuple[float, float, int, int]:
     """One batch call, then one contiguous transfer of its bytes: (batch s, contiguous s,
-    operations the batch was posted as)."""
+    operations after merging, channel requests they went as: one per gathered group)."""
     batch = ep.read_batch if op == "read" else ep.write_batch
+    before = ep.stats().get(f"{op}.ops", 0)
     start = time.perf_counter()
     result = batch(entries, timeout=TIMEOUT_S)
     batch_s = time.perf_counter() - start
+    requests = ep.stats().get(f"{op}.ops", 0) - before
     result.check()
     contiguous = ep.read if op == "read" else ep.write
     start = time.perf_counter()
     contiguous(whole, descriptor, nbytes=nbytes, timeout=TIMEOUT_S)
     contiguous_s = time.perf_counter() - start
-    return batch_s, contiguous_s, int(result.operations)
+    return batch_s, contiguous_s, int(result.operations), int(requests)
 
 
 def main() -> int:
@@ -111,14 +113,17 @@ def main() -> int:
                         nbytes = n * size
                         _round(ep, local, descriptor, entries, op, nbytes)  # warm-up
                         batch_s, contiguous_s, perf = [], [], []
-                        operations = 0
+                        operations = requests = 0
                         for _ in range(args.rounds):
                             if args.perftest and op == "write":
                                 perf.append(ib_write_bw(size, n, DEFAULT_WINDOW) / 8)
-                            b, c, operations = _round(ep, local, descriptor, entries, op, nbytes)
+                            b, c, operations, requests = _round(
+                                ep, local, descriptor, entries, op, nbytes
+                            )
                             batch_s.append(b)
                             contiguous_s.append(c)
                         row = _row(args, n, op, batch_s, contiguous_s, operations, perf)
+                        row["requests"] = requests
                         rows.append(row)
                         print(json.dumps(row), flush=True)
     report = {
@@ -175,14 +180,15 @@ def _row(
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """One line per (op, N): GB/s of both, ratio, us per entry."""
+    """One line per (op, N): operations, channel requests, GB/s of both, ratio, us per entry."""
     lines = [
-        f"{'op':<6}{'entries':>9}{'ops':>9}{'batch GB/s':>12}{'contig GB/s':>13}"
+        f"{'op':<6}{'entries':>9}{'ops':>9}{'requests':>9}{'batch GB/s':>12}{'contig GB/s':>13}"
         f"{'ratio':>7}{'us/entry':>10}"
     ]
     for r in rows:
         lines.append(
-            f"{r['op']:<6}{r['entries']:>9}{r['operations']:>9}{r['batch_GBps']:>12.3f}"
+            f"{r['op']:<6}{r['entries']:>9}{r['operations']:>9}{r['requests']:>9}"
+            f"{r['batch_GBps']:>12.3f}"
             f"{r['contiguous_GBps']:>13.3f}{r['ratio']:>7.2f}{r['us_per_entry']:>10.3f}"
         )
     return "\n".join(lines)
