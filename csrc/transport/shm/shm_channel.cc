@@ -485,15 +485,18 @@ void ShmChannel::serve_notified_write(const FrameHeader& h, const std::string& m
   events()->on_notify(g.value);
 }
 
+bool ShmChannel::take_pending(uint64_t op, Pending* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_.find(op);
+  if (it == pending_.end()) return false;
+  *out = std::move(it->second);
+  pending_.erase(it);
+  return true;
+}
+
 void ShmChannel::on_ack(const FrameHeader& h, const std::string& meta) {
   Pending p;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = pending_.find(h.req_id);
-    if (it == pending_.end()) return;  // failed by a close that raced with the answer
-    p = std::move(it->second);
-    pending_.erase(it);
-  }
+  if (!take_pending(h.req_id, &p)) return;  // failed by a close that raced with the answer
   const auto status = static_cast<AccessStatus>(h.status);
   if (status != AccessStatus::kOk) {
     p.request->fail(ErrorKind::kRemoteAccess,

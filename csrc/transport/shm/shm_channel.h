@@ -181,6 +181,9 @@ class ShmChannel : public Channel,
                        uint64_t local_offset, const Descriptor& remote, uint64_t remote_offset,
                        uint64_t length);
   void track(uint64_t op, Pending pending);
+  // Takes operation `op` off the books into `out`; false when it is not there (a close failed
+  // it meanwhile).
+  bool take_pending(uint64_t op, Pending* out);
   void shut(ErrorKind kind, const std::string& reason);
 
   ShmTransport& transport_;

@@ -159,13 +159,7 @@ void ShmChannel::serve_gather(const FrameHeader& h, const std::string& record) {
 
 void ShmChannel::on_gather_ack(const FrameHeader& h, const std::string& meta) {
   Pending p;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = pending_.find(h.req_id);
-    if (it == pending_.end()) return;  // failed by a close that raced with the answer
-    p = std::move(it->second);
-    pending_.erase(it);
-  }
+  if (!take_pending(h.req_id, &p)) return;  // failed by a close that raced with the answer
   if (p.pieces == 0 || (h.status != 0 && meta.size() != p.pieces)) {
     throw Error(ErrorKind::kProtocol, "shm: a gather acknowledgement that does not match");
   }

@@ -118,6 +118,9 @@ class TcpConnection : public Channel,
   // automatic engine's, moved directly on its shm connections only): throws
   // Error(kInvalidArgument) for such a local region.
   static void check_cpu_addressable(const MemoryRegion& local, const char* what);
+  // Posts a WRITE_GATHER or READ_GATHER of `pieces` of `local`.
+  RequestPtr post_gather(FrameType type, const std::shared_ptr<MemoryRegion>& local,
+                         const std::vector<GatherPiece>& pieces, PieceFailed failed);
   // Checks each piece listed in a WRITE_GATHER / READ_GATHER (`bytes` in all) for `access`.
   void check_pieces(const FrameHeader& h, const std::string& meta, uint32_t access,
                     uint64_t bytes, CheckedPieces* out) const;

@@ -49,55 +49,48 @@ GatherLimits TcpConnection::read_gather_limits(const MemoryRegion& /*local*/) co
 RequestPtr TcpConnection::post_write_gather(const std::shared_ptr<MemoryRegion>& local,
                                             const std::vector<GatherPiece>& pieces,
                                             PieceFailed failed) {
-  check_cpu_addressable(*local, "WRITE");
-  std::vector<std::pair<uint8_t*, uint64_t>> from;
-  uint64_t bytes = 0;
-  std::string meta = piece_list(*local, pieces, &from, &bytes);
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kWrite, bytes);
-  count_when_terminal(req, "write");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    check_open_locked();
-    gathers_[req->id()] = PendingGather{req, std::move(failed), pieces.size(), {}, nullptr};
-  }
-  FrameHeader h;
-  h.type = FrameType::kWriteGather;
-  h.req_id = req->id();
-  h.aux = pieces.size();
-  h.size = bytes;
-  h.payload_len = bytes;
-  h.total = bytes;
-  OutFrame f = make_frame(h, std::move(meta));
-  f.gather.assign(from.begin(), from.end());
-  f.data_len = bytes;
-  f.hold = RegionUse(local);
-  f.progress = req;
-  send_on(least_loaded(streams()), std::move(f));
-  return req;
+  return post_gather(FrameType::kWriteGather, local, pieces, std::move(failed));
 }
 
 RequestPtr TcpConnection::post_read_gather(const std::shared_ptr<MemoryRegion>& local,
                                            const std::vector<GatherPiece>& pieces,
                                            PieceFailed failed) {
-  check_cpu_addressable(*local, "READ");
-  std::vector<std::pair<uint8_t*, uint64_t>> into;
+  return post_gather(FrameType::kReadGather, local, pieces, std::move(failed));
+}
+
+RequestPtr TcpConnection::post_gather(FrameType type, const std::shared_ptr<MemoryRegion>& local,
+                                      const std::vector<GatherPiece>& pieces,
+                                      PieceFailed failed) {
+  const bool write = type == FrameType::kWriteGather;
+  check_cpu_addressable(*local, write ? "WRITE" : "READ");
+  std::vector<std::pair<uint8_t*, uint64_t>> at;
   uint64_t bytes = 0;
-  std::string meta = piece_list(*local, pieces, &into, &bytes);
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRead, bytes);
-  count_when_terminal(req, "read");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    check_open_locked();
-    gathers_[req->id()] =
-        PendingGather{req, std::move(failed), pieces.size(), std::move(into), local};
-  }
+  std::string meta = piece_list(*local, pieces, &at, &bytes);
+  auto req = std::make_shared<Request>(transport_.next_request_id(),
+                                       write ? OpKind::kWrite : OpKind::kRead, bytes);
+  count_when_terminal(req, write ? "write" : "read");
   FrameHeader h;
-  h.type = FrameType::kReadGather;
+  h.type = type;
   h.req_id = req->id();
   h.aux = pieces.size();
   h.size = bytes;
   h.total = bytes;
-  send_on(least_loaded(streams()), make_frame(h, std::move(meta)));
+  h.payload_len = write ? bytes : 0;  // a WRITE's pieces follow their list
+  OutFrame f = make_frame(h, std::move(meta));
+  if (write) {
+    f.gather.assign(at.begin(), at.end());
+    f.data_len = bytes;
+    f.hold = RegionUse(local);
+    f.progress = req;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_open_locked();
+    gathers_[req->id()] = write ? PendingGather{req, std::move(failed), pieces.size(), {}, nullptr}
+                                : PendingGather{req, std::move(failed), pieces.size(),
+                                                std::move(at), local};
+  }
+  send_on(least_loaded(streams()), std::move(f));
   return req;
 }
 
