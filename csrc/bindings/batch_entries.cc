@@ -102,12 +102,15 @@ py::tuple batch_table(const py::iterable& entries, const py::handle& region_type
       remote = parts[3].ptr();
       at = parts[4].cast<uint64_t>();
     }
-    const uint64_t r = regions.of(region, [&] { cores.append(py::handle(region).attr("core")); });
-    const uint64_t d = remotes.of(remote, [&] { descriptors.append(descriptor_of(py::handle(remote))); });
+    const uint64_t r =
+        regions.of(region, [&] { cores.append(py::handle(region).attr("core")); });
+    const uint64_t d =
+        remotes.of(remote, [&] { descriptors.append(descriptor_of(py::handle(remote))); });
     rows.insert(rows.end(), {r, offset, d, at, nbytes});
     ++index;
   }
-  py::array_t<uint64_t> table({static_cast<py::ssize_t>(index), static_cast<py::ssize_t>(kColumns)});
+  py::array_t<uint64_t> table(
+      {static_cast<py::ssize_t>(index), static_cast<py::ssize_t>(kColumns)});
   std::copy(rows.begin(), rows.end(), table.mutable_data());
   return py::make_tuple(regions.objects(), cores, remotes.objects(), descriptors, table);
 }

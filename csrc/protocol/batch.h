@@ -7,11 +7,11 @@
 // (a prepared batch). A BatchRun posts one plan: at most `window` operations outstanding at
 // once (each a channel request, or a piece of a gathered group: transport/gather.h, a group
 // at most half the window so that two are in flight; the transports bound their own send
-// queues below that), the next one posted as an earlier one completes, so a batch of hundreds of thousands of
-// entries holds a bounded number of requests. Every operation's failure is recorded against
-// its entries while the rest go on. With a notification the run sends a NOTIFY control
-// message once every operation completed (on every lane that carried it) and none failed;
-// the peer's protocol queues it (protocol/notifications.h).
+// queues below that), the next one posted as an earlier one completes, so a batch of
+// hundreds of thousands of entries holds a bounded number of requests. Every operation's
+// failure is recorded against its entries while the rest go on. With a notification the run
+// sends a NOTIFY control message once every operation completed (on every lane that carried
+// it) and none failed; the peer's protocol queues it (protocol/notifications.h).
 //
 //   run.request(): pending -> done (failures() lists the entries that failed and why) or
 //   failed (the channel closed under it, or the NOTIFY could not be sent).
