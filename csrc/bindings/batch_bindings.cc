@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/batch_entries.h"
 #include "bindings/errors.h"
 #include "bindings/region_handle.h"
 #include "common/error.h"
@@ -109,6 +110,7 @@ std::shared_ptr<BatchPlan> make_plan(const std::string& op,
 }  // namespace
 
 void bind_batches(py::module_& m) {
+  bind_batch_entries(m);
   py::class_<BatchPlan, std::shared_ptr<BatchPlan>>(m, "BatchPlan")
       .def(py::init(&make_plan), py::arg("op"), py::arg("regions"), py::arg("remotes"),
            py::arg("table"), py::arg("chunk_size") = 0, py::arg("streams") = 0)

@@ -73,8 +73,15 @@ BatchRun::BatchRun(const std::shared_ptr<Channel>& channel, std::shared_ptr<cons
       window_(window),
       whole_(whole),
       request_(channel->new_request(plan_->op(), plan_->bytes())) {
-  const auto* gathers = dynamic_cast<const GatherWrites*>(channel.get());
-  if (gathers != nullptr && plan_->op() == OpKind::kWrite) gather_ = gathers->gather_limits();
+  const auto* writes = dynamic_cast<const GatherWrites*>(channel.get());
+  const auto* reads = dynamic_cast<const GatherReads*>(channel.get());
+  const bool write = plan_->op() == OpKind::kWrite;
+  gather_.resize(plan_->region_count());
+  for (uint32_t r = 0; r < plan_->region_count(); ++r) {
+    const MemoryRegion& local = *plan_->region(r);
+    if (write && writes != nullptr) gather_[r] = writes->gather_limits(local);
+    if (!write && reads != nullptr) gather_[r] = reads->read_gather_limits(local);
+  }
 }
 
 void BatchRun::pump() {
@@ -111,12 +118,14 @@ void BatchRun::pump() {
 
 size_t BatchRun::group_size(size_t first, size_t room) const {
   const std::vector<BatchPlan::Op>& ops = plan_->ops();
-  const size_t most = std::min({room, gather_.max_pieces, ops.size() - first});
+  const GatherLimits& limits = gather_[ops[first].at.region];
+  const size_t half = std::max<size_t>(window_ / 2, 1);
+  const size_t most = std::min({room, half, limits.max_pieces, ops.size() - first});
   uint64_t bytes = 0;
   size_t count = 0;
   while (count < most) {
     const BatchEntry& at = ops[first + count].at;
-    if (at.length > gather_.max_piece_bytes || bytes + at.length > gather_.max_bytes ||
+    if (at.length > limits.max_piece_bytes || bytes + at.length > limits.max_bytes ||
         at.region != ops[first].at.region) {
       break;
     }
@@ -128,10 +137,12 @@ size_t BatchRun::group_size(size_t first, size_t room) const {
 
 void BatchRun::post_group(size_t first, size_t count) {
   std::shared_ptr<Channel> channel = channel_.lock();
-  auto* gathers = dynamic_cast<GatherWrites*>(channel.get());
-  if (gathers == nullptr) {
+  const bool write = plan_->op() == OpKind::kWrite;
+  auto* writes = write ? dynamic_cast<GatherWrites*>(channel.get()) : nullptr;
+  auto* reads = write ? nullptr : dynamic_cast<GatherReads*>(channel.get());
+  if (writes == nullptr && reads == nullptr) {
     const Error gone(ErrorKind::kClosed, "the endpoint was destroyed");
-    group_done(first, count, nullptr, &gone);
+    group_done(first, count, Refusals(), nullptr, &gone);
     return;
   }
   std::vector<GatherPiece> pieces(count);
@@ -141,31 +152,42 @@ void BatchRun::post_group(size_t first, size_t count) {
   }
   std::shared_ptr<BatchRun> self = shared_from_this();
   RequestPtr part;
+  // The pieces the target refused, told before the group's request completes.
+  auto refused = std::make_shared<Refusals>();
+  PieceFailed failed = [self, refused](size_t index, const Error& why) {
+    std::lock_guard<std::mutex> lock(self->mu_);
+    refused->emplace_back(index, why);
+  };
+  const std::shared_ptr<MemoryRegion>& local = plan_->region(plan_->ops()[first].at.region);
   try {
-    part = gathers->post_write_gather(
-        plan_->region(plan_->ops()[first].at.region), pieces,
-        [self, first](size_t index, const Error& why) {
-          std::lock_guard<std::mutex> lock(self->mu_);
-          self->failed_ops_.emplace_back(first + index, why);
-        });
+    part = writes != nullptr ? writes->post_write_gather(local, pieces, std::move(failed))
+                             : reads->post_read_gather(local, pieces, std::move(failed));
   } catch (const Error& e) {
-    group_done(first, count, nullptr, &e);
+    group_done(first, count, Refusals(), nullptr, &e);
     return;
   }
-  part->then([self, first, count](const Request& done) {
-    self->group_done(first, count, &done, nullptr);
+  part->then([self, first, count, refused](const Request& done) {
+    Refusals told;
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      told.swap(*refused);
+    }
+    self->group_done(first, count, told, &done, nullptr);
   });
 }
 
-void BatchRun::group_done(size_t first, size_t count, const Request* done, const Error* why) {
+void BatchRun::group_done(size_t first, size_t count, const Refusals& told, const Request* done,
+                          const Error* why) {
   const std::vector<BatchPlan::Op>& ops = plan_->ops();
   uint64_t moved = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     outstanding_ -= static_cast<uint32_t>(count);
     std::vector<bool> refused(count, false);
-    for (const auto& [index, error] : failed_ops_) {
-      if (index >= first && index < first + count) refused[index - first] = true;
+    for (const auto& [index, error] : told) {
+      if (index >= count || refused[index]) continue;
+      refused[index] = true;
+      failed_ops_.emplace_back(first + index, error);
     }
     const bool ok = done != nullptr && done->state() == Request::State::kDone;
     for (size_t i = 0; i < count; ++i) {

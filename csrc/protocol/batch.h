@@ -5,12 +5,13 @@
 // A BatchPlan is made once from the entries (validated, zero-length ones skipped, neighbours
 // contiguous on both sides merged into one operation) and may be posted again and again
 // (a prepared batch). A BatchRun posts one plan: at most `window` operations outstanding at
-// once (each a channel request; the transports bound their own send queues below that), the
-// next one posted as an earlier one completes, so a batch of hundreds of thousands of
-// entries holds a bounded number of requests. Every operation's failure is recorded against
-// its entries while the rest go on. With a notification the run sends a NOTIFY control
-// message once every operation completed (on every lane that carried it) and none failed;
-// the peer's protocol queues it (protocol/notifications.h).
+// once (each a channel request, or a piece of a gathered group: transport/gather.h, a group
+// at most half the window so that two are in flight; the transports bound their own send
+// queues below that), the next one posted as an earlier one completes, so a batch of
+// hundreds of thousands of entries holds a bounded number of requests. Every operation's
+// failure is recorded against its entries while the rest go on. With a notification the run
+// sends a NOTIFY control message once every operation completed (on every lane that carried
+// it) and none failed; the peer's protocol queues it (protocol/notifications.h).
 //
 //   run.request(): pending -> done (failures() lists the entries that failed and why) or
 //   failed (the channel closed under it, or the NOTIFY could not be sent).
@@ -67,6 +68,7 @@ class BatchPlan {
   OpKind op() const { return op_; }
   const std::vector<Op>& ops() const { return ops_; }
   const std::shared_ptr<MemoryRegion>& region(uint32_t i) const { return regions_[i]; }
+  uint32_t region_count() const { return static_cast<uint32_t>(regions_.size()); }
   const Descriptor& remote(uint32_t i) const { return remotes_[i]; }
   const TransferOptions& options() const { return options_; }
   // Entries refused at planning, with the reason, in entry order.
@@ -124,9 +126,12 @@ class BatchRun : public std::enable_shared_from_this<BatchRun> {
   void post_group(size_t first, size_t count);
   // `done`: the operation's request, terminal; null when it could not be posted (`why`).
   void op_done(size_t index, const Request* done, const Error* why);
-  // The group [first, first + count) is over: `done` its request (the pieces the target
-  // refused were recorded already), or null when it could not be posted (`why`).
-  void group_done(size_t first, size_t count, const Request* done, const Error* why);
+  // Pieces of a group the target refused: (index in the group, why).
+  using Refusals = std::vector<std::pair<size_t, Error>>;
+  // The group [first, first + count) is over: `done` its request (`told`: the pieces the
+  // target refused), or null when it could not be posted (`why`).
+  void group_done(size_t first, size_t count, const Refusals& told, const Request* done,
+                  const Error* why);
   void finish();
 
   std::weak_ptr<Channel> channel_;
@@ -134,7 +139,9 @@ class BatchRun : public std::enable_shared_from_this<BatchRun> {
   std::optional<NotifyPayload> notify_;
   const uint32_t window_;
   const bool whole_;
-  GatherWrites::Limits gather_;  // max_pieces 0: the channel does not gather
+  // Per region of the plan: what one group may hold (max_pieces 0: the channel does not
+  // gather this op from/into it).
+  std::vector<GatherLimits> gather_;
   RequestPtr request_;
 
   mutable std::mutex mu_;

@@ -5,6 +5,7 @@ GIL. Errors are raised as the classes of :mod:`rdmaxfer.errors`.
 """
 
 import builtins
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -517,6 +518,19 @@ class BatchRun:
     def bytes_done(self) -> int: ...
     def failures(self) -> list[tuple[int, str, str]]:
         """(entry, rdmaxfer.errors class name, reason) per failed entry, in entry order."""
+
+def batch_table(
+    entries: Iterable[object],
+    region_type: type,
+    slow: Callable[[int, object], tuple[Any, int, int, object, int]],
+    descriptor_of: Callable[[object], Descriptor],
+) -> tuple[list[Any], list[Region], list[object], list[Descriptor], npt.NDArray[np.uint64]]:
+    """A batch's entries as a BatchPlan table (csrc/bindings/batch_entries.cc): returns (region
+    objects, their ``core``, remote objects, their descriptors, table (N, 5)), each object once
+    by identity, in first-seen order. Entries ``((region, offset, nbytes), remote, offset)``
+    with ``region`` exactly of ``region_type`` and plain ints >= 0 are read in C++; every other
+    goes to ``slow(index, entry)``, which checks it (raising) and returns (region, offset,
+    nbytes, remote, remote_offset)."""
 
 def post_batch(
     endpoint: Endpoint,

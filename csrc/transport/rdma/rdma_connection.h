@@ -173,7 +173,7 @@ class RdmaConnection : public Channel,
                          uint64_t offset, uint64_t length, uint64_t addr, uint32_t key,
                          uint32_t route, uint32_t value, const TransferOptions& options) override;
   // GatherWrites: at most 64 pieces of at most 64 KiB each (rdma_gather.cc).
-  Limits gather_limits() const override;
+  Limits gather_limits(const MemoryRegion& local) const override;
   RequestPtr post_write_gather(const std::shared_ptr<MemoryRegion>& local,
                                const std::vector<GatherPiece>& pieces,
                                PieceFailed failed) override;

@@ -17,7 +17,7 @@ constexpr size_t kGatherPieces = 64;
 constexpr uint64_t kGatherPieceBytes = 64 * 1024;
 }  // namespace
 
-GatherWrites::Limits RdmaConnection::gather_limits() const {
+GatherWrites::Limits RdmaConnection::gather_limits(const MemoryRegion& /*local*/) const {
   const uint64_t piece = std::min<uint64_t>(kGatherPieceBytes, max_chunk());
   return Limits{kGatherPieces, piece, piece * kGatherPieces};
 }

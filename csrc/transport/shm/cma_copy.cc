@@ -1,5 +1,6 @@
 #include "transport/shm/cma_copy.h"
 
+#include <limits.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -7,6 +8,8 @@
 #include <cerrno>
 #include <thread>
 #include <vector>
+
+#include "common/error.h"
 
 namespace rdmaxfer {
 
@@ -36,7 +39,87 @@ int copy_range(pid_t pid, CmaDirection direction, uint8_t* local, uint64_t remot
   return 0;
 }
 
+// Copies pieces [at, end) (cma_copy_pieces), their errnos into `errors`; returns the failed.
+size_t copy_pieces(pid_t pid, CmaDirection direction, const std::vector<CmaPiece>& pieces,
+                   size_t at, size_t end, int* errors) {
+  size_t failed = 0;
+  uint64_t off = 0;  // bytes of piece `at` (the first not wholly copied) already copied
+  std::vector<iovec> local;
+  std::vector<iovec> remote;
+  local.reserve(std::min<size_t>(end - at, IOV_MAX));
+  remote.reserve(local.capacity());
+  // Whether [base, ...) continues the last iovec of `list` (the kernel pins the peer's pages
+  // once per remote iovec, so touching pieces go as one).
+  auto touches = [](const std::vector<iovec>& list, const uint8_t* base) {
+    return !list.empty() &&
+           static_cast<const uint8_t*>(list.back().iov_base) + list.back().iov_len == base;
+  };
+  auto append = [&](std::vector<iovec>* list, uint8_t* base, uint64_t len) {
+    if (touches(*list, base)) {
+      list->back().iov_len += static_cast<size_t>(len);
+    } else {
+      list->push_back(iovec{base, static_cast<size_t>(len)});
+    }
+  };
+  auto fail = [&](int err) {
+    errors[at] = err;
+    ++failed;
+    ++at;
+    off = 0;
+  };
+  while (at < end) {
+    local.clear();
+    remote.clear();
+    for (size_t i = at; i < end; ++i) {
+      const uint64_t skip = i == at ? off : 0;
+      uint8_t* mine = pieces[i].local + skip;
+      auto* theirs = reinterpret_cast<uint8_t*>(pieces[i].remote + skip);
+      if ((local.size() == IOV_MAX && !touches(local, mine)) ||
+          (remote.size() == IOV_MAX && !touches(remote, theirs))) {
+        break;  // a list is full: this piece goes in the next call
+      }
+      append(&local, mine, pieces[i].length - skip);
+      append(&remote, theirs, pieces[i].length - skip);
+    }
+    const ssize_t got =
+        direction == CmaDirection::kPull
+            ? process_vm_readv(pid, local.data(), local.size(), remote.data(), remote.size(), 0)
+            : process_vm_writev(pid, local.data(), local.size(), remote.data(), remote.size(), 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && errno == ESRCH) {
+      while (at < end) fail(ESRCH);
+      break;
+    }
+    if (got <= 0) {
+      fail(got < 0 ? errno : EFAULT);  // the first piece not copied; go on after it
+      continue;
+    }
+    for (uint64_t left = static_cast<uint64_t>(got); left > 0;) {
+      const uint64_t rest = pieces[at].length - off;
+      if (left < rest) {
+        off += left;
+        break;
+      }
+      left -= rest;
+      ++at;
+      off = 0;
+    }
+  }
+  return failed;
+}
+
 }  // namespace
+
+size_t cma_copy_pieces(pid_t pid, CmaDirection direction, const std::vector<CmaPiece>& pieces,
+                       std::vector<int>* errors) {
+  errors->assign(pieces.size(), 0);
+  return copy_pieces(pid, direction, pieces, 0, pieces.size(), errors->data());
+}
+
+std::string cma_failure(const char* what, int err, const std::string& peer) {
+  if (err == ESRCH) return std::string(what) + " failed: peer " + peer + " exited";
+  return errno_text(std::string(what) + " with peer " + peer, err);
+}
 
 int cma_threads(uint64_t length) {
   if (length < kSplitBytes) return 1;

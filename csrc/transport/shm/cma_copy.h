@@ -5,7 +5,10 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace rdmaxfer {
 
@@ -16,6 +19,24 @@ enum class CmaDirection { kPull, kPush };  // pull: peer -> local (readv); push:
 // address is not mapped; EPERM: no ptrace permission).
 int cma_copy(pid_t pid, CmaDirection direction, uint8_t* local, uint64_t remote,
              uint64_t length);
+
+// One piece of a vectored copy: `length` bytes between `local` (this process) and the peer's
+// address `remote`.
+struct CmaPiece {
+  uint8_t* local = nullptr;
+  uint64_t remote = 0;
+  uint64_t length = 0;
+};
+
+// Copies every piece on the calling thread with one process_vm_readv/writev per IOV_MAX
+// pieces (both iovec lists), resuming after a partial transfer. `errors` gets, per piece, 0 or
+// the errno of its failed copy: a piece that fails fails alone and the ones after it are still
+// copied (all of them fail at once when the peer is gone, ESRCH). Returns the failed pieces.
+size_t cma_copy_pieces(pid_t pid, CmaDirection direction, const std::vector<CmaPiece>& pieces,
+                       std::vector<int>* errors);
+
+// Why a copy with peer `peer` failed: `what` (the call) and the errno text of `err`.
+std::string cma_failure(const char* what, int err, const std::string& peer);
 
 // Threads one copy of `length` bytes uses.
 int cma_threads(uint64_t length);

@@ -37,11 +37,6 @@ int64_t steady_ns() {
 constexpr double kFullRingTimeoutS = 30.0;
 
 
-std::string copy_failure(const char* what, int err, const std::string& peer) {
-  if (err == ESRCH) return std::string(what) + " failed: peer " + peer + " exited";
-  return errno_text(std::string(what) + " with peer " + peer, err);
-}
-
 }  // namespace
 
 ShmChannel::ShmChannel(ShmTransport& transport, UniqueFd sock, std::string peer, pid_t peer_pid)
@@ -143,7 +138,7 @@ RequestPtr ShmChannel::one_sided(FrameType type, const std::shared_ptr<MemoryReg
   }
   const uint64_t op = next_op_.fetch_add(1);
   const std::string meta = name_of(*local, local->addr() + local_offset);
-  track(op, Pending{req, RegionUse(local), type, !meta.empty()});
+  track(op, Pending{req, RegionUse(local), type, !meta.empty(), nullptr, 0});
   FrameHeader h;
   h.type = type;
   h.req_id = op;
@@ -215,7 +210,7 @@ void ShmChannel::post_write_notify(const RequestPtr& request,
                                    const TransferOptions& /*options*/) {
   const uint64_t op = next_op_.fetch_add(1);
   const std::string meta = name_of(*local, local->addr() + offset);
-  track(op, Pending{request, RegionUse(local), FrameType::kMsgData, !meta.empty()});
+  track(op, Pending{request, RegionUse(local), FrameType::kMsgData, !meta.empty(), nullptr, 0});
   FrameHeader h;
   h.type = FrameType::kMsgData;
   h.req_id = op;
@@ -377,6 +372,9 @@ void ShmChannel::on_record(const std::string& record) {
     case FrameType::kMsgData: serve_notified_write(h, meta); return;
     case FrameType::kWriteAck:
     case FrameType::kReadResp: on_ack(h, meta); return;
+    case FrameType::kWriteGather:
+    case FrameType::kReadGather: serve_gather(h, record); return;
+    case FrameType::kWriteGatherAck: on_gather_ack(h, meta); return;
     case FrameType::kMsgRts:
     case FrameType::kMsgEager:
     case FrameType::kMsgCts:
@@ -478,7 +476,7 @@ void ShmChannel::serve_notified_write(const FrameHeader& h, const std::string& m
     ack.meta_len = static_cast<uint32_t>(failure.size());
     push(ack, failure, nullptr, 0);
     throw Error(ErrorKind::kConnection, failure.empty()
-                                            ? copy_failure("process_vm_readv", err, peer_)
+                                            ? cma_failure("process_vm_readv", err, peer_)
                                             : "CUDA IPC copy failed: " + failure);
   }
   stats_->add_lane(0, h.size);
@@ -487,15 +485,18 @@ void ShmChannel::serve_notified_write(const FrameHeader& h, const std::string& m
   events()->on_notify(g.value);
 }
 
+bool ShmChannel::take_pending(uint64_t op, Pending* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_.find(op);
+  if (it == pending_.end()) return false;
+  *out = std::move(it->second);
+  pending_.erase(it);
+  return true;
+}
+
 void ShmChannel::on_ack(const FrameHeader& h, const std::string& meta) {
   Pending p;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = pending_.find(h.req_id);
-    if (it == pending_.end()) return;  // failed by a close that raced with the answer
-    p = std::move(it->second);
-    pending_.erase(it);
-  }
+  if (!take_pending(h.req_id, &p)) return;  // failed by a close that raced with the answer
   const auto status = static_cast<AccessStatus>(h.status);
   if (status != AccessStatus::kOk) {
     p.request->fail(ErrorKind::kRemoteAccess,
@@ -507,7 +508,7 @@ void ShmChannel::on_ack(const FrameHeader& h, const std::string& meta) {
   } else if (h.aux != 0) {
     const bool pushed = p.type == FrameType::kReadReq;
     p.request->fail(ErrorKind::kTransport,
-                    copy_failure(pushed ? "process_vm_writev" : "process_vm_readv",
+                    cma_failure(pushed ? "process_vm_writev" : "process_vm_readv",
                                  static_cast<int>(h.aux), peer_));
   } else {
     if (p.ipc) ipc_bytes_.fetch_add(p.request->bytes());

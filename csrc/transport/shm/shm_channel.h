@@ -15,6 +15,10 @@
 // waiter came. One thread at a time takes records from the ring and handles them
 // (consuming_), in ring order.
 //
+// A batch's groups of small WRITEs or READs (transport/gather.h) go as one WRITE_GATHER /
+// READ_GATHER record listing every piece; the target checks each on its own and copies those
+// it accepts with one process_vm_readv/writev per IOV_MAX pieces (shm_gather.cc), then answers
+// one WRITE_GATHER_ACK naming the pieces refused or not copied.
 // One-sided WRITE/READ and notified writes are copied by the side that owns the target memory
 // (like TCP, the target checks every access against its RegionTable or grant): WRITE and
 // MSG_DATA are pulled with process_vm_readv from the initiator, READ is pushed with
@@ -39,6 +43,7 @@
 #include "common/unique_fd.h"
 #include "core/request.h"
 #include "transport/channel.h"
+#include "transport/gather.h"
 #include "transport/shm/cuda_ipc.h"
 #include "transport/shm/shm_ring.h"
 #include "transport/tcp/wire.h"
@@ -48,6 +53,8 @@ namespace rdmaxfer {
 class ShmTransport;
 
 class ShmChannel : public Channel,
+                   public GatherWrites,
+                   public GatherReads,
                    public Progress,
                    public std::enable_shared_from_this<ShmChannel> {
  public:
@@ -74,6 +81,16 @@ class ShmChannel : public Channel,
   RequestPtr post_read(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
                        const Descriptor& remote, uint64_t remote_offset, uint64_t length,
                        const TransferOptions& options) override;
+  // Gathered WRITEs and READs of host memory: at most 2048 pieces (two system calls) of at
+  // most 1 MiB each, 16 MiB in all (shm_gather.cc); none for device memory.
+  Limits gather_limits(const MemoryRegion& local) const override;
+  RequestPtr post_write_gather(const std::shared_ptr<MemoryRegion>& local,
+                               const std::vector<GatherPiece>& pieces,
+                               PieceFailed failed) override;
+  GatherLimits read_gather_limits(const MemoryRegion& local) const override;
+  RequestPtr post_read_gather(const std::shared_ptr<MemoryRegion>& local,
+                              const std::vector<GatherPiece>& pieces,
+                              PieceFailed failed) override;
   void send_ctrl(const CtrlMessage& message, CtrlPayload payload) override;
   Grant grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset, uint64_t length,
               uint32_t value, const RequestPtr& progress) override;
@@ -105,6 +122,8 @@ class ShmChannel : public Channel,
     RegionUse hold;  // the initiator's local range, read or written by the peer
     FrameType type = FrameType::kWrite;
     bool ipc = false;  // the local range is device memory, named by CUDA IPC
+    PieceFailed failed;  // a gathered group's: told of each piece that failed
+    size_t pieces = 0;   // and how many it has (0: one operation)
   };
   struct GrantEntry {
     std::shared_ptr<MemoryRegion> region;
@@ -142,6 +161,12 @@ class ShmChannel : public Channel,
   void serve_copy(const FrameHeader& h, const std::string& meta);
   void serve_notified_write(const FrameHeader& h, const std::string& meta);
   void on_ack(const FrameHeader& h, const std::string& meta);
+  // A WRITE_GATHER / READ_GATHER group: posted, served (the record's list of pieces is its
+  // data), acknowledged.
+  RequestPtr post_gather(FrameType type, const std::shared_ptr<MemoryRegion>& local,
+                         const std::vector<GatherPiece>& pieces, PieceFailed failed);
+  void serve_gather(const FrameHeader& h, const std::string& record);
+  void on_gather_ack(const FrameHeader& h, const std::string& meta);
   // Moves `length` bytes between `local` (in `region`, this process) and the initiator's range
   // (named by `meta` for CUDA IPC, else at host address `remote`): into `local` when `pull`.
   // Returns 0 or the errno of a failed CMA call; throws Error when a CUDA call fails.
@@ -156,6 +181,9 @@ class ShmChannel : public Channel,
                        uint64_t local_offset, const Descriptor& remote, uint64_t remote_offset,
                        uint64_t length);
   void track(uint64_t op, Pending pending);
+  // Takes operation `op` off the books into `out`; false when it is not there (a close failed
+  // it meanwhile).
+  bool take_pending(uint64_t op, Pending* out);
   void shut(ErrorKind kind, const std::string& reason);
 
   ShmTransport& transport_;

@@ -9,17 +9,11 @@ namespace rdmaxfer {
 
 namespace {
 constexpr uint64_t kMaxEagerAccepted = 1ull << 20;
-// A WRITE_GATHER: enough small WRITEs that their frame and acknowledgement cost little per
-// byte, few enough that a batch's window holds several groups in flight.
-constexpr size_t kGatherPieces = 64;
-constexpr uint64_t kGatherPieceBytes = 64 * 1024;
-constexpr uint64_t kGatherBytes = 512 * 1024;
 
 std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
+}  // namespace
 
-// TCP copies with the CPU, which cannot address GPU memory registered for CUDA IPC (an
-// automatic engine's, moved directly on its shm connections only).
-void check_cpu_addressable(const MemoryRegion& local, const char* what) {
+void TcpConnection::check_cpu_addressable(const MemoryRegion& local, const char* what) {
   if (local.cpu_addressable()) return;
   throw Error(ErrorKind::kInvalidArgument,
               std::string(what) + ": the local region is GPU memory registered for CUDA IPC, "
@@ -27,7 +21,6 @@ void check_cpu_addressable(const MemoryRegion& local, const char* what) {
                                   "host); over TCP pass the GPU array itself (it is staged "
                                   "through host memory)");
 }
-}  // namespace
 
 TcpConnection::TcpConnection(Transport& transport, const TcpConfig& config, std::string peer)
     : Channel(transport.stats()), transport_(transport), config_(config), peer_(std::move(peer)) {}
@@ -110,109 +103,6 @@ RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
             std::move(f));
   }
   return req;
-}
-
-GatherWrites::Limits TcpConnection::gather_limits() const {
-  return Limits{kGatherPieces, kGatherPieceBytes, kGatherBytes};
-}
-
-RequestPtr TcpConnection::post_write_gather(const std::shared_ptr<MemoryRegion>& local,
-                                            const std::vector<GatherPiece>& pieces,
-                                            PieceFailed failed) {
-  check_cpu_addressable(*local, "WRITE");
-  std::string meta(pieces.size() * kGatherPieceMeta, '\0');
-  std::vector<std::pair<const uint8_t*, uint64_t>> gather;
-  gather.reserve(pieces.size());
-  uint64_t bytes = 0;
-  auto* m = reinterpret_cast<uint8_t*>(meta.data());
-  for (const GatherPiece& p : pieces) {
-    store_le<uint64_t>(m, p.remote.addr + p.remote_offset);
-    store_le<uint64_t>(m + 8, p.length);
-    store_le<uint32_t>(m + 16, p.remote.key);
-    m += kGatherPieceMeta;
-    gather.emplace_back(local->addr() + p.local_offset, p.length);
-    bytes += p.length;
-  }
-  auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kWrite, bytes);
-  count_when_terminal(req, "write");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    check_open_locked();
-    gathers_[req->id()] = PendingGather{req, std::move(failed), pieces.size()};
-  }
-  FrameHeader h;
-  h.type = FrameType::kWriteGather;
-  h.req_id = req->id();
-  h.aux = pieces.size();
-  h.size = bytes;
-  h.payload_len = bytes;
-  h.total = bytes;
-  OutFrame f = make_frame(h, std::move(meta));
-  f.gather = std::move(gather);
-  f.data_len = bytes;
-  f.hold = RegionUse(local);
-  f.progress = req;
-  send_on(least_loaded(streams()), std::move(f));
-  return req;
-}
-
-void TcpConnection::choose_scatter(const FrameHeader& h, const std::string& meta,
-                                   RecvSink* sink) const {
-  auto protocol = [&](const std::string& what) {
-    throw Error(ErrorKind::kProtocol, "WRITE_GATHER frame from " + peer_ + ": " + what);
-  };
-  const uint64_t n = h.aux;
-  if (n == 0 || meta.size() != n * kGatherPieceMeta) protocol("metadata does not list its pieces");
-  sink->scatter.reserve(n);
-  sink->holds.reserve(n);
-  sink->statuses.assign(n, '\0');
-  const auto* m = reinterpret_cast<const uint8_t*>(meta.data());
-  uint64_t total = 0;
-  for (uint64_t i = 0; i < n; ++i, m += kGatherPieceMeta) {
-    const uint64_t addr = load_le<uint64_t>(m);
-    const uint64_t len = load_le<uint64_t>(m + 8);
-    if (len > h.payload_len - total) protocol("pieces longer than the data");
-    total += len;
-    RegionUse use;
-    const AccessStatus st = transport_.domain().regions().acquire(
-        load_le<uint32_t>(m + 16), addr, len, kAccessRemoteWrite, &use, /*by_cpu=*/true);
-    sink->statuses[i] = static_cast<char>(st);
-    if (st == AccessStatus::kOk) {
-      sink->scatter.emplace_back(reinterpret_cast<uint8_t*>(addr), len);
-      sink->holds.push_back(std::move(use));
-    } else {
-      sink->scatter.emplace_back(nullptr, len);
-    }
-  }
-  if (total != h.payload_len) protocol("pieces shorter than the data");
-}
-
-void TcpConnection::on_gather_ack(TcpStream& stream, const FrameHeader& h,
-                                  const std::string& meta) {
-  PendingGather g;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = gathers_.find(h.req_id);
-    if (it == gathers_.end()) return;  // aborted meanwhile
-    if (h.status != 0 && meta.size() != it->second.pieces) {
-      throw Error(ErrorKind::kProtocol, "WRITE_GATHER_ACK frame from " + peer_ +
-                                            ": statuses do not match the pieces");
-    }
-    g = std::move(it->second);
-    gathers_.erase(it);
-  }
-  if (h.status != 0) {
-    for (size_t i = 0; i < g.pieces; ++i) {
-      const auto st = static_cast<AccessStatus>(static_cast<uint8_t>(meta[i]));
-      if (st == AccessStatus::kOk) continue;
-      g.failed(i, Error(ErrorKind::kRemoteAccess,
-                        "peer " + peer_ + " refused access to piece " + std::to_string(i) +
-                            " of a gathered WRITE: " + access_status_text(st) +
-                            " (check the descriptor, remote_offset and length)"));
-    }
-  }
-  stats_->add_lane(stream.index(), h.size);
-  g.request->complete();
 }
 
 RequestPtr TcpConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
@@ -386,6 +276,9 @@ void TcpConnection::choose_sink(TcpStream& /*stream*/, const FrameHeader& h,
     case FrameType::kWriteGather:
       choose_scatter(h, meta, sink);
       return;
+    case FrameType::kReadGatherResp:
+      choose_read_scatter(h, meta, sink);
+      return;
     case FrameType::kMsgEager:
       if (h.payload_len != h.size) protocol("data length differs from message size");
       if (h.payload_len > kMaxEagerAccepted) protocol("eager message too large");
@@ -476,6 +369,13 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
       return;
     }
     case FrameType::kWriteGatherAck:
+      on_gather_ack(stream, h, meta);
+      return;
+    case FrameType::kReadGather:
+      serve_read_gather(stream, h, meta);
+      return;
+    case FrameType::kReadGatherResp:
+      sink.hold = RegionUse();  // the bytes are in place
       on_gather_ack(stream, h, meta);
       return;
     case FrameType::kReadReq: {

@@ -37,6 +37,7 @@ struct TcpConfig {
 
 class TcpConnection : public Channel,
                       public GatherWrites,
+                      public GatherReads,
                       public std::enable_shared_from_this<TcpConnection> {
  public:
   TcpConnection(Transport& transport, const TcpConfig& config, std::string peer);
@@ -49,10 +50,15 @@ class TcpConnection : public Channel,
   RequestPtr post_read(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
                        const Descriptor& remote, uint64_t remote_offset, uint64_t length,
                        const TransferOptions& options) override;
-  Limits gather_limits() const override;
+  // Gathered WRITEs and READs: at most 64 pieces of at most 64 KiB each (tcp_gather.cc).
+  Limits gather_limits(const MemoryRegion& local) const override;
   RequestPtr post_write_gather(const std::shared_ptr<MemoryRegion>& local,
                                const std::vector<GatherPiece>& pieces,
                                PieceFailed failed) override;
+  GatherLimits read_gather_limits(const MemoryRegion& local) const override;
+  RequestPtr post_read_gather(const std::shared_ptr<MemoryRegion>& local,
+                              const std::vector<GatherPiece>& pieces,
+                              PieceFailed failed) override;
   void send_ctrl(const CtrlMessage& message, CtrlPayload payload) override;
   Grant grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset, uint64_t length,
               uint32_t value, const RequestPtr& progress) override;
@@ -92,14 +98,39 @@ class TcpConnection : public Channel,
     RequestPtr progress;
   };
 
+  // A gathered group in flight (WRITEs, or READs landing in `into` of `region`).
   struct PendingGather {
     RequestPtr request;
     PieceFailed failed;
     size_t pieces = 0;
+    std::vector<std::pair<uint8_t*, uint64_t>> into;
+    std::shared_ptr<MemoryRegion> region;  // null for WRITEs
+  };
+  // A gathered frame's pieces as the target checked them: address (null when refused) and
+  // length, one AccessStatus byte each, and the regions of those accepted.
+  struct CheckedPieces {
+    std::vector<std::pair<uint8_t*, uint64_t>> pieces;
+    std::string statuses;
+    std::vector<RegionUse> holds;
   };
 
+  // TCP copies with the CPU, which cannot address GPU memory registered for CUDA IPC (an
+  // automatic engine's, moved directly on its shm connections only): throws
+  // Error(kInvalidArgument) for such a local region.
+  static void check_cpu_addressable(const MemoryRegion& local, const char* what);
+  // Posts a WRITE_GATHER or READ_GATHER of `pieces` of `local`.
+  RequestPtr post_gather(FrameType type, const std::shared_ptr<MemoryRegion>& local,
+                         const std::vector<GatherPiece>& pieces, PieceFailed failed);
+  // Checks each piece listed in a WRITE_GATHER / READ_GATHER (`bytes` in all) for `access`.
+  void check_pieces(const FrameHeader& h, const std::string& meta, uint32_t access,
+                    uint64_t bytes, CheckedPieces* out) const;
   // The destinations of a WRITE_GATHER's pieces, each checked on its own.
   void choose_scatter(const FrameHeader& h, const std::string& meta, RecvSink* sink) const;
+  // Answers a READ_GATHER with the bytes of the pieces it may read.
+  void serve_read_gather(TcpStream& stream, const FrameHeader& h, const std::string& meta);
+  // The local pieces a READ_GATHER_RESP's bytes land in.
+  void choose_read_scatter(const FrameHeader& h, const std::string& meta, RecvSink* sink);
+  // A WRITE_GATHER_ACK or READ_GATHER_RESP (its bytes in place): completes the group.
   void on_gather_ack(TcpStream& stream, const FrameHeader& h, const std::string& meta);
   AccessStatus acquire_request_range(const FrameHeader& h, uint32_t access,
                                      RegionUse* use) const;

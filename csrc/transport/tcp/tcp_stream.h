@@ -45,6 +45,7 @@ struct OutFrame {
   std::vector<std::pair<const uint8_t*, uint64_t>> gather;
   uint64_t sent = 0;       // bytes of header + meta + data already written
   RegionUse hold;          // keeps the memory behind `data` in use
+  std::vector<RegionUse> holds;  // and that behind `gather`, when it spans regions
   RequestPtr on_sent;      // part_done() once the whole frame is in the socket
   RequestPtr progress;     // note_progress() as the data goes into the socket (bytes
                            // counted only with on_sent; else the time alone)

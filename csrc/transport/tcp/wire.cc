@@ -47,6 +47,8 @@ const char* frame_type_name(FrameType type) {
     case FrameType::kMsgNotify: return "MSG_NOTIFY";
     case FrameType::kWriteGather: return "WRITE_GATHER";
     case FrameType::kWriteGatherAck: return "WRITE_GATHER_ACK";
+    case FrameType::kReadGather: return "READ_GATHER";
+    case FrameType::kReadGatherResp: return "READ_GATHER_RESP";
     case FrameType::kMsgAbort: return "MSG_ABORT";
   }
   return "unknown";
@@ -76,7 +78,7 @@ FrameHeader FrameHeader::decode(const uint8_t* in) {
   }
   FrameHeader h;
   if (in[3] < static_cast<uint8_t>(FrameType::kWrite) ||
-      in[3] > static_cast<uint8_t>(FrameType::kMsgAbort)) {
+      in[3] > static_cast<uint8_t>(FrameType::kReadGatherResp)) {
     throw Error(ErrorKind::kProtocol, "unknown frame type " + std::to_string(in[3]));
   }
   h.type = static_cast<FrameType>(in[3]);

@@ -27,6 +27,14 @@
 //                     one region registered for remote writes) and places those that pass.
 //   WRITE_GATHER_ACK  req_id, size (data bytes), status (0: every piece placed; else meta
 //                     holds one AccessStatus byte per piece)
+//   READ_GATHER       req_id, aux (pieces), size (bytes of all pieces); meta as WRITE_GATHER;
+//                     no data. The target checks each piece on its own (for remote reads).
+//   READ_GATHER_RESP  req_id, size, status (as WRITE_GATHER_ACK); data: the bytes of the
+//                     pieces accepted, one after another (none for a refused piece)
+// On shm (shm/shm_channel.h) WRITE_GATHER and READ_GATHER records carry their list as data
+// instead (kShmPieceBytes each: target address u64, length u64, key u32, 0 u32, initiator
+// address u64) and no bytes; the target copies them and answers WRITE_GATHER_ACK (for both;
+// on a failed copy, aux holds its errno and the pieces' statuses mark it kCopyFailed).
 // The MSG_* frames carry the control messages of transport/ctrl_message.h.
 //   GOODBYE    the peer closes the connection on purpose
 #pragma once
@@ -53,6 +61,8 @@ enum class FrameType : uint8_t {
   kWriteGather = 12,
   kWriteGatherAck = 13,
   kMsgAbort = 14,
+  kReadGather = 15,
+  kReadGatherResp = 16,
 };
 const char* frame_type_name(FrameType type);
 // The frame that carries a control message of `type`, and back (for the kMsg* control frames:
@@ -60,8 +70,9 @@ const char* frame_type_name(FrameType type);
 FrameType frame_type_of(CtrlType type);
 CtrlType ctrl_type_of(FrameType type);
 
-// Bytes of WRITE_GATHER metadata per piece.
+// Bytes of WRITE_GATHER / READ_GATHER metadata per piece; of a shm record's piece.
 constexpr uint32_t kGatherPieceMeta = 24;
+constexpr uint32_t kShmPieceBytes = 32;
 
 struct FrameHeader {
   static constexpr size_t kSize = 64;

@@ -115,43 +115,41 @@ class _Plan:
     ) -> None:
         self.op = op
         self.transport = transport  # the connection's: which GPU registrations it moves directly
-        writes = op == "read"  # a READ lands in the local memory
-        regions: list[_native.Region] = []
-        region_index: dict[int, int] = {}
-        remotes: list[_native.Descriptor] = []
-        remote_index: dict[int, int] = {}
-        rows: list[tuple[int, int, int, int, int]] = []
+        self.writes = op == "read"  # a READ lands in the local memory
+        self.engine = engine
         self.keep: list[object] = []
         self.temps: list[MemoryRegion] = []
-        last: MemoryRegion | None = None
+        self._last: MemoryRegion | None = None
         try:
-            for i, entry in enumerate(entries):
-                if not isinstance(entry, tuple) or len(entry) != 3:
-                    raise InvalidArgumentError(
-                        f"batch entry {i}: {type(entry).__name__} is not a "
-                        "(local, remote_descriptor, remote_offset) tuple"
-                    )
-                local, remote, remote_offset = entry
-                try:
-                    at = remote_offset_of(remote_offset)
-                except InvalidArgumentError as exc:
-                    raise InvalidArgumentError(f"batch entry {i}: {exc}") from None
-                region, offset, nbytes, last = self._local(engine, i, local, writes, last)
-                r = region_index.setdefault(id(region), len(regions))
-                if r == len(regions):
-                    regions.append(region.core)
-                    self.keep.append(region)
-                d = remote_index.get(id(remote))
-                if d is None:
-                    d = remote_index[id(remote)] = len(remotes)
-                    remotes.append(descriptor_of(remote))
-                    self.keep.append(remote)
-                rows.append((r, offset, d, at, nbytes))
+            # Entries of the common shape ((region, offset, nbytes), remote, remote_offset) are
+            # read in C++; any other goes through _entry (the checks and registrations).
+            region_objs, regions, remote_objs, remotes, table = _native.batch_table(
+                entries, MemoryRegion, self._entry, descriptor_of
+            )
         except BaseException:
             engine._release_temps(self.temps, _CLEANUP_TIMEOUT_S, failed=True)
             raise
-        table = np.array(rows, dtype=np.uint64).reshape(len(rows), 5)
+        self.keep.extend(region_objs)
+        self.keep.extend(remote_objs)
         self.core = _native.BatchPlan(op, regions, remotes, table, chunk_size, streams)
+
+    def _entry(self, i: int, entry: object) -> tuple[MemoryRegion, int, int, object, int]:
+        """Entry ``i`` checked: (local region, byte offset in it, length, remote, remote
+        offset)."""
+        if not isinstance(entry, tuple) or len(entry) != 3:
+            raise InvalidArgumentError(
+                f"batch entry {i}: {type(entry).__name__} is not a "
+                "(local, remote_descriptor, remote_offset) tuple"
+            )
+        local, remote, remote_offset = entry
+        try:
+            at = remote_offset_of(remote_offset)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"batch entry {i}: {exc}") from None
+        region, offset, nbytes, self._last = self._local(
+            self.engine, i, local, self.writes, self._last
+        )
+        return region, offset, nbytes, remote, at
 
     def _local(
         self,

@@ -1,0 +1,125 @@
+#include "bindings/batch_entries.h"
+
+#include <pybind11/numpy.h>
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace rdmaxfer {
+
+namespace {
+
+// Columns of a plan's entry table (bindings/batch_bindings.cc): region index, local offset,
+// descriptor index, remote offset, length.
+constexpr size_t kColumns = 5;
+
+// An exact Python int (not a bool, nor an int subclass) >= 0 that fits 64 bits, into `out`.
+bool plain_offset(PyObject* value, uint64_t* out) {
+  if (!PyLong_CheckExact(value)) return false;
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+  if (overflow != 0 || v < 0) {
+    PyErr_Clear();
+    return false;
+  }
+  *out = static_cast<uint64_t>(v);
+  return true;
+}
+
+// Objects numbered by identity as they first come (the entries hold them alive meanwhile).
+class Numbering {
+ public:
+  // The number of `obj`; a new one calls `add` (which appends what the number names).
+  template <typename Add>
+  uint64_t of(PyObject* obj, Add&& add) {
+    if (obj == last_) return last_index_;
+    auto [it, fresh] = index_.try_emplace(obj, index_.size());
+    if (fresh) {
+      add();
+      objects_.append(py::reinterpret_borrow<py::object>(obj));
+    }
+    last_ = obj;
+    last_index_ = it->second;
+    return it->second;
+  }
+  const py::list& objects() const { return objects_; }
+
+ private:
+  std::unordered_map<PyObject*, uint64_t> index_;
+  py::list objects_;
+  PyObject* last_ = nullptr;
+  uint64_t last_index_ = 0;
+};
+
+// entries -> (region objects, their cores, remote objects, their descriptors, table (N, 5)).
+// An entry of the shape ((MemoryRegion, int, int), remote, int), region exactly of
+// `region_type`, offsets plain ints >= 0, is read here; any other goes to `slow(index,
+// entry)`, which checks it (raising the package's error) and returns (region, offset, nbytes,
+// remote, remote_offset). A region's core is its `core` attribute; a remote object's
+// descriptor is `descriptor_of(remote)`, once per distinct object.
+py::tuple batch_table(const py::iterable& entries, const py::handle& region_type,
+                      const py::function& slow, const py::function& descriptor_of) {
+  std::vector<uint64_t> rows;
+  if (PyList_Check(entries.ptr()) || PyTuple_Check(entries.ptr())) {
+    rows.reserve(static_cast<size_t>(py::len(entries)) * kColumns);
+  }
+  Numbering regions;
+  Numbering remotes;
+  py::list cores;
+  py::list descriptors;
+  auto* type = reinterpret_cast<PyTypeObject*>(region_type.ptr());
+  uint64_t index = 0;
+  for (const py::handle entry : entries) {
+    PyObject* e = entry.ptr();
+    PyObject* region = nullptr;
+    PyObject* remote = nullptr;
+    uint64_t offset = 0;
+    uint64_t nbytes = 0;
+    uint64_t at = 0;
+    py::object normal;  // what slow() returned, alive while its parts are used
+    bool fast = PyTuple_CheckExact(e) && PyTuple_GET_SIZE(e) == 3;
+    if (fast) {
+      PyObject* local = PyTuple_GET_ITEM(e, 0);
+      fast = PyTuple_CheckExact(local) && PyTuple_GET_SIZE(local) == 3 &&
+             Py_TYPE(PyTuple_GET_ITEM(local, 0)) == type &&
+             plain_offset(PyTuple_GET_ITEM(local, 1), &offset) &&
+             plain_offset(PyTuple_GET_ITEM(local, 2), &nbytes) &&
+             plain_offset(PyTuple_GET_ITEM(e, 2), &at);
+      if (fast) {
+        region = PyTuple_GET_ITEM(local, 0);
+        remote = PyTuple_GET_ITEM(e, 1);
+      }
+    }
+    if (!fast) {
+      normal = slow(index, entry);
+      const py::tuple parts = normal.cast<py::tuple>();
+      region = parts[0].ptr();
+      offset = parts[1].cast<uint64_t>();
+      nbytes = parts[2].cast<uint64_t>();
+      remote = parts[3].ptr();
+      at = parts[4].cast<uint64_t>();
+    }
+    const uint64_t r =
+        regions.of(region, [&] { cores.append(py::handle(region).attr("core")); });
+    const uint64_t d =
+        remotes.of(remote, [&] { descriptors.append(descriptor_of(py::handle(remote))); });
+    rows.insert(rows.end(), {r, offset, d, at, nbytes});
+    ++index;
+  }
+  py::array_t<uint64_t> table(
+      {static_cast<py::ssize_t>(index), static_cast<py::ssize_t>(kColumns)});
+  std::copy(rows.begin(), rows.end(), table.mutable_data());
+  return py::make_tuple(regions.objects(), cores, remotes.objects(), descriptors, table);
+}
+
+}  // namespace
+
+void bind_batch_entries(py::module_& m) {
+  m.def("batch_table", &batch_table, py::arg("entries"), py::arg("region_type"),
+        py::arg("slow"), py::arg("descriptor_of"));
+}
+
+}  // namespace rdmaxfer
