@@ -28,6 +28,7 @@ from ..memory.buffer import as_array, device_view
 from ..memory.region import MemoryRegion
 from ..transport.endpoint import Endpoint
 from ..transport.engine import Engine
+from ..transport.lifecycle import track_service
 from .format import DTYPES, NAMES, TensorInfo, decode, read_safetensors_header
 from .versions import Slot, Versions
 
@@ -100,6 +101,7 @@ class WeightServer:
         self._clients: set[Endpoint] = set()  # connected now; close() ends their waits
         self._clients_lock = threading.Lock()
         self._clients_served = 0
+        track_service(self)  # its threads stop quietly at interpreter exit
         try:
             if isinstance(source, Mapping):
                 self._publish_arrays(source)
@@ -321,6 +323,11 @@ class WeightServer:
             else:
                 raise ProtocolError(f"unknown request op {op!r}")
         return "stopped: the server is closing"
+
+    def _stop_at_exit(self) -> None:
+        """At interpreter exit (:mod:`rdmaxfer.transport.lifecycle`): end the threads' loops
+        (their waits in the core fail as the engine closes next)."""
+        self._stop.set()
 
     def close(self) -> None:
         """Stop serving and release endpoints, registrations and the file mapping."""
