@@ -9,6 +9,7 @@
 
 #include "bindings/batch_entries.h"
 #include "bindings/errors.h"
+#include "bindings/gil.h"
 #include "bindings/region_handle.h"
 #include "common/error.h"
 #include "common/fork_guard.h"
@@ -103,7 +104,7 @@ std::shared_ptr<BatchPlan> make_plan(const std::string& op,
   TransferOptions options;
   options.chunk_size = static_cast<uint64_t>(chunk_size);
   options.streams = streams;
-  py::gil_scoped_release release;
+  GilRelease release;
   return std::make_shared<BatchPlan>(kind, std::move(live), remotes, entries, options);
 }
 
@@ -142,7 +143,7 @@ void bind_batches(py::module_& m) {
         if (payload && plan->op() != OpKind::kWrite) {
           throw Error(ErrorKind::kInvalidArgument, "notify= goes with WRITEs only, not READs");
         }
-        py::gil_scoped_release release;
+        GilRelease release;
         return c.post_batch(plan, std::move(payload), static_cast<uint32_t>(window), whole);
       },
       py::arg("endpoint"), py::arg("plan"), py::arg("notify"),
@@ -165,7 +166,7 @@ void bind_batches(py::module_& m) {
           const double slice = std::min(left, 0.1);
           std::optional<Notification> got;
           {
-            py::gil_scoped_release release;
+            GilRelease release;
             got = queue.pop(slice);
           }
           if (got) return py::make_tuple(got->peer, payload_object(got->payload));

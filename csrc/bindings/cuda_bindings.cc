@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "bindings/gil.h"
 #include "bindings/region_handle.h"
 #include "common/error.h"
 #include "cuda/cuda_context.h"
@@ -152,7 +153,7 @@ void bind_cuda(py::module_& m) {
       [](uint64_t addr) {
         AllocationRange r;
         {
-          py::gil_scoped_release release;
+          GilRelease release;
           r = allocation_range(addr);
         }
         return py::make_tuple(r.base, r.size, r.buffer_id);
@@ -160,12 +161,12 @@ void bind_cuda(py::module_& m) {
       py::arg("addr"),
       "The device allocation holding addr: (base, bytes, CU_POINTER_ATTRIBUTE_BUFFER_ID or 0)");
   m.def("cuda_synchronize_stream", &synchronize_stream_handle, py::arg("device"),
-        py::arg("stream"), py::call_guard<py::gil_scoped_release>());
+        py::arg("stream"), py::call_guard<GilRelease>());
   m.def(
       "cuda_copy_to_host",
       [](int device, uint64_t dst, uint64_t src, long long length) {
         const uint64_t n = size_arg(length, "length");
-        py::gil_scoped_release release;
+        GilRelease release;
         copy_device_to_host(CudaContext::get(device), reinterpret_cast<void*>(dst), src, n);
       },
       py::arg("device"), py::arg("dst"), py::arg("src"), py::arg("length"));
@@ -173,7 +174,7 @@ void bind_cuda(py::module_& m) {
       "cuda_copy_to_device",
       [](int device, uint64_t dst, uint64_t src, long long length) {
         const uint64_t n = size_arg(length, "length");
-        py::gil_scoped_release release;
+        GilRelease release;
         copy_host_to_device(CudaContext::get(device), dst, reinterpret_cast<const void*>(src),
                             n);
       },
@@ -186,7 +187,7 @@ void bind_cuda(py::module_& m) {
       .def(py::init([](int device, long long length) {
              const uint64_t n = size_arg(length, "length");
              auto ctx = CudaContext::get(device);
-             py::gil_scoped_release release;
+             GilRelease release;
              return std::make_shared<DeviceAllocation>(ctx, n);
            }),
            py::arg("device"), py::arg("length"))
@@ -198,7 +199,7 @@ void bind_cuda(py::module_& m) {
       .def(py::init([](int device, long long length) {
              const uint64_t n = size_arg(length, "length");
              auto ctx = CudaContext::get(device);
-             py::gil_scoped_release release;
+             GilRelease release;
              return std::make_shared<PinnedHostAllocation>(ctx, n);
            }),
            py::arg("device"), py::arg("length"))
@@ -236,7 +237,7 @@ void bind_cuda(py::module_& m) {
             auto o = staging_options(chunk_size, slots, timeout, streams);
             const uint64_t n = size_arg(length, "length");
             const uint64_t ro = size_arg(remote_offset, "remote_offset");
-            py::gil_scoped_release release;
+            GilRelease release;
             return s.post_write(ep, device, n, remote, ro, o);
           },
           py::arg("endpoint"), py::arg("device"), py::arg("length"), py::arg("remote"),
@@ -250,7 +251,7 @@ void bind_cuda(py::module_& m) {
             auto o = staging_options(chunk_size, slots, timeout, streams);
             const uint64_t n = size_arg(length, "length");
             const uint64_t ro = size_arg(remote_offset, "remote_offset");
-            py::gil_scoped_release release;
+            GilRelease release;
             return s.post_read(ep, device, n, remote, ro, o);
           },
           py::arg("endpoint"), py::arg("device"), py::arg("length"), py::arg("remote"),
@@ -264,7 +265,7 @@ void bind_cuda(py::module_& m) {
             auto o = staging_options(chunk_size, slots, timeout, streams);
             const uint64_t n = size_arg(length, "length");
             std::string meta_s = meta;
-            py::gil_scoped_release release;
+            GilRelease release;
             return s.post_send(ep, device, n, meta_s, o);
           },
           py::arg("endpoint"), py::arg("device"), py::arg("length"), py::arg("meta"),
@@ -276,7 +277,7 @@ void bind_cuda(py::module_& m) {
              long long length, double timeout, long long chunk_size, int slots) {
             auto o = staging_options(chunk_size, slots, timeout, 0);
             const uint64_t n = size_arg(length, "length");
-            py::gil_scoped_release release;
+            GilRelease release;
             return s.post_recv(ep, msg_id, device, n, o);
           },
           py::arg("endpoint"), py::arg("msg_id"), py::arg("device"), py::arg("length"),
@@ -292,7 +293,7 @@ void bind_cuda(py::module_& m) {
             const uint64_t at = size_arg(offset, "offset");
             const uint64_t n = size_arg(length, "length");
             std::string meta_s = meta;
-            py::gil_scoped_release release;
+            GilRelease release;
             return s.post_send_direct(ep, r, at, n, meta_s, o);
           },
           py::arg("endpoint"), py::arg("region"), py::arg("offset"), py::arg("length"),
@@ -306,7 +307,7 @@ void bind_cuda(py::module_& m) {
             auto r = live_region(*region);
             const uint64_t at = size_arg(offset, "offset");
             const uint64_t n = size_arg(length, "length");
-            py::gil_scoped_release release;
+            GilRelease release;
             return s.post_recv_direct(ep, msg_id, r, at, n, o);
           },
           py::arg("endpoint"), py::arg("msg_id"), py::arg("region"), py::arg("offset"),
@@ -340,7 +341,7 @@ void bind_cuda(py::module_& m) {
       .def_property_readonly("active", &Stager::active)
       .def_property_readonly("workers", &Stager::workers)
       .def("describe", &Stager::describe)
-      .def("close", &Stager::close, py::call_guard<py::gil_scoped_release>());
+      .def("close", &Stager::close, py::call_guard<GilRelease>());
 }
 
 }  // namespace rdmaxfer

@@ -1,5 +1,6 @@
 #include "bindings/errors.h"
 
+#include "bindings/gil.h"
 #include "common/error.h"
 #include "common/interrupt.h"
 
@@ -49,6 +50,8 @@ void register_error_translator(py::module_& m) {
 }
 
 bool python_signal_raised() {
+  // An exiting interpreter: the wait ends (its thread then parks, bindings/gil.h).
+  if (exiting_elsewhere()) return true;
   py::gil_scoped_acquire gil;
   return PyErr_CheckSignals() != 0;
 }

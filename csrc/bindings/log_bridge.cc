@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include "bindings/gil.h"
 #include "common/log.h"
 
 namespace py = pybind11;
@@ -53,7 +54,7 @@ void python_sink(log::Level level, const std::string& message) {
 void close_bridge() {
   g_open.store(false);
   log::set_sink(nullptr, kNothing);
-  py::gil_scoped_release release;  // messages already asking for the GIL get it and finish
+  GilRelease release;  // messages already asking for the GIL get it and finish
   const auto until = std::chrono::steady_clock::now() + kCloseWait;
   while (g_active.load() > 0 && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

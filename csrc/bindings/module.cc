@@ -10,6 +10,7 @@
 #include "bindings/same_host_bindings.h"
 #include "bindings/cuda_bindings.h"
 #include "bindings/errors.h"
+#include "bindings/gil.h"
 #include "bindings/log_bridge.h"
 #include "bindings/region_handle.h"
 #include "common/error.h"
@@ -27,6 +28,7 @@ using rdmaxfer::Connection;
 using rdmaxfer::Descriptor;
 using rdmaxfer::Engine;
 using rdmaxfer::Error;
+using rdmaxfer::GilRelease;
 using rdmaxfer::ErrorKind;
 using rdmaxfer::MemoryRegion;
 using rdmaxfer::RegionHandle;
@@ -75,7 +77,7 @@ bool wait_slices(const Request& req, Clock::time_point deadline, bool spin) {
     const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
     bool done = false;
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       done = req.wait_for(std::max(0.0, std::min(left, 0.1)), spin ? kSpinUs : 0);
       spin = false;
     }
@@ -113,7 +115,7 @@ bool post_and_wait(Post post, double wait_s, const py::list& slot) {
   RequestPtr req;
   bool done = false;
   {
-    py::gil_scoped_release release;
+    GilRelease release;
     req = post();
     if (waits) done = req->wait_for(std::min(wait_s, 0.1), kSpinUs);
   }
@@ -156,7 +158,7 @@ py::dict stats_dict(const rdmaxfer::Stats& stats) {
 // GIL to log (bindings/log_bridge.h).
 struct ReleaseGilDelete {
   void operator()(Engine* engine) const {
-    py::gil_scoped_release release;
+    GilRelease release;
     delete engine;
   }
 };
@@ -180,6 +182,9 @@ PYBIND11_MODULE(_core, m) {
   m.attr("ACCESS_LOCAL_WRITE") = static_cast<uint32_t>(rdmaxfer::kAccessLocalWrite);
   m.def("available_transports", &rdmaxfer::available_transports);
   m.def("memlock_limit", &rdmaxfer::memlock_limit_text);
+  m.def("begin_exit", &rdmaxfer::begin_exit,
+        "Marks the interpreter as exiting (the package's atexit hook, before it closes the "
+        "engines): from now on other threads never take the GIL back from a core call.");
   // The address of a C-contiguous buffer's first byte (what numpy's __array_interface__ gives,
   // without building that dict on every transfer).
   m.def(
@@ -314,7 +319,7 @@ PYBIND11_MODULE(_core, m) {
             own(c);
             auto region = region_of(local);
             auto opts = transfer_options(chunk_size, streams);
-            py::gil_scoped_release release;
+            GilRelease release;
             return c.post_write(region, checked_size(local_offset, "local_offset"), remote,
                                 checked_size(remote_offset, "remote_offset"),
                                 checked_size(length, "length"), opts);
@@ -329,7 +334,7 @@ PYBIND11_MODULE(_core, m) {
             own(c);
             auto region = region_of(local);
             auto opts = transfer_options(chunk_size, streams);
-            py::gil_scoped_release release;
+            GilRelease release;
             return c.post_read(region, checked_size(local_offset, "local_offset"), remote,
                                checked_size(remote_offset, "remote_offset"),
                                checked_size(length, "length"), opts);
@@ -345,7 +350,7 @@ PYBIND11_MODULE(_core, m) {
             auto region = region_of(local);
             auto opts = transfer_options(chunk_size, streams);
             std::string meta_s = meta;
-            py::gil_scoped_release release;
+            GilRelease release;
             return c.post_send(region, checked_size(offset, "offset"),
                                checked_size(length, "length"), meta_s, opts);
           },
@@ -386,7 +391,7 @@ PYBIND11_MODULE(_core, m) {
                       long long offset, long long length) {
             own(c);
             auto region = region_of(local);
-            py::gil_scoped_release release;
+            GilRelease release;
             return c.post_recv(msg_id, region, checked_size(offset, "offset"),
                                checked_size(length, "length"));
           },
@@ -409,14 +414,14 @@ PYBIND11_MODULE(_core, m) {
            [](Connection& c) {
              if (rdmaxfer::inherited(&c)) return;  // inherited: the parent's, left alone
              rdmaxfer::refresh_log_level();
-             py::gil_scoped_release release;
+             GilRelease release;
              c.close();
            })
       .def("begin_close",
            [](Connection& c) {
              if (rdmaxfer::inherited(&c)) return;
              rdmaxfer::refresh_log_level();
-             py::gil_scoped_release release;
+             GilRelease release;
              c.begin_close();
            })
       .def(
@@ -426,7 +431,7 @@ PYBIND11_MODULE(_core, m) {
             c.abort(timed_out ? ErrorKind::kTimeout : ErrorKind::kConnection, reason);
           },
           py::arg("reason"), py::arg("timed_out") = false,
-          py::call_guard<py::gil_scoped_release>())
+          py::call_guard<GilRelease>())
       .def(
           "timed_loop",
           [region_of](Connection& c, const std::string& op,
@@ -455,7 +460,7 @@ PYBIND11_MODULE(_core, m) {
             s.warmup = checked_size(warmup, "warmup");
             s.inflight = static_cast<uint32_t>(inflight);
             s.timeout_s = checked_timeout(timeout, "timed_loop");
-            py::gil_scoped_release release;
+            GilRelease release;
             return rdmaxfer::timed_loop(c, s);
           },
           py::arg("op"), py::arg("local"), py::arg("local_offset"), py::arg("remote"),
@@ -498,7 +503,7 @@ PYBIND11_MODULE(_core, m) {
              config.rdma.traffic_class = traffic_class;
              config.rdma.min_rnr_timer = min_rnr_timer;
              rdmaxfer::refresh_log_level();
-             py::gil_scoped_release release;
+             GilRelease release;
              return EnginePtr(new Engine(transport, config));
            }),
            py::arg("transport") = "tcp", py::arg("io_threads") = 0, py::arg("socket_buffer") = 0,
@@ -548,7 +553,7 @@ PYBIND11_MODULE(_core, m) {
             auto& w = e.wireup();
             rdmaxfer::refresh_log_level();
             rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
-            py::gil_scoped_release release;
+            GilRelease release;
             return kept_in_child(linked(w.accept(timeout)));
           },
           py::arg("timeout"), py::keep_alive<0, 1>())
@@ -569,7 +574,7 @@ PYBIND11_MODULE(_core, m) {
             o.timeout_s = timeout;
             o.retry_refused = retry_refused;
             rdmaxfer::InterruptScope ctrl_c(&rdmaxfer::python_signal_raised);
-            py::gil_scoped_release release;
+            GilRelease release;
             return kept_in_child(linked(w.connect(host, static_cast<uint16_t>(port), o)));
           },
           py::arg("host"), py::arg("port"), py::arg("streams"), py::arg("timeout"),
@@ -589,7 +594,7 @@ PYBIND11_MODULE(_core, m) {
             auto& t = e.transport();
             std::shared_ptr<MemoryRegion> region;
             {
-              py::gil_scoped_release release;
+              GilRelease release;
               region = t.domain().alloc_pinned(n, access);
             }
             return std::make_shared<RegionHandle>(RegionHandle{kept_in_child(region), &e, true});
@@ -605,7 +610,7 @@ PYBIND11_MODULE(_core, m) {
             }
             auto& t = e.transport();
             h.registered = false;
-            py::gil_scoped_release release;
+            GilRelease release;
             t.domain().deregister(h.region, timeout);
           },
           py::arg("region"), py::arg("timeout"))
@@ -617,7 +622,7 @@ PYBIND11_MODULE(_core, m) {
             auto& t = e.gpu_registrar(method);
             std::shared_ptr<MemoryRegion> region;
             {
-              py::gil_scoped_release release;
+              GilRelease release;
               region = rdmaxfer::register_gpu_memory(t, addr, n, access, method, device);
             }
             return std::make_shared<RegionHandle>(RegionHandle{kept_in_child(region), &e, true});
@@ -626,7 +631,7 @@ PYBIND11_MODULE(_core, m) {
           py::arg("device"), py::keep_alive<0, 1>())
       .def("drain_notifications", [](Engine& e) { return e.notifier()->drain(); })
       .def("registered_count", [](Engine& e) { return e.transport().domain().registered_count(); })
-      .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
+      .def("close", &Engine::close, py::call_guard<GilRelease>());
 
   rdmaxfer::bind_cuda(m);
   rdmaxfer::bind_batches(m);

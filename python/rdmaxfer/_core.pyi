@@ -46,6 +46,12 @@ def refresh_log_level() -> None:
 def memlock_limit() -> str:
     """The RLIMIT_MEMLOCK soft limit as ``ulimit -l`` prints it ("unlimited" or "N KiB")."""
 
+def begin_exit() -> None:
+    """Marks the interpreter as exiting (called by the atexit hook of
+    :mod:`rdmaxfer.transport.lifecycle` before it closes the engines): from then on a thread
+    other than the caller that returns from, or enters, a core call that released the GIL
+    sleeps until the process ends instead of running Python again."""
+
 def address_of(obj: object) -> int:
     """The address of the first byte of a C-contiguous buffer-protocol object (numpy's
     ``__array_interface__["data"][0]``); the exporter's error when it has no contiguous buffer

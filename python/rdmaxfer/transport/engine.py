@@ -21,6 +21,7 @@ from .._warn import warn
 from ..errors import EndpointClosedError, InvalidArgumentError, TransferTimeoutError
 from .domain import MemoryDomain
 from .endpoint import Endpoint
+from .lifecycle import track_engine
 from .transfer import Transfer
 
 if TYPE_CHECKING:
@@ -160,6 +161,7 @@ class Engine(MemoryDomain):
         # that a peer still uses (e.g. for one-sided access to our memory).
         self._endpoints: dict[int, Endpoint] = {}
         self._links: dict[str, int] = {}
+        track_engine(self)  # closed at interpreter exit if still open (lifecycle.py)
 
     # -- properties ------------------------------------------------------------------------
     @property
@@ -392,6 +394,15 @@ class Engine(MemoryDomain):
         for endpoint in endpoints:
             endpoint.close()
         self._close_memory()
+        self._core.close()
+
+    def _stop_at_exit(self) -> None:
+        """At interpreter exit (lifecycle.py): close the core only (connections aborted, waits
+        failed, threads joined), taking no Python lock; later closes are no-ops."""
+        if self._closed or self._inherited():
+            return
+        self._closed = True
+        self._core_closed = True
         self._core.close()
 
     def __del__(self) -> None:

@@ -1,12 +1,13 @@
 """Model weights straight into arrays: publish tensors (in versions), pull them (whole, by
 name, or sharded) with one-sided READs, or push them with one-sided WRITEs.
 
-The server (:class:`WeightServer`, ``rdmaxfer serve``) registers the tensors for remote READ:
-a ``.safetensors`` file is memory-mapped and registered as one region (no copy; the pages are
-read from the page cache as the peer asks for them), a dict of arrays is registered array by
-array. A client (:func:`pull_weights`, ``rdmaxfer pull``) asks for the catalog, allocates
-arrays of the right dtype and shape, and fills them with READs straight from the server's
-memory; the server's CPU only serves the bytes.
+The server (:class:`WeightServer`, ``rdmaxfer serve``) registers the tensors for remote READ
+from memory it owns: a ``.safetensors`` file is read into memory whole and registered as one
+region, each array of a dict is copied into a registered buffer of its own (a GPU tensor
+into server-owned GPU memory where the engine reaches peers by GPUDirect RDMA). A client
+(:func:`pull_weights`, ``rdmaxfer pull``) asks for the catalog, allocates arrays of the right
+dtype and shape, and fills them with READs straight from the server's memory; the server's
+CPU only serves the bytes.
 
 Protocol (two-sided messages on one endpoint, each a 1-D ``uint8`` array holding UTF-8 JSON):
 
@@ -22,10 +23,12 @@ Protocol (two-sided messages on one endpoint, each a 1-D ``uint8`` array holding
 3. client READs the bytes (whole tensors, or the pieces of its shards) in one batch
    (``Endpoint.read_batch``), then sends ``{"v": 3, "op": "done"}`` and closes.
 
-Versions (:mod:`.versions`): version 1 is the source as published (zero-copy); each
-:meth:`WeightServer.update` / :meth:`~WeightServer.refresh` copies the new values into one of
-two server-owned registered buffers that no client holds (double buffering), then makes it
-current. So a pull returns exactly one version (``PulledWeights.version``).
+Versions (:mod:`.versions`): version 1 is the server's copy of the source, made when it is
+published; each :meth:`WeightServer.update` / :meth:`~WeightServer.refresh` copies the new
+values into one of two server-owned registered buffers that no client holds (double
+buffering), then makes it current. So a pull returns exactly the bytes of one version
+(``PulledWeights.version``), whatever the publisher writes into its arrays (or the file)
+afterwards; see docs/weights-versions.md.
 
 Push (:mod:`.push`): :func:`receive_weights` registers the receiver's arrays,
 :func:`push_weights` WRITEs every tensor into them in one batch (``Endpoint.write_batch``)

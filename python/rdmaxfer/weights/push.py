@@ -52,6 +52,7 @@ from ..memory.buffer import as_array, device_view
 from ..memory.region import MemoryRegion
 from ..transport.endpoint import Endpoint
 from ..transport.engine import Engine
+from ..transport.lifecycle import track_service
 from .format import DTYPES, NAMES, PROTOCOL_VERSION, decode, encode
 from .moving import Piece, move
 from .server import accept_next
@@ -92,6 +93,7 @@ class WeightReceiver:
         self._seen = 0  # the last version wait() returned
         self._stop = threading.Event()
         self._current: Endpoint | None = None
+        track_service(self)  # its threads stop quietly at interpreter exit
         try:
             for name, obj in arrays.items():
                 self._register(name, obj)
@@ -243,6 +245,11 @@ class WeightReceiver:
                 continue
             return int(payload[len(VERSION_PREFIX) :])
         return None
+
+    def _stop_at_exit(self) -> None:
+        """At interpreter exit (:mod:`rdmaxfer.transport.lifecycle`): end the threads' loops
+        (their waits in the core fail as the engine closes next)."""
+        self._stop.set()
 
     def close(self) -> None:
         """Stop receiving; release the registrations (the arrays stay the caller's)."""

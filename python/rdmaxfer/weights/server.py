@@ -4,7 +4,6 @@ arrays) for one-sided READs and answers the catalog (see :mod:`rdmaxfer.weights`
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -24,11 +23,13 @@ from ..errors import (
     UnsupportedError,
 )
 from ..memory import cuda
-from ..memory.buffer import as_array, device_view
+from ..memory.buffer import Buffer, as_array, device_view
 from ..memory.region import MemoryRegion
 from ..transport.endpoint import Endpoint
 from ..transport.engine import Engine
-from .format import DTYPES, NAMES, TensorInfo, decode, read_safetensors_header
+from ..transport.lifecycle import track_service
+from .format import DTYPES, NAMES, TensorInfo, decode
+from .snapshot import owned_buffer, snapshot_file, tensor_view
 from .versions import Slot, Versions
 
 __all__ = ["WeightServer", "accept_next", "serve_weights"]
@@ -52,14 +53,20 @@ def accept_next(engine: Engine, stop: threading.Event) -> Endpoint | None:
 class WeightServer:
     """Publishes tensors for :func:`pull_weights`.
 
-    Lifecycle: constructed (tensors registered, listening) -> :meth:`start` (a thread accepts
-    clients, one thread per client) or :meth:`serve_forever` -> :meth:`close` (endpoints and
-    registrations released, the file unmapped). A context manager. What it publishes first is
-    version 1; :meth:`update` and :meth:`refresh` publish the next ones (see
-    :mod:`rdmaxfer.weights.versions`: a pull never mixes versions).
+    Lifecycle: constructed (the tensors copied into server-owned memory and registered,
+    listening) -> :meth:`start` (a thread accepts clients, one thread per client) or
+    :meth:`serve_forever` -> :meth:`close` (endpoints and registrations released). A context
+    manager; left open at interpreter exit, its threads stop quietly (docs/lifecycle.md).
+    What it publishes first is version 1; :meth:`update` and :meth:`refresh` publish the next
+    ones. Every version is immutable to pulls (:mod:`rdmaxfer.weights.versions`): a pull gets
+    exactly the bytes of the version it reports, whatever the publisher later writes into its
+    arrays or the file on disk. The cost: version 1 is a copy of the source (the file read
+    into memory whole, the arrays copied), made by the constructor; see
+    docs/weights-versions.md.
 
     Args:
-        source: a ``.safetensors`` path, or a mapping of names to C-contiguous host arrays.
+        source: a ``.safetensors`` path, or a mapping of names to C-contiguous host or GPU
+            arrays.
         host, port: where to listen (port 0 picks a free port; see :attr:`port`).
         engine: an existing :class:`Engine` (default: a new one with ``transport``).
         transport: ``"auto"``, ``"tcp"`` or ``"rdma"`` when creating the engine.
@@ -69,7 +76,8 @@ class WeightServer:
             ``outcome`` ``"done"`` or the error that ended it (``rdmaxfer serve`` prints it).
 
     Raises:
-        InvalidArgumentError: unreadable file, non-contiguous array, unsupported dtype.
+        InvalidArgumentError: unreadable file (or one that kept changing while it was read),
+            non-contiguous array, unsupported dtype.
         RegistrationError: the memory could not be registered.
     """
 
@@ -89,51 +97,42 @@ class WeightServer:
         self._engine = engine if engine is not None else Engine(transport)
         self._timeout = resolve_timeout(timeout)
         self._regions: list[MemoryRegion] = []
-        self._mmap: mmap.mmap | None = None
-        self._header: bytes | None = None
-        self._tensors: dict[str, TensorInfo] = {}
-        self._mirrors: list[npt.NDArray[Any]] = []  # host copies of GPU tensors, if needed
-        # The first version's tensors as published (host arrays or GPU views), by name.
+        self._file: Path | None = None
+        # The tensors as given (host arrays or GPU views), by name: what refresh() re-reads.
         self._sources: dict[str, npt.NDArray[Any] | cuda.CudaArray] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._clients: set[Endpoint] = set()  # connected now; close() ends their waits
         self._clients_lock = threading.Lock()
         self._clients_served = 0
+        track_service(self)  # its threads stop quietly at interpreter exit
         try:
             if isinstance(source, Mapping):
-                self._publish_arrays(source)
+                first = self._publish_arrays(source)
             else:
-                self._publish_file(Path(source))
+                first = self._publish_file(Path(source))
             self._port = self._engine.listen(host, port)
         except BaseException:
             self.close()
             raise
+        self._tensors = dict(first.tensors)
         self._versions = Versions(
-            Slot(1, list(self._regions), dict(self._tensors), self._header),
-            self._source_bytes,
-            lambda buffer: self._engine.register(buffer, access="r", local_write=False),
+            first, lambda buffer: self._engine.register(buffer, access="r", local_write=False)
         )
 
-    def _publish_file(self, path: Path) -> None:
-        header_raw, header, data_offset = read_safetensors_header(path)
-        with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            # Read-only and private: kernels before 6.2 pin an MR's pages for writing even when
-            # it is registered read-only, which a read-only *shared* file mapping refuses
-            # (EFAULT); a private one is pinned (its pages copied, on those kernels).
-            self._mmap = (
-                mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
-                if size
-                else None
-            )
-        if self._mmap is None:
-            raise InvalidArgumentError(f"{str(path)!r} is empty; pass a .safetensors file")
-        view = np.frombuffer(self._mmap, dtype=np.uint8)
-        self._file_view = view
-        self._regions.append(self._engine.register(view, access="r", local_write=False))
-        self._header = header_raw
-        for name, entry in header.items():
+    def _register(self, memory: object) -> MemoryRegion:
+        region = self._engine.register(memory, access="r", local_write=False)
+        self._regions.append(region)
+        return region
+
+    def _publish_file(self, path: Path) -> Slot:
+        """Version 1 of a file: its bytes read into server-owned memory (snapshot.py), one
+        region; the tensors where the file's header puts them."""
+        snap = snapshot_file(path)
+        self._file = path
+        self._register(snap.buffer)
+        tensors: dict[str, TensorInfo] = {}
+        for name, entry in snap.header.items():
             if name == "__metadata__":
                 continue
             dtype = entry["dtype"]
@@ -142,58 +141,62 @@ class WeightServer:
                     f"tensor {name!r} has dtype {dtype!r}, which rdmaxfer does not map; "
                     f"supported: {', '.join(DTYPES)}"
                 )
-            begin, end = (int(x) for x in entry["data_offsets"])
-            self._tensors[name] = TensorInfo(
-                name, dtype, tuple(entry["shape"]), 0, data_offset + begin
+            begin = int(entry["data_offsets"][0])
+            tensors[name] = TensorInfo(
+                name, dtype, tuple(entry["shape"]), 0, snap.data_offset + begin
             )
-            raw = view[data_offset + begin : data_offset + end]
-            self._sources[name] = raw.view(DTYPES[dtype]).reshape(entry["shape"])
+        arrays = {t.name: tensor_view(snap.buffer, t) for t in tensors.values()}
+        return Slot(1, list(self._regions), tensors, snap.header_raw, dict(arrays))
 
-    def _publish_arrays(self, arrays: Mapping[str, Any]) -> None:
+    def _publish_arrays(self, arrays: Mapping[str, Any]) -> Slot:
+        """Version 1 of a dict of arrays: each copied into server-owned memory registered as
+        a region of its own (as the arrays were): a GPU tensor into GPU memory when the engine
+        can register it for its peers (GPUDirect RDMA, CUDA IPC on shm), else into host
+        memory, like the host arrays."""
+        tensors: dict[str, TensorInfo] = {}
+        owned: dict[str, npt.NDArray[Any] | cuda.CudaArray] = {}
         for index, (name, obj) in enumerate(arrays.items()):
-            view = device_view(obj, writable=False, what=f"tensor {name!r}")
-            if view is not None:
-                self._publish_device(index, name, obj, view)
-                continue
-            arr = as_array(obj, writable=False, what=f"tensor {name!r}")
-            dtype = NAMES.get(arr.dtype)
+            what = f"tensor {name!r}"
+            view = device_view(obj, writable=False, what=what)
+            source = as_array(obj, writable=False, what=what) if view is None else view
+            dtype = NAMES.get(source.dtype)
             if dtype is None:
                 raise InvalidArgumentError(
-                    f"tensor {name!r} has dtype {arr.dtype}, which has no safetensors name; "
+                    f"tensor {name!r} has dtype {source.dtype}, which has no safetensors name; "
                     f"supported: {', '.join(str(d) for d in NAMES)}"
                 )
-            self._regions.append(self._engine.register(arr, access="r", local_write=False))
-            self._tensors[name] = TensorInfo(name, dtype, tuple(arr.shape), index, 0)
-            self._sources[name] = arr
+            self._sources[name] = source
+            tensors[name] = TensorInfo(name, dtype, tuple(source.shape), index, 0)
+            on_gpu = self._device_copy(name, view) if view is not None else None
+            if on_gpu is not None:
+                owned[name] = on_gpu
+                continue
+            host = tensor_view(owned_buffer(tensors[name].nbytes), tensors[name])
+            self._register(host)
+            if isinstance(source, cuda.CudaArray):
+                cuda.copy_to_host(source, host)
+            else:
+                np.copyto(host, source)
+            owned[name] = host
+        return Slot(1, list(self._regions), tensors, None, owned)
 
-    def _publish_device(self, index: int, name: str, obj: object, view: cuda.CudaArray) -> None:
-        dtype = NAMES.get(view.dtype)
-        if dtype is None:
-            raise InvalidArgumentError(
-                f"tensor {name!r} has dtype {view.dtype}, which has no safetensors name"
-            )
-        region = None
+    def _device_copy(self, name: str, view: cuda.CudaArray) -> cuda.CudaArray | None:
+        """A registered server-owned GPU copy of ``view`` for GPUDirect READs, or None when
+        the engine cannot register GPU memory for its peers (the tensor then goes into host
+        memory)."""
         why = self._engine._gpu_links_unreached()
         if not why:
+            copy = Buffer.empty(view.shape, view.dtype, device=view.device)
             try:  # GPUDirect RDMA (or CUDA IPC on shm): peers READ the GPU memory itself
-                region = self._engine.register(obj, access="r", local_write=False)
+                self._register(copy)
             except (UnsupportedError, RegistrationError) as exc:
                 why = str(exc)
-        if region is None:
-            log.info("tensor %r: GPU memory published through a host mirror (%s)", name, why)
-            host = cuda.copy_to_host(view)
-            self._mirrors.append(host)
-            region = self._engine.register(host, access="r", local_write=False)
-        self._regions.append(region)
-        self._tensors[name] = TensorInfo(name, dtype, tuple(view.shape), index, 0)
-        self._sources[name] = view
-
-    def _source_bytes(self, name: str, out: npt.NDArray[Any]) -> None:
-        source = self._sources[name]
-        if isinstance(source, cuda.CudaArray):
-            cuda.copy_to_host(source, out)
-        else:
-            np.copyto(out, source)
+            else:
+                owned = copy._device_view()
+                cuda.copy_from_host(owned, cuda.copy_to_host(view))
+                return owned
+        log.info("tensor %r: GPU memory published through a host copy (%s)", name, why)
+        return None
 
     def update(self, new: Mapping[str, Any], *, timeout: float | None = None) -> int:
         """Publish a new version: ``new`` maps some or all published names to arrays (host or
@@ -228,7 +231,7 @@ class WeightServer:
             UnsupportedError: the server publishes a file (nothing to re-read).
             TransferTimeoutError: as :meth:`update`.
         """
-        if self._mmap is not None:
+        if self._file is not None:
             raise UnsupportedError(
                 "refresh(): this server publishes a file; publish new values with "
                 "update({name: array})"
@@ -322,6 +325,11 @@ class WeightServer:
                 raise ProtocolError(f"unknown request op {op!r}")
         return "stopped: the server is closing"
 
+    def _stop_at_exit(self) -> None:
+        """At interpreter exit (:mod:`rdmaxfer.transport.lifecycle`): end the threads' loops
+        (their waits in the core fail as the engine closes next)."""
+        self._stop.set()
+
     def close(self) -> None:
         """Stop serving and release endpoints, registrations and the file mapping."""
         self._stop.set()
@@ -338,12 +346,6 @@ class WeightServer:
         self._regions.clear()
         if self._own_engine:
             self._engine.close()
-        if self._mmap is not None:
-            try:
-                self._mmap.close()
-            except BufferError:
-                pass  # an array view is still alive; the mapping goes with it
-            self._mmap = None
 
     def __enter__(self) -> WeightServer:
         return self

@@ -1,8 +1,11 @@
 """Versions of the published tensors: each version is a :class:`Slot` (registered regions, the
-tensors' places in them, the encoded catalog). Pulls lease the current slot from the catalog
-request to their "done"; :class:`Versions` writes a new version only into a slot no pull
-holds (double buffering: at most two server-owned slots besides the first version), so a pull
-reads exactly one version, never a mix."""
+tensors' places in them, the encoded catalog). Every version lives in memory the server owns:
+the first one is a copy of the source made when it is published (a file read into memory, a
+dict of arrays copied), the later ones are copies into one of two server-owned buffers
+(double buffering). Pulls lease the current slot from the catalog request to their "done";
+:class:`Versions` writes a new version only into a slot no pull holds and never rewrites the
+first one, so a pull reads exactly the version it reports: never a mix of versions, and never
+bytes the publisher wrote into its own arrays (or a file) after publishing them."""
 
 from __future__ import annotations
 
@@ -20,25 +23,26 @@ from ..memory import cuda
 from ..memory.buffer import as_array, device_view
 from ..memory.region import MemoryRegion
 from .format import DTYPES, PROTOCOL_VERSION, TensorInfo, encode
+from .snapshot import layout, owned_buffer, tensor_view
 
 __all__ = ["OWNED_SLOTS", "Slot", "Versions"]
 
 OWNED_SLOTS = 2
 """Server-owned buffers updates are written into, in turn (double buffering)."""
-ALIGN = 64
 
 
 @dataclass
 class Slot:
     """One published version: its regions, tensors, the catalog naming them, and how many
-    pulls hold it (``leases``). ``buffer`` is the server-owned memory an update may rewrite
-    (None for the first version, which is the source itself)."""
+    pulls hold it (``leases``). ``arrays`` holds each tensor's server-owned storage: a host
+    array (a view into the slot's registered memory) or, for a GPU tensor of the first
+    version that peers READ by GPUDirect RDMA, a GPU array."""
 
     version: int
     regions: list[MemoryRegion]
     tensors: dict[str, TensorInfo]
     header: bytes | None
-    buffer: npt.NDArray[np.uint8] | None = None
+    arrays: dict[str, npt.NDArray[Any] | cuda.CudaArray] = field(default_factory=dict)
     leases: int = 0
     catalog: npt.NDArray[np.uint8] = field(default_factory=lambda: np.empty(0, np.uint8))
 
@@ -62,45 +66,38 @@ class Slot:
             }
         )
 
-    def view(self, name: str) -> npt.NDArray[Any]:
-        """A server-owned slot's tensor as an array (its dtype and shape)."""
-        assert self.buffer is not None
-        t = self.tensors[name]
-        raw = self.buffer[t.offset : t.offset + t.nbytes]
-        return raw.view(DTYPES[t.dtype]).reshape(t.shape)
+    def host(self, name: str) -> npt.NDArray[Any]:
+        """The slot's host storage of tensor ``name`` (its dtype and shape), to write into."""
+        arr = self.arrays[name]
+        assert isinstance(arr, np.ndarray)
+        return arr
 
-
-def _layout(tensors: Mapping[str, TensorInfo]) -> tuple[dict[str, TensorInfo], int]:
-    """The tensors laid out in one region, each at a 64-byte aligned offset."""
-    placed: dict[str, TensorInfo] = {}
-    offset = 0
-    for t in tensors.values():
-        placed[t.name] = TensorInfo(t.name, t.dtype, t.shape, 0, offset)
-        offset += -(-t.nbytes // ALIGN) * ALIGN
-    return placed, offset
+    def read(self, name: str, out: npt.NDArray[Any]) -> None:
+        """Copy the slot's tensor ``name`` into the host array ``out`` (its dtype and shape)."""
+        arr = self.arrays[name]
+        if isinstance(arr, cuda.CudaArray):
+            cuda.copy_to_host(arr, out)
+        else:
+            np.copyto(out, arr)
 
 
 class Versions:
     """The slots of a :class:`~rdmaxfer.weights.WeightServer` and its current version.
 
     Args:
-        first: the first version (version 1), the published source.
-        source_bytes: ``source_bytes(name, out)`` copies the first version's tensor ``name``
-            into the host array ``out`` (for partial updates).
+        first: the first version (version 1): the server's copy of the published source.
         register: registers a server-owned buffer for remote READ.
     """
 
     def __init__(
         self,
         first: Slot,
-        source_bytes: Callable[[str, npt.NDArray[Any]], None],
         register: Callable[[npt.NDArray[np.uint8]], MemoryRegion],
     ) -> None:
         first.publish(1)
         self._first = first
         self._current = first
         self._owned: list[Slot] = []
-        self._source_bytes = source_bytes
         self._register = register
         self._cond = threading.Condition()
         self._update_lock = threading.Lock()
@@ -185,16 +182,14 @@ class Versions:
             slot = self._free_slot(timeout)
             previous = self._current
             for name in slot.tensors:
-                out = slot.view(name)
+                out = slot.host(name)
                 arr, view = checked.get(name, (None, None))
                 if view is not None:
                     cuda.copy_to_host(view, out)
                 elif arr is not None:
                     np.copyto(out, arr)
-                elif previous.buffer is not None:
-                    np.copyto(out, previous.view(name))
                 else:
-                    self._source_bytes(name, out)
+                    previous.read(name, out)
             with self._cond:
                 slot.publish(previous.version + 1)
                 self._current = slot
@@ -219,12 +214,10 @@ class Versions:
                         "(or time out) before a buffer is rewritten"
                     )
                 self._cond.wait(left)
-        tensors, size = _layout(self._first.tensors)
-        size = max(size, ALIGN)  # a region is never empty
-        raw = np.empty(size + ALIGN, dtype=np.uint8)
-        shift = -raw.ctypes.data % ALIGN
-        buffer = raw[shift : shift + size]
-        slot = Slot(0, [self._register(buffer)], tensors, None, buffer)
+        tensors, size = layout(self._first.tensors.values(), 0)
+        buffer = owned_buffer(size)
+        arrays = {t.name: tensor_view(buffer, t) for t in tensors.values()}
+        slot = Slot(0, [self._register(buffer)], tensors, None, dict(arrays))
         with self._cond:
             self._owned.append(slot)
         return slot
