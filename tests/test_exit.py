@@ -23,7 +23,7 @@ import rdmaxfer
 
 SCENARIO = Path(__file__).with_name("_exit_scenario.py")
 REPS = 20
-RDMA_REPS = 2  # a child takes minutes in the emulated guest
+RDMA_REPS = 1  # a child takes minutes in the emulated guest
 #: A child that has not exited by then hangs (it takes a second on a host, minutes in the
 #: emulated rxe guest).
 CHILD_TIMEOUT_S = 1500.0
