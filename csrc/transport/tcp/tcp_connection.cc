@@ -15,8 +15,6 @@ constexpr size_t kGatherPieces = 64;
 constexpr uint64_t kGatherPieceBytes = 64 * 1024;
 constexpr uint64_t kGatherBytes = 512 * 1024;
 
-std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
-
 // TCP copies with the CPU, which cannot address GPU memory registered for CUDA IPC (an
 // automatic engine's, moved directly on its shm connections only).
 void check_cpu_addressable(const MemoryRegion& local, const char* what) {
