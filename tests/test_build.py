@@ -4,7 +4,8 @@ The verbs sources compile against rdma-core's headers vendored in third_party/rd
 build where /usr/include/infiniband and /usr/include/rdma are hidden (a private mount namespace,
 tests/without-verbs-headers.sh) still compiles the rdma transport. CI (.ci/run) builds a
 whole wheel that way and checks ``rdmaxfer info`` in the rxe guest; this test configures the
-project and compiles the translation units that need the verbs headers.
+project file by file (``RDMAXFER_UNITY=OFF``, so that an object is one source) and compiles the
+translation units that need the verbs headers.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def hidden_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build = tmp_path_factory.mktemp("hidden-verbs-build")
     configure = (
         f"cmake -S {ROOT} -B {build} -G Ninja -DCMAKE_BUILD_TYPE=Debug "
-        f"-Dpybind11_DIR={pybind11.get_cmake_dir()} -DPython_EXECUTABLE={sys.executable}"
+        f"-DRDMAXFER_UNITY=OFF -Dpybind11_DIR={pybind11.get_cmake_dir()} "
+        f"-DPython_EXECUTABLE={sys.executable}"
     )
     compile_ = f"ninja -C {build} {' '.join(OBJECTS.values())}"
     done = _hidden(f"{configure} && {compile_}")

@@ -23,11 +23,16 @@ LAZY_MODULES = [
     "rdmaxfer.tools",
     "asyncio",
     "importlib.metadata",
+    "ml_dtypes",
+    "xxhash",
     "httpx",
     "safetensors",
     "tqdm",
     "rich",
     "torch",
+    "cupy",
+    "prometheus_client",
+    "matplotlib",
 ]
 OWN_BUDGET_MS = 30.0
 RUNS = 7
@@ -67,6 +72,41 @@ def test_lazy_names_load_on_first_use() -> None:
     done = _python(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "module 'rdmaxfer' has no attribute 'no_such_name'"
+
+
+def test_ml_dtypes_loads_when_one_of_its_types_is_named() -> None:
+    # A bfloat16 message's record, built by hand: the receiver has not imported ml_dtypes.
+    code = (
+        "import struct, sys, numpy as np\n"
+        "import rdmaxfer\n"
+        "from rdmaxfer.memory import meta\n"
+        "assert meta.decode(meta.encode(np.dtype('<f4'), (3,)), 12)[0] == np.float32\n"
+        "print('ml_dtypes' in sys.modules)\n"
+        "record = struct.pack('<4sBBBB', b'RXMD', 1, 8, 2, 0) + b'bfloat16' + "
+        "struct.pack('<QQ', 2, 3)\n"
+        "dtype, shape = meta.decode(record, 12)\n"
+        "print('ml_dtypes' in sys.modules, dtype.name, shape)\n"
+        "try:\n    rdmaxfer.Buffer.empty(4, 'bfloat17', pinned=False)\n"
+        "except TypeError as e:\n    print(e)\n"
+        "buf = rdmaxfer.Buffer.empty(shape, 'float8_e4m3fn', pinned=False)\n"
+        "print(buf.dtype.name, np.asarray(buf, dtype='bfloat16').dtype.name)\n"
+    )
+    done = _python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "False",
+        "True bfloat16 (2, 3)",
+        "data type 'bfloat17' not understood",
+        "float8_e4m3fn bfloat16",
+    ]
+
+
+def test_dtype_name_parsed_before_ml_dtypes_is_loaded() -> None:
+    done = _python(
+        "import rdmaxfer\nprint(rdmaxfer.Buffer.empty(4, 'bfloat16', pinned=False).nbytes)"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["8"]
 
 
 @dataclass

@@ -22,10 +22,6 @@ namespace rdmaxfer {
 
 namespace {
 
-// Columns of a plan's entry table: region index, local offset, descriptor index, remote
-// offset, length.
-constexpr py::ssize_t kColumns = 5;
-
 std::optional<NotifyPayload> notify_payload(const py::object& notify) {
   if (notify.is_none()) return std::nullopt;
   NotifyPayload p;
@@ -82,7 +78,7 @@ std::shared_ptr<BatchPlan> make_plan(const std::string& op,
   } else if (op != "write") {
     throw Error(ErrorKind::kInvalidArgument, "BatchPlan: op='" + op + "' must be 'write' or 'read'");
   }
-  if (table.ndim() != 2 || table.shape(1) != kColumns) {
+  if (table.ndim() != 2 || table.shape(1) != static_cast<py::ssize_t>(kPlanColumns)) {
     throw Error(ErrorKind::kInvalidArgument, "BatchPlan: the entry table must have shape (N, 5)");
   }
   if (chunk_size < 0 || streams < 0) {

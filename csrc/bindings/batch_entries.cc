@@ -12,10 +12,6 @@ namespace rdmaxfer {
 
 namespace {
 
-// Columns of a plan's entry table (bindings/batch_bindings.cc): region index, local offset,
-// descriptor index, remote offset, length.
-constexpr size_t kColumns = 5;
-
 // An exact Python int (not a bool, nor an int subclass) >= 0 that fits 64 bits, into `out`.
 bool plain_offset(PyObject* value, uint64_t* out) {
   if (!PyLong_CheckExact(value)) return false;
@@ -64,7 +60,7 @@ py::tuple batch_table(const py::iterable& entries, const py::handle& region_type
                       const py::function& slow, const py::function& descriptor_of) {
   std::vector<uint64_t> rows;
   if (PyList_Check(entries.ptr()) || PyTuple_Check(entries.ptr())) {
-    rows.reserve(static_cast<size_t>(py::len(entries)) * kColumns);
+    rows.reserve(static_cast<size_t>(py::len(entries)) * kPlanColumns);
   }
   Numbering regions;
   Numbering remotes;
@@ -110,7 +106,7 @@ py::tuple batch_table(const py::iterable& entries, const py::handle& region_type
     ++index;
   }
   py::array_t<uint64_t> table(
-      {static_cast<py::ssize_t>(index), static_cast<py::ssize_t>(kColumns)});
+      {static_cast<py::ssize_t>(index), static_cast<py::ssize_t>(kPlanColumns)});
   std::copy(rows.begin(), rows.end(), table.mutable_data());
   return py::make_tuple(regions.objects(), cores, remotes.objects(), descriptors, table);
 }

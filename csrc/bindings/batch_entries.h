@@ -5,7 +5,13 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
+
 namespace rdmaxfer {
+
+// Columns of a plan's entry table: region index, local offset, descriptor index, remote
+// offset, length.
+inline constexpr size_t kPlanColumns = 5;
 
 void bind_batch_entries(pybind11::module_& m);
 

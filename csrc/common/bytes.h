@@ -1,8 +1,10 @@
-// Little-endian load/store for wire records (the wire format is little-endian on every host).
+// Little-endian load/store for wire records (the wire format is little-endian on every host),
+// and byte counts in messages.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 namespace rdmaxfer {
 
@@ -17,5 +19,8 @@ inline T load_le(const uint8_t* in) {
   for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(in[i]) << (8 * i);
   return value;
 }
+
+// A byte count for a message: "4096 bytes".
+inline std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
 
 }  // namespace rdmaxfer

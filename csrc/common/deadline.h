@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <string>
@@ -43,6 +44,13 @@ class Deadline {
   double timeout_s_;
   Clock::time_point at_;
 };
+
+// Now on the steady clock, in nanoseconds (for a time kept in an atomic).
+inline int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             Deadline::Clock::now().time_since_epoch())
+      .count();
+}
 
 // Seconds for a message: "0.25", "5", "60", "1.5e+03" (printf %.3g).
 inline std::string seconds_text(double seconds) {

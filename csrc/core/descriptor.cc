@@ -7,7 +7,7 @@
 namespace rdmaxfer {
 
 namespace {
-constexpr uint8_t kMagic[4] = {'R', 'X', 'M', 'R'};
+constexpr uint8_t kDescriptorMagic[4] = {'R', 'X', 'M', 'R'};
 }
 
 const char* transport_kind_name(TransportKind kind) {
@@ -23,7 +23,7 @@ const char* transport_kind_name(TransportKind kind) {
 std::string Descriptor::pack() const {
   std::string out(kSize + 4 * rail_keys.size(), '\0');
   auto* p = reinterpret_cast<uint8_t*>(out.data());
-  std::memcpy(p, kMagic, 4);
+  std::memcpy(p, kDescriptorMagic, 4);
   store_le<uint16_t>(p + 4, rail_keys.empty() ? kVersion : kVersionRails);
   p[6] = static_cast<uint8_t>(transport);
   p[7] = static_cast<uint8_t>(access);
@@ -56,7 +56,7 @@ Descriptor Descriptor::unpack(const uint8_t* p, size_t size) {
   if (size < kSize) {
     bad("expected " + std::to_string(kSize) + " bytes, got " + std::to_string(size));
   }
-  if (std::memcmp(p, kMagic, 4) != 0) bad("bad magic (not an rdmaxfer descriptor)");
+  if (std::memcmp(p, kDescriptorMagic, 4) != 0) bad("bad magic (not an rdmaxfer descriptor)");
   const uint16_t version = load_le<uint16_t>(p + 4);
   if (version != kVersion && version != kVersionRails) {
     bad("unsupported version " + std::to_string(version) + " (this build reads versions " +

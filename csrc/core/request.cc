@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/deadline.h"
 #include "core/notifier.h"
 
 namespace rdmaxfer {
@@ -19,14 +20,6 @@ const char* op_kind_name(OpKind op) {
   }
   return "unknown op";
 }
-
-namespace {
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
 
 Request::Request(uint64_t id, OpKind op, uint64_t bytes)
     : id_(id), op_(op), bytes_(bytes), last_progress_ns_(steady_ns()) {}

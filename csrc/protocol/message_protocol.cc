@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/bytes.h"
 #include "common/error.h"
 
 namespace rdmaxfer {
 
 namespace {
 constexpr size_t kMaxReason = 1024;
-std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
 }  // namespace
 
 std::shared_ptr<Channel> MessageProtocol::channel() const {

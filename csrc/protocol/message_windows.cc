@@ -17,8 +17,6 @@ namespace {
 constexpr uint8_t kWindowTag[4] = {'W', 'I', 'N', '1'};
 constexpr size_t kWindowRecord = 16;  // tag, value (u32), offset (u64), little-endian
 
-std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
-
 }  // namespace
 
 std::string encode_window(uint64_t offset, uint32_t value) {

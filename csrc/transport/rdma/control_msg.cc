@@ -9,7 +9,7 @@
 namespace rdmaxfer {
 
 namespace {
-constexpr uint16_t kMagic = 0x4352;
+constexpr uint16_t kControlMagic = 0x4352;
 constexpr uint64_t kSeqMask = (1ull << 48) - 1;
 }
 
@@ -41,7 +41,7 @@ CtrlMessage CtrlHeader::message(const uint8_t* body) const {
 
 void CtrlHeader::encode(uint8_t* out) const {
   std::memset(out, 0, kSize);
-  store_le<uint16_t>(out, kMagic);
+  store_le<uint16_t>(out, kControlMagic);
   out[2] = kVersion;
   out[3] = static_cast<uint8_t>(type);
   store_le<uint32_t>(out + 4, meta_len);
@@ -58,7 +58,7 @@ CtrlHeader CtrlHeader::decode(const uint8_t* in, size_t available) {
     throw Error(ErrorKind::kProtocol, "invalid control message from the peer: " + what);
   };
   if (available < kSize) bad("only " + std::to_string(available) + " bytes");
-  if (load_le<uint16_t>(in) != kMagic) bad("bad magic");
+  if (load_le<uint16_t>(in) != kControlMagic) bad("bad magic");
   if (in[2] != kVersion) bad("unsupported version " + std::to_string(in[2]));
   CtrlHeader h;
   if ((in[3] < 1 || in[3] > static_cast<uint8_t>(CtrlType::kAbort)) &&

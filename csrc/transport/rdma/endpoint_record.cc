@@ -9,7 +9,7 @@
 namespace rdmaxfer {
 
 namespace {
-constexpr uint8_t kMagic[4] = {'R', 'X', 'E', 'P'};
+constexpr uint8_t kPeerRecordMagic[4] = {'R', 'X', 'E', 'P'};
 
 [[noreturn]] void bad(const std::string& what) {
   throw Error(ErrorKind::kProtocol, "invalid RDMA endpoint record from the peer: " + what);
@@ -59,7 +59,7 @@ std::string EndpointRecord::pack() const {
   std::string out(size_for(static_cast<int>(qps.size()), n_rails), '\0');
   auto* p = reinterpret_cast<uint8_t*>(out.data());
   const Rail& r0 = rails.at(0);
-  std::memcpy(p, kMagic, 4);
+  std::memcpy(p, kPeerRecordMagic, 4);
   store_le<uint16_t>(p + 4, kVersion);
   p[6] = r0.link_layer;
   p[7] = static_cast<uint8_t>(qps.size());
@@ -98,7 +98,7 @@ std::string EndpointRecord::pack() const {
 }
 
 size_t EndpointRecord::peek_size(const uint8_t* in) {
-  if (std::memcmp(in, kMagic, 4) != 0) bad("bad magic (not an rdmaxfer verbs peer)");
+  if (std::memcmp(in, kPeerRecordMagic, 4) != 0) bad("bad magic (not an rdmaxfer verbs peer)");
   const uint16_t version = load_le<uint16_t>(in + 4);
   if (version != kVersion) {
     bad("unsupported version " + std::to_string(version) + " (this build speaks version " +

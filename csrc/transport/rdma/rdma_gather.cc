@@ -12,22 +12,22 @@ namespace rdmaxfer {
 namespace {
 // Pieces per group: a quarter of the default send queue (256), so a batch window keeps
 // several groups in flight.
-constexpr size_t kGatherPieces = 64;
+constexpr size_t kRdmaGatherPieces = 64;
 // Pieces above this are posted one by one (chunked and striped like any WRITE).
-constexpr uint64_t kGatherPieceBytes = 64 * 1024;
+constexpr uint64_t kRdmaGatherPieceBytes = 64 * 1024;
 }  // namespace
 
 GatherWrites::Limits RdmaConnection::gather_limits(const MemoryRegion& /*local*/) const {
-  const uint64_t piece = std::min<uint64_t>(kGatherPieceBytes, max_chunk());
-  return Limits{kGatherPieces, piece, piece * kGatherPieces};
+  const uint64_t piece = std::min<uint64_t>(kRdmaGatherPieceBytes, max_chunk());
+  return Limits{kRdmaGatherPieces, piece, piece * kRdmaGatherPieces};
 }
 
 RequestPtr RdmaConnection::post_write_gather(const std::shared_ptr<MemoryRegion>& local,
                                              const std::vector<GatherPiece>& pieces,
                                              PieceFailed failed) {
-  if (pieces.empty() || pieces.size() > kGatherPieces) {
+  if (pieces.empty() || pieces.size() > kRdmaGatherPieces) {
     throw Error(ErrorKind::kInvalidArgument,
-                "a gathered WRITE holds 1.." + std::to_string(kGatherPieces) + " pieces, not " +
+                "a gathered WRITE holds 1.." + std::to_string(kRdmaGatherPieces) + " pieces, not " +
                     std::to_string(pieces.size()));
   }
   // The rkeys of each distinct descriptor (neighbouring pieces usually share one).
@@ -37,7 +37,7 @@ RequestPtr RdmaConnection::post_write_gather(const std::shared_ptr<MemoryRegion>
     const GatherPiece& p = pieces[i];
     check_local_range(local, p.local_offset, p.length, "WRITE", LocalUse::kSource);
     check_remote(p.remote, p.remote_offset, p.length, "WRITE");
-    if (p.length > kGatherPieceBytes || p.length > max_chunk()) {
+    if (p.length > kRdmaGatherPieceBytes || p.length > max_chunk()) {
       throw Error(ErrorKind::kInvalidArgument,
                   "a gathered WRITE piece of " + std::to_string(p.length) +
                       " bytes is over the limit; post it as its own WRITE");

@@ -12,7 +12,7 @@ namespace rdmaxfer {
 
 namespace {
 
-struct Loaded {
+struct LoadedVerbs {
   VerbsApi api;
   std::string why;  // empty when loaded
   void* handle = nullptr;
@@ -33,8 +33,8 @@ bool lookup(void* handle, const char* name, const char* version, Fn* out, std::s
   return true;
 }
 
-Loaded load() {
-  Loaded l;
+LoadedVerbs load_verbs() {
+  LoadedVerbs l;
   // RTLD_NODELETE: providers keep pointers into the library; never unload it.
   l.handle = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (l.handle == nullptr) {
@@ -85,8 +85,8 @@ Loaded load() {
   return l;
 }
 
-const Loaded& loaded() {
-  static const Loaded l = load();  // thread-safe static initialisation
+const LoadedVerbs& loaded_verbs() {
+  static const LoadedVerbs l = load_verbs();  // thread-safe static initialisation
   return l;
 }
 
@@ -112,7 +112,7 @@ int VerbsApi::query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* 
 }
 
 const VerbsApi* verbs_api(std::string* why) {
-  const Loaded& l = loaded();
+  const LoadedVerbs& l = loaded_verbs();
   if (!l.why.empty()) {
     if (why != nullptr) *why = l.why;
     return nullptr;

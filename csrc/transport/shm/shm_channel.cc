@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/deadline.h"
 #include "common/error.h"
 #include "transport/shm/cma_copy.h"
 #include "transport/shm/shm_transport.h"
@@ -26,12 +27,6 @@ constexpr double kDriveSpinUs = 1000;
 // that waiter instead of waking the reader); the reader sleeps at most this long meanwhile, and
 // then takes the ring back.
 constexpr auto kHandBack = std::chrono::milliseconds(2);
-
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // A record that finds the peer's ring full waits at most this long for room.
 constexpr double kFullRingTimeoutS = 30.0;

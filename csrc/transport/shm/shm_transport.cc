@@ -22,7 +22,7 @@ namespace rdmaxfer {
 
 namespace {
 
-constexpr double kHandshakeTimeoutS = 5.0;
+constexpr double kShmHandshakeTimeoutS = 5.0;
 
 // The abstract UNIX address of the shm listener on `port` (no file; gone with the socket).
 socklen_t abstract_address(uint16_t port, sockaddr_un* addr) {
@@ -176,7 +176,7 @@ void ShmTransport::accept_client(UniqueFd fd, const std::string& peer) {
   try {
     server_handshake(fd.get(), TransportKind::kShm, engine_id(), config_.secret);
     auto channel =
-        ShmChannel::establish(*this, std::move(fd), peer, Deadline(kHandshakeTimeoutS));
+        ShmChannel::establish(*this, std::move(fd), peer, Deadline(kShmHandshakeTimeoutS));
     adopt(channel);
     log_accepted(*channel);
     std::lock_guard<std::mutex> lock(mu_);

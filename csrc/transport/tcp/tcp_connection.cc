@@ -9,8 +9,6 @@ namespace rdmaxfer {
 
 namespace {
 constexpr uint64_t kMaxEagerAccepted = 1ull << 20;
-
-std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
 }  // namespace
 
 void TcpConnection::check_cpu_addressable(const MemoryRegion& local, const char* what) {

@@ -6,7 +6,7 @@
 namespace rdmaxfer {
 
 namespace {
-constexpr uint16_t kMagic = 0x5852;
+constexpr uint16_t kFrameMagic = 0x5852;
 }
 
 FrameType frame_type_of(CtrlType type) {
@@ -55,7 +55,7 @@ const char* frame_type_name(FrameType type) {
 }
 
 void FrameHeader::encode(uint8_t* out) const {
-  store_le<uint16_t>(out, kMagic);
+  store_le<uint16_t>(out, kFrameMagic);
   out[2] = kVersion;
   out[3] = static_cast<uint8_t>(type);
   store_le<uint32_t>(out + 4, status);
@@ -70,7 +70,7 @@ void FrameHeader::encode(uint8_t* out) const {
 }
 
 FrameHeader FrameHeader::decode(const uint8_t* in) {
-  if (load_le<uint16_t>(in) != kMagic) {
+  if (load_le<uint16_t>(in) != kFrameMagic) {
     throw Error(ErrorKind::kProtocol, "bad frame magic: the stream is corrupt or not rdmaxfer");
   }
   if (in[2] != kVersion) {

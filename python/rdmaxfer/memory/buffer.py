@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from .. import _core
 from ..errors import InvalidArgumentError
+from .dtypes import parse_dtype
 from .region import MemoryRegion, Registrar, access_bits
 
 if TYPE_CHECKING:
@@ -227,7 +228,7 @@ class Buffer:
             UnsupportedError: a GPU device without CUDA here (the message says why).
         """
         dims = _normalize_shape(shape)
-        dt = np.dtype(dtype)
+        dt = parse_dtype(dtype)
         if dt.hasobject:
             raise InvalidArgumentError(f"dtype {dt} holds Python objects; use a numeric dtype")
         if device is not None and device != "cpu":
@@ -368,10 +369,10 @@ class Buffer:
                 "a GPU Buffer cannot be converted to a NumPy array implicitly; use "
                 "buf.copy_to_host()"
             )
-        if dtype is not None and np.dtype(dtype) != self._array.dtype:
+        if dtype is not None and (wanted := parse_dtype(dtype)) != self._array.dtype:
             if copy is False:
                 raise ValueError(f"cannot view dtype {self._array.dtype} as {dtype} without a copy")
-            return self._array.astype(dtype)
+            return self._array.astype(wanted)
         return self._array.copy() if copy else self._array
 
     def __dlpack__(self, **kwargs: Any) -> Any:

@@ -19,11 +19,10 @@ import math
 import struct
 from typing import Any
 
-import ml_dtypes
 import numpy as np
-import xxhash
 
 from ..errors import InvalidArgumentError, ProtocolError
+from .dtypes import ML_NAMES, ml_dtypes_by_name
 
 __all__ = ["MAGIC", "VERSION", "checksum", "decode", "dtype_token", "encode", "payload_checksum"]
 
@@ -38,28 +37,6 @@ FLAG_CHECKSUM = 1
 # dtype kinds whose bytes mean the same thing on both sides (no pointers, no fields).
 _PLAIN_KINDS = frozenset("biufcmMSUV")
 
-_ML_NAMES = (
-    "bfloat16",
-    "float8_e3m4",
-    "float8_e4m3",
-    "float8_e4m3b11fnuz",
-    "float8_e4m3fn",
-    "float8_e4m3fnuz",
-    "float8_e5m2",
-    "float8_e5m2fnuz",
-    "float8_e8m0fnu",
-    "float6_e2m3fn",
-    "float6_e3m2fn",
-    "float4_e2m1fn",
-    "int2",
-    "int4",
-    "uint2",
-    "uint4",
-)
-_ML_DTYPES: dict[str, np.dtype[np.generic]] = {
-    name: np.dtype(getattr(ml_dtypes, name)) for name in _ML_NAMES if hasattr(ml_dtypes, name)
-}
-
 
 def dtype_token(dtype: np.dtype[np.generic]) -> str:
     """The record's name for ``dtype``: ``dtype.str`` for numpy's types, the ml_dtypes name else.
@@ -68,12 +45,13 @@ def dtype_token(dtype: np.dtype[np.generic]) -> str:
         InvalidArgumentError: object or structured dtypes (their bytes do not travel).
     """
     if dtype.isbuiltin == 2:
-        for name, known in _ML_DTYPES.items():
+        known_types = ml_dtypes_by_name()
+        for name, known in known_types.items():
             if dtype.type is known.type:
                 return name
         raise InvalidArgumentError(
             f"dtype {dtype} (a user-defined numpy type) cannot be sent; supported extension "
-            f"dtypes are {', '.join(_ML_DTYPES)}; send arr.view(np.uint8) instead"
+            f"dtypes are {', '.join(known_types)}; send arr.view(np.uint8) instead"
         )
     if dtype.hasobject:
         raise InvalidArgumentError(
@@ -89,8 +67,13 @@ def dtype_token(dtype: np.dtype[np.generic]) -> str:
 
 
 def _dtype_from_token(token: str) -> np.dtype[np.generic]:
-    known = _ML_DTYPES.get(token)
-    if known is not None:
+    if token in ML_NAMES:  # NumPy's tokens start with a byte order ("<f4", "|u1")
+        known = ml_dtypes_by_name().get(token)
+        if known is None:
+            raise ProtocolError(
+                f"message metadata names dtype {token!r}, which the installed ml_dtypes "
+                "lacks; upgrade ml_dtypes (pip install -U ml_dtypes)"
+            )
         return known
     try:
         dtype = np.dtype(token)
@@ -108,7 +91,9 @@ def _dtype_from_token(token: str) -> np.dtype[np.generic]:
 
 
 def payload_checksum(array: np.ndarray[Any, Any]) -> int:
-    """XXH3-64 of a C-contiguous array's bytes (the ``xxhash`` library)."""
+    """XXH3-64 of a C-contiguous array's bytes (the ``xxhash`` library, loaded here)."""
+    import xxhash
+
     return int(xxhash.xxh3_64_intdigest(array.reshape(-1).view(np.uint8).data))
 
 
