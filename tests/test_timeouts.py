@@ -89,7 +89,7 @@ def test_a_message_longer_than_its_timeout_arrives_whole(slow: SlowLink) -> None
 def test_a_stalled_write_fails_after_timeout_with_the_figures(slow: SlowLink) -> None:
     data = make_array(3, SIZE)
     region = slow.server.register(np.zeros(SIZE, np.uint8), access="rw")
-    threading.Timer(PAUSE_AT_S, slow.relay.pause).start()  # a few 1 MiB chunks are through
+    threading.Timer(PAUSE_AT_S, slow.relay.pause).start()  # several chunks are through
     start = time.monotonic()
     with pytest.raises(TransferTimeoutError) as info:
         slow.a.write(data, region.descriptor(), chunk_size=CHUNK, timeout=TIMEOUT_S)
