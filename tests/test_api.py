@@ -77,8 +77,8 @@ def test_send_and_recv_need_exactly_one_peer_address() -> None:
 def test_send_to_a_closed_port_fails_and_caches_nothing(closed_port: int) -> None:
     start = time.monotonic()
     with pytest.raises(ConnectionFailedError):
-        rdmaxfer.send(make_array(2, 10), to=f"127.0.0.1:{closed_port}", timeout=5)
-    assert time.monotonic() - start < 5 + MARGIN_S
+        rdmaxfer.send(make_array(2, 10), to=f"127.0.0.1:{closed_port}", timeout=0.5)
+    assert time.monotonic() - start < 0.5 + MARGIN_S
     assert not api._connected
 
 

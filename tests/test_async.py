@@ -14,6 +14,7 @@ import pytest
 from _common import MARGIN_S, Pair
 from _peers import digest, make_array, same_bytes
 from rdmaxfer import (
+    Endpoint,
     Engine,
     InvalidArgumentError,
     ProtocolError,
@@ -145,8 +146,13 @@ def test_async_mismatch_rejects(pair: Pair, seed: int) -> None:
 def test_one_engine_serves_loops_in_two_threads(server: Engine, client: Engine, seed: int) -> None:
     """Notifications read by one loop must still wake waiters of another loop."""
     port = server.listen()
-    eps = [client.connect("127.0.0.1", port, timeout=10) for _ in range(2)]
-    peers = [server.accept(timeout=10) for _ in range(2)]
+    # One connection accepted before the next is made: accept() need not return endpoints in
+    # the order their connects completed (seen swapped on a loaded machine).
+    eps: list[Endpoint] = []
+    peers: list[Endpoint] = []
+    for _ in range(2):
+        eps.append(client.connect("127.0.0.1", port, timeout=10))
+        peers.append(server.accept(timeout=10))
     results: dict[int, list[str]] = {}
     errors: list[BaseException] = []
 

@@ -16,7 +16,9 @@ import _cuda_standin
 
 pytestmark = pytest.mark.gpu
 
-DELAY_S = 0.6
+#: Each device copy sleeps this long in the stand-in: a loop blocked by one shows a gap of at
+#: least this, far above the scheduling gaps of a loaded machine (0.3 s seen at load 40).
+DELAY_S = 0.8
 SCRIPT = Path(__file__).resolve().parent / "_async_ticker.py"
 
 
@@ -39,6 +41,6 @@ def test_async_gpu_transfers_keep_the_loop_ticking() -> None:
     # The transfers waited on several slowed copies and synchronizations...
     assert got["elapsed_s"] >= 3 * DELAY_S, got
     assert got["dlpack_exact"] and got["checksummed_exact"], got
-    # ...while the loop kept running: no gap near one copy's delay.
-    assert got["max_gap_s"] < DELAY_S / 2, got
+    # ...while the loop kept running: no gap of one copy's delay.
+    assert got["max_gap_s"] < 0.9 * DELAY_S, got
     assert got["ticks_during"] >= got["elapsed_s"] / 0.05, got

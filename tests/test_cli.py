@@ -157,7 +157,7 @@ def test_demo_runs_the_main_job() -> None:
 
 
 def test_bad_input_exit_codes() -> None:
-    out = run("pull", "127.0.0.1:1", "--transport", "tcp", "--quiet", "--timeout", "5")
+    out = run("pull", "127.0.0.1:1", "--transport", "tcp", "--quiet", "--timeout", "0.5")
     assert out.returncode == 2
     assert "cannot connect to 127.0.0.1:1" in out.stderr
     out = run("serve", "/nonexistent.safetensors", "--transport", "tcp")

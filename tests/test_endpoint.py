@@ -491,8 +491,8 @@ def test_engine_close_begins_every_close_before_waiting(
 def test_connecting_to_a_closed_port_fails(client: Engine, closed_port: int) -> None:
     start = time.monotonic()
     with pytest.raises(ConnectionFailedError):
-        client.connect("127.0.0.1", closed_port, timeout=5)
-    assert time.monotonic() - start < 5 + MARGIN_S
+        client.connect("127.0.0.1", closed_port, timeout=0.5)
+    assert time.monotonic() - start < 0.5 + MARGIN_S
 
 
 def test_accept_without_peer_times_out(server: Engine) -> None:
