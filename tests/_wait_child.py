@@ -81,8 +81,7 @@ def receive(host: str, stop: bool) -> None:
         transfer.done()
         time.sleep(0.001)
     say("RECEIVING")
-    if stop:
-        time.sleep(0.05)
+    if stop:  # at once: a receiver still running for a moment could take the whole message
         os.kill(os.getpid(), signal.SIGSTOP)
     transfer.wait(timeout=WAIT_S)
 

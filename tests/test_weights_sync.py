@@ -69,8 +69,10 @@ def test_shards_land_in_the_callers_arrays_bit_exact(
         for name, index in shards.items():
             assert got[name] is into[name]  # filled in place
             np.testing.assert_array_equal(into[name], ref[name][index], err_msg=name)
+        # 1 + 384 + 34 + 1 READs, gathered (TCP: up to 64 pieces per channel operation), and
+        # at least one operation per tensor.
         reads = engine.stats()["read.ops"]
-        assert reads == 1 + 384 + 34 + 1, reads
+        assert len(shards) <= reads <= 1 + 384 // 64 + 1 + 1 + len(shards), reads
         # The same row range without into= comes back as a new array; one READ.
         alone = pull_weights(address, engine=engine, names=[ROWS], shard={ROWS: np.s_[1000:1100]})
         assert engine.stats()["read.ops"] == reads + 1
