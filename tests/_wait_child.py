@@ -103,9 +103,10 @@ def wait_in(kind: str, address: str) -> None:
         say("WAITING")
         engine.connect(address, timeout=WAIT_S)
     elif kind == "pull":
+        pull = rdmaxfer.pull_weights  # imported before the wait (rdmaxfer loads it on first use)
         say("WAITING")
         while True:
-            rdmaxfer.pull_weights(address, engine=engine, timeout=WAIT_S)
+            pull(address, engine=engine, timeout=WAIT_S)
     else:
         ep = engine.connect(address, timeout=WAIT_S)
         remote = ep.recv(timeout=WAIT_S).tobytes()

@@ -100,7 +100,8 @@ def test_minilm_served_by_serve_weights_of_a_path(client: Engine) -> None:
         serve_weights(path, host=addrs()[1], engine=engine) as server,
     ):
         region = server._regions[0]
-        assert region.readonly and not region.core.local_write  # a source only
+        # version 1 is the server's own copy of the file, registered as a source only
+        assert region.access == "r" and not region.core.local_write
         arrays = pull_weights(f"{addrs()[1]}:{server.port}", engine=client, timeout=WAIT_S * 5)
         assert_same_as_file(arrays, path)
 
