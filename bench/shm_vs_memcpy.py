@@ -5,7 +5,7 @@ bytes are in the peer's region), the same WRITE over ``tcp`` loopback, and a sin
 ``memcpy`` of the same size (``numpy.copyto`` between two preallocated, touched arrays). Then
 an 8-byte round trip: an rdmaxfer 8-byte WRITE over shm through the Python API vs a plain
 Python socket ping-pong (bench/tcp_vs_peers.py). GB/s = 1e9 bytes/s; the median of ``--iters``
-runs. Issue 14's targets: 1 GiB WRITE >= 0.8x memcpy, 64 KiB >= 3x TCP loopback, 8-byte round
+runs. Targets: 1 GiB WRITE >= 0.8x memcpy, 64 KiB >= 3x TCP loopback, 8-byte round
 trip <= 0.3x the Python ping-pong.
 
     python bench/shm_vs_memcpy.py [--sizes 64K,1M,16M,256M,1G] [--iters 5] [--json FILE]
