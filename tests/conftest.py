@@ -3,6 +3,7 @@ peers in other processes (see _peers.py)."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import zlib
 from collections.abc import Callable, Iterator
@@ -110,7 +111,14 @@ def _gpu_selected(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     """``pytest -m gpu`` on a machine without an NVIDIA driver runs the GPU tests over the
-    stand-in driver (tests/_cuda_standin.py). It is set before any test loads CUDA."""
+    stand-in driver (tests/_cuda_standin.py). It is set before any test loads CUDA.
+
+    A suite started in the background of a non-interactive shell (``pytest &`` in a script)
+    inherits SIGINT ignored, and so would every child it starts: the Ctrl-C tests would wait
+    for children that never see their SIGINT. Python's own handler is put back (a handler,
+    unlike "ignored", is reset to the default in a child at exec)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if _gpu_selected(config):
         path = _cuda_standin.install()
         if path is not None:
