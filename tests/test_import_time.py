@@ -52,6 +52,27 @@ def test_import_loads_no_lazy_module() -> None:
     assert [m for m in LAZY_MODULES if m in loaded] == []
 
 
+def test_moving_numpy_dtypes_never_loads_ml_dtypes() -> None:
+    """Serving and pulling float32 weights and exchanging a DLPack capsule load neither
+    ml_dtypes nor the other heavy modules; naming bfloat16 then loads ml_dtypes."""
+    code = (
+        "import sys, numpy as np, rdmaxfer as rdma\n"
+        "from rdmaxfer.weights import serve_weights, pull_weights\n"
+        "w = {'w': np.arange(1000, dtype=np.float32)}\n"
+        "with serve_weights(w, transport='tcp') as server:\n"
+        "    got = pull_weights(f'127.0.0.1:{server.port}', transport='tcp', timeout=60)\n"
+        "assert np.array_equal(got['w'], w['w'])\n"
+        "buf = rdma.Buffer.empty(64)\n"
+        "assert np.from_dlpack(buf).nbytes == 64\n"
+        "print('ml_dtypes' in sys.modules, 'torch' in sys.modules)\n"
+        "from rdmaxfer.weights.format import DTYPES\n"
+        "print(DTYPES['BF16'], 'ml_dtypes' in sys.modules)\n"
+    )
+    done = _python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "bfloat16", "True"], done.stdout
+
+
 def test_lazy_names_load_on_first_use() -> None:
     code = (
         "import sys, rdmaxfer as rdma\n"

@@ -26,12 +26,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidArgumentError
 from .allocation import Allocation, torch_storage
+from .dtypes import DtypeTable
 
 __all__ = [
     "HOST_DEVICES",
@@ -101,32 +101,34 @@ class _DLManagedTensorVersioned(ctypes.Structure):
     ]
 
 
-_DTYPES: dict[tuple[int, int], np.dtype[Any]] = {
-    (0, 8): np.dtype(np.int8),
-    (0, 16): np.dtype(np.int16),
-    (0, 32): np.dtype(np.int32),
-    (0, 64): np.dtype(np.int64),
-    (1, 8): np.dtype(np.uint8),
-    (1, 16): np.dtype(np.uint16),
-    (1, 32): np.dtype(np.uint32),
-    (1, 64): np.dtype(np.uint64),
-    (2, 16): np.dtype(np.float16),
-    (2, 32): np.dtype(np.float32),
-    (2, 64): np.dtype(np.float64),
-    (4, 16): np.dtype(ml_dtypes.bfloat16),
-    (5, 64): np.dtype(np.complex64),
-    (5, 128): np.dtype(np.complex128),
-    (6, 8): np.dtype(np.bool_),
-    (7, 8): np.dtype(ml_dtypes.float8_e3m4),
-    (8, 8): np.dtype(ml_dtypes.float8_e4m3),
-    (9, 8): np.dtype(ml_dtypes.float8_e4m3b11fnuz),
-    (10, 8): np.dtype(ml_dtypes.float8_e4m3fn),
-    (11, 8): np.dtype(ml_dtypes.float8_e4m3fnuz),
-    (12, 8): np.dtype(ml_dtypes.float8_e5m2),
-    (13, 8): np.dtype(ml_dtypes.float8_e5m2fnuz),
-    (14, 8): np.dtype(ml_dtypes.float8_e8m0fnu),
-}
-_CODES = {dtype: key for key, dtype in _DTYPES.items()}
+# (DLDataTypeCode, bits) -> dtype (ml_dtypes is imported on the first lookup of one of its types).
+_DTYPES: DtypeTable[tuple[int, int]] = DtypeTable(
+    [
+        ((0, 8), np.dtype(np.int8)),
+        ((0, 16), np.dtype(np.int16)),
+        ((0, 32), np.dtype(np.int32)),
+        ((0, 64), np.dtype(np.int64)),
+        ((1, 8), np.dtype(np.uint8)),
+        ((1, 16), np.dtype(np.uint16)),
+        ((1, 32), np.dtype(np.uint32)),
+        ((1, 64), np.dtype(np.uint64)),
+        ((2, 16), np.dtype(np.float16)),
+        ((2, 32), np.dtype(np.float32)),
+        ((2, 64), np.dtype(np.float64)),
+        ((4, 16), "bfloat16"),
+        ((5, 64), np.dtype(np.complex64)),
+        ((5, 128), np.dtype(np.complex128)),
+        ((6, 8), np.dtype(np.bool_)),
+        ((7, 8), "float8_e3m4"),
+        ((8, 8), "float8_e4m3"),
+        ((9, 8), "float8_e4m3b11fnuz"),
+        ((10, 8), "float8_e4m3fn"),
+        ((11, 8), "float8_e4m3fnuz"),
+        ((12, 8), "float8_e5m2"),
+        ((13, 8), "float8_e5m2fnuz"),
+        ((14, 8), "float8_e8m0fnu"),
+    ]
+)
 # Sub-byte (packed) codes and the bit widths DLPack defines for them.
 _PACKED: dict[int, tuple[int, ...]] = {0: (1, 2, 4), 1: (1, 2, 4), 15: (6,), 16: (6,), 17: (4,)}
 
@@ -158,10 +160,10 @@ def dtype_code(dtype: np.dtype[Any]) -> tuple[int, int]:
         InvalidArgumentError: DLPack has no code for it (ml_dtypes' one-byte-per-value int4,
             float4... types: DLPack's sub-byte codes mean packed values).
     """
-    try:
-        return _CODES[np.dtype(dtype)]
-    except KeyError:
-        raise InvalidArgumentError(f"dtype {dtype} has no DLPack type code") from None
+    found = _DTYPES.key_of(dtype)
+    if found is None:
+        raise InvalidArgumentError(f"dtype {dtype} has no DLPack type code")
+    return found
 
 
 def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:

@@ -12,43 +12,56 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidArgumentError, ProtocolError
+from ..memory.dtypes import DtypeTable
 
 __all__ = [
     "DTYPES",
-    "NAMES",
     "PROTOCOL_VERSION",
     "TensorInfo",
     "decode",
+    "dtype_names",
     "encode",
+    "name_of",
     "read_safetensors_header",
     "save_safetensors_copy",
 ]
 
 PROTOCOL_VERSION = 3
 
-DTYPES: dict[str, np.dtype[Any]] = {
-    "F64": np.dtype(np.float64),
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16),
-    "I8": np.dtype(np.int8),
-    "U64": np.dtype(np.uint64),
-    "U32": np.dtype(np.uint32),
-    "U16": np.dtype(np.uint16),
-    "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
-}
-NAMES = {dtype: name for name, dtype in DTYPES.items()}
+#: safetensors dtype name -> dtype (ml_dtypes is imported on the first lookup of BF16 or F8_*).
+DTYPES: DtypeTable[str] = DtypeTable(
+    [
+        ("F64", np.dtype(np.float64)),
+        ("F32", np.dtype(np.float32)),
+        ("F16", np.dtype(np.float16)),
+        ("BF16", "bfloat16"),
+        ("F8_E4M3", "float8_e4m3fn"),
+        ("F8_E5M2", "float8_e5m2"),
+        ("I64", np.dtype(np.int64)),
+        ("I32", np.dtype(np.int32)),
+        ("I16", np.dtype(np.int16)),
+        ("I8", np.dtype(np.int8)),
+        ("U64", np.dtype(np.uint64)),
+        ("U32", np.dtype(np.uint32)),
+        ("U16", np.dtype(np.uint16)),
+        ("U8", np.dtype(np.uint8)),
+        ("BOOL", np.dtype(np.bool_)),
+    ]
+)
+
+
+def name_of(dtype: npt.DTypeLike) -> str | None:
+    """The safetensors name of ``dtype`` (``"F32"``, ``"BF16"``...), None when it has none."""
+    return DTYPES.key_of(dtype)
+
+
+def dtype_names() -> str:
+    """The dtypes that have a safetensors name, for error messages (``"float64, ..."``)."""
+    return ", ".join(str(DTYPES[name]) for name in DTYPES)
 
 
 @dataclass(frozen=True)

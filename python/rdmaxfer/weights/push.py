@@ -53,7 +53,7 @@ from ..memory.region import MemoryRegion
 from ..transport.endpoint import Endpoint
 from ..transport.engine import Engine
 from ..transport.lifecycle import track_service
-from .format import DTYPES, NAMES, PROTOCOL_VERSION, decode, encode
+from .format import DTYPES, PROTOCOL_VERSION, decode, dtype_names, encode, name_of
 from .moving import Piece, move
 from .server import accept_next
 
@@ -134,14 +134,15 @@ class WeightReceiver:
                 self._mirrors.append((view, host))
                 found = self._engine.register(host, access="w")
             region = found
-        if dtype not in NAMES:
+        st_name = name_of(dtype)
+        if st_name is None:
             region.close()
             raise InvalidArgumentError(
                 f"tensor {name!r} has dtype {dtype}, which has no safetensors name; "
-                f"supported: {', '.join(str(d) for d in NAMES)}"
+                f"supported: {dtype_names()}"
             )
         self._tensors[name] = {
-            "dtype": NAMES[dtype],
+            "dtype": st_name,
             "shape": list(shape),
             "region": len(self._regions),
             "offset": 0,

@@ -28,7 +28,7 @@ from ..memory.region import MemoryRegion
 from ..transport.endpoint import Endpoint
 from ..transport.engine import Engine
 from ..transport.lifecycle import track_service
-from .format import DTYPES, NAMES, TensorInfo, decode
+from .format import DTYPES, TensorInfo, decode, dtype_names, name_of
 from .snapshot import owned_buffer, snapshot_file, tensor_view
 from .versions import Slot, Versions
 
@@ -159,11 +159,11 @@ class WeightServer:
             what = f"tensor {name!r}"
             view = device_view(obj, writable=False, what=what)
             source = as_array(obj, writable=False, what=what) if view is None else view
-            dtype = NAMES.get(source.dtype)
+            dtype = name_of(source.dtype)
             if dtype is None:
                 raise InvalidArgumentError(
                     f"tensor {name!r} has dtype {source.dtype}, which has no safetensors name; "
-                    f"supported: {', '.join(str(d) for d in NAMES)}"
+                    f"supported: {dtype_names()}"
                 )
             self._sources[name] = source
             tensors[name] = TensorInfo(name, dtype, tuple(source.shape), index, 0)
