@@ -1,6 +1,7 @@
 // RdmaConnection on several rails: which QPs a one-sided transfer's chunks go on (striping by
 // link speed, the home rail for small ones) and, when a data rail fails, moving its chunks to
-// the live rails (failover). Set-up, completions and teardown are in rdma_connection.cc.
+// the live rails (failover). Set-up and teardown are in rdma_connection.cc, completions in
+// rdma_completions.cc.
 #include <algorithm>
 
 #include "common/error.h"

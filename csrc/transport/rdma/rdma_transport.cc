@@ -1,3 +1,6 @@
+// RdmaTransport: its rails, regions, connections (listen, accept, connect, the handshake) and
+// shutdown. Completions and events are dispatched in rdma_events.cc, device removal in
+// rdma_removal.cc.
 #include "transport/rdma/rdma_transport.h"
 
 #include <algorithm>
@@ -456,92 +459,11 @@ std::shared_ptr<Channel> RdmaTransport::connect(const std::string& host, uint16_
   });
 }
 
-std::shared_ptr<RdmaConnection> RdmaTransport::find(uint32_t tag) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = connections_.find(tag);
-  return it == connections_.end() ? nullptr : it->second.lock();
-}
-
-std::shared_ptr<RdmaConnection> RdmaTransport::find_qp(int rail, uint32_t qp_num) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const auto& tags = qp_tags_[static_cast<size_t>(rail)];
-  auto t = tags.find(qp_num);
-  if (t == tags.end()) return nullptr;
-  auto it = connections_.find(t->second);
-  return it == connections_.end() ? nullptr : it->second.lock();
-}
-
 void RdmaTransport::forget_qps_locked(uint32_t tag) {
   for (auto& tags : qp_tags_) {
     for (auto it = tags.begin(); it != tags.end();) {
       it = it->second == tag ? tags.erase(it) : std::next(it);
     }
-  }
-}
-
-void RdmaTransport::on_srq_receive(int rail, const ibv_wc& wc) {
-  SharedReceiveQueue* srq = rails_[static_cast<size_t>(rail)].srq.get();
-  if (srq == nullptr) return;  // not this rail's: no SRQ WR was ever posted here
-  try {
-    srq->taken();
-    const uint8_t* data = srq->buffer(wc.wr_id);
-    // None: a flush after its connection was freed. The buffer goes back either way.
-    if (auto conn = find_qp(rail, wc.qp_num)) conn->on_srq_completion(rail, wc, data);
-    srq->repost(wc.wr_id);
-  } catch (const Error& e) {
-    rail_failed(rail, "the shared receive queue of " +
-                          rails_[static_cast<size_t>(rail)].name + " failed: " +
-                          e.what());
-  }
-}
-
-void RdmaTransport::on_completions(int rail, const ibv_wc* wcs, int n) {
-  std::shared_ptr<RdmaConnection> conn;
-  for (int i = 0; i < n; ++i) {
-    if (SharedReceiveQueue::owns(wcs[i].wr_id)) {
-      on_srq_receive(rail, wcs[i]);
-      continue;
-    }
-    const uint32_t tag = wr_tag(wcs[i].wr_id);
-    if (!conn || conn->tag() != tag) conn = find(tag);
-    if (conn) conn->on_completion(wcs[i]);  // none: a flush after the connection was freed
-  }
-}
-
-void RdmaTransport::on_async_event(int rail, const ibv_async_event& event) {
-  const std::string what =
-      std::string("asynchronous event: ") + verbs().event_type_str(event.event_type);
-  switch (event.event_type) {
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_PATH_MIG_ERR: {
-      const auto tag = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(event.element.qp->qp_context));
-      if (auto conn = find(tag)) conn->on_qp_event(event.element.qp->qp_num, what);
-      return;
-    }
-    case IBV_EVENT_SRQ_LIMIT_REACHED:
-      if (const auto& srq = rails_[static_cast<size_t>(rail)].srq) {
-        try {
-          srq->on_limit();
-        } catch (const Error& e) {
-          rail_failed(rail, "growing the shared receive queue of " +
-                                rails_[static_cast<size_t>(rail)].name +
-                                " failed: " + e.what());
-        }
-      }
-      return;
-    case IBV_EVENT_DEVICE_FATAL:
-      // The device is gone for good: failover now, then the rail watch releases it.
-      rail_failed(rail, "device " + rails_[static_cast<size_t>(rail)].name + ": " + what);
-      device_fatal(rail, "device " + rails_[static_cast<size_t>(rail)].name + ": " + what);
-      return;
-    case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_CQ_ERR:
-    case IBV_EVENT_PORT_ERR:
-      rail_failed(rail, "device " + rails_[static_cast<size_t>(rail)].name + ": " + what);
-      return;
-    default: return;  // informational (LID change, last WQE reached, ...)
   }
 }
 
@@ -555,12 +477,6 @@ std::vector<std::shared_ptr<RdmaConnection>> RdmaTransport::live_connections() c
     if (auto c = w.lock()) conns.push_back(std::move(c));
   }
   return conns;
-}
-
-void RdmaTransport::rail_failed(int rail, const std::string& cause) {
-  const std::vector<std::shared_ptr<RdmaConnection>> conns = live_connections();
-  // One rail: its connections close (rail_down of their only rail says so).
-  for (const auto& c : conns) c->rail_down(rail, cause);
 }
 
 std::vector<LaneSpec> RdmaTransport::pair_rails(const EndpointRecord& peer) const {
@@ -587,10 +503,6 @@ std::vector<LaneSpec> RdmaTransport::pair_rails(const EndpointRecord& peer) cons
                                           std::to_string(EndpointRecord::kMaxQps));
   }
   return lanes;
-}
-
-void RdmaTransport::on_socket(uint64_t tag) {
-  if (auto conn = find(static_cast<uint32_t>(tag))) conn->on_socket_ready();
 }
 
 void RdmaTransport::abort_all(ErrorKind kind, const std::string& reason) {
