@@ -188,3 +188,34 @@ def send_and_notify(
     wait_ok(_core.post_batch(ep, plan, b"landed", whole=True).request)
     assert _core.pop_notification(dst_engine, WAIT_S) == (peer.peer, b"landed")
     assert np.array_equal(region_array(dst), data)
+
+
+MIB = 1 << 20
+
+#: The tests of several rails per engine: skipped unless each side has two.
+TWO_RAILS = pytest.mark.skipif(
+    len(rails(0)) < 2, reason="needs two rails per side: tests/rxe/run-in-vm.sh --rails 2"
+)
+
+
+@contextmanager
+def rail_pair(
+    client_rails: list[str] | None = None, server_rails: list[str] | None = None
+) -> Iterator[tuple[_core.Engine, _core.Engine, _core.Endpoint, _core.Endpoint]]:
+    server = _core.Engine("rdma", rdma_devices=server_rails or rails(1))
+    client = _core.Engine("rdma", rdma_devices=client_rails or rails(0))
+    try:
+        port = server.listen(addrs()[1], 0)
+        a = client.connect(addrs()[1], port, 0, WAIT_S)
+        b = server.accept(WAIT_S)
+        yield client, server, a, b
+    finally:
+        client.close()
+        server.close()
+
+
+def rail_bytes(ep: _core.Endpoint) -> dict[str, int]:
+    attrs = ep.attributes()
+    return {
+        k[5:-6]: int(v) for k, v in attrs.items() if k.startswith("rail_") and k.endswith("_bytes")
+    }
