@@ -154,13 +154,61 @@ def test_every_module_sits_in_a_subpackage_of_a_layer() -> None:
     assert top == floor | layers | {"rdmaxfer.__main__"}
 
 
-def test_no_module_is_over_600_lines() -> None:
-    long = {
-        str(p.relative_to(PACKAGE_DIR)): n
-        for p in PACKAGE_DIR.rglob("*.py")
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600
+#: No source file is longer than this many lines.
+MAX_LINES = 600
+#: The sources the line limit covers: folders of the repository and the file patterns in them.
+LINE_LIMITED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("python/rdmaxfer", ("*.py",)),
+    ("csrc", ("*.cc", "*.h")),
+    ("tests", ("*.py",)),
+)
+
+
+def long_files(root: Path, limited: Iterable[tuple[str, tuple[str, ...]]]) -> dict[str, int]:
+    """The files over MAX_LINES lines under ``root``'s folders of ``limited`` that match their
+    patterns, by path relative to ``root``, with their line counts. Code under a
+    ``third_party`` folder is not the project's and is left out."""
+    long: dict[str, int] = {}
+    for folder, patterns in limited:
+        for pattern in patterns:
+            for path in (root / folder).rglob(pattern):
+                relative = path.relative_to(root)
+                if "third_party" in relative.parts:
+                    continue
+                n = len(path.read_text(encoding="utf-8").splitlines())
+                if n > MAX_LINES:
+                    long[relative.as_posix()] = n
+    return long
+
+
+def test_no_source_file_is_over_600_lines() -> None:
+    repo = PACKAGE_DIR.parent.parent
+    missing = [folder for folder, _ in LINE_LIMITED if not (repo / folder).is_dir()]
+    assert missing == [], "a folder the line limit covers moved: update LINE_LIMITED"
+    assert long_files(repo, LINE_LIMITED) == {}
+
+
+def test_the_line_limit_finds_a_planted_long_file(tmp_path: Path) -> None:
+    """The check above can fail: a C++ source, a header and a test one line over the limit are
+    found; files at the limit, other kinds of file and third_party code are not."""
+    sizes = {
+        "csrc/transport/long.cc": MAX_LINES + 1,
+        "csrc/core/long.h": MAX_LINES + 1,
+        "tests/rdma/test_long.py": MAX_LINES + 1,
+        "csrc/core/at_limit.cc": MAX_LINES,
+        "csrc/notes.txt": MAX_LINES + 1,
+        "csrc/third_party/vendored.h": MAX_LINES + 1,
+        "python/rdmaxfer/short.py": 3,
     }
-    assert long == {}
+    for rel, n in sizes.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x\n" * n, encoding="utf-8")
+    assert long_files(tmp_path, LINE_LIMITED) == {
+        "csrc/transport/long.cc": MAX_LINES + 1,
+        "csrc/core/long.h": MAX_LINES + 1,
+        "tests/rdma/test_long.py": MAX_LINES + 1,
+    }
 
 
 def _plant(root: Path, files: dict[str, str]) -> Path:
