@@ -268,6 +268,11 @@ class RegistrationCache:
         self._reap()
         return True
 
+    @property
+    def tracks_owners(self) -> bool:
+        """True when some entry belongs to an owner (:meth:`invalidate` has work only then)."""
+        return bool(self._by_owner)
+
     def invalidate(self, arr: npt.NDArray[Any]) -> None:
         """Drop every entry of the allocation holding ``arr`` (deregistered once unused)."""
         if not self._by_owner:  # no entry of any owner: nothing to resolve
