@@ -213,6 +213,11 @@ class MemoryRegion:
             data = self._data = data.reshape(-1).view(np.uint8)
         return data
 
+    def _host_array(self) -> npt.NDArray[Any]:
+        """The host memory as the array it was registered from (no byte view made; empty for
+        GPU memory)."""
+        return self._data
+
     def contains(self, addr: int, nbytes: int) -> bool:
         """True when ``[addr, addr + nbytes)`` lies inside the region."""
         base = self.addr

@@ -526,8 +526,8 @@ class MemoryDomain:
                     region.deregister(timeout_s)
 
     def _deregister_region(self, region: MemoryRegion, timeout_s: float) -> None:
-        if self._temps.tracks_owners and not region.temporary and region.device is None:
-            self._temps.invalidate(region.numpy())
+        if not region.temporary and region.device is None:
+            self._temps.invalidate(region._host_array())
         key = region.key
         with self._lock:
             self._regions.pop(key, None)
