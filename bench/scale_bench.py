@@ -20,6 +20,7 @@ Run::
     tests/rxe/run-in-vm.sh -- .venv/bin/python bench/scale_bench.py --transport rdma \\
         --entries 1000,10000 --rounds 2 --perftest --peer-start-timeout 600
 
+Each row also records the host's 1-minute load average when it ended (``load``).
 ``--perftest`` (rdma only, in the rxe guest) also runs ``ib_write_bw`` at the same entry size
 with the batch's window in flight (``tests/rxe/perftest-ref.sh``) once per round. The JSON
 goes to ``bench/results/batch-scale-<transport>.json`` unless ``--json`` says otherwise.
@@ -133,6 +134,7 @@ def main() -> int:
                             contiguous_s.append(c)
                         row = _row(args, n, op, batch_s, contiguous_s, operations, perf)
                         row["requests"] = requests
+                        row["load"] = os.getloadavg()[0]  # 1-minute load average, at the end
                         rows.append(row)
                         print(json.dumps(row), flush=True)
     report = {
