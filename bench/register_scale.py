@@ -15,8 +15,9 @@ For each N (``--counts``, default 1,000, 10,000, 100,000):
 
 Times are microseconds per region (the median over rounds); ``flat`` is the largest N's time
 per region over the smallest N's (targets: <= 2 each way, and <= 20 us per region each way on
-tcp and shm). Engines run in this process, connected over loopback (rdma: the rxe guest's
-devices, see ``rdmaxfer.tools.bench.RdmaSetup``).
+tcp and shm); ``load`` is the host's 1-minute load average at the end of each row. Engines run
+in this process, connected over loopback (rdma: the rxe guest's devices, see
+``rdmaxfer.tools.bench.RdmaSetup``).
 
     python bench/register_scale.py --transport tcp [--counts 1000,10000,100000] [--rounds 3]
         [--json bench/results/register-scale-tcp.json]
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import secrets
 import statistics
 import time
@@ -185,6 +187,7 @@ def main() -> None:
         for n in counts:
             row = {"regions": n, **measure_regions(engine, n, size, args.rounds)}
             row["batch"] = measure_batch(ep, engine, remote, n, size, args.rounds)
+            row["load"] = os.getloadavg()[0]  # 1-minute load average, at the end of the row
             rows.append(row)
             print_row(row)
     first, last = rows[0], rows[-1]

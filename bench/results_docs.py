@@ -187,6 +187,91 @@ def batch_tcp() -> str:
     return _table(head, rows, right_from=1)
 
 
+_BATCH_SCALE_HEAD = (
+    "transport|op|entries|requests|batch GB/s|contiguous GB/s|ratio (range)|us per entry|"
+    "ib_write_bw GB/s (batch vs it)|load"
+).split("|")
+_REGISTER_SCALE_HEAD = (
+    "transport|N|views register|views deregister|arrays register|arrays deregister|"
+    "core register|core deregister|batch, per entry (registered)|registrations per batch|load"
+).split("|")
+
+
+def _load_text(row: dict[str, Any]) -> str:
+    return f"{row['load']:.1f}" if "load" in row else "n/a"
+
+
+def batch_scale() -> str:
+    """``bench/scale_bench.py``: one row per transport, op and N (the rdma file from the rxe
+    guest, with ib_write_bw at the same entry size)."""
+    rows = []
+    for transport in ("tcp", "shm", "rdma"):
+        path = RESULTS / f"batch-scale-{transport}.json"
+        if not path.exists():
+            continue
+        for r in _load(path.name)["rows"]:
+            low, high = r["ratio_range"]
+            perftest = r.get("ratio_vs_ib_write_bw")
+            rows.append(
+                [
+                    transport,
+                    r["op"],
+                    f"{r['entries']:,}",
+                    f"{r['requests']:,}",
+                    f"{r['batch_GBps']:.3f}",
+                    f"{r['contiguous_GBps']:.3f}",
+                    f"{r['ratio']:.2f} ({low:.2f}-{high:.2f})",
+                    f"{r['us_per_entry']:.2f}",
+                    f"{r['ib_write_bw_GBps']:.4f} ({perftest:.2f}x)" if perftest else "",
+                    _load_text(r),
+                ]
+            )
+    return _table(_BATCH_SCALE_HEAD, rows, right_from=2)
+
+
+def register_scale() -> str:
+    """``bench/register_scale.py``: microseconds per region, one row per transport and N, then
+    the largest N's figures over the smallest N's."""
+    rows = []
+    for transport in ("tcp", "shm", "rdma"):
+        d = _load(f"register-scale-{transport}.json")
+        for r in d["rows"]:
+            batch = r["batch"]
+            rows.append(
+                [
+                    transport,
+                    f"{r['regions']:,}",
+                    *(
+                        f"{r[case][f'{way}_us']:.1f}"
+                        for case in ("views", "arrays", "views_core")
+                        for way in ("register", "deregister")
+                    ),
+                    f"{batch['implicit_fresh']['register_us']:.2f} "
+                    f"({batch['registered']['register_us']:.2f})",
+                    str(batch["registrations"]),
+                    _load_text(r),
+                ]
+            )
+        flat = d["flat"]
+        rows.append(
+            [
+                transport,
+                "flat (largest N / smallest)",
+                *(
+                    f"{flat[f'{case}_{way}']:.2f}x"
+                    for case in ("views", "arrays")
+                    for way in ("register", "deregister")
+                ),
+                "",
+                "",
+                f"{flat['batch_implicit_fresh']:.2f}x",
+                "",
+                "",
+            ]
+        )
+    return _table(_REGISTER_SCALE_HEAD, rows, right_from=1)
+
+
 def batch_rxe() -> str:
     rows = []
     for r in _load("batch-vs-ib-write-bw-rxe.jsonl"):
@@ -302,6 +387,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "rails": rails,
     "weight-sync": weight_sync,
     "batch-tcp": batch_tcp,
+    "batch-scale": batch_scale,
+    "register-scale": register_scale,
     "batch-rxe": batch_rxe,
     "batch-where-time": batch_where_time,
     "gpu-staging": gpu_staging,

@@ -18,8 +18,9 @@ Run::
     python bench/scale_bench.py --transport tcp
     python bench/scale_bench.py --transport shm
     tests/rxe/run-in-vm.sh -- .venv/bin/python bench/scale_bench.py --transport rdma \\
-        --entries 1000,10000 --perftest
+        --entries 1000,10000 --rounds 2 --perftest --peer-start-timeout 600
 
+Each row also records the host's 1-minute load average when it ended (``load``).
 ``--perftest`` (rdma only, in the rxe guest) also runs ``ib_write_bw`` at the same entry size
 with the batch's window in flight (``tests/rxe/perftest-ref.sh``) once per round. The JSON
 goes to ``bench/results/batch-scale-<transport>.json`` unless ``--json`` says otherwise.
@@ -41,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from rdmaxfer._config import format_address
-from rdmaxfer.tools.bench import RdmaSetup, _engine, peer_process
+from rdmaxfer.tools.bench import PEER_START_S, RdmaSetup, _engine, peer_process
 from rdmaxfer.transport.batch import DEFAULT_WINDOW
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -90,6 +91,13 @@ def main() -> int:
     ap.add_argument("--ops", default="write,read", help="comma-separated: write, read")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--perftest", action="store_true", help="rdma: also run ib_write_bw")
+    ap.add_argument(
+        "--peer-start-timeout",
+        type=float,
+        default=PEER_START_S,
+        help="seconds the peer process may take to start (default %(default)g; give the rxe "
+        "guest's TCG emulation several minutes)",
+    )
     ap.add_argument("--json", help="where the JSON goes")
     args = ap.parse_args()
     counts = [int(n) for n in args.entries.split(",")]
@@ -101,12 +109,14 @@ def main() -> int:
     top = max(counts) * size
     rows: list[dict[str, Any]] = []
     rng = np.random.default_rng(0)
-    with peer_process(args.transport, top, 0, setup, secret) as (_, port, descriptor):
+    peer = peer_process(args.transport, top, 0, setup, secret, args.peer_start_timeout)
+    with peer as (_, port, descriptor):
         array = rng.integers(0, 256, top, dtype=np.uint8)
         with _engine(args.transport, 0, setup.device, secret) as engine:
             # views: the array stays unregistered (each view resolves to its allocation)
             local = engine.register(array, access="rw") if args.local == "region" else array
-            with engine.connect(format_address(setup.bind, port), timeout=60) as ep:
+            connect_s = max(60.0, args.peer_start_timeout)
+            with engine.connect(format_address(setup.bind, port), timeout=connect_s) as ep:
                 for n in counts:
                     entries = _entries(local, descriptor, rng.permutation(n), size, args.local)
                     for op in ops:
@@ -124,6 +134,7 @@ def main() -> int:
                             contiguous_s.append(c)
                         row = _row(args, n, op, batch_s, contiguous_s, operations, perf)
                         row["requests"] = requests
+                        row["load"] = os.getloadavg()[0]  # 1-minute load average, at the end
                         rows.append(row)
                         print(json.dumps(row), flush=True)
     report = {

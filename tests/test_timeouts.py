@@ -131,10 +131,12 @@ def test_deadline_bounds_the_whole_write(slow: SlowLink) -> None:
 
 
 def test_pull_weights_longer_than_its_timeout() -> None:
-    # 16 tensors of 1 MiB: the pull's READs count progress as their pieces finish (not byte by
-    # byte), and pieces this size finish every 0.13 s or so, well inside the timeout.
+    # A 12 MiB tensor (one READ of the pull's batch, 1.5 s through the relay: longer than the
+    # timeout) and four of 1 MiB: the batch counts the bytes of each READ as they land, so the
+    # pull is not cut short while they move.
     rng = np.random.default_rng(5)
-    tensors = {f"t{i}": rng.standard_normal(1 << 18).astype(np.float32) for i in range(16)}
+    sizes = {"big": 3 << 20, **{f"t{i}": 1 << 18 for i in range(4)}}
+    tensors = {k: rng.standard_normal(n).astype(np.float32) for k, n in sizes.items()}
     with rdmaxfer.serve_weights(tensors, host="127.0.0.1", port=0, transport="tcp") as server:
         relay = ThrottledRelay(("127.0.0.1", server.port), RATE)
         try:

@@ -36,12 +36,33 @@ void Request::set_parts(uint64_t parts) {
 
 void Request::part_done() {
   last_progress_ns_.store(steady_ns(), std::memory_order_relaxed);
+  forward(0);
   if (parts_left_.fetch_sub(1) == 1) complete();
 }
 
 void Request::note_progress(uint64_t bytes) {
   moved_.fetch_add(bytes, std::memory_order_relaxed);
   last_progress_ns_.store(steady_ns(), std::memory_order_relaxed);
+  forward(bytes);
+}
+
+void Request::forward(uint64_t bytes) {
+  if (!forwards_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(forward_mu_);
+  if (!parent_) return;
+  parent_->note_progress(bytes);
+  forwarded_ += bytes;
+}
+
+void Request::forward_progress(std::shared_ptr<Request> parent) {
+  std::lock_guard<std::mutex> lock(forward_mu_);
+  parent_ = std::move(parent);
+  forwards_.store(parent_ != nullptr, std::memory_order_release);
+}
+
+uint64_t Request::forwarded_bytes() const {
+  std::lock_guard<std::mutex> lock(forward_mu_);
+  return forwarded_;
 }
 
 double Request::idle_s() const {

@@ -7,7 +7,9 @@
 // drives completion processing itself during the spin phase of wait_for.
 // Progress is also recorded: every finished part and every batch of bytes a transport moves for
 // the request (note_progress) stamps the time, so a waiter can bound inactivity (no progress
-// for N seconds) rather than the whole transfer.
+// for N seconds) rather than the whole transfer. A request that is one operation of a larger
+// one (a batch's) forwards its progress to that one as it is noted (forward_progress), so the
+// larger one's inactivity bound sees bytes as they move, not only as its operations end.
 #pragma once
 
 #include <atomic>
@@ -80,6 +82,11 @@ class Request {
   void note_progress(uint64_t bytes);
   // Seconds since the request last made progress (or was created).
   double idle_s() const;
+  // From now on every note_progress and finished part here is also noted on `parent` (its
+  // bytes, or activity alone); bytes noted before this call are not. Any thread.
+  void forward_progress(std::shared_ptr<Request> parent);
+  // Bytes of this request that were noted on the parent so far.
+  uint64_t forwarded_bytes() const;
   // Bytes moved so far: those noted, or (for transports that only count parts) the share of
   // finished parts.
   uint64_t moved_bytes() const;
@@ -118,6 +125,7 @@ class Request {
 
  private:
   void finish_locked(State state, std::unique_lock<std::mutex>& lock);
+  void forward(uint64_t bytes);
 
   const uint64_t id_;
   const OpKind op_;
@@ -138,6 +146,10 @@ class Request {
   std::shared_ptr<Notifier> notifier_;
   std::weak_ptr<Progress> progress_;
   std::function<void(const Request&)> on_terminal_;
+  std::atomic<bool> forwards_{false};  // parent_ is set: take forward_mu_ and note there
+  mutable std::mutex forward_mu_;
+  std::shared_ptr<Request> parent_;  // guarded by forward_mu_, as forwarded_
+  uint64_t forwarded_ = 0;
 };
 
 using RequestPtr = std::shared_ptr<Request>;

@@ -96,15 +96,20 @@ void BatchRun::pump() {
     again_ = false;
     while (outstanding_ < window_ && next_ < total) {
       const size_t first = next_;
-      const size_t count = group_size(first, window_ - outstanding_);
-      next_ += count;
-      outstanding_ += static_cast<uint32_t>(count);
+      const Group g = group_at(first);
+      if (g.count > 1) {
+        if (!room_for(g, gather_[plan_->ops()[first].at.region])) break;
+        gathered_pieces_ += g.count;
+        gathered_bytes_ += g.bytes;
+      }
+      next_ += g.count;
+      ++outstanding_;
       peak_ = std::max(peak_, outstanding_);
       lock.unlock();
-      if (count == 1) {
+      if (g.count == 1) {
         post(first);
       } else {
-        post_group(first, count);
+        post_group(first, g);
       }
       lock.lock();
     }
@@ -116,33 +121,39 @@ void BatchRun::pump() {
   if (last) finish();
 }
 
-size_t BatchRun::group_size(size_t first, size_t room) const {
+BatchRun::Group BatchRun::group_at(size_t first) const {
   const std::vector<BatchPlan::Op>& ops = plan_->ops();
   const GatherLimits& limits = gather_[ops[first].at.region];
-  const size_t half = std::max<size_t>(window_ / 2, 1);
-  const size_t most = std::min({room, half, limits.max_pieces, ops.size() - first});
-  uint64_t bytes = 0;
-  size_t count = 0;
-  while (count < most) {
-    const BatchEntry& at = ops[first + count].at;
-    if (at.length > limits.max_piece_bytes || bytes + at.length > limits.max_bytes ||
+  const size_t most = std::min(limits.max_pieces, ops.size() - first);
+  Group g{0, 0};
+  while (g.count < most) {
+    const BatchEntry& at = ops[first + g.count].at;
+    if (at.length > limits.max_piece_bytes || g.bytes + at.length > limits.max_bytes ||
         at.region != ops[first].at.region) {
       break;
     }
-    bytes += at.length;
-    ++count;
+    g.bytes += at.length;
+    ++g.count;
   }
-  return std::max<size_t>(count, 1);
+  if (g.count == 0) return Group{1, ops[first].at.length};
+  return g;
 }
 
-void BatchRun::post_group(size_t first, size_t count) {
+bool BatchRun::room_for(const Group& g, const GatherLimits& limits) const {
+  if (gathered_pieces_ == 0) return true;  // one group is always allowed
+  return gathered_pieces_ + g.count <= kGroupsInFlight * limits.max_pieces &&
+         gathered_bytes_ + g.bytes <= kGroupsInFlight * limits.max_bytes;
+}
+
+void BatchRun::post_group(size_t first, const Group& g) {
+  const size_t count = g.count;
   std::shared_ptr<Channel> channel = channel_.lock();
   const bool write = plan_->op() == OpKind::kWrite;
   auto* writes = write ? dynamic_cast<GatherWrites*>(channel.get()) : nullptr;
   auto* reads = write ? nullptr : dynamic_cast<GatherReads*>(channel.get());
   if (writes == nullptr && reads == nullptr) {
     const Error gone(ErrorKind::kClosed, "the endpoint was destroyed");
-    group_done(first, count, Refusals(), nullptr, &gone);
+    group_done(first, count, g.bytes, Refusals(), nullptr, &gone);
     return;
   }
   std::vector<GatherPiece> pieces(count);
@@ -163,26 +174,29 @@ void BatchRun::post_group(size_t first, size_t count) {
     part = writes != nullptr ? writes->post_write_gather(local, pieces, std::move(failed))
                              : reads->post_read_gather(local, pieces, std::move(failed));
   } catch (const Error& e) {
-    group_done(first, count, Refusals(), nullptr, &e);
+    group_done(first, count, g.bytes, Refusals(), nullptr, &e);
     return;
   }
-  part->then([self, first, count, refused](const Request& done) {
+  part->forward_progress(request_);
+  part->then([self, first, count, bytes = g.bytes, refused](const Request& done) {
     Refusals told;
     {
       std::lock_guard<std::mutex> lock(self->mu_);
       told.swap(*refused);
     }
-    self->group_done(first, count, told, &done, nullptr);
+    self->group_done(first, count, bytes, told, &done, nullptr);
   });
 }
 
-void BatchRun::group_done(size_t first, size_t count, const Refusals& told, const Request* done,
-                          const Error* why) {
+void BatchRun::group_done(size_t first, size_t count, uint64_t bytes, const Refusals& told,
+                          const Request* done, const Error* why) {
   const std::vector<BatchPlan::Op>& ops = plan_->ops();
   uint64_t moved = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    outstanding_ -= static_cast<uint32_t>(count);
+    --outstanding_;
+    gathered_pieces_ -= count;
+    gathered_bytes_ -= bytes;
     std::vector<bool> refused(count, false);
     for (const auto& [index, error] : told) {
       if (index >= count || refused[index]) continue;
@@ -201,7 +215,7 @@ void BatchRun::group_done(size_t first, size_t count, const Refusals& told, cons
     }
     bytes_done_ += moved;
   }
-  request_->note_progress(moved);
+  note_rest(moved, done);
   pump();
 }
 
@@ -226,6 +240,7 @@ void BatchRun::post(size_t index) {
     op_done(index, nullptr, &e);
     return;
   }
+  part->forward_progress(request_);
   std::shared_ptr<BatchRun> self = shared_from_this();
   part->then([self, index](const Request& done) { self->op_done(index, &done, nullptr); });
 }
@@ -241,8 +256,13 @@ void BatchRun::op_done(size_t index, const Request* done, const Error* why) {
                                            : *why);
     }
   }
-  request_->note_progress(ok ? plan_->ops()[index].at.length : 0);
+  note_rest(ok ? plan_->ops()[index].at.length : 0, done);
   pump();
+}
+
+void BatchRun::note_rest(uint64_t moved, const Request* done) {
+  const uint64_t told = done != nullptr ? done->forwarded_bytes() : 0;
+  request_->note_progress(moved > told ? moved - told : 0);
 }
 
 void BatchRun::finish() {

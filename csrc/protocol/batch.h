@@ -4,11 +4,15 @@
 //
 // A BatchPlan is made once from the entries (validated, zero-length ones skipped, neighbours
 // contiguous on both sides merged into one operation) and may be posted again and again
-// (a prepared batch). A BatchRun posts one plan: at most `window` operations outstanding at
-// once (each a channel request, or a piece of a gathered group: transport/gather.h, a group
-// at most half the window so that two are in flight; the transports bound their own send
-// queues below that), the next one posted as an earlier one completes, so a batch of
-// hundreds of thousands of entries holds a bounded number of requests. Every operation's
+// (a prepared batch). A BatchRun posts one plan: at most `window` channel requests
+// outstanding at once (an operation posted alone, or a gathered group of as many pieces as the
+// transport's limits allow: transport/gather.h), and gathered pieces in flight at most
+// kGroupsInFlight full groups' worth (pieces and bytes), so that the target has the next
+// group queued while it places one. The next request is posted as an earlier one completes,
+// so a batch of hundreds of thousands of entries holds a bounded number of requests. Each
+// operation forwards its progress to the batch's request as its bytes move
+// (Request::forward_progress), so the batch's inactivity bound holds while a long operation
+// still moves bytes. Every operation's
 // failure is recorded against its entries while the rest go on. With a notification the run
 // sends a NOTIFY control message once every operation completed (on every lane that carried
 // it) and none failed; the peer's protocol queues it (protocol/notifications.h).
@@ -92,8 +96,10 @@ class BatchPlan {
 
 class BatchRun : public std::enable_shared_from_this<BatchRun> {
  public:
-  // Operations outstanding at once unless the caller says otherwise.
+  // Channel requests outstanding at once unless the caller says otherwise.
   static constexpr uint32_t kDefaultWindow = 256;
+  // Gathered groups in flight at once, counted in full groups of the transport's limits.
+  static constexpr uint64_t kGroupsInFlight = 4;
 
   // Posts `plan` on `channel` (window >= 1), then `notify` when every operation succeeded.
   // `whole`: the request fails with the first entry's error when any entry fails (one WRITE
@@ -106,7 +112,7 @@ class BatchRun : public std::enable_shared_from_this<BatchRun> {
   const RequestPtr& request() const { return request_; }
   // The failed entries with their reasons, in entry order (complete once request() is done).
   std::vector<BatchFailure> failures() const;
-  // The most operations that were outstanding at once (never above window()).
+  // The most channel requests that were outstanding at once (never above window()).
   uint32_t peak_outstanding() const;
   uint32_t window() const { return window_; }
   uint64_t operations() const { return plan_->ops().size(); }
@@ -120,18 +126,27 @@ class BatchRun : public std::enable_shared_from_this<BatchRun> {
   // Posts operations until the window is full; run by whoever frees a slot (one at a time: a
   // caller that finds another one posting leaves it a note to look again).
   void pump();
-  // How many operations from `first` on go as one group (1: posted alone), at most `room`.
-  size_t group_size(size_t first, size_t room) const;
+  // The operations from `first` on that go as one group (count 1: posted alone).
+  struct Group {
+    size_t count = 1;
+    uint64_t bytes = 0;
+  };
+  Group group_at(size_t first) const;
+  // Whether gathered group `g` of `limits` may be posted now (mu_ held).
+  bool room_for(const Group& g, const GatherLimits& limits) const;
   void post(size_t index);
-  void post_group(size_t first, size_t count);
+  void post_group(size_t first, const Group& g);
   // `done`: the operation's request, terminal; null when it could not be posted (`why`).
   void op_done(size_t index, const Request* done, const Error* why);
   // Pieces of a group the target refused: (index in the group, why).
   using Refusals = std::vector<std::pair<size_t, Error>>;
   // The group [first, first + count) is over: `done` its request (`told`: the pieces the
   // target refused), or null when it could not be posted (`why`).
-  void group_done(size_t first, size_t count, const Refusals& told, const Request* done,
-                  const Error* why);
+  void group_done(size_t first, size_t count, uint64_t bytes, const Refusals& told,
+                  const Request* done, const Error* why);
+  // The batch's request learns of an operation (or group) that ended having moved `moved`
+  // bytes: those its request `done` did not forward already, or activity alone.
+  void note_rest(uint64_t moved, const Request* done);
   void finish();
 
   std::weak_ptr<Channel> channel_;
@@ -147,6 +162,8 @@ class BatchRun : public std::enable_shared_from_this<BatchRun> {
   mutable std::mutex mu_;
   size_t next_ = 0;
   uint32_t outstanding_ = 0;
+  uint64_t gathered_pieces_ = 0;  // of the gathered groups in flight
+  uint64_t gathered_bytes_ = 0;
   uint32_t peak_ = 0;
   uint64_t bytes_done_ = 0;
   bool pumping_ = false;

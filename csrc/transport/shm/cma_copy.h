@@ -28,8 +28,9 @@ struct CmaPiece {
   uint64_t length = 0;
 };
 
-// Copies every piece on the calling thread with one process_vm_readv/writev per IOV_MAX
-// pieces (both iovec lists), resuming after a partial transfer. `errors` gets, per piece, 0 or
+// Copies every piece with one process_vm_readv/writev per IOV_MAX pieces (both iovec lists),
+// resuming after a partial transfer; pieces of many bytes in all are split into runs of
+// neighbours copied on a few threads (at most one per core), the calling thread's included. `errors` gets, per piece, 0 or
 // the errno of its failed copy: a piece that fails fails alone and the ones after it are still
 // copied (all of them fail at once when the peer is gone, ESRCH). Returns the failed pieces.
 size_t cma_copy_pieces(pid_t pid, CmaDirection direction, const std::vector<CmaPiece>& pieces,

@@ -14,8 +14,8 @@
 namespace rdmaxfer {
 
 namespace {
-// Two full iovec lists per group: few records and system calls per byte, while a window of
-// 4096 operations still holds two groups in flight.
+// Two full iovec lists per group: few records and system calls per byte (a batch keeps a few
+// groups in flight: protocol/batch.h).
 constexpr size_t kGatherPieces = 2048;
 // Larger pieces go alone (a copy of several MiB is split over threads: cma_copy.h).
 constexpr uint64_t kGatherPieceBytes = 1ull << 20;
@@ -97,8 +97,10 @@ void ShmChannel::serve_gather(const FrameHeader& h, const std::string& record) {
   }
   const auto* m = reinterpret_cast<const uint8_t*>(record.data()) + FrameHeader::kSize;
   std::string statuses(n, '\0');
+  // The regions the pieces are in, each held once: a piece in the region of the one before
+  // it (the common case) is checked against that region's bounds, without a table look-up.
   std::vector<RegionUse> holds;
-  holds.reserve(n);
+  uint32_t held_key = 0;
   std::vector<CmaPiece> copies;  // host memory: copied together
   std::vector<size_t> index;     // the piece each copy is
   copies.reserve(n);
@@ -108,18 +110,28 @@ void ShmChannel::serve_gather(const FrameHeader& h, const std::string& record) {
   for (size_t i = 0; i < n; ++i, m += kShmPieceBytes) {
     const uint64_t addr = load_le<uint64_t>(m);
     const uint64_t len = load_le<uint64_t>(m + 8);
+    const uint32_t key = load_le<uint32_t>(m + 16);
     const uint64_t from = load_le<uint64_t>(m + 24);
-    RegionUse use;
-    const AccessStatus st = transport_.domain().regions().acquire(
-        load_le<uint32_t>(m + 16), addr, len, write ? kAccessRemoteWrite : kAccessRemoteRead,
-        &use);
+    AccessStatus st = AccessStatus::kOk;
+    if (!holds.empty() && key == held_key) {
+      if (!holds.back().get()->contains(addr, len)) st = AccessStatus::kOutOfBounds;
+    } else {
+      RegionUse use;
+      st = transport_.domain().regions().acquire(
+          key, addr, len, write ? kAccessRemoteWrite : kAccessRemoteRead, &use);
+      if (st == AccessStatus::kOk) {
+        holds.push_back(std::move(use));
+        held_key = key;
+      }
+    }
     statuses[i] = static_cast<char>(st);
     if (st != AccessStatus::kOk) continue;
+    MemoryRegion& region = *holds.back().get();
     auto* target = reinterpret_cast<uint8_t*>(addr);
-    if (ipc_device_region(use.get()) != nullptr) {
+    if (ipc_device_region(&region) != nullptr) {
       int err = EIO;  // device memory here: copied on its own (cma_device_copy)
       try {
-        err = move(*use.get(), std::string(), write, target, from, len);
+        err = move(region, std::string(), write, target, from, len);
       } catch (const Error&) {
       }
       if (err != 0) {
@@ -132,7 +144,6 @@ void ShmChannel::serve_gather(const FrameHeader& h, const std::string& record) {
     }
     copies.push_back(CmaPiece{target, from, len});
     index.push_back(i);
-    holds.push_back(std::move(use));
   }
   std::vector<int> errors;
   cma_copy_pieces(peer_pid_, write ? CmaDirection::kPull : CmaDirection::kPush, copies, &errors);

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from .. import _core
 
-__all__ = ["Allocation", "allocation_of", "memory_owner", "torch_storage"]
+__all__ = ["Allocation", "allocation_of", "memory_owner", "owner_of", "torch_storage"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,15 @@ def allocation_of(arr: npt.NDArray[Any]) -> Allocation:
     if found is None or not found.contains(addr, nbytes):
         return Allocation(root, addr, nbytes)
     return found
+
+
+def owner_of(arr: npt.NDArray[Any]) -> object:
+    """``allocation_of(arr).owner``, without building the Allocation when the root of arr's
+    base chain owns the memory itself (anything but a DLPack producer's stand-in)."""
+    root = memory_owner(arr)
+    if getattr(root, "rdmaxfer_allocation", None) is None:
+        return root
+    return allocation_of(arr).owner
 
 
 def _root_allocation(root: object) -> Allocation | None:

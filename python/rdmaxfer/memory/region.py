@@ -9,7 +9,7 @@ while the region's key is live, and names the region to a peer through
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -90,6 +90,10 @@ def access_name(bits: int) -> str:
 # so it must never be freed.
 _stranded: list[tuple[_core.Region, object]] = []
 
+# Guards every region's registered flag (one lock for all: a region holds no lock of its own,
+# so a hundred thousand regions cost no hundred thousand locks).
+_state_lock = threading.Lock()
+
 
 class MemoryRegion:
     """Memory registered with an engine: a key that names it to peers, and its owner kept alive.
@@ -101,23 +105,35 @@ class MemoryRegion:
     stays valid as long as this object (or an array viewing it) lives.
     """
 
+    __slots__ = (
+        "__weakref__",
+        "_data",
+        "_device",
+        "_engine",
+        "_owner",
+        "_region",
+        "_registered",
+        "_temporary",
+    )
+
     def __init__(
         self,
         engine: Registrar,
         region: _core.Region,
         owner: object,
-        data: npt.NDArray[np.uint8],
+        data: npt.NDArray[Any],
         *,
         temporary: bool = False,
         device: int | None = None,
     ) -> None:
+        """``data``: the registered memory as a C-contiguous host array (any dtype and shape:
+        :meth:`numpy` views it as bytes on first use), or an empty one for GPU memory."""
         self._engine = engine
         self._device = device
         self._region = region
         self._owner = owner
         self._data = data
         self._temporary = temporary
-        self._lock = threading.Lock()
         self._registered = True
 
     # -- properties ------------------------------------------------------------------------
@@ -192,6 +208,14 @@ class MemoryRegion:
             raise InvalidArgumentError(
                 f"region (key {self.key}) is GPU memory on cuda:{self._device}: no host view"
             )
+        data = self._data
+        if data.ndim != 1 or data.dtype != np.uint8:
+            data = self._data = data.reshape(-1).view(np.uint8)
+        return data
+
+    def _host_array(self) -> npt.NDArray[Any]:
+        """The host memory as the array it was registered from (no byte view made; empty for
+        GPU memory)."""
         return self._data
 
     def contains(self, addr: int, nbytes: int) -> bool:
@@ -232,7 +256,7 @@ class MemoryRegion:
         if self._engine._inherited():  # a child of os.fork(): the registration is the parent's
             self._registered = False
             return
-        with self._lock:
+        with _state_lock:
             if not self._registered:
                 return
             self._registered = False

@@ -192,6 +192,10 @@ class RdmaSetup:
         return cls(device, peer_device, bind)
 
 
+#: Seconds a benchmark peer may take to start (:func:`peer_process`).
+PEER_START_S = 60.0
+
+
 def _engine(transport: str, streams: int, device: str | None, secret: str) -> Engine:
     if transport == "rdma":
         return Engine("rdma", streams=streams, rdma_devices=device, secret=secret)
@@ -206,6 +210,7 @@ def _peer(
     device: str | None,
     bind: str,
     secret: str,
+    accept_timeout_s: float = PEER_START_S,
 ) -> None:
     """The passive side: exposes a registered buffer; for ``send`` it receives every message
     announced over ``conn`` (``("recv", size, count, qd)``) until ``("done",)``. Ctrl-C is for
@@ -217,7 +222,7 @@ def _peer(
         buf[::4096] = 1  # fault the pages in before timing
         region = engine.register(buf, access="rw")
         conn.send((port, region.descriptor().pack()))
-        with engine.accept(timeout=60) as ep:
+        with engine.accept(timeout=accept_timeout_s) as ep:
             while conn.poll(_PEER_IDLE_S):
                 msg = conn.recv()
                 if msg[0] != "recv":
@@ -234,19 +239,37 @@ def _peer(
 
 @contextlib.contextmanager
 def peer_process(
-    transport: str, nbytes: int, streams: int, setup: RdmaSetup, secret: str
+    transport: str,
+    nbytes: int,
+    streams: int,
+    setup: RdmaSetup,
+    secret: str,
+    start_timeout_s: float = PEER_START_S,
 ) -> Iterator[tuple[Connection, int, bytes]]:
     """Runs :func:`_peer` in a new process exposing ``nbytes``; yields the control pipe, the
     peer's port and its region's packed descriptor, and ends the peer on exit (at once when
-    the caller failed or was interrupted)."""
+    the caller failed or was interrupted). ``start_timeout_s``: seconds the peer may take to
+    start, import rdmaxfer and register its buffer (far more than 60 under TCG emulation)."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    args = (child, transport, nbytes, streams, setup.peer_device, setup.bind, secret)
+    args = (
+        child,
+        transport,
+        nbytes,
+        streams,
+        setup.peer_device,
+        setup.bind,
+        secret,
+        start_timeout_s,
+    )
     peer = ctx.Process(target=_peer, args=args, daemon=True)
     peer.start()
     try:
-        if not parent.poll(60):
-            raise RuntimeError("the benchmark peer did not start within 60 s")
+        if not parent.poll(start_timeout_s):
+            raise RuntimeError(
+                f"the benchmark peer did not start within {start_timeout_s:g} s; give it "
+                "longer (--peer-start-timeout) on a slow or emulated host"
+            )
         port, descriptor = parent.recv()
         yield parent, port, descriptor
         parent.send(("done",))

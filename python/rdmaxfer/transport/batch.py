@@ -2,9 +2,10 @@
 
 One call posts many ``(local, remote_descriptor, remote_offset)`` entries (Mooncake's
 ``batch_transfer``, NIXL's descriptor lists): neighbours contiguous on both sides become one
-operation, zero-length entries are skipped, and at most a window of operations (256 unless
-said otherwise) is outstanding at once, so a batch of hundreds of thousands of entries holds
-a bounded number of requests. Each entry succeeds or fails on its own
+operation, zero-length entries are skipped, and at most a window of channel requests (256
+unless said otherwise; an operation posted alone or a gathered group of small ones counts one)
+is outstanding at once, so a batch of hundreds of thousands of entries holds a bounded number
+of requests. Each entry succeeds or fails on its own
 (:class:`BatchResult`). The C++ side (``csrc/protocol/batch.h``) is the same for every
 transport; a notification is a NOTIFY control message sent once every operation of the
 request completed on every lane that carried it, so the target sees it only after all the
@@ -37,7 +38,8 @@ __all__ = ["BatchOps", "BatchResult", "Notify", "PreparedBatch"]
 #: byte moves.
 Notify = bytes | int
 
-#: Operations outstanding at once (``csrc/protocol/batch.h``: ``BatchRun::kDefaultWindow``).
+#: Channel requests outstanding at once (``csrc/protocol/batch.h``:
+#: ``BatchRun::kDefaultWindow``).
 DEFAULT_WINDOW = 256
 
 _CLEANUP_TIMEOUT_S = 5.0
@@ -63,8 +65,10 @@ class BatchResult:
             entry completed.
         skipped: zero-length entries (not moved, not failed).
         operations: operations posted after merging neighbours contiguous on both sides.
-        window: the most operations allowed outstanding at once (256 by default).
-        peak_outstanding: the most operations that were outstanding at once (1..window).
+        window: the most channel requests allowed outstanding at once (256 by default): an
+            operation posted alone counts one, and so does a gathered group of small ones.
+        peak_outstanding: the most channel requests that were outstanding at once
+            (1..window).
         notified: True when a notification was asked for and sent (it is sent only when no
             entry failed).
     """
@@ -351,7 +355,8 @@ class BatchOps:
 
         Args:
             timeout: inactivity bound in seconds (default ``RDMAXFER_TIMEOUT`` or 60): fails
-                when no operation completed for that long; the endpoint is then aborted.
+                when no byte of any operation moved for that long (each operation's bytes count
+                as they move, not only when it completes); the endpoint is then aborted.
 
         Raises:
             TransferTimeoutError: no progress for ``timeout`` seconds.

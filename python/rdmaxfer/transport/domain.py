@@ -26,7 +26,7 @@ from ..errors import (
     RegistrationError,
     UnsupportedError,
 )
-from ..memory.buffer import Buffer, as_array, byte_view, device_view
+from ..memory.buffer import Buffer, as_array, device_view
 from ..memory.region import ACCESS, LOCAL_WRITE, MemoryRegion, access_bits
 from .notifications import Notifications
 from .regcache import EXPORTS_ENV, RegistrationCache, cache_bounds, exports_max
@@ -186,23 +186,30 @@ class MemoryDomain:
             if cached is not None and cached.registered and cached.core.local_write >= writes:
                 return cached
             owner = obj.numpy() if isinstance(obj, (Buffer, MemoryRegion)) else obj
-            region = MemoryRegion(
-                self, self._core.register(addr, nbytes, core_bits), owner, byte_view(arr)
-            )
-            self._add_user_locked(region, (addr, nbytes, bits))
+            core = self._core.register(addr, nbytes, core_bits)
+            region = MemoryRegion(self, core, owner, arr)
+            kind = "host_lw" if core.local_write else "host"
+            self._add_user_locked(region, (addr, nbytes, bits), core.key, kind)
         return region
 
-    def _add_user_locked(self, region: MemoryRegion, at: tuple[int, int, int]) -> None:
-        """Index a new user registration of the range ``at`` = (address, bytes, access)."""
+    def _add_user_locked(
+        self, region: MemoryRegion, at: tuple[int, int, int], key: int, kind: str
+    ) -> None:
+        """Index a new user registration ``key`` of the range ``at`` = (address, bytes,
+        access) as ``kind`` (see ``_covers``)."""
+        self._regions[key] = region
+        self._by_range[at] = region
+        self._range_of[key] = (at, kind)
+        self._covers[kind].add(key, at[0], at[1], region)
+
+    def _add_user_region_locked(self, region: MemoryRegion, at: tuple[int, int, int]) -> None:
+        """:meth:`_add_user_locked` for a region of any memory, its key and kind read from it."""
         key = region.key
         if region.device is not None:
             kind = "ipc" if key in self._ipc_keys else "direct"
         else:
             kind = "host_lw" if region.core.local_write else "host"
-        self._regions[key] = region
-        self._by_range[at] = region
-        self._range_of[key] = (at, kind)
-        self._covers[kind].add(key, at[0], at[1], region)
+        self._add_user_locked(region, at, key, kind)
 
     def gpu_preflight(self, device: str | int = 0) -> gpudirect.GpuDirectPreflight:
         """How this engine registers memory of GPU ``device`` for RDMA, and why not otherwise:
@@ -267,7 +274,7 @@ class MemoryDomain:
             with self._lock:
                 if method == "cuda_ipc":
                     self._ipc_keys.add(region.key)
-                self._add_user_locked(region, (view.ptr, view.nbytes, bits))
+                self._add_user_region_locked(region, (view.ptr, view.nbytes, bits))
             return region
         raise RegistrationError("GPU memory registration failed: " + "; ".join(errors))
 
@@ -470,7 +477,7 @@ class MemoryDomain:
             core = self._core.alloc_pinned(nbytes, bits)
             data: npt.NDArray[np.uint8] = np.frombuffer(cast(Any, core), dtype=np.uint8)
             region = MemoryRegion(self, core, core, data)
-            self._add_user_locked(region, (region.addr, nbytes, bits))
+            self._add_user_region_locked(region, (region.addr, nbytes, bits))
         return region
 
     def _local(
@@ -520,7 +527,7 @@ class MemoryDomain:
 
     def _deregister_region(self, region: MemoryRegion, timeout_s: float) -> None:
         if not region.temporary and region.device is None:
-            self._temps.invalidate(region.numpy())
+            self._temps.invalidate(region._host_array())
         key = region.key
         with self._lock:
             self._regions.pop(key, None)
@@ -551,7 +558,7 @@ class MemoryDomain:
     def _inherited(self) -> bool:
         """True in a child of os.fork(): the engine, its endpoints and regions are the parent's
         and are left alone (no GOODBYE, no deregistration, no QP or socket change)."""
-        return self._pid != os.getpid()
+        return self._pid != _pid
 
     def _close_memory(self) -> None:
         """Close the staging pipelines and the notifications, then deregister every region

@@ -59,7 +59,7 @@ import numpy.typing as npt
 
 from .._core import address_of
 from ..errors import InvalidArgumentError, RdmaxferError
-from ..memory.allocation import Allocation, allocation_of
+from ..memory.allocation import Allocation, allocation_of, owner_of
 from ..memory.region import MemoryRegion
 
 __all__ = [
@@ -272,7 +272,9 @@ class RegistrationCache:
         """Drop every entry of the allocation holding ``arr`` (deregistered once unused)."""
         if not self._by_owner:  # no entry of any owner: nothing to resolve
             return
-        owner = allocation_of(arr).owner
+        owner = owner_of(arr)
+        if id(owner) not in self._by_owner:  # a look without the lock: most calls end here
+            return
         with self._lock:
             for entry in list(self._by_owner.get(id(owner), {}).values()):
                 self._retire_locked(entry)

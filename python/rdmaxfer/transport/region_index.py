@@ -76,6 +76,17 @@ class SortedInts:
                 return block[at - 1]
         return self._maxes[k - 1] if k else None
 
+    def around(self, value: int) -> tuple[int | None, int | None]:
+        """(:meth:`at_most` ``value``, :meth:`above` ``value``) from one search."""
+        maxes = self._maxes
+        k = bisect_right(maxes, value)
+        if k == len(maxes):
+            return (maxes[k - 1] if k else None), None
+        block = self._blocks[k]
+        at = bisect_right(block, value)
+        below = block[at - 1] if at else (maxes[k - 1] if k else None)
+        return below, block[at]
+
     def above(self, value: int) -> int | None:
         """The least element > ``value``, or None."""
         k = bisect_right(self._maxes, value)
@@ -151,7 +162,7 @@ class CoverIndex(Generic[T]):
         return node.item if addr + nbytes <= node.end else None
 
     def _place(self, node: _Node[T]) -> None:
-        start = self._starts.at_most(node.start)
+        start, after = self._starts.around(node.start)
         if start is not None:
             before = self._top[start]
             if before.end >= node.end:  # inside a kept range: wait under it
@@ -159,7 +170,6 @@ class CoverIndex(Generic[T]):
                 return
             if start == node.start:  # same start, shorter: it is inside this one
                 self._absorb(node, before)
-        after = self._starts.above(node.start)
         while after is not None:  # kept ranges inside this one (a run: their ends increase)
             other = self._top[after]
             if other.end > node.end:
