@@ -1,7 +1,8 @@
 // RdmaConnection's gathered WRITEs (transport/gather.h): a batch's group of small WRITEs as
 // one request whose WRs go on one QP together, so the send queue chains them into few
 // ibv_post_send calls and signals few of them (send_queue.h). Set-up, completions and
-// teardown are in rdma_connection.cc, single transfers in rdma_striping.cc.
+// teardown are in rdma_connection.cc and rdma_completions.cc, single transfers in
+// rdma_striping.cc.
 #include <algorithm>
 
 #include "common/error.h"
