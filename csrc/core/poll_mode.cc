@@ -12,13 +12,6 @@ namespace rdmaxfer {
 namespace {
 // Spin turns between two sched_yield calls.
 constexpr unsigned kTurnsPerYield = 8;
-
-bool one_cpu_allowed() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return false;
-  return CPU_COUNT(&set) <= 1;
-}
 }  // namespace
 
 PollMode parse_poll_mode(const std::string& configured) {
@@ -50,17 +43,13 @@ const char* poll_mode_name(PollMode mode) {
 }
 
 SpinBudget::SpinBudget(PollMode mode, Kind kind)
-    : mode_(mode),
-      busy_ns_(kind == Kind::kLinger ? kBusyLingerNs : kForever),
-      max_ns_(kind == Kind::kLinger ? kLingerMaxNs : kWaitMaxNs),
-      single_cpu_(one_cpu_allowed()) {}
+    : mode_(mode), busy_ns_(kind == Kind::kLinger ? kBusyLingerNs : kForever) {}
 
 int64_t SpinBudget::spin_ns() const {
   switch (mode_) {
     case PollMode::kEvent: return 0;
     case PollMode::kBusy: return busy_ns_;
-    case PollMode::kAdaptive:
-      return single_cpu_ ? 0 : budget_ns_.load(std::memory_order_relaxed);
+    case PollMode::kAdaptive: return budget_ns_.load(std::memory_order_relaxed);
   }
   return 0;
 }
@@ -69,7 +58,7 @@ void SpinBudget::record(int64_t waited_ns) {
   if (mode_ != PollMode::kAdaptive) return;
   const int64_t budget = budget_ns_.load(std::memory_order_relaxed);
   int64_t next = budget / 2;
-  if (waited_ns <= max_ns_) next = (3 * budget + std::min(max_ns_, 2 * waited_ns)) / 4;
+  if (waited_ns <= kMaxNs) next = (3 * budget + std::min(kMaxNs, 2 * waited_ns)) / 4;
   // Racing threads may each store their own update: any of them is a fair estimate.
   budget_ns_.store(next, std::memory_order_relaxed);
 }

@@ -9,9 +9,9 @@
 //
 // A SpinBudget is the self-tuned bound of one kind of wait (a caller's wait for a completion, an
 // I/O thread's wait for the next event): after each wait, record() moves it towards twice the
-// waits that ended within its bound (max_ns), and halves it after one that took longer
-// (spinning for that would not have paid). With a single CPU allowed to the process, adaptive never spins:
-// the peer that must answer needs that CPU.
+// waits that ended within kMaxNs, and halves it after one that took longer
+// (spinning for that would not have paid). Every spin yields the CPU every few turns
+// (spin_pause), so on one CPU, or a crowded one, the peer that must answer runs meanwhile.
 #pragma once
 
 #include <atomic>
@@ -30,24 +30,21 @@ const char* poll_mode_name(PollMode mode);
 
 class SpinBudget {
  public:
-  // The longest self-tuned spin of a caller's wait (a completion) and of an I/O thread's linger
-  // (the next event), and where both start.
-  static constexpr int64_t kWaitMaxNs = 1'000'000;
-  static constexpr int64_t kLingerMaxNs = 250'000;
+  // The longest self-tuned spin (of a caller's wait for a completion, of an I/O thread's linger
+  // for the next event), and where it starts.
+  static constexpr int64_t kMaxNs = 1'000'000;
   static constexpr int64_t kStartNs = 50'000;
   // How long an I/O thread in busy mode keeps spinning after its last event.
   static constexpr int64_t kBusyLingerNs = 20'000'000;
   static constexpr int64_t kForever = std::numeric_limits<int64_t>::max();
   enum class Kind { kWait, kLinger };
 
-  // kWait: a caller's wait for a completion (busy: spins until the wait's end; adaptive: up to
-  // kWaitMaxNs); kLinger: an I/O thread between events (busy: kBusyLingerNs; adaptive: up to
-  // kLingerMaxNs).
+  // kWait: a caller's wait for a completion (busy: spins until the wait's end); kLinger: an I/O
+  // thread between events (busy: kBusyLingerNs). Adaptive tunes either up to kMaxNs.
   SpinBudget(PollMode mode, Kind kind);
 
   PollMode mode() const { return mode_; }
-  // Nanoseconds to spin before sleeping: 0 (event; adaptive on one CPU), the tuned bound
-  // (adaptive) or busy's.
+  // Nanoseconds to spin before sleeping: 0 (event), the tuned bound (adaptive) or busy's.
   int64_t spin_ns() const;
   // A wait that started `waited_ns` ago ended (its event came, spinning or after a sleep).
   void record(int64_t waited_ns);
@@ -55,8 +52,6 @@ class SpinBudget {
  private:
   const PollMode mode_;
   const int64_t busy_ns_;
-  const int64_t max_ns_;
-  const bool single_cpu_;
   std::atomic<int64_t> budget_ns_{kStartNs};
 };
 

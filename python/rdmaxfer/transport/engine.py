@@ -103,10 +103,10 @@ class Engine(MemoryDomain):
             the first RoCE v2 GID holding an IPv4-mapped address).
         poll_mode: how waits for I/O spend their time (default: env ``RDMAXFER_POLL_MODE``,
             else ``"adaptive"``). ``"adaptive"``: a waiting caller polls its socket or ring
-            without blocking for a self-tuned time (at most 1 ms; twice its recent waits)
-            before it sleeps, and an I/O thread polls likewise after each event (at most
-            0.25 ms), so back-to-back small operations pay no wake-up while an idle engine
-            sleeps; with one CPU allowed to the process it never spins. ``"busy"``: a waiting
+            without blocking for a self-tuned time (twice its recent waits, at most 1 ms)
+            before it sleeps, and an I/O thread polls likewise after each event, so
+            back-to-back small operations pay no wake-up while an idle engine sleeps (every
+            spin yields the CPU every few turns, for a peer on the same CPU). ``"busy"``: a waiting
             caller spins for its whole wait (which still ends at its timeout and on Ctrl-C)
             and I/O threads poll for 20 ms after each event: lowest latency, a CPU per
             waiting thread. ``"event"``: every wait sleeps at once: least CPU, a wake-up per
