@@ -43,7 +43,6 @@ class SpinBudget {
   // thread between events (busy: kBusyLingerNs). Adaptive tunes either up to kMaxNs.
   SpinBudget(PollMode mode, Kind kind);
 
-  PollMode mode() const { return mode_; }
   // Nanoseconds to spin before sleeping: 0 (event), the tuned bound (adaptive) or busy's.
   int64_t spin_ns() const;
   // A wait that started `waited_ns` ago ended (its event came, spinning or after a sleep).
