@@ -496,10 +496,8 @@ PYBIND11_MODULE(_core, m) {
              config.rdma.device = rdma_device;
              config.rdma.devices = rdma_devices;
              config.rdma.gid_index = gid_index;
-             // Checked here for every transport (the rdma transport maps it on its own).
-             const rdmaxfer::PollMode mode = rdmaxfer::parse_poll_mode(poll_mode);
-             config.tcp.poll_mode = mode;
-             config.rdma.poll_mode = rdmaxfer::poll_mode_name(mode);
+             config.tcp.poll_mode = rdmaxfer::parse_poll_mode(poll_mode);  // checked for all
+             config.rdma.poll_mode = rdmaxfer::poll_mode_name(config.tcp.poll_mode);
              config.tcp.secret = secret;
              config.rdma.secret = secret;
              config.rdma.default_qps = default_streams;
