@@ -12,6 +12,14 @@ gives each figure's median over the rounds, and each ratio's median over the rou
 taken within one process).
 Latencies are medians of ``--iters`` operations, in microseconds.
 
+``--measure write`` times instead what users see of any release, through the public API only
+(so the before build may be any earlier commit): two processes, ``Engine("tcp")`` on 127.0.0.1,
+one-sided ``ep.write`` into the peer's registered region, one at a time
+(``small_vs_mooncake.py``'s rdmaxfer side, its default poll mode, or ``--poll-mode``): the
+median latency per size, GB/s, and each process's CPU %. The table then compares the builds
+with each other (after vs before, per round). This is the regression guard of small and large
+WRITEs against the previous release.
+
 ``--pin A,B`` fixes the placement for every figure alike: each round's process (and every thread
 of it) runs on CPU A, the peer processes it spawns (rdmaxfer's bench peer, the plain Python
 peer) on CPU B. Without it the scheduler places them, and on a 2-CPU machine that decides more
@@ -21,6 +29,7 @@ one CPU and ~47 µs across two.
     python bench/before_after.py --before OLD/bin/python --transport tcp
     python bench/before_after.py --before OLD/python --after NEW/python --transport shm \
         --sizes 8,64K --rounds 5
+    python bench/before_after.py --before RELEASE/python --measure write --sizes 8,64K,1M,16M
 """
 
 from __future__ import annotations
@@ -88,11 +97,24 @@ def one_round(transport: str, sizes: list[int], iters: int) -> dict[str, Any]:
     return {"api_us": api, "cpp_us": cpp, "ref_us": ref, "ref": ref_name}
 
 
+def write_round(sizes: list[int], mode: str) -> dict[str, Any]:
+    """This interpreter's one-sided TCP WRITEs through the public API, one at a time, between
+    two processes: per size the median latency (µs), GB/s and both processes' CPU %."""
+    sys.path.insert(0, HERE)
+    from small_vs_mooncake import _initiator
+
+    rows = _initiator("rdmaxfer", mode, sizes)["sizes"]
+    return {key: [r[key] for r in rows] for key in rows[0]}
+
+
 def _run(python: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [python, os.path.abspath(__file__), "--one", "--transport", args.transport,
-           "--sizes", args.sizes, "--iters", str(args.iters)]  # fmt: skip
+           "--sizes", args.sizes, "--iters", str(args.iters),
+           "--measure", args.measure]  # fmt: skip
     if args.pin:
         cmd += ["--pin", args.pin]
+    if args.poll_mode and python == args.after:
+        cmd += ["--poll-mode", args.poll_mode]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -102,10 +124,49 @@ def _load() -> str:
         return " ".join(f.read().split()[:3])
 
 
+def _write_table(args: argparse.Namespace, rounds: dict[str, list[dict[str, Any]]]) -> None:
+    """The --measure write table: each build's medians and after vs before."""
+
+    def med(label: str, key: str, i: int) -> float:
+        return statistics.median(r[key][i] for r in rounds[label])
+
+    def speed(i: int) -> float:  # per round: before latency / after latency
+        pairs = zip(rounds["before"], rounds["after"], strict=True)
+        return statistics.median(b["lat_us"][i] / a["lat_us"][i] for b, a in pairs)
+
+    print(
+        f"\ntcp one-sided WRITE through the public API ({_where(args)}), median of "
+        f"{args.rounds} alternating rounds; speed = before latency / after latency\n"
+    )
+    print("| bytes | before µs | after µs | before GB/s | after GB/s | after vs before "
+          "| CPU % before (initiator+target) | CPU % after |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for i, size in enumerate(rounds["after"][0]["bytes"]):
+        cpu = {
+            label: f"{med(label, 'initiator_cpu_pct', i):.0f}+{med(label, 'target_cpu_pct', i):.0f}"
+            for label in rounds
+        }
+        print(
+            f"| {size} | {med('before', 'lat_us', i):.1f} | {med('after', 'lat_us', i):.1f} "
+            f"| {med('before', 'GB_per_s', i):.2f} | {med('after', 'GB_per_s', i):.2f} "
+            f"| {speed(i):.2f}x | {cpu['before']} | {cpu['after']} |"
+        )
+
+
+def _where(args: argparse.Namespace) -> str:
+    if not args.pin:
+        return "unpinned"
+    mine, peers = args.pin.split(",")
+    return f"pinned: this side CPU {mine}, peers CPU {peers}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", help="interpreter with the 'before' build installed")
     parser.add_argument("--after", default=sys.executable, help="the 'after' build's")
+    parser.add_argument(
+        "--before-label", default="", help="what the before build is (a commit), in the JSON"
+    )
     parser.add_argument("--transport", choices=("tcp", "shm"), default="tcp")
     parser.add_argument("--sizes", default="8,64K,1M")
     parser.add_argument("--iters", type=int, default=500)
@@ -118,17 +179,31 @@ def main() -> None:
     parser.add_argument(
         "--pin", help="A,B: this side on CPU A, the peer processes on CPU B (default: unpinned)"
     )
+    parser.add_argument(
+        "--measure",
+        choices=("engine", "write"),
+        default="engine",
+        help="engine: the bench module's WRITE loops and their references; write: public-API "
+        "WRITEs between two processes (any release)",
+    )
+    parser.add_argument("--poll-mode", default="", help="the after build's poll_mode (write)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    from rdmaxfer.tools import bench
+    sys.path.insert(0, HERE)
+    from small_vs_mooncake import _parse_size
 
-    sizes = bench.parse_sizes(args.sizes)
+    sizes = [_parse_size(s) for s in args.sizes.split(",")]
     if args.one:
         if args.pin:
             mine, peers = (int(c) for c in args.pin.split(","))
             _pin(mine, peers)
-        print(json.dumps(one_round(args.transport, sizes, args.iters)))
+        if args.measure == "write":
+            print(json.dumps(write_round(sizes, args.poll_mode)))
+        else:
+            print(json.dumps(one_round(args.transport, sizes, args.iters)))
         return
+    if args.measure == "write" and args.transport != "tcp":
+        parser.error("--measure write: over tcp only")
     if not args.before:
         parser.error("--before: the interpreter of the build to compare against")
     rounds: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
@@ -138,9 +213,29 @@ def main() -> None:
             result = _run(args.before if label == "before" else args.after, args)
             result["load"] = load
             rounds[label].append(result)
+            if args.measure == "write":
+                text = "  ".join(
+                    f"{s}B {t:.1f}us {c:.0f}+{d:.0f}%"
+                    for s, t, c, d in zip(
+                        sizes, result["lat_us"], result["initiator_cpu_pct"],
+                        result["target_cpu_pct"], strict=True,
+                    )
+                )  # fmt: skip
+                print(f"round {i + 1} {label:6s} load {load}: WRITE {text}", flush=True)
+                continue
             figures = zip(sizes, result["api_us"], result["cpp_us"], result["ref_us"], strict=True)
             text = "  ".join(f"{s}B {a:.1f}/{c:.1f}/{r:.1f}" for s, a, c, r in figures)
             print(f"round {i + 1} {label:6s} load {load}: api/cpp/ref us {text}", flush=True)
+    if args.measure == "write":
+        _write_table(args, rounds)
+        if args.json is None:
+            placement = f"-cpus-{args.pin.replace(',', '-')}" if args.pin else ""
+            args.json = str(RESULTS / f"write-before-after-tcp{placement}.json")
+        if args.json:
+            record = {"sizes": sizes, "before": args.before_label, "rounds": rounds}
+            with open(args.json, "w") as f:
+                json.dump(record, f, indent=2)
+        return
     ref_name = rounds["after"][0]["ref"]
 
     def med(label: str, key: str, i: int) -> float:
@@ -150,11 +245,7 @@ def main() -> None:
         # speed relative to the reference = reference latency / our latency, per round
         return statistics.median(r["ref_us"][i] / r[key][i] for r in rounds[label])
 
-    where = (
-        f"pinned: this side CPU {args.pin.split(',')[0]}, peers CPU {args.pin.split(',')[1]}"
-        if args.pin
-        else "unpinned"
-    )
+    where = _where(args)
     print(
         f"\n{args.transport} WRITE ({where}), median of {args.rounds} alternating rounds of "
         f"{args.iters} operations each; reference: {ref_name} in the same process; "

@@ -378,11 +378,104 @@ def fetch() -> str:
     return _table(["scenario", *(f"{m} GB/s" for m in methods)], table, right_from=1)
 
 
+def _figure(row: dict[str, Any]) -> str:
+    """A WRITE's figure with both processes' CPU: 8 B as latency, larger sizes as GB/s; then
+    CPU % of the initiator + the target, and their CPU time per operation."""
+    value = f"{row['lat_us']:.1f} µs" if row["bytes"] <= 8 else f"{row['GB_per_s']:.2f} GB/s"
+    mine, theirs = row["initiator_cpu_pct"], row["target_cpu_pct"]
+    per_op = (mine + theirs) / 100 * row["lat_us"]
+    cpu = f"{per_op:.0f} µs" if per_op < 10_000 else f"{per_op / 1000:.0f} ms"
+    return f"{value} ({mine:.0f}+{theirs:.0f} %, {cpu} CPU)"
+
+
+def _speed(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    return _x(theirs["lat_us"], ours["lat_us"])  # latency ratio = speed ratio at one size
+
+
+def _loads(rounds: list[dict[str, Any]]) -> str:
+    ones = sorted(float(run["load"].split()[0]) for r in rounds for run in r.values())
+    return f"{ones[0]:.1f}-{ones[-1]:.1f}"
+
+
+def vs_mooncake(cpus: int) -> str:
+    """rdmaxfer's poll modes, the release before, and Mooncake TE over TCP (and iperf3)."""
+    d = _load(f"small-vs-mooncake-tcp-{cpus}cpu.json")
+    summary = d["summary"]
+    sides = [s for s in ("rdmaxfer before", "rdmaxfer adaptive", "rdmaxfer busy",
+                         "rdmaxfer event", "mooncake") if s in summary]  # fmt: skip
+    names = {"rdmaxfer before": f"release {d.get('before_label') or 'before'}",
+             "mooncake": "Mooncake TE"}  # fmt: skip
+    head = ["bytes", *(names.get(s, s.removeprefix("rdmaxfer ")) for s in sides)]
+    pairs = [("rdmaxfer adaptive", "mooncake"), ("rdmaxfer busy", "mooncake"),
+             ("rdmaxfer adaptive", "rdmaxfer before")]  # fmt: skip
+    pairs = [(a, b) for a, b in pairs if a in summary and b in summary]
+    head += [f"{a.removeprefix('rdmaxfer ')} vs {names[b]}" for a, b in pairs]
+    iperf3 = d.get("iperf3", {})
+    if iperf3:
+        head += ["iperf3", "adaptive vs iperf3"]
+    rows = []
+    for i, size in enumerate(d["sizes"]):
+        row = [size_text(size), *(_figure(summary[s][i]) for s in sides)]
+        row += [_speed(summary[a][i], summary[b][i]) for a, b in pairs]
+        if iperf3:
+            rate = iperf3.get(str(size))
+            mine = summary["rdmaxfer adaptive"][i]["GB_per_s"]
+            row += [f"{rate:.2f} GB/s", _x(mine, rate)] if rate else ["", ""]
+        rows.append(row)
+    note = (
+        f"\n{d['cpus']} CPU(s), load average (1 min) {_loads(d['rounds'])} during the runs; "
+        f"medians of {len(d['rounds'])} alternating rounds; in brackets CPU % of initiator + "
+        "target over the timed operations, and their CPU time per operation.\n"
+    )
+    return _table(head, rows, right_from=1) + note
+
+
+def write_before_after() -> str:
+    """The regression guard: public-API TCP WRITEs of this build against the release before."""
+    d = _load("write-before-after-tcp.json")
+    before, after = d["rounds"]["before"], d["rounds"]["after"]
+    rows = []
+    for i, size in enumerate(d["sizes"]):
+
+        def med(runs: list[dict[str, Any]], key: str, i: int = i) -> float:
+            return statistics.median(r[key][i] for r in runs)
+
+        def cpu(runs: list[dict[str, Any]]) -> str:
+            return f"{med(runs, 'initiator_cpu_pct'):.0f}+{med(runs, 'target_cpu_pct'):.0f}"
+
+        speed = statistics.median(
+            b["lat_us"][i] / a["lat_us"][i] for b, a in zip(before, after, strict=True)
+        )
+        rows.append(
+            [
+                size_text(size),
+                f"{med(before, 'lat_us'):.1f}",
+                f"{med(after, 'lat_us'):.1f}",
+                f"{med(before, 'GB_per_s'):.2f}",
+                f"{med(after, 'GB_per_s'):.2f}",
+                f"{speed:.2f}x",
+                cpu(before),
+                cpu(after),
+            ]
+        )
+    head = ["bytes", "release µs", "this build µs", "release GB/s", "this build GB/s",
+            "speed vs release", "CPU % release", "CPU % this build"]  # fmt: skip
+    loads = sorted(float(r["load"].split()[0]) for r in before + after)
+    note = (
+        f"\nRelease: {d['before']}; load average (1 min) {loads[0]:.1f}-{loads[-1]:.1f}; "
+        f"medians of {len(after)} alternating rounds; CPU % = initiator + target.\n"
+    )
+    return _table(head, rows, right_from=1) + note
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "tcp-vs-peers": tcp_vs_peers,
     "shm-vs-memcpy": shm_vs_memcpy,
     "small-ops-tcp": lambda: _small_ops("tcp"),
     "small-ops-shm": lambda: _small_ops("shm"),
+    "vs-mooncake-2cpu": lambda: vs_mooncake(2),
+    "vs-mooncake-1cpu": lambda: vs_mooncake(1),
+    "write-before-after-tcp": write_before_after,
     "rdma-vs-perftest": rdma_vs_perftest,
     "rails": rails,
     "weight-sync": weight_sync,

@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "common/fork_guard.h"
 #include "common/interrupt.h"
+#include "core/poll_mode.h"
 #include "core/region.h"
 #include "engine/engine.h"
 #include "protocol/connection.h"
@@ -183,7 +184,8 @@ PYBIND11_MODULE(_core, m) {
              config.rdma.device = rdma_device;
              config.rdma.devices = rdma_devices;
              config.rdma.gid_index = gid_index;
-             config.rdma.poll_mode = poll_mode;
+             config.tcp.poll_mode = rdmaxfer::parse_poll_mode(poll_mode);  // checked for all
+             config.rdma.poll_mode = rdmaxfer::poll_mode_name(config.tcp.poll_mode);
              config.tcp.secret = secret;
              config.rdma.secret = secret;
              config.rdma.default_qps = default_streams;

@@ -7,6 +7,7 @@
 
 #include "common/deadline.h"
 #include "core/notifier.h"
+#include "core/poll_mode.h"
 
 namespace rdmaxfer {
 
@@ -139,20 +140,20 @@ namespace {
 // Polls of a Progress between two looks at the clock: in a VM the clock may be an emulated
 // device (HPET) whose every read costs microseconds. The spin bound starts at the first look.
 constexpr unsigned kPollsPerClockRead = 32;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 }  // namespace
 
 bool Request::wait_for(double timeout_s, int spin_us) const {
   if (terminal_.load(std::memory_order_acquire)) return true;
   const std::shared_ptr<Progress> progress = progress_.lock();
-  if (progress) {
+  if (!progress) return wait_with(nullptr, timeout_s, spin_us);
+  const int64_t start_ns = steady_ns();
+  const bool done = wait_with(progress.get(), timeout_s, spin_us);
+  progress->waited(steady_ns() - start_ns);
+  return done;
+}
+
+bool Request::wait_with(Progress* progress, double timeout_s, int spin_us) const {
+  if (progress != nullptr) {
     const double left = progress->drive(terminal_, timeout_s);
     if (terminal_.load(std::memory_order_acquire)) return true;
     if (left < timeout_s) {  // it drove for a while: no spin after that
@@ -166,7 +167,7 @@ bool Request::wait_for(double timeout_s, int spin_us) const {
     unsigned turns = 0;
     while (!terminal_.load(std::memory_order_acquire)) {
       if (progress) {
-        if (!progress->progress()) cpu_relax();
+        if (!progress->progress()) cpu_pause();
         if (++turns % kPollsPerClockRead != 0) continue;
       } else {
         sched_yield();

@@ -48,6 +48,10 @@ class Progress {
     (void)terminal;
     return timeout_s;
   }
+  // A wait on a request this Progress serves (one wait_for call) ended after `waited_ns`, the
+  // request terminal or not: a transport that tunes its spin by the waits it sees
+  // (core/poll_mode.h) learns from it here. Default: nothing.
+  virtual void waited(int64_t waited_ns) { (void)waited_ns; }
 };
 
 enum class OpKind { kWrite, kRead, kSend, kRecv, kRecvHeader };
@@ -126,6 +130,8 @@ class Request {
  private:
   void finish_locked(State state, std::unique_lock<std::mutex>& lock);
   void forward(uint64_t bytes);
+  // wait_for's work, driving or polling `progress` when there is one.
+  bool wait_with(Progress* progress, double timeout_s, int spin_us) const;
 
   const uint64_t id_;
   const OpKind op_;

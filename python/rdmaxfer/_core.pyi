@@ -283,8 +283,9 @@ class Engine:
         RDMAXFER_SERVICE_LEVEL / RDMAXFER_TRAFFIC_CLASS / RDMAXFER_MIN_RNR_TIMER -> 0 / 0 / 18;
         InvalidArgumentError outside the range; applied to the QPs of every rail); ``gid_index``
         (-1 -> env RDMAXFER_GID_INDEX -> auto: the first RoCE v2 GID holding an IPv4-mapped
-        address); ``poll_mode`` ("event", the default, sleeps on the
-        completion channel; "busy" spins on the CQ; "" -> env RDMAXFER_POLL_MODE -> "event").
+        address); ``poll_mode`` (every transport: "adaptive", "busy" or "event"; "" -> env
+        RDMAXFER_POLL_MODE -> "adaptive"; InvalidArgumentError for another value; on rdma
+        "busy" spins on the CQ and the others sleep on the completion channel).
         """
     @property
     def transport(self) -> str:

@@ -14,7 +14,8 @@ struct RdmaConfig {
                             // first device with an active port
   int port = 0;             // 0 -> the device's first active port
   int gid_index = -1;       // -1 -> env RDMAXFER_GID_INDEX -> auto (see verbs_context.h)
-  std::string poll_mode;    // "event" (default; env RDMAXFER_POLL_MODE) or "busy"
+  std::string poll_mode;    // core/poll_mode.h: "adaptive" (default; env RDMAXFER_POLL_MODE;
+                            // as "event" on verbs), "event" or "busy"
   int default_qps = 0;      // QPs per connection; 0 -> 1
   uint64_t eager_limit = 0; // bytes sent inside the SEND with the header; 0 -> 8 KiB
   int sq_depth = 0;         // send-queue WRs per QP; 0 -> min(device max_qp_wr, 256)

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/interrupt.h"
 #include "common/log.h"
+#include "core/poll_mode.h"
 #include "transport/rdma/fabric_settings.h"
 #include "transport/rdma/rdma_rails.h"
 #include "transport/socket.h"
@@ -39,25 +40,14 @@ uint32_t srq_chunk() {
 }
 constexpr double kAcceptHandshakeS = 10.0;
 
-std::string poll_mode_of(const std::string& configured) {
-  std::string mode = configured;
-  if (mode.empty()) {
-    const char* env = std::getenv("RDMAXFER_POLL_MODE");
-    mode = env != nullptr && *env != '\0' ? env : "event";
-  }
-  if (mode != "event" && mode != "busy") {
-    throw Error(ErrorKind::kInvalidArgument,
-                "poll_mode='" + mode + "' must be 'event' (sleep on the completion channel) or "
-                                       "'busy' (spin on the CQ)");
-  }
-  return mode;
-}
 }  // namespace
 
 RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
     : Transport(engine_id), config_(config) {
-  config_.poll_mode = poll_mode_of(config_.poll_mode);
-  busy_poll_ = config_.poll_mode == "busy";
+  // Adaptive is event here (and named so): the completion thread sleeps on the channel, and a
+  // waiting caller polls the CQ itself for a while first (Request::wait_for) in either mode.
+  busy_poll_ = parse_poll_mode(config_.poll_mode) == PollMode::kBusy;
+  config_.poll_mode = busy_poll_ ? "busy" : "event";
   if (config_.default_qps <= 0) config_.default_qps = 1;
   if (config_.default_qps > EndpointRecord::kMaxQps) {
     throw Error(ErrorKind::kInvalidArgument,

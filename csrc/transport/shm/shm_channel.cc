@@ -17,11 +17,6 @@ namespace rdmaxfer {
 
 namespace {
 
-// The reader spins this long on an empty ring (yielding the CPU each turn) before it sleeps
-// on the doorbell.
-constexpr auto kSpin = std::chrono::microseconds(50);
-// A waiting thread reads the ring itself for at most this long (drive()), then sleeps.
-constexpr double kDriveSpinUs = 1000;
 // After the last waiter stopped driving, the doorbell stays unarmed this long (the next
 // operation's acknowledgement, if it comes before its waiter drives, then waits in the ring for
 // that waiter instead of waking the reader); the reader sleeps at most this long meanwhile, and
@@ -40,6 +35,7 @@ ShmChannel::ShmChannel(ShmTransport& transport, UniqueFd sock, std::string peer,
       sock_(std::move(sock)),
       peer_(std::move(peer)),
       peer_pid_(peer_pid),
+      reader_linger_(transport.poll_mode(), SpinBudget::Kind::kLinger),
       ipc_(peer_pid == getpid()) {}
 
 RequestPtr ShmChannel::new_request(OpKind op, uint64_t bytes) {
@@ -255,20 +251,27 @@ bool ShmChannel::consume(bool wait) {
 
 void ShmChannel::run_reader() {
   try {
+    int64_t idle_since = 0;  // when the ring was found empty after the last records (0: not)
     for (;;) {
       // While a waiter drives, it reads the ring; the reader only watches for the peer's end.
       if (drivers_.load() == 0) {
-        if (consume()) continue;
-        const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+        if (consume()) {
+          if (idle_since != 0) reader_linger_.record(steady_ns() - idle_since);
+          idle_since = 0;
+          continue;
+        }
+        if (idle_since == 0) idle_since = steady_ns();
+        const int64_t linger = reader_linger_.spin_ns();
         bool got = false;
-        while (drivers_.load(std::memory_order_relaxed) == 0 &&
-               std::chrono::steady_clock::now() < spin_until) {
+        for (unsigned turn = 0; drivers_.load(std::memory_order_relaxed) == 0 &&
+                                steady_ns() - idle_since < linger;
+             ++turn) {
           if (!in_->empty()) {
             got = true;
             break;
           }
-          // The peer's thread that waits for our answer may share this CPU: let it run.
-          std::this_thread::yield();
+          // The peer's thread that waits for our answer may need this CPU: let it run.
+          spin_pause(turn);
         }
         if (got) continue;
       }
@@ -317,8 +320,9 @@ bool ShmChannel::sleep_until_work() {
 
 double ShmChannel::drive(const std::atomic<bool>& terminal, double timeout_s) {
   using Clock = std::chrono::steady_clock;
-  if (timeout_s <= 0 || is_closed()) return timeout_s;
-  const double spin_s = std::min(timeout_s, kDriveSpinUs * 1e-6);
+  const int64_t spin_ns = transport_.wait_budget().spin_ns();
+  if (timeout_s <= 0 || spin_ns <= 0 || is_closed()) return timeout_s;
+  const double spin_s = std::min(timeout_s, static_cast<double>(spin_ns) * 1e-9);
   const Clock::time_point start = Clock::now();
   const Clock::time_point until =
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spin_s));
@@ -332,12 +336,10 @@ double ShmChannel::drive(const std::atomic<bool>& terminal, double timeout_s) {
         idle = 0;
         continue;
       }
-      // Look at the clock now and then only (it may be slow to read in a VM), and give the
-      // CPU away while the ring stays empty: the peer may need it to answer.
-      if (++idle % 16 == 0) {
-        if (Clock::now() >= until) break;
-        std::this_thread::yield();
-      }
+      // Look at the clock now and then only, and give the CPU away now and then while the ring
+      // stays empty: the peer may need it to answer.
+      if (++idle % 16 == 0 && Clock::now() >= until) break;
+      spin_pause(idle);
     }
   } catch (const Error& e) {
     shut(e.kind() == ErrorKind::kClosed ? ErrorKind::kConnection : e.kind(),
@@ -347,6 +349,8 @@ double ShmChannel::drive(const std::atomic<bool>& terminal, double timeout_s) {
   if (terminal.load(std::memory_order_acquire)) return 0.0;
   return std::max(0.0, timeout_s - std::chrono::duration<double>(Clock::now() - start).count());
 }
+
+void ShmChannel::waited(int64_t waited_ns) { transport_.wait_budget().record(waited_ns); }
 
 void ShmChannel::stop_driving() {
   // The reader takes the ring back once the hand-back is due (sleep_until_work).

@@ -2,13 +2,14 @@
 //
 // Control path: two ShmRings (one per direction, each in a memfd the consumer made and sent
 // with SCM_RIGHTS), records framed like TCP's (tcp/wire.h: a FrameHeader, metadata, data).
-// A reader thread spins briefly on the inbound ring, then sleeps on its eventfd and the UNIX
+// A reader thread spins on the inbound ring for its linger budget (the engine's poll mode,
+// core/poll_mode.h: self-tuned, long or none), then sleeps on its eventfd and the UNIX
 // socket together: after the handshake the socket carries only the fds of VMM allocations
 // (below), kept as they come, so its end of file means the peer closed or died (the kernel
 // closes it), and every request fails at once.
 // A thread that waits for one of this channel's requests reads the inbound ring itself for a
-// while first (drive(), the Progress of every request: spin on the ring, then sleep on the
-// request as before): the acknowledgement then reaches the waiter without waking the reader.
+// while first (drive(), the Progress of every request: spin on the ring for the transport's
+// wait budget, then sleep on the request as before; not at all in event mode): the acknowledgement then reaches the waiter without waking the reader.
 // While a waiter drives, and for a short hand-back time after (the next operation's waiter
 // comes soon in a loop of blocking calls), the doorbell is not armed, so the peer does not
 // ring it; the reader sleeps meanwhile, in bounded naps, and takes the ring back once no
@@ -41,6 +42,7 @@
 
 #include "common/deadline.h"
 #include "common/unique_fd.h"
+#include "core/poll_mode.h"
 #include "core/request.h"
 #include "transport/channel.h"
 #include "transport/gather.h"
@@ -109,10 +111,12 @@ class ShmChannel : public Channel,
   int streams() const override { return 1; }
   std::vector<std::pair<std::string, uint64_t>> attributes() const override;
 
-  // Progress (core/request.h): the waiting thread reads the inbound ring for up to
-  // kDriveSpinUs (within `timeout_s`), handling what it finds, until `terminal`; it returns the
-  // seconds of the wait it left uncovered (the reader completes the request after that).
+  // Progress (core/request.h): the waiting thread reads the inbound ring for up to the
+  // transport's wait budget (within `timeout_s`; none in event mode), handling what it finds,
+  // until `terminal`; it returns the seconds of the wait it left uncovered (the reader
+  // completes the request after that). waited() tunes the budget by the whole waits.
   double drive(const std::atomic<bool>& terminal, double timeout_s) override;
+  void waited(int64_t waited_ns) override;
   // Nothing to do without a wait: drive() does the work.
   bool progress() override { return false; }
 
@@ -195,6 +199,7 @@ class ShmChannel : public Channel,
   std::atomic<bool> consuming_{false};  // a thread takes records from in_
   std::atomic<int> drivers_{0};         // threads in drive()
   std::atomic<int64_t> hand_back_ns_{0};  // steady clock: when the reader re-arms the doorbell
+  SpinBudget reader_linger_;  // how long the reader spins on an empty ring (the poll mode's)
   std::unique_ptr<ShmRing> out_;  // we write, the peer reads
   std::mutex out_mu_;
   mutable std::mutex mu_;

@@ -69,12 +69,16 @@ UniqueFd unix_socket() {
 }  // namespace
 
 ShmTransport::ShmTransport(uint64_t engine_id, const TcpConfig& config)
-    : Transport(engine_id), config_(config) {
+    : Transport(engine_id),
+      config_(config),
+      wait_budget_(config.poll_mode, SpinBudget::Kind::kWait) {
   check_usable();
 }
 
 ShmTransport::ShmTransport(Transport& owner, const TcpConfig& config)
-    : Transport(owner), config_(config) {
+    : Transport(owner),
+      config_(config),
+      wait_budget_(config.poll_mode, SpinBudget::Kind::kWait) {
   check_usable();
 }
 
@@ -98,6 +102,7 @@ Capabilities ShmTransport::capabilities() const {
 std::string ShmTransport::describe() const {
   return std::string("shm (same host: control ring in a memfd with an eventfd doorbell, "
                      "one-sided copies with process_vm_readv/writev, GPU memory by CUDA IPC") +
+         ", poll mode " + poll_mode_name(config_.poll_mode) +
          (config_.secret.empty() ? ", no shared secret)" : ", authenticated (shared secret))");
 }
 

@@ -50,6 +50,9 @@ class ShmTransport : public Transport {
   void shutdown() override;
 
   const std::string& secret() const { return config_.secret; }
+  PollMode poll_mode() const { return config_.poll_mode; }
+  // The spin budget of a caller's wait that reads a channel's ring (ShmChannel::drive).
+  SpinBudget& wait_budget() { return wait_budget_; }
   // Reader threads of the channels (shm_channel.h) count themselves in and out.
   void reader_started();
   void reader_finished();
@@ -70,6 +73,7 @@ class ShmTransport : public Transport {
   void adopt(const std::shared_ptr<ShmChannel>& channel);
 
   const TcpConfig config_;
+  SpinBudget wait_budget_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool shut_down_ = false;

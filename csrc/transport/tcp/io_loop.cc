@@ -6,12 +6,15 @@
 
 #include <cerrno>
 
+#include "common/deadline.h"
 #include "common/error.h"
 
 namespace rdmaxfer {
 
-IoLoop::IoLoop()
-    : epoll_fd_(epoll_create1(EPOLL_CLOEXEC)), wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+IoLoop::IoLoop(PollMode mode)
+    : linger_(mode, SpinBudget::Kind::kLinger),
+      wait_budget_(mode, SpinBudget::Kind::kWait),
+      epoll_fd_(epoll_create1(EPOLL_CLOEXEC)), wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   if (!epoll_fd_.valid()) throw_errno("epoll_create1");
   if (!wake_fd_.valid()) throw_errno("eventfd");
   epoll_event ev{};
@@ -72,11 +75,28 @@ void IoLoop::watch(int fd, bool read, bool write) {
   epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, fd, &ev);
 }
 
+int IoLoop::wait_events(epoll_event* events, int max, bool after_events, int64_t since_ns) {
+  const int64_t linger = after_events ? linger_.spin_ns() : 0;
+  int n = 0;
+  if (linger > 0) {
+    for (unsigned turn = 0; !stop_.load(std::memory_order_relaxed); ++turn) {
+      n = epoll_wait(epoll_fd_.get(), events, max, 0);
+      if (n != 0 || steady_ns() - since_ns >= linger) break;
+      spin_pause(turn);
+    }
+  }
+  if (n == 0) n = epoll_wait(epoll_fd_.get(), events, max, 1000);
+  if (after_events && n >= 0) linger_.record(steady_ns() - since_ns);
+  return n;
+}
+
 void IoLoop::run() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
+  bool had_events = false;
+  int64_t since_ns = 0;  // when the last batch of events was handled
   while (!stop_.load()) {
-    int n = epoll_wait(epoll_fd_.get(), events, kMaxEvents, 1000);
+    int n = wait_events(events, kMaxEvents, had_events, since_ns);
     if (n < 0) {
       if (errno == EINTR) continue;
       break;  // the epoll fd itself is broken; handlers fail when their owners time out
@@ -103,6 +123,8 @@ void IoLoop::run() {
       tasks.swap(tasks_);
     }
     for (auto& task : tasks) task();
+    had_events = n > 0;
+    since_ns = steady_ns();
   }
   handlers_.clear();
 }

@@ -1,6 +1,14 @@
 // One I/O thread: an epoll loop over the sockets it was given, plus a task queue woken by an
 // eventfd. It never touches Python. Handlers run on the loop thread only.
+//
+// Its poll mode (core/poll_mode.h) decides how it waits: after a batch of events it polls
+// epoll without blocking for its linger budget (adaptive: self-tuned from the gaps between
+// events; busy: SpinBudget::kBusyLingerNs; event: none) before it sleeps in epoll_wait, so the
+// next frame of a back-to-back exchange finds it awake. It also keeps the budget of the waits
+// of callers that drive its streams (TcpStream::drive).
 #pragma once
+
+#include <sys/epoll.h>
 
 #include <atomic>
 #include <functional>
@@ -11,6 +19,7 @@
 #include <vector>
 
 #include "common/unique_fd.h"
+#include "core/poll_mode.h"
 
 namespace rdmaxfer {
 
@@ -26,7 +35,7 @@ class IoHandler {
 
 class IoLoop {
  public:
-  IoLoop();
+  explicit IoLoop(PollMode mode);
   IoLoop(const IoLoop&) = delete;
   IoLoop& operator=(const IoLoop&) = delete;
   ~IoLoop();
@@ -42,11 +51,17 @@ class IoLoop {
   // neither (errors and hang-ups are reported regardless).
   void watch(int fd, bool read, bool write);
   bool in_loop_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // The spin budget of a caller's wait for a completion on one of this loop's streams.
+  SpinBudget& wait_budget() { return wait_budget_; }
   void stop();
 
  private:
   void run();
+  // epoll_wait, first without blocking for the linger budget when the last call had events.
+  int wait_events(epoll_event* events, int max, bool after_events, int64_t since_ns);
 
+  SpinBudget linger_;
+  SpinBudget wait_budget_;
   UniqueFd epoll_fd_;
   UniqueFd wake_fd_;
   std::atomic<bool> stop_{false};

@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/poll_mode.h"
 #include "transport/gather.h"
 #include "transport/tcp/tcp_stream.h"
 #include "transport/transport.h"
@@ -33,6 +34,7 @@ struct TcpConfig {
   int default_streams = 0;        // streams per connection; 0: 4
   uint64_t eager_limit = 16384;   // messages up to this size travel with their header
   std::string secret;             // shared secret for the bootstrap (transport/auth.h)
+  PollMode poll_mode = PollMode::kAdaptive;  // how waits spend their time (core/poll_mode.h)
 };
 
 class TcpConnection : public Channel,

@@ -200,9 +200,15 @@ void TcpStream::on_writable() {
 
 double TcpStream::drive(const std::atomic<bool>& terminal, double timeout_s) {
   using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
   const Clock::time_point until =
-      Clock::now() +
-      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  // First poll without blocking for the spin budget (the poll mode's), then sleep in poll().
+  const int64_t spin_ns = loop_->wait_budget().spin_ns();
+  const Clock::time_point spin_until =
+      spin_ns >= std::chrono::duration_cast<std::chrono::nanoseconds>(until - start).count()
+          ? until
+          : start + std::chrono::nanoseconds(spin_ns);
   {
     std::lock_guard<std::mutex> lock(send_mu_);
     if (dead_.load() || removed_) return timeout_s;
@@ -212,6 +218,7 @@ double TcpStream::drive(const std::atomic<bool>& terminal, double timeout_s) {
     }
   }
   bool alive = true;
+  unsigned turn = 0;
   while (!terminal.load(std::memory_order_acquire)) {
     pollfd p{};
     {
@@ -223,15 +230,21 @@ double TcpStream::drive(const std::atomic<bool>& terminal, double timeout_s) {
       p.fd = fd_.get();
       p.events = static_cast<short>(POLLIN | (queue_.empty() ? 0 : POLLOUT));
     }
-    const double left = std::chrono::duration<double>(until - Clock::now()).count();
+    const Clock::time_point now = Clock::now();
+    const double left = std::chrono::duration<double>(until - now).count();
     if (left <= 0) break;
-    const int ms = static_cast<int>(std::ceil(std::min(left, kDrivePollS) * 1000));
+    const bool spinning = now < spin_until;
+    const int ms =
+        spinning ? 0 : static_cast<int>(std::ceil(std::min(left, kDrivePollS) * 1000));
     const int n = poll(&p, 1, ms);
     if (n < 0 && errno != EINTR) {
       alive = false;  // poll itself failed (no memory): let the loop serve the stream again
       break;
     }
-    if (n <= 0) continue;
+    if (n <= 0) {
+      if (spinning) spin_pause(turn++);
+      continue;
+    }
     if (p.revents & POLLOUT) flush();
     if (p.revents & POLLIN) {
       receive();

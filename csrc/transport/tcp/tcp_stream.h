@@ -114,10 +114,13 @@ class TcpStream : public IoHandler, public Progress, public std::enable_shared_f
   void on_writable() override;
   void on_error() override;
 
-  // Progress (engine/request.h), for a request whose completion arrives on this stream. A
+  // Progress (core/request.h), for a request whose completion arrives on this stream. A
   // waiting thread drives the stream (borrowed from the loop) until the request is terminal or
-  // the time is up; it returns the time left only when the stream died first.
+  // the time is up: it polls the socket without blocking for the loop's wait budget (the poll
+  // mode's, core/poll_mode.h), then sleeps in poll(); it returns the time left only when the
+  // stream died first. waited() tunes that budget.
   double drive(const std::atomic<bool>& terminal, double timeout_s) override;
+  void waited(int64_t waited_ns) override { loop_->wait_budget().record(waited_ns); }
   // Nothing to poll without blocking: waits drive(), and a dead stream has nothing to do.
   bool progress() override { return false; }
 

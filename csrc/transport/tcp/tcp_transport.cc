@@ -22,7 +22,7 @@ TcpTransport::TcpTransport(uint64_t engine_id, const TcpConfig& config)
   if (config_.eager_limit > (1u << 20)) {
     throw Error(ErrorKind::kInvalidArgument, "eager_limit above 1 MiB is not supported");
   }
-  for (int i = 0; i < config_.io_threads; ++i) loops_.push_back(std::make_unique<IoLoop>());
+  for (int i = 0; i < config_.io_threads; ++i) loops_.push_back(std::make_unique<IoLoop>(config_.poll_mode));
 }
 
 TcpTransport::~TcpTransport() { shutdown(); }
@@ -42,7 +42,8 @@ std::string TcpTransport::describe() const {
          std::to_string(config_.default_streams) + " streams per connection, socket buffers " +
          (config_.socket_buffer > 0 ? std::to_string(config_.socket_buffer) + " bytes"
                                     : std::string("autotuned")) +
-         ", eager limit " + std::to_string(config_.eager_limit) + " bytes" +
+         ", eager limit " + std::to_string(config_.eager_limit) + " bytes, poll mode " +
+         poll_mode_name(config_.poll_mode) +
          (config_.secret.empty() ? ", no shared secret" : ", authenticated (shared secret)");
 }
 

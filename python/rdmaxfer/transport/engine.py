@@ -101,8 +101,17 @@ class Engine(MemoryDomain):
             each rail's state and bytes.
         gid_index: rdma only: the GID table index (default: env ``RDMAXFER_GID_INDEX``, else
             the first RoCE v2 GID holding an IPv4-mapped address).
-        poll_mode: rdma only: ``"event"`` (default; the completion thread sleeps on the
-            completion channel) or ``"busy"`` (it spins on the CQ: lower latency, one core).
+        poll_mode: how waits for I/O spend their time (default: env ``RDMAXFER_POLL_MODE``,
+            else ``"adaptive"``). ``"adaptive"``: a waiting caller polls its socket or ring
+            without blocking for a self-tuned time (twice its recent waits, at most 1 ms)
+            before it sleeps, and an I/O thread polls likewise after each event, so
+            back-to-back small operations pay no wake-up while an idle engine sleeps (every
+            spin yields the CPU every few turns, for a peer on the same CPU). ``"busy"``: a waiting
+            caller spins for its whole wait (which still ends at its timeout and on Ctrl-C)
+            and I/O threads poll for 20 ms after each event: lowest latency, a CPU per
+            waiting thread. ``"event"``: every wait sleeps at once: least CPU, a wake-up per
+            completion. On rdma ``"busy"`` spins the completion thread on the CQ, and
+            ``"adaptive"`` is ``"event"`` (it sleeps on the completion channel).
         service_level, traffic_class, min_rnr_timer: rdma only, the fabric settings of every
             QP on every rail (default: env ``RDMAXFER_SERVICE_LEVEL`` / ``RDMAXFER_TRAFFIC_CLASS`` /
             ``RDMAXFER_MIN_RNR_TIMER``, else 0 / 0 / 18): the service level 0..15 (InfiniBand
@@ -115,7 +124,8 @@ class Engine(MemoryDomain):
             need it. Without one, :meth:`listen` warns when bound beyond loopback.
 
     Raises:
-        InvalidArgumentError: an unknown transport or a bad value.
+        InvalidArgumentError: an unknown transport or a bad value (a poll_mode other than
+            "adaptive", "busy" or "event").
         UnsupportedError: the transport cannot be used here (the message says why).
     """
 

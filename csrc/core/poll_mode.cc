@@ -1,0 +1,74 @@
+#include "core/poll_mode.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+namespace {
+// Spin turns between two sched_yield calls.
+constexpr unsigned kTurnsPerYield = 8;
+}  // namespace
+
+PollMode parse_poll_mode(const std::string& configured) {
+  std::string mode = configured;
+  std::string origin = "poll_mode";
+  if (mode.empty()) {
+    const char* env = std::getenv("RDMAXFER_POLL_MODE");
+    if (env == nullptr || *env == '\0') return PollMode::kAdaptive;
+    mode = env;
+    origin = "RDMAXFER_POLL_MODE";
+  }
+  if (mode == "event") return PollMode::kEvent;
+  if (mode == "adaptive") return PollMode::kAdaptive;
+  if (mode == "busy") return PollMode::kBusy;
+  throw Error(ErrorKind::kInvalidArgument,
+              origin + "='" + mode +
+                  "' must be 'adaptive' (the default: spin a short self-tuned time, then "
+                  "sleep), 'busy' (spin while waiting: lowest latency, a CPU per waiting "
+                  "thread) or 'event' (sleep at once: least CPU)");
+}
+
+const char* poll_mode_name(PollMode mode) {
+  switch (mode) {
+    case PollMode::kEvent: return "event";
+    case PollMode::kAdaptive: return "adaptive";
+    case PollMode::kBusy: return "busy";
+  }
+  return "unknown";
+}
+
+SpinBudget::SpinBudget(PollMode mode, Kind kind)
+    : mode_(mode), busy_ns_(kind == Kind::kLinger ? kBusyLingerNs : kForever) {}
+
+int64_t SpinBudget::spin_ns() const {
+  switch (mode_) {
+    case PollMode::kEvent: return 0;
+    case PollMode::kBusy: return busy_ns_;
+    case PollMode::kAdaptive: return budget_ns_.load(std::memory_order_relaxed);
+  }
+  return 0;
+}
+
+void SpinBudget::record(int64_t waited_ns) {
+  if (mode_ != PollMode::kAdaptive) return;
+  const int64_t budget = budget_ns_.load(std::memory_order_relaxed);
+  int64_t next = budget / 2;
+  if (waited_ns <= kMaxNs) next = (3 * budget + std::min(kMaxNs, 2 * waited_ns)) / 4;
+  // Racing threads may each store their own update: any of them is a fair estimate.
+  budget_ns_.store(next, std::memory_order_relaxed);
+}
+
+void spin_pause(unsigned turn) {
+  if (turn % kTurnsPerYield == kTurnsPerYield - 1) {
+    sched_yield();
+  } else {
+    cpu_pause();
+  }
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,70 @@
+// How a thread that waits for I/O spends the wait: the poll_mode of an engine.
+//
+//   event     sleep at once (in poll/epoll_wait or on a condition variable): least CPU, a
+//             wake-up per completion.
+//   adaptive  spin (poll without blocking) for a bounded, self-tuned time first, then sleep:
+//             back-to-back small operations complete without a wake-up, an idle engine sleeps.
+//   busy      spin for the whole wait (a waiting caller, until its operation ends or its wait
+//             slice does) and keep spinning kBusyLingerNs after each event (an I/O thread).
+//
+// A SpinBudget is the self-tuned bound of one kind of wait (a caller's wait for a completion, an
+// I/O thread's wait for the next event): after each wait, record() moves it towards twice the
+// waits that ended within kMaxNs, and halves it after one that took longer
+// (spinning for that would not have paid). Every spin yields the CPU every few turns
+// (spin_pause), so on one CPU, or a crowded one, the peer that must answer runs meanwhile.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace rdmaxfer {
+
+enum class PollMode { kEvent, kAdaptive, kBusy };
+
+// "event", "adaptive" or "busy"; "" -> env RDMAXFER_POLL_MODE -> "adaptive". Throws
+// Error(kInvalidArgument) naming the bad value (and where it came from) and the three choices.
+PollMode parse_poll_mode(const std::string& configured);
+const char* poll_mode_name(PollMode mode);
+
+class SpinBudget {
+ public:
+  // The longest self-tuned spin (of a caller's wait for a completion, of an I/O thread's linger
+  // for the next event), and where it starts.
+  static constexpr int64_t kMaxNs = 1'000'000;
+  static constexpr int64_t kStartNs = 50'000;
+  // How long an I/O thread in busy mode keeps spinning after its last event.
+  static constexpr int64_t kBusyLingerNs = 20'000'000;
+  static constexpr int64_t kForever = std::numeric_limits<int64_t>::max();
+  enum class Kind { kWait, kLinger };
+
+  // kWait: a caller's wait for a completion (busy: spins until the wait's end); kLinger: an I/O
+  // thread between events (busy: kBusyLingerNs). Adaptive tunes either up to kMaxNs.
+  SpinBudget(PollMode mode, Kind kind);
+
+  // Nanoseconds to spin before sleeping: 0 (event), the tuned bound (adaptive) or busy's.
+  int64_t spin_ns() const;
+  // A wait that started `waited_ns` ago ended (its event came, spinning or after a sleep).
+  void record(int64_t waited_ns);
+
+ private:
+  const PollMode mode_;
+  const int64_t busy_ns_;
+  std::atomic<int64_t> budget_ns_{kStartNs};
+};
+
+// A spin-wait hint to the CPU (x86 pause, arm yield).
+inline void cpu_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// One turn of a spin loop: a pause, and every few turns a sched_yield, so a thread that must run
+// for the spin to end (the peer, on a busy machine) gets the CPU.
+void spin_pause(unsigned turn);
+
+}  // namespace rdmaxfer
