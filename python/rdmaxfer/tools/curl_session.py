@@ -17,6 +17,7 @@ at most :data:`SELECT_S` so that a stop request or Ctrl-C is seen at once.
 from __future__ import annotations
 
 import math
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,14 @@ _PROTOCOLS = pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS
 Writer = Callable[[memoryview], None]
 
 
+def ca_locations() -> tuple[str | None, str | None]:
+    """The CA certificates to verify servers with: this system's, as Python's ``ssl`` finds
+    them (``SSL_CERT_FILE``/``SSL_CERT_DIR`` first). pycurl's wheels carry a libcurl built
+    elsewhere, whose compiled-in bundle path need not exist here."""
+    paths = ssl.get_default_verify_paths()
+    return paths.cafile, paths.capath
+
+
 class FetchCancelled(FetchError):
     """The download was stopped (the awaiting task was cancelled)."""
 
@@ -51,7 +60,9 @@ class Conn:
         error: what the writer raised, which ended the transfer (None when it did not).
     """
 
-    def __init__(self, timeout: float, user_agent: str) -> None:
+    def __init__(
+        self, timeout: float, user_agent: str, ca: tuple[str | None, str | None] = (None, None)
+    ) -> None:
         easy = pycurl.Curl()
         easy.setopt(pycurl.NOSIGNAL, 1)
         easy.setopt(pycurl.FOLLOWLOCATION, 1)
@@ -64,6 +75,11 @@ class Conn:
         easy.setopt(pycurl.LOW_SPEED_TIME, max(1, math.ceil(timeout)))
         easy.setopt(pycurl.BUFFERSIZE, BUFFER_SIZE)
         easy.setopt(pycurl.USERAGENT, user_agent)
+        cafile, capath = ca
+        if cafile:
+            easy.setopt(pycurl.CAINFO, cafile)
+        if capath:
+            easy.setopt(pycurl.CAPATH, capath)
         easy.setopt(pycurl.WRITEFUNCTION, self._on_body, use_memoryview=True)
         easy.setopt(pycurl.HEADERFUNCTION, self._on_header)
         self.easy = easy
@@ -122,6 +138,7 @@ class Session:
         self.timeout = timeout
         self.stop = stop
         self.user_agent = USER_AGENT
+        self.ca = ca_locations()
         self.multi = pycurl.CurlMulti()
         self.multi.setopt(pycurl.M_PIPELINING, pycurl.PIPE_NOTHING)
         self.multi.setopt(pycurl.M_MAXCONNECTS, 512)
@@ -133,7 +150,7 @@ class Session:
         """An idle connection (its socket kept alive from its last request) or a new one."""
         if self._idle:
             return self._idle.pop()
-        conn = Conn(self.timeout, self.user_agent)
+        conn = Conn(self.timeout, self.user_agent, self.ca)
         self._all.append(conn)
         return conn
 

@@ -1,11 +1,14 @@
-"""rdmaxfer.fetch's adaptive connection count: the ramp's rule on simulated servers, then real
-downloads from nginx with a per-connection cap (gets more connections) and under a total cap
-(keeps the few it started with); redirects and cancellation."""
+"""rdmaxfer.fetch's HTTP client: the adaptive connection count (the ramp's rule on simulated
+servers, then a server with a per-connection cap, which gets more connections, and a total
+cap, under which the download keeps the few it started with), redirects, https with HTTP/2,
+cancellation of the asyncio form."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +19,7 @@ from safetensors.numpy import load_file, save_file
 
 from _nginx import Nginx, nginx_binary
 from _range_server import RangeServer, servers
+from rdmaxfer import FetchError
 from rdmaxfer.tools.connection_ramp import (
     MAX_ADAPTIVE_CONNECTIONS,
     SETTLE_S,
@@ -146,3 +150,33 @@ def test_cancelled_afetch_stops(nginx: Nginx) -> None:
         return time.perf_counter() - t0
 
     assert asyncio.run(main()) < 20  # stopped long before the 40 s the capped file takes
+
+
+@pytest.fixture(scope="module")
+def tls_nginx(www: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nginx]:
+    if nginx_binary() is None or shutil.which("openssl") is None:
+        pytest.skip("nginx and openssl are needed (apt-get install -y nginx openssl)")
+    work = tmp_path_factory.mktemp("nginx-tls")
+    cert, key = work / "cert.pem", work / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
+         "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    with Nginx(www, work, tls=(cert, key)) as server:
+        yield server
+
+
+def test_https_speaks_http2(
+    tls_nginx: Nginx, www: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert tls_nginx.tls is not None
+    url = f"{tls_nginx.url}/free.bin"
+    # the server's certificate is not one this machine trusts
+    with pytest.raises(FetchError, match="certificate"):
+        fetch(url, retries=0)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_nginx.tls[0]))  # now it is
+    result = fetch(url, tmp_path / "tls.bin", connections=2, chunk_size=MiB)
+    assert sha(tmp_path / "tls.bin") == sha(www / "free.bin")
+    assert result.http_version == "2" and result.chunks == 7
