@@ -27,10 +27,12 @@ from .ranges import (
     BACKOFF_BASE_S,
     BACKOFF_MAX_S,
     _content_range,
+    _FileSink,
     _Options,
     _Remote,
     _remote_from,
     _Sink,
+    _Staged,
     _State,
 )
 
@@ -267,6 +269,7 @@ def download_span(
     headers = _headers(opts, validators)
     stats, bucket = opts.stats, opts.bucket
     running: dict[Conn, _Piece] = {}
+    stages: dict[Conn, _Staged] = {}  # a file's write-combining, per connection
     waiting: list[tuple[float, int, _Piece]] = []  # (ready at, index, piece): retries
     shown = 0
 
@@ -293,6 +296,11 @@ def download_span(
 
     def launch(piece: _Piece) -> None:
         conn = session.conn()
+        staged = stages.get(conn)
+        if staged is None and isinstance(sink, _FileSink):
+            staged = stages[conn] = _Staged(sink)
+        if staged is not None:
+            staged.begin(piece.pos)
 
         def write(data: memoryview) -> None:
             n = len(data)
@@ -300,7 +308,10 @@ def download_span(
                 check(conn, piece)
             if piece.pos + n > piece.end:
                 raise FetchError(f"{what(piece)}: the server sent more bytes than asked")
-            sink.write(piece.pos, data)
+            if staged is not None:
+                staged.write(data)
+            else:
+                sink.write(piece.pos, data)
             piece.pos += n
             stats["bytes"] += n
             if bucket is not None:
@@ -313,6 +324,8 @@ def download_span(
 
     def ended(conn: Conn, error: str | None) -> None:
         piece = running.pop(conn)
+        if conn in stages:  # the bytes received are in the file before anything is decided
+            stages[conn].flush()
         failure = conn.error
         if failure is None and error is not None:
             failure = _Retry(error)

@@ -210,6 +210,43 @@ class _MemorySink:
         self.view[offset : offset + n] = data
 
 
+STAGE_BYTES = 1 << 20
+"""Bytes a file download gathers per connection before one ``pwrite``: libcurl hands over
+16 KiB at a time, and a 1 MiB write costs about half the CPU of 64 small ones."""
+
+
+class _Staged:
+    """Write-combining in front of a :class:`_FileSink` for one connection: contiguous bytes
+    from ``begin(offset)`` on are gathered into :data:`STAGE_BYTES` and written at once;
+    :meth:`flush` writes what is held (at the end of each response)."""
+
+    def __init__(self, sink: _FileSink) -> None:
+        self.sink = sink
+        self.view = memoryview(bytearray(STAGE_BYTES))
+        self.start = 0
+        self.fill = 0
+
+    def begin(self, offset: int) -> None:
+        self.start, self.fill = offset, 0
+
+    def write(self, data: memoryview) -> None:
+        n = len(data)
+        if self.fill + n > STAGE_BYTES:
+            self.flush()
+            if n > STAGE_BYTES:  # more than the stage holds: written as it is
+                self.sink.write(self.start, data)
+                self.start += n
+                return
+        self.view[self.fill : self.fill + n] = data
+        self.fill += n
+
+    def flush(self) -> None:
+        if self.fill:
+            self.sink.write(self.start, self.view[: self.fill])
+            self.start += self.fill
+            self.fill = 0
+
+
 class _GrowingSink:
     """Memory of unknown final size (a ``200`` answer without Content-Length)."""
 
