@@ -119,13 +119,15 @@ def test_capped_connections_get_more(pyserver: type[RangeServer]) -> None:
 
 
 def test_total_cap_keeps_few_connections(pyserver: type[RangeServer]) -> None:
-    # a total cap (--rate) that 4 connections reach: no more are kept
+    # a total cap (--rate) that 4 connections reach: the ramp stops after one doubling
     data = np.random.default_rng(23).integers(0, 256, 3 * MiB, dtype=np.uint8).tobytes()
     srv = pyserver(data)
     result = fetch(srv.url, chunk_size=64 << 10, rate="2M")
     assert result.array is not None and result.array.tobytes() == data
     counts = [s["connections"] for s in result.connection_steps]
-    assert result.connections == START_CONNECTIONS and max(counts) <= 2 * START_CONNECTIONS, counts
+    # one doubling is tried, none after it (on a loaded machine noise may keep it)
+    assert counts[:2] == [START_CONNECTIONS, 2 * START_CONNECTIONS], counts
+    assert max(counts) == 2 * START_CONNECTIONS, counts
 
 
 def test_redirects_are_followed(nginx: Nginx, www: Path, tmp_path: Path) -> None:

@@ -21,7 +21,6 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
 
 import pycurl
 
@@ -126,8 +125,8 @@ class Conn:
 
 
 class Session:
-    """The connections of one download, driven by :meth:`step`. A context manager (closes every
-    connection on exit).
+    """The connections of one download, driven by :meth:`step`; :meth:`close` ends them (use
+    ``contextlib.closing``).
 
     Args:
         timeout: seconds for each connect, and for a transfer that receives nothing.
@@ -219,14 +218,3 @@ class Session:
         self._all.clear()
         self._idle.clear()
         self.multi.close()
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

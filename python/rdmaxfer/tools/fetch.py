@@ -183,7 +183,7 @@ def _fetch(
     expected = _check_sha256(sha256)
     if out is not None and (into is not None or engine is not None):
         raise InvalidArgumentError("give either out= (a file) or into=/engine= (memory), not both")
-    with Session(opts.timeout, stop) as session:
+    with contextlib.closing(Session(opts.timeout, stop)) as session:
         if out is not None:
             result = _to_file(session, url, Path(out), opts, resume, expected)
         else:

@@ -7,6 +7,7 @@ Sizes and offsets in bytes, times in seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 import threading
@@ -101,7 +102,7 @@ def _fetch_weights(
     opts = _options(
         connections, chunk_size, rate, retries, timeout, headers, progress, "fetch weights"
     )
-    with Session(opts.timeout, stop) as session:
+    with contextlib.closing(Session(opts.timeout, stop)) as session:
         first, size, remote = get_range(session, url, 0, 7, opts)
         if not remote.ranged:  # no Range: we already hold the whole file
             warn_no_ranges(url)
