@@ -35,6 +35,7 @@ SELECT_S = 0.1
 _PROTOCOLS = pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS
 
 Writer = Callable[[memoryview], None]
+OnBody = Callable[[memoryview], "int | None"]
 
 
 def ca_locations() -> tuple[str | None, str | None]:
@@ -79,26 +80,39 @@ class Conn:
             easy.setopt(pycurl.CAINFO, cafile)
         if capath:
             easy.setopt(pycurl.CAPATH, capath)
-        easy.setopt(pycurl.WRITEFUNCTION, self._on_body, use_memoryview=True)
         easy.setopt(pycurl.HEADERFUNCTION, self._on_header)
         self.easy = easy
         self.status = 0
         self.version = ""
         self.headers: dict[str, str] = {}
         self.error: BaseException | None = None
-        self._writer: Writer | None = None
 
-    def begin(self, url: str, byte_range: str | None, headers: list[str], writer: Writer) -> None:
+    def begin(self, url: str, byte_range: str | None, headers: list[str], on_body: OnBody) -> None:
         """Set up a GET of ``url`` (``byte_range`` ``"first-last"`` or None for the whole
-        body) whose body goes to ``writer``."""
+        body) whose body goes to ``on_body``, libcurl's write callback. It must not raise: it
+        keeps what went wrong in :attr:`error` and returns 0, which ends the transfer
+        (:meth:`guarded` makes one of a plain writer)."""
         self.status, self.version, self.headers, self.error = 0, "", {}, None
-        self._writer = writer
+        self.easy.setopt(pycurl.WRITEFUNCTION, on_body, use_memoryview=True)
         self.easy.setopt(pycurl.URL, url)
         if byte_range is None:
             self.easy.unsetopt(pycurl.RANGE)
         else:
             self.easy.setopt(pycurl.RANGE, byte_range)
         self.easy.setopt(pycurl.HTTPHEADER, headers)
+
+    def guarded(self, writer: Writer) -> OnBody:
+        """A write callback that calls ``writer`` and keeps what it raises in :attr:`error`."""
+
+        def on_body(data: memoryview) -> int | None:
+            try:
+                writer(data)
+            except BaseException as exc:  # kept, and raised by the loop: never lost in libcurl
+                self.error = exc
+                return 0  # ends this transfer with CURLE_WRITE_ERROR
+            return None
+
+        return on_body
 
     def _on_header(self, line: bytes) -> None:
         text = line.decode("latin-1").strip()
@@ -110,15 +124,6 @@ class Conn:
         elif ":" in text:
             name, value = text.split(":", 1)
             self.headers[name.strip().lower()] = value.strip()
-
-    def _on_body(self, data: memoryview) -> int | None:
-        try:
-            assert self._writer is not None
-            self._writer(data)
-        except BaseException as exc:  # kept, and raised by the loop: never lost in libcurl
-            self.error = exc
-            return 0  # ends this transfer with CURLE_WRITE_ERROR
-        return None
 
     def close(self) -> None:
         self.easy.close()
