@@ -11,7 +11,8 @@ is checked:
 
 - ``rdmaxfer``: ``rdmaxfer.fetch(url, out)`` with its defaults (adaptive connections), in
   this process (no interpreter start-up);
-- ``curl -s -o``; ``wget -q -O``; ``aria2c -x8 -s8 -k1M`` (8 connections).
+- ``curl -s -o``; ``wget -q -O``; ``aria2c -x8 -s8 -k1M`` (8 connections); a tool that is not
+  installed is left out (Debian: ``apt-get install -y nginx curl wget aria2``).
 
 Scenarios:
 
