@@ -364,18 +364,28 @@ def broadcast() -> str:
 
 
 def fetch() -> str:
-    """``bench/fetch_bench.py --json``: one row per scenario and method."""
-    rows = _load("fetch-vs-curl.json")
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    table = []
-    for scenario in dict.fromkeys(r["scenario"] for r in rows):
-        by = {r["method"]: r for r in rows if r["scenario"] == scenario}
-        cells = [
-            f"{by[m]['GB_per_s']:.3g} ({by[m]['ratio_vs_single']:.2f}x)" if m in by else "n/a"
-            for m in methods
+    """``bench/fetch_bench.py --json``: one row per scenario and tool (the best round)."""
+    rows = _load("fetch-vs-curl-wget-aria2c.json")["rows"]
+
+    def ratio(row: dict[str, Any], key: str) -> str:
+        return f"{row[key]:.2f}x" if key in row else ""
+
+    table = [
+        [
+            r["scenario"],
+            r["tool"],
+            f"{r['GB_per_s']:.3f}",
+            f"{r['cpu_s_per_GB']:.2f}",
+            ratio(r, "x_best_reference") or ratio(r, "x_fetch_out"),
+            ratio(r, "x_curl"),
+            ratio(r, "x_aria2c"),
+            " -> ".join(str(n) for n in r.get("connection_steps", [])),
         ]
-        table.append([scenario, *cells])
-    return _table(["scenario", *(f"{m} GB/s" for m in methods)], table, right_from=1)
+        for r in rows
+    ]
+    head = ["scenario", "tool", "GB/s", "CPU s/GB", "vs best other", "vs curl", "vs aria2c",
+            "connections"]  # fmt: skip
+    return _table(head, table, right_from=2)
 
 
 def _figure(row: dict[str, Any]) -> str:

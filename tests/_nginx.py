@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 #: Seconds to wait for nginx to accept connections.
@@ -30,14 +31,27 @@ def _free_port() -> int:
 
 
 class Nginx:
-    """nginx serving ``root`` on 127.0.0.1; ``extra`` is added inside the ``server`` block."""
+    """nginx serving ``root`` on ``host`` (127.0.0.1); ``extra`` is added inside the
+    ``server`` block; ``prefix`` goes before the command (``["ip", "netns", "exec", NS]`` runs
+    it in a network namespace whose address ``host`` is); ``tls`` (certificate, key) makes it
+    ``https`` with HTTP/2."""
 
-    def __init__(self, root: Path, work: Path, extra: str = "") -> None:
+    def __init__(
+        self,
+        root: Path,
+        work: Path,
+        extra: str = "",
+        host: str = "127.0.0.1",
+        prefix: Sequence[str] = (),
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
         binary = nginx_binary()
         if binary is None:
             raise FileNotFoundError("nginx is not installed: apt-get install -y nginx")
         self.root = root
         self.work = work
+        self.host = host
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         for _ in range(3):  # the port picked may be taken between picking and binding
@@ -45,7 +59,7 @@ class Nginx:
             conf = self._write_config(extra)
             log = (work / "nginx.out").open("wb")
             self.proc = subprocess.Popen(
-                [binary, "-p", str(work), "-e", str(work / "error.log"), "-c", str(conf)],
+                [*prefix, binary, "-p", str(work), "-e", str(work / "error.log"), "-c", str(conf)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -57,14 +71,20 @@ class Nginx:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:PORT`` (no trailing slash)."""
-        return f"http://127.0.0.1:{self.port}"
+        """``http://HOST:PORT`` or ``https://HOST:PORT`` (no trailing slash)."""
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def _write_config(self, extra: str) -> Path:
         w = self.work
         for sub in ("client", "proxy", "fastcgi", "uwsgi", "scgi"):
             (w / sub).mkdir(parents=True, exist_ok=True)
         user = "user root;\n" if os.geteuid() == 0 else ""
+        listen = ""
+        if self.tls is not None:
+            cert, key = self.tls
+            listen = (
+                f" ssl http2;\n        ssl_certificate {cert};\n        ssl_certificate_key {key}"
+            )
         conf = w / "nginx.conf"
         conf.write_text(
             f"""daemon off;
@@ -85,7 +105,7 @@ http {{
     tcp_nopush on;
     keepalive_requests 100000;
     server {{
-        listen 127.0.0.1:{self.port};
+        listen {self.host}:{self.port}{listen};
         root {self.root};
         location / {{ }}
 {extra}
@@ -102,7 +122,7 @@ http {{
             if self.proc.poll() is not None:
                 return False
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                with socket.create_connection((self.host, self.port), timeout=1):
                     return True
             except OSError:
                 time.sleep(0.05)

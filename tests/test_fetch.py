@@ -5,12 +5,10 @@ safetensors straight into arrays."""
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
-import re
+import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from _nginx import Nginx, nginx_binary
+from _range_server import RangeServer, servers
 from rdmaxfer import Engine, FetchError, FetchIntegrityError, InvalidArgumentError
 from rdmaxfer.tools.fetch import (
     MAX_CHUNKS,
@@ -82,93 +81,9 @@ def nginx(www: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nginx
         yield server
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _PyServer
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        srv = self.server
-        data = srv.data
-        with srv.lock:
-            srv.requests += 1
-        first, last = 0, len(data) - 1
-        status = 200
-        m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-        if m and not srv.ignore_range:
-            first = int(m.group(1))
-            last = min(int(m.group(2)) if m.group(2) else len(data) - 1, len(data) - 1)
-            status = 206
-        body = data[first : last + 1]
-        self.send_response(status)
-        if srv.no_length:  # a body that ends when the connection closes
-            self.close_connection = True
-            self.send_header("Connection", "close")
-        else:
-            self.send_header("Content-Length", str(len(body)))
-        self.send_header("ETag", '"v1"')
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
-        self.end_headers()
-        # Drop the connection after `drop_after` bytes for the first `drops` large bodies.
-        if len(body) > srv.drop_after and srv.drops_done < srv.drops:
-            with srv.lock:
-                srv.drops_done += 1
-            self.wfile.write(body[: srv.drop_after])
-            self.wfile.flush()
-            self.close_connection = True
-            self.connection.shutdown(2)
-            return
-        for start in range(0, len(body), 1 << 16):  # counted as the socket takes it
-            piece = body[start : start + (1 << 16)]
-            self.wfile.write(piece)
-            with srv.lock:
-                srv.bytes_sent += len(piece)
-
-
-class _PyServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(
-        self, data: bytes, *, ignore_range: bool = False, drops: int = 0, no_length: bool = False
-    ) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.data = data
-        self.ignore_range = ignore_range
-        self.no_length = no_length
-        self.drops = drops
-        self.drops_done = 0
-        self.drop_after = 100_000
-        self.requests = 0
-        self.bytes_sent = 0  # body bytes written to clients
-        self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05})
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/file.bin"
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
-        self.thread.join(timeout=10)
-
-
 @pytest.fixture
-def pyserver() -> Iterator[type[_PyServer]]:
-    started: list[_PyServer] = []
-
-    class Started(_PyServer):
-        def __init__(self, data: bytes, **kw: bool | int) -> None:
-            super().__init__(data, **kw)  # type: ignore[arg-type]
-            started.append(self)
-
-    yield Started
-    for s in started:
-        s.stop()
+def pyserver() -> Iterator[type[RangeServer]]:
+    yield from servers()
 
 
 # -- pure functions --------------------------------------------------------------------------
@@ -309,7 +224,8 @@ def _state_done(state: Path) -> int:
         return 0
 
 
-def test_resume_after_kill(nginx: Nginx, www: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["kill", "ctrl-c"])
+def test_resume_after_kill(nginx: Nginx, www: Path, tmp_path: Path, how: signal.Signals) -> None:
     data = (www / "big.bin").read_bytes()
     out = tmp_path / "big.bin"
     state = tmp_path / ("big.bin" + STATE_SUFFIX)
@@ -324,9 +240,10 @@ def test_resume_after_kill(nginx: Nginx, www: Path, tmp_path: Path) -> None:
         assert proc.poll() is None, (
             f"the fetch ended early: {proc.stderr.read() if proc.stderr else ''}"
         )
-        proc.kill()
+        proc.send_signal(how)
     finally:
-        proc.wait(timeout=WAIT_S)
+        code = proc.wait(timeout=WAIT_S)
+    assert code == (130 if how == signal.SIGINT else -signal.SIGKILL)
     done = _state_done(state)
     assert 3 <= done < 17
     assert out.stat().st_size == len(data)  # preallocated
@@ -374,7 +291,7 @@ def test_cli_fetch(nginx: Nginx, www: Path, tmp_path: Path) -> None:
 
 
 # -- Python servers: no Range, dropped connections --------------------------------------------
-def test_server_ignoring_range_falls_back(pyserver: type[_PyServer], tmp_path: Path) -> None:
+def test_server_ignoring_range_falls_back(pyserver: type[RangeServer], tmp_path: Path) -> None:
     data = random_bytes(5, 3 * MiB + 5)
     srv = pyserver(data, ignore_range=True)
     with pytest.warns(RuntimeWarning, match="ignores HTTP Range"):
@@ -386,7 +303,7 @@ def test_server_ignoring_range_falls_back(pyserver: type[_PyServer], tmp_path: P
 
 
 def test_server_ignoring_range_sends_the_body_once(
-    pyserver: type[_PyServer], tmp_path: Path
+    pyserver: type[RangeServer], tmp_path: Path
 ) -> None:
     # The size probe's 200 answer is the download: one request, the body sent once.
     data = random_bytes(9, 4 * MiB + 3)
@@ -399,7 +316,7 @@ def test_server_ignoring_range_sends_the_body_once(
         assert len(caught) == 1 and caught[0].filename == __file__  # the caller's line
 
 
-def test_cli_prints_the_range_warning_once(pyserver: type[_PyServer]) -> None:
+def test_cli_prints_the_range_warning_once(pyserver: type[RangeServer]) -> None:
     data = random_bytes(10, MiB)
     srv = pyserver(data, ignore_range=True)
     proc = subprocess.run(
@@ -411,7 +328,7 @@ def test_cli_prints_the_range_warning_once(pyserver: type[_PyServer]) -> None:
     assert (srv.requests, srv.bytes_sent) == (1, len(data))
 
 
-def test_no_range_and_no_length(pyserver: type[_PyServer]) -> None:
+def test_no_range_and_no_length(pyserver: type[RangeServer]) -> None:
     data = random_bytes(8, MiB + 17)
     srv = pyserver(data, ignore_range=True, no_length=True)
     with pytest.warns(RuntimeWarning, match="ignores HTTP Range"):
@@ -420,7 +337,7 @@ def test_no_range_and_no_length(pyserver: type[_PyServer]) -> None:
     assert result.size == len(data) and result.sha256 == sha(data)
 
 
-def test_safetensors_from_server_ignoring_range(pyserver: type[_PyServer], www: Path) -> None:
+def test_safetensors_from_server_ignoring_range(pyserver: type[RangeServer], www: Path) -> None:
     srv = pyserver((www / "model.safetensors").read_bytes(), ignore_range=True)
     with pytest.warns(RuntimeWarning, match="ignores HTTP Range"):
         got = fetch_weights(srv.url)
@@ -428,7 +345,7 @@ def test_safetensors_from_server_ignoring_range(pyserver: type[_PyServer], www: 
     assert all(np.array_equal(got[k], v) and got[k].dtype == v.dtype for k, v in ref.items())
 
 
-def test_dropped_connections_are_retried(pyserver: type[_PyServer], tmp_path: Path) -> None:
+def test_dropped_connections_are_retried(pyserver: type[RangeServer], tmp_path: Path) -> None:
     data = random_bytes(6, 4 * MiB + 3)
     srv = pyserver(data, drops=3)
     result = fetch(srv.url, tmp_path / "d", connections=2, chunk_size=MiB, sha256=sha(data))
@@ -438,7 +355,7 @@ def test_dropped_connections_are_retried(pyserver: type[_PyServer], tmp_path: Pa
     assert result.bytes_fetched == len(data)
 
 
-def test_retries_are_bounded(pyserver: type[_PyServer]) -> None:
+def test_retries_are_bounded(pyserver: type[RangeServer]) -> None:
     srv = pyserver(random_bytes(7, 2 * MiB), drops=100)
     t0 = time.perf_counter()
     with pytest.raises(FetchError, match="failed 3 times"):

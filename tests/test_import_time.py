@@ -26,6 +26,7 @@ LAZY_MODULES = [
     "ml_dtypes",
     "xxhash",
     "httpx",
+    "pycurl",
     "safetensors",
     "tqdm",
     "rich",

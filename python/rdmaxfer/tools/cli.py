@@ -108,7 +108,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             "GB_per_s": result.gbps,
             "ranged": result.ranged,
             "connections": result.connections,
+            "connection_steps": result.connection_steps,
             "chunks": result.chunks,
+            "chunk_size": result.chunk_size,
+            "http_version": result.http_version,
             "resumed_chunks": result.resumed_chunks,
             "retries": result.retries,
             "sha256": result.sha256,
@@ -117,6 +120,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         return 0
     where = str(result.path) if result.path else "memory"
     resumed = f", {result.resumed_chunks} chunks already done" if result.resumed_chunks else ""
+    counts = [int(step["connections"]) for step in result.connection_steps]
+    if len(counts) > 1:
+        resumed += f" (adapted: {' -> '.join(map(str, counts))})"
     print(
         f"fetched {result.size} bytes into {where}: {result.bytes_fetched} bytes in "
         f"{result.seconds:.3f} s ({result.gbps:.3f} GB/s), {result.chunks} chunks over "
@@ -319,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--connections", type=_int_in(1), default=None,
-        help="parallel connections (default: 8, fewer for a small file)",
+        help="parallel connections, fixed (default: adaptive, 4 doubled while the total rate "
+        "grows, up to 32)",
     )  # fmt: skip
     p.add_argument(
         "--chunk-size", default="", help="bytes per range (default: chosen from the size)"

@@ -1,51 +1,46 @@
-"""The HTTP Range requests of :mod:`rdmaxfer.tools.fetch` over httpx: the client, the
-progress bar, the probe, each chunk's download with retries and backoff, the single-stream
-fallback for servers without ranges, and the final digest check.
+"""The HTTP Range requests of :mod:`rdmaxfer.tools.fetch` over libcurl
+(:mod:`rdmaxfer.tools.curl_session`): the probe (which is the whole download when the server
+ignores Range), small ranged reads, the parallel download of a span with retries, backoff and
+the adaptive connection count, and the final digest check.
 
 Sizes and offsets in bytes, rates in bytes per second, times in seconds.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import hashlib
+import heapq
 import logging
 import os
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from .._warn import warn
 from ..errors import FetchError, FetchIntegrityError
-
-if TYPE_CHECKING:
-    import httpx
-
+from .connection_ramp import ConnectionRamp
+from .curl_session import Conn, Session
 from .ranges import (
     _RETRY_STATUS,
     BACKOFF_BASE_S,
     BACKOFF_MAX_S,
     _content_range,
+    _FileSink,
     _Options,
     _Remote,
     _remote_from,
     _Sink,
+    _Staged,
     _State,
 )
 
 log = logging.getLogger("rdmaxfer.fetch")
 
 
-def _client(opts: _Options) -> httpx.AsyncClient:
-    import httpx
-
-    n = opts.connections
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(opts.timeout),
-        limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-        headers={"Accept-Encoding": "identity", **opts.headers},
-        follow_redirects=True,
-    )
+class _Retry(Exception):
+    """A request that failed in a way worth retrying (5xx, short body, a network error)."""
 
 
 def _progress(opts: _Options, total: int | None, initial: int) -> Any:
@@ -63,8 +58,8 @@ def _progress(opts: _Options, total: int | None, initial: int) -> Any:
     )
 
 
-async def _backoff(opts: _Options, attempt: int, what: str, exc: BaseException) -> None:
-    """Sleep before retry ``attempt`` (1-based) or raise FetchError when retries are spent."""
+def _backoff_delay(opts: _Options, attempt: int, what: str, exc: BaseException) -> float:
+    """Seconds to wait before retry ``attempt`` (1-based); FetchError when retries are spent."""
     if attempt > opts.retries:
         raise FetchError(
             f"{what} failed {attempt} times (last: {type(exc).__name__}: {exc}); "
@@ -72,59 +67,177 @@ async def _backoff(opts: _Options, attempt: int, what: str, exc: BaseException) 
             f"(now {opts.retries})"
         ) from exc
     opts.stats["retries"] += 1
-    delay = min(BACKOFF_BASE_S * 2 ** (attempt - 1), BACKOFF_MAX_S)
+    delay: float = min(BACKOFF_BASE_S * 2.0 ** (attempt - 1), BACKOFF_MAX_S)
     log.info("%s: %s; retry %d in %.2f s", what, exc, attempt, delay)
-    await asyncio.sleep(delay)
+    return delay
 
 
-class _Retry(Exception):
-    """A ranged request that failed in a way worth retrying (5xx, short body)."""
+def _headers(opts: _Options, extra: dict[str, str] | None = None) -> list[str]:
+    return [f"{k}: {v}" for k, v in {**opts.headers, **(extra or {})}.items()]
 
 
-async def _probe(client: httpx.AsyncClient, url: str, opts: _Options) -> _Remote:
-    """Learn the size and validators with ``Range: bytes=0-0``; retried like a chunk.
+def _status_error(url: str, what: str, conn: Conn) -> Exception:
+    if conn.status in _RETRY_STATUS:
+        return _Retry(f"HTTP {conn.status}")
+    if conn.status == 0:
+        return _Retry("no HTTP response")
+    return FetchError(f"{what}: HTTP {conn.status}; check the URL")
 
-    A ``200`` (the server ignores Range) comes back with its body unread in ``body``, for
-    :func:`_single_stream`: the file is then downloaded once, not once per request.
-    """
-    import httpx
 
-    attempt = 0
-    while True:
+def _request(
+    session: Session,
+    conn: Conn,
+    url: str,
+    byte_range: str | None,
+    opts: _Options,
+    write: Callable[[memoryview], None],
+) -> Exception | None:
+    """Run one request to its end: None, or what went wrong (the writer's error first)."""
+    conn.begin(url, byte_range, _headers(opts), conn.guarded(write))
+    error = session.run_one(conn)
+    if conn.error is not None:
+        return conn.error if isinstance(conn.error, Exception) else None
+    return _Retry(error) if error is not None else None
+
+
+class _Probe:
+    """The probe's answers, over its attempts: what the server said, and for a server that
+    ignores Range, the sink of the whole body and how much of it was counted."""
+
+    def __init__(self, url: str, opts: _Options, whole: Callable[[_Remote], _Sink]) -> None:
+        self.url, self.opts, self.whole = url, opts, whole
+        self.remote: _Remote | None = None
+        self.sink: _Sink | None = None
+        self.bar: Any = None
+        self.counted = 0  # bytes of a whole-file stream counted in stats (never twice)
+        self.conn: Conn | None = None
+        self.pos = 0
+        self.decided = False
+
+    def attempt(self, conn: Conn) -> None:
+        self.conn, self.pos, self.decided = conn, 0, False
+
+    def decide(self) -> None:
+        conn = self.conn
+        assert conn is not None
+        self.decided = True
+        if conn.status == 200:
+            remote = _remote_from(conn.headers, ranged=False, version=conn.version)
+            remote.ranged = remote.size == 0  # an empty file has no range to honour
+            if self.sink is None:
+                self.sink = self.whole(remote)
+                self.bar = _progress(self.opts, remote.size, 0)
+        elif conn.status == 206:
+            remote = _remote_from(conn.headers, ranged=True, version=conn.version)
+        elif conn.status == 416:  # an empty file
+            _, _, total = _content_range(conn.headers.get("content-range"))
+            remote = _Remote(size=total or 0, ranged=True, etag=conn.headers.get("etag"))
+        else:
+            raise _status_error(self.url, f"GET {self.url} (probe)", conn)
+        self.remote = remote
+
+    def write(self, data: memoryview) -> None:
+        if not self.decided:
+            self.decide()
+        if self.sink is None:  # the one byte of a 206
+            return
+        n = len(data)
+        self.sink.write(self.pos, data)
+        self.pos += n
+        if self.pos > self.counted:
+            self.opts.stats["bytes"] += self.pos - self.counted
+            self.bar.update(self.pos - self.counted)
+            self.counted = self.pos
+        if self.opts.bucket is not None:
+            self.opts.bucket.sleep(n)
+
+    def outcome(self, failure: Exception | None) -> Exception | None:
+        """What went wrong with this attempt, or None."""
         try:
-            request = client.build_request("GET", url, headers={"Range": "bytes=0-0"})
-            response = await client.send(request, stream=True)
-            status = response.status_code
-            if status == 200:
-                remote = _remote_from(response, ranged=False)
-                remote.ranged = remote.size == 0  # an empty file has no range to honour
-                remote.body = response
-                return remote
-            try:
-                await response.aread()
-            finally:
-                await response.aclose()
-            if status == 206:
-                remote = _remote_from(response, ranged=True)
-                if remote.size is None:
+            if failure is None and not self.decided:
+                self.decide()
+            remote = self.remote
+            if failure is None and remote is not None and not remote.ranged:
+                if remote.size is not None and self.pos != remote.size:
+                    return _Retry(f"short body: {self.pos} of {remote.size} bytes")
+        except Exception as exc:
+            return exc
+        return failure
+
+
+def probe(
+    session: Session, url: str, opts: _Options, whole: Callable[[_Remote], _Sink]
+) -> tuple[_Remote, int]:
+    """Learn the size and validators with ``Range: bytes=0-0``; retried like a range.
+
+    A server that ignores Range answers ``200``: its body is then the download, written to the
+    sink ``whole(remote)`` returns (the body crosses the network once); a failed stream is
+    fetched again from the start, its bytes counted once.
+
+    Returns:
+        (what the server said about the file, body bytes received: 0 for a ranged server).
+    """
+    state = _Probe(url, opts, whole)
+    attempt = 0
+    try:
+        while True:
+            conn = session.conn()
+            state.attempt(conn)
+            byte_range = "0-0" if state.sink is None else None  # a retried stream: all of it
+            failure = state.outcome(_request(session, conn, url, byte_range, opts, state.write))
+            remote = state.remote
+            if failure is None and remote is not None:
+                if remote.ranged and remote.size is None:
                     raise FetchError(
                         f"{url}: 206 without a file size in Content-Range "
-                        f"({response.headers.get('content-range')!r}); cannot split the file"
+                        f"({conn.headers.get('content-range')!r}); cannot split the file"
                     )
-                return remote
-            if status == 416:  # an empty file
-                _, _, total = _content_range(response.headers.get("content-range"))
-                return _Remote(size=total or 0, ranged=True, etag=response.headers.get("etag"))
-            if status in _RETRY_STATUS:
-                raise _Retry(f"HTTP {status}")
-            raise FetchError(f"{url}: HTTP {status} {response.reason_phrase}; check the URL")
-        except (httpx.TransportError, _Retry) as exc:
+                return remote, 0 if remote.ranged else state.pos
+            if not isinstance(failure, _Retry):
+                raise failure or FetchError(f"GET {url} (probe): no answer")
             attempt += 1
-            await _backoff(opts, attempt, f"GET {url} (probe)", exc)
+            time.sleep(_backoff_delay(opts, attempt, f"GET {url}", failure))
+    finally:
+        if state.bar is not None:
+            state.bar.close()
 
 
-async def _download_span(
-    client: httpx.AsyncClient,
+def get_range(
+    session: Session, url: str, first: int, last: int, opts: _Options
+) -> tuple[bytes, int | None, _Remote]:
+    """Bytes ``first..last`` (inclusive): (body, file size or None, what the server said). A
+    ``200`` answer returns the whole body with its size (the server ignores Range)."""
+    attempt = 0
+    while True:
+        conn = session.conn()
+        body = bytearray()
+        failure = _request(session, conn, url, f"{first}-{last}", opts, body.extend)
+        if failure is None and conn.status == 206:
+            remote = _remote_from(conn.headers, ranged=True, version=conn.version)
+            return bytes(body), remote.size, remote
+        if failure is None and conn.status == 200:
+            remote = _remote_from(conn.headers, ranged=False, version=conn.version)
+            return bytes(body), len(body), remote
+        failure = failure or _status_error(url, f"GET {url} bytes {first}-{last}", conn)
+        if not isinstance(failure, _Retry):
+            raise failure
+        attempt += 1
+        time.sleep(_backoff_delay(opts, attempt, f"GET {url} bytes {first}-{last}", failure))
+
+
+@dataclass
+class _Piece:
+    """One chunk of a span in flight: bytes ``[pos, end)`` still to come (span-relative)."""
+
+    index: int
+    pos: int
+    end: int
+    attempt: int = 0
+    checked: bool = False
+
+
+def download_span(
+    session: Session,
     url: str,
     remote: _Remote,
     base: int,
@@ -133,15 +246,16 @@ async def _download_span(
     opts: _Options,
     state: _State | None,
     chunk: int,
+    ramp: ConnectionRamp,
 ) -> tuple[int, int]:
     """Fetch bytes ``[base, base + length)`` of the file into ``sink`` (offsets relative to
-    ``base``) in chunks of ``chunk`` bytes, skipping those ``state`` records as done.
+    ``base``) in chunks of ``chunk`` bytes over ``ramp.target`` connections, skipping the
+    chunks ``state`` records as done. A failed chunk is asked again from the byte where it
+    stopped, after a backoff, while the others go on.
 
     Returns:
         (chunks, chunks that were already done).
     """
-    import httpx
-
     nchunks = max(1, -(-length // chunk)) if length else 0
     done = set(state.done) if state is not None else set()
     todo = collections.deque(i for i in range(nchunks) if i not in done)
@@ -152,60 +266,114 @@ async def _download_span(
         validators["If-Range"] = remote.etag
     elif remote.last_modified:
         validators["If-Range"] = remote.last_modified
+    headers = _headers(opts, validators)
+    stats, bucket = opts.stats, opts.bucket
+    running: dict[Conn, _Piece] = {}
+    stages: dict[Conn, _Staged] = {}  # a file's write-combining, per connection
+    waiting: list[tuple[float, int, _Piece]] = []  # (ready at, index, piece): retries
+    shown = 0
 
-    async def one(index: int) -> None:
-        start = index * chunk
-        end = min(start + chunk, length)
-        pos = start
-        attempt = 0
-        what = f"GET {url} bytes {base + start}-{base + end - 1}"
-        while True:
+    def what(piece: _Piece) -> str:
+        return f"GET {url} bytes {base + piece.index * chunk}-{base + piece.end - 1}"
+
+    def check(conn: Conn, piece: _Piece) -> None:
+        piece.checked = True
+        if conn.status == 200:
+            raise FetchError(
+                f"{url}: the server answered a ranged request with the whole file (it stopped "
+                "honouring Range, or the file changed: If-Range failed); fetch again from "
+                "the start"
+            )
+        if conn.status != 206:
+            raise _status_error(url, what(piece), conn)
+        first, _, total = _content_range(conn.headers.get("content-range"))
+        if first != base + piece.pos or (total is not None and total != remote.size):
+            raise FetchError(
+                f"{what(piece)}: the server sent Content-Range "
+                f"{conn.headers.get('content-range')!r}; the file changed during the "
+                "download: fetch again"
+            )
+
+    def launch(piece: _Piece) -> None:
+        conn = session.conn()
+        staged = stages.get(conn)
+        if staged is None and isinstance(sink, _FileSink):
+            staged = stages[conn] = _Staged(sink)
+        if staged is not None:
+            staged.begin(piece.pos)
+
+        def on_body(data: memoryview) -> int | None:  # the hot path: one call per 16 KiB
             try:
-                headers = {"Range": f"bytes={base + pos}-{base + end - 1}", **validators}
-                async with client.stream("GET", url, headers=headers) as response:
-                    status = response.status_code
-                    if status == 200:
-                        raise FetchError(
-                            f"{url}: the server answered a ranged request with the whole file "
-                            "(it stopped honouring Range, or the file changed: If-Range "
-                            "failed); fetch again from the start"
-                        )
-                    if status in _RETRY_STATUS:
-                        raise _Retry(f"HTTP {status}")
-                    if status != 206:
-                        raise FetchError(f"{what}: HTTP {status} {response.reason_phrase}")
-                    first, _, total = _content_range(response.headers.get("content-range"))
-                    if first != base + pos or (total is not None and total != remote.size):
-                        raise FetchError(
-                            f"{what}: the server sent Content-Range "
-                            f"{response.headers.get('content-range')!r}; the file changed "
-                            "during the download: fetch again"
-                        )
-                    async for data in response.aiter_raw():
-                        n = len(data)
-                        if pos + n > end:
-                            raise FetchError(f"{what}: the server sent more bytes than asked")
-                        sink.write(pos, data)
-                        pos += n
-                        opts.stats["bytes"] += n
-                        bar.update(n)
-                        if opts.bucket is not None:
-                            await opts.bucket.acquire(n)
-                if pos < end:
-                    raise _Retry(f"short body: {end - pos} bytes missing")
-                break
-            except (httpx.TransportError, _Retry) as exc:
-                attempt += 1
-                await _backoff(opts, attempt, what, exc)
-        if state is not None:
-            state.mark(index)
+                n = len(data)
+                if not piece.checked:
+                    check(conn, piece)
+                if piece.pos + n > piece.end:
+                    raise FetchError(f"{what(piece)}: the server sent more bytes than asked")
+                if staged is not None:
+                    staged.write(data)
+                else:
+                    sink.write(piece.pos, data)
+                piece.pos += n
+                stats["bytes"] += n
+                if bucket is not None:
+                    bucket.sleep(n)
+            except BaseException as exc:  # kept, and raised by the loop: never lost in libcurl
+                conn.error = exc
+                return 0
+            return None
 
-    async def worker() -> None:
-        while todo:
-            await one(todo.popleft())
+        piece.checked = False
+        conn.begin(url, f"{base + piece.pos}-{base + piece.end - 1}", headers, on_body)
+        session.start(conn)
+        running[conn] = piece
 
+    def ended(conn: Conn, error: str | None) -> None:
+        piece = running.pop(conn)
+        if conn in stages:  # the bytes received are in the file before anything is decided
+            stages[conn].flush()
+        failure = conn.error
+        if failure is None and error is not None:
+            failure = _Retry(error)
+        if failure is None:
+            try:
+                if not piece.checked:
+                    check(conn, piece)
+                if piece.pos < piece.end:
+                    raise _Retry(f"short body: {piece.end - piece.pos} bytes missing")
+            except Exception as exc:
+                failure = exc
+        if failure is None:
+            if state is not None:
+                state.mark(piece.index)
+            return
+        if not isinstance(failure, _Retry):
+            raise failure
+        piece.attempt += 1
+        delay = _backoff_delay(opts, piece.attempt, what(piece), failure)
+        heapq.heappush(waiting, (time.monotonic() + delay, piece.index, piece))
+
+    t0 = time.monotonic()
+    start_bytes = stats["bytes"]
     try:
-        await _gather_or_cancel([worker() for _ in range(min(opts.connections, len(todo)))])
+        while todo or running or waiting:
+            now = time.monotonic()
+            target = ramp.sample(now - t0, stats["bytes"] - start_bytes)
+            while len(running) < target:
+                if waiting and waiting[0][0] <= now:
+                    launch(heapq.heappop(waiting)[2])
+                elif todo:
+                    index = todo.popleft()
+                    launch(_Piece(index, index * chunk, min((index + 1) * chunk, length)))
+                else:
+                    break
+            wait = 0.1 if running or not waiting else max(0.0, min(0.1, waiting[0][0] - now))
+            for conn, error in session.step(wait):
+                ended(conn, error)
+            if opts.progress:
+                if target != shown:
+                    bar.set_postfix_str(f"{target} connections", refresh=False)
+                    shown = target
+                bar.update(already + stats["bytes"] - start_bytes - bar.n)
     finally:
         bar.close()
         if state is not None:
@@ -213,65 +381,7 @@ async def _download_span(
     return nchunks, len(done)
 
 
-async def _gather_or_cancel(coros: list[Awaitable[None]]) -> None:
-    """Run all; on the first failure cancel the others, wait for them, and re-raise."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-
-
-async def _single_stream(
-    client: httpx.AsyncClient, url: str, sink: _Sink, opts: _Options, probe: _Remote
-) -> tuple[_Remote, int]:
-    """Read the whole file as one ``GET`` (no Range): the probe's unread ``200`` answer
-    first, a new ``GET`` for each retry (from the start) when it fails.
-
-    Returns:
-        (what the response said about the file, bytes received).
-    """
-    import httpx
-
-    attempt = 0
-    while True:
-        pos = 0
-        try:
-            first, probe.body = probe.body, None
-            if first is None:
-                first = await client.send(client.build_request("GET", url), stream=True)
-            response = first
-            try:
-                if response.status_code != 200:
-                    if response.status_code in _RETRY_STATUS:
-                        raise _Retry(f"HTTP {response.status_code}")
-                    raise FetchError(f"{url}: HTTP {response.status_code}; check the URL")
-                remote = _remote_from(response, ranged=False)
-                bar = _progress(opts, remote.size, 0)
-                try:
-                    async for data in response.aiter_raw():
-                        sink.write(pos, data)
-                        pos += len(data)
-                        opts.stats["bytes"] += len(data)
-                        bar.update(len(data))
-                        if opts.bucket is not None:
-                            await opts.bucket.acquire(len(data))
-                finally:
-                    bar.close()
-            finally:
-                await response.aclose()
-            if remote.size is not None and pos != remote.size:
-                raise _Retry(f"short body: {pos} of {remote.size} bytes")
-            return remote, pos
-        except (httpx.TransportError, _Retry) as exc:
-            attempt += 1
-            await _backoff(opts, attempt, f"GET {url}", exc)
-
-
-def _warn_no_ranges(url: str) -> None:
+def warn_no_ranges(url: str) -> None:
     msg = (
         f"{url}: the server ignores HTTP Range requests (200 instead of 206); downloading "
         "it as one stream (no parallel connections, no resume)"
@@ -279,7 +389,7 @@ def _warn_no_ranges(url: str) -> None:
     warn(msg, RuntimeWarning)
 
 
-def _verify(
+def verify(
     expected: str | None, server: str | None, digest: Callable[[], str], url: str
 ) -> str | None:
     want = expected or server
@@ -295,7 +405,7 @@ def _verify(
     return got
 
 
-def _sha256_fd(fd: int, size: int) -> str:
+def sha256_fd(fd: int, size: int) -> str:
     h = hashlib.sha256()
     pos = 0
     block = 8 << 20

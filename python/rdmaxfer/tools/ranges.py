@@ -19,20 +19,23 @@ import os
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import FetchError, InvalidArgumentError
+from ..memory.buffer import as_array
+from .connection_ramp import MAX_ADAPTIVE_CONNECTIONS, START_CONNECTIONS, ConnectionRamp
 
 if TYPE_CHECKING:
-    import httpx
+    from ..transport.engine import Engine
 
 log = logging.getLogger("rdmaxfer.fetch")
+T = TypeVar("T")
 
 
 MIN_CHUNK = 1 << 20
@@ -124,6 +127,12 @@ class TokenBucket:
             self._tokens -= n
             return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
 
+    def sleep(self, n: int) -> None:
+        """Consume ``n`` bytes and block as long as the rate requires."""
+        delay = self.take(n)
+        if delay > 0:
+            time.sleep(delay)
+
     async def acquire(self, n: int) -> None:
         """Consume ``n`` bytes and sleep as long as the rate requires."""
         delay = self.take(n)
@@ -171,7 +180,7 @@ def server_sha256(headers: Mapping[str, str]) -> str | None:
 
 # -- destinations ------------------------------------------------------------------------------
 class _Sink(Protocol):
-    def write(self, offset: int, data: bytes) -> None: ...
+    def write(self, offset: int, data: memoryview) -> None: ...
 
 
 class _FileSink:
@@ -179,20 +188,19 @@ class _FileSink:
         self.fd = fd
         self.base = base
 
-    def write(self, offset: int, data: bytes) -> None:
-        view = memoryview(data)
+    def write(self, offset: int, data: memoryview) -> None:
         pos = self.base + offset
-        while view:
-            n = os.pwrite(self.fd, view, pos)
-            view = view[n:]
-            pos += n
+        n = os.pwrite(self.fd, data, pos)
+        while n < len(data):  # a short write: the rest
+            data, pos = data[n:], pos + n
+            n = os.pwrite(self.fd, data, pos)
 
 
 class _MemorySink:
     def __init__(self, array: npt.NDArray[np.uint8]) -> None:
         self.view = memoryview(array.data).cast("B")
 
-    def write(self, offset: int, data: bytes) -> None:
+    def write(self, offset: int, data: memoryview) -> None:
         n = len(data)
         if offset + n > len(self.view):
             raise FetchError(
@@ -202,17 +210,74 @@ class _MemorySink:
         self.view[offset : offset + n] = data
 
 
+STAGE_BYTES = 1 << 20
+"""Bytes a file download gathers per connection before one ``pwrite``: libcurl hands over
+16 KiB at a time, and a 1 MiB write costs about half the CPU of 64 small ones."""
+
+
+class _Staged:
+    """Write-combining in front of a :class:`_FileSink` for one connection: contiguous bytes
+    from ``begin(offset)`` on are gathered into :data:`STAGE_BYTES` and written at once;
+    :meth:`flush` writes what is held (at the end of each response)."""
+
+    def __init__(self, sink: _FileSink) -> None:
+        self.sink = sink
+        self.view = memoryview(bytearray(STAGE_BYTES))
+        self.start = 0
+        self.fill = 0
+
+    def begin(self, offset: int) -> None:
+        self.start, self.fill = offset, 0
+
+    def write(self, data: memoryview) -> None:
+        n = len(data)
+        if self.fill + n > STAGE_BYTES:
+            self.flush()
+            if n > STAGE_BYTES:  # more than the stage holds: written as it is
+                self.sink.write(self.start, data)
+                self.start += n
+                return
+        self.view[self.fill : self.fill + n] = data
+        self.fill += n
+
+    def flush(self) -> None:
+        if self.fill:
+            self.sink.write(self.start, self.view[: self.fill])
+            self.start += self.fill
+            self.fill = 0
+
+
 class _GrowingSink:
     """Memory of unknown final size (a ``200`` answer without Content-Length)."""
 
     def __init__(self) -> None:
         self.data = bytearray()
 
-    def write(self, offset: int, data: bytes) -> None:
+    def write(self, offset: int, data: memoryview) -> None:
         end = offset + len(data)
         if end > len(self.data):
             self.data.extend(b"\0" * (end - len(self.data)))
         self.data[offset:end] = data
+
+
+def _memory_target(
+    size: int, into: object, engine: Engine | None
+) -> tuple[npt.NDArray[np.uint8], object]:
+    """A writable uint8 array of ``size`` bytes (and the object keeping it alive): ``into``
+    (at least ``size`` bytes), pinned registered memory of ``engine``, or a new one."""
+    if into is not None:
+        arr = as_array(into, writable=True, what="destination of the fetch")
+        flat: npt.NDArray[np.uint8] = arr.reshape(-1).view(np.uint8)
+        if flat.nbytes < size:
+            raise InvalidArgumentError(
+                f"into= holds {flat.nbytes} bytes but the file has {size}; pass a buffer of at "
+                f"least {size} bytes"
+            )
+        return flat[:size], into
+    if engine is not None:
+        region = engine.alloc_pinned(size, access="rw")
+        return region.numpy(), region
+    return np.empty(size, dtype=np.uint8), None
 
 
 # -- the remote file ---------------------------------------------------------------------------
@@ -223,16 +288,7 @@ class _Remote:
     etag: str | None = None
     last_modified: str | None = None
     sha256: str | None = None
-    # The probe's 200 answer (a server that ignores Range), its body not read yet: the
-    # single-stream download reads it, so the body crosses the network once. Closed by
-    # whoever ends the download (see :meth:`close`).
-    body: httpx.Response | None = field(default=None, repr=False)
-
-    async def close(self) -> None:
-        """Close the probe's unread answer, if any (idempotent)."""
-        body, self.body = self.body, None
-        if body is not None:
-            await body.aclose()
+    http_version: str = ""
 
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.IGNORECASE)
@@ -248,19 +304,21 @@ def _content_range(value: str | None) -> tuple[int | None, int | None, int | Non
     return first, last, total
 
 
-def _remote_from(response: httpx.Response, ranged: bool) -> _Remote:
-    h = response.headers
+def _remote_from(headers: Mapping[str, str], ranged: bool, version: str = "") -> _Remote:
+    """What a response's headers (names lower-case) say about the file: its size (from
+    ``Content-Range`` when ``ranged``, else ``Content-Length``), validators and digest."""
     if ranged:
-        _, _, size = _content_range(h.get("content-range"))
+        _, _, size = _content_range(headers.get("content-range"))
     else:
-        length = h.get("content-length")
+        length = headers.get("content-length")
         size = int(length) if length and length.isdigit() else None
     return _Remote(
         size=size,
         ranged=ranged,
-        etag=h.get("etag"),
-        last_modified=h.get("last-modified"),
-        sha256=server_sha256(h),
+        etag=headers.get("etag"),
+        last_modified=headers.get("last-modified"),
+        sha256=server_sha256(headers),
+        http_version=version,
     )
 
 
@@ -332,7 +390,21 @@ class _Options:
     headers: dict[str, str]
     progress: bool
     desc: str
+    adaptive: bool = False
+    stop: threading.Event | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"bytes": 0, "retries": 0})
+
+    def ramp(self) -> ConnectionRamp:
+        """The connection count of a download: ``connections`` fixed, or adaptive from
+        :data:`START_CONNECTIONS` up to ``connections``."""
+        if self.adaptive:
+            return ConnectionRamp(START_CONNECTIONS, self.connections)
+        return ConnectionRamp(self.connections, self.connections, adaptive=False)
+
+    def chunk_for(self, size: int) -> int:
+        """Bytes per ranged request for ``size`` bytes: ``chunk_size`` or
+        :func:`choose_chunk_size` for the most connections the download may open."""
+        return self.chunk_size or choose_chunk_size(size, self.connections)
 
 
 def _options(
@@ -345,7 +417,7 @@ def _options(
     progress: bool,
     desc: str,
 ) -> _Options:
-    conns = DEFAULT_CONNECTIONS if connections is None else connections
+    conns = MAX_ADAPTIVE_CONNECTIONS if connections is None else connections
     if isinstance(conns, bool) or not isinstance(conns, int) or not 1 <= conns <= MAX_CONNECTIONS:
         raise InvalidArgumentError(
             f"connections={connections!r} must be an integer from 1 to {MAX_CONNECTIONS}"
@@ -365,6 +437,7 @@ def _options(
         raise InvalidArgumentError(f"timeout={timeout!r} must be a finite number of seconds > 0")
     limit = parse_rate(rate)
     return _Options(
+        adaptive=connections is None,
         connections=conns,
         chunk_size=chunk_size,
         bucket=TokenBucket(limit) if limit is not None else None,
@@ -374,3 +447,18 @@ def _options(
         progress=progress,
         desc=desc,
     )
+
+
+async def _in_thread(run: Callable[[threading.Event], T]) -> T:
+    """``run(stop)`` in a worker thread; when the awaiting task is cancelled, ``stop`` is set
+    (the download ends within :data:`~rdmaxfer.tools.curl_session.SELECT_S` seconds) and the
+    thread is waited for before the cancellation goes on."""
+    stop = threading.Event()
+    task = asyncio.ensure_future(asyncio.to_thread(run, stop))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        stop.set()
+        with contextlib.suppress(FetchError):
+            await task
+        raise

@@ -1,0 +1,184 @@
+"""rdmaxfer.fetch's HTTP client: the adaptive connection count (the ramp's rule on simulated
+servers, then a server with a per-connection cap, which gets more connections, and a total
+cap, under which the download keeps the few it started with), redirects, https with HTTP/2,
+cancellation of the asyncio form."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from _nginx import Nginx, nginx_binary
+from _range_server import RangeServer, servers
+from rdmaxfer import FetchError
+from rdmaxfer.tools.connection_ramp import (
+    MAX_ADAPTIVE_CONNECTIONS,
+    SETTLE_S,
+    START_CONNECTIONS,
+    WINDOW_S,
+    ConnectionRamp,
+)
+from rdmaxfer.tools.fetch import afetch, fetch, fetch_weights
+
+MiB = 1 << 20
+
+
+def simulate(
+    per_connection: float, total: float, limit: int = MAX_ADAPTIVE_CONNECTIONS
+) -> list[int]:
+    """The counts a ramp chooses against a server whose rate is min(n * per_connection,
+    total) bytes/s, sampled every 10 ms for 5 s."""
+    ramp = ConnectionRamp(START_CONNECTIONS, limit)
+    received, t, dt = 0.0, 0.0, 0.01
+    while t < 5.0:
+        received += min(ramp.target * per_connection, total) * dt
+        t += dt
+        ramp.sample(t, int(received))
+    return [s.connections for s in ramp.steps]
+
+
+def test_ramp_grows_while_each_connection_is_capped() -> None:
+    # 50 MB/s per connection, 2 Gbit/s in all: 4 -> 8 (1.25x: kept, not doubled again)
+    assert simulate(50e6, 250e6) == [4, 8]
+    # 1 MB/s per connection, no total limit: doubles up to the limit
+    assert simulate(1e6, 1e12) == [4, 8, 16, 32]
+    assert simulate(1e6, 1e12, limit=12) == [4, 8, 12]
+
+
+def test_ramp_undoes_a_doubling_that_gained_nothing() -> None:
+    # a total cap (the client's CPU, a link, --rate) reached with 4 connections: 8 are tried,
+    # then it goes back to 4
+    assert simulate(1e9, 1e9) == [4, 8, 4]
+
+
+def test_ramp_fixed_and_timing() -> None:
+    fixed = ConnectionRamp(6, 6, adaptive=False)
+    assert fixed.sample(100.0, 1 << 40) == 6 and len(fixed.steps) == 1
+    ramp = ConnectionRamp(START_CONNECTIONS, 64)
+    assert ramp.sample(SETTLE_S / 2, 10) == START_CONNECTIONS  # still settling
+    ramp.sample(SETTLE_S, 1000)  # the window starts here
+    assert ramp.sample(SETTLE_S + WINDOW_S * 0.9, 2000) == START_CONNECTIONS
+    assert ramp.sample(SETTLE_S + WINDOW_S * 1.5, 3000) == 2 * START_CONNECTIONS
+    assert ramp.steps[0].rate == pytest.approx(2000 / (WINDOW_S * 1.5))
+
+
+@pytest.fixture
+def pyserver() -> Iterator[type[RangeServer]]:
+    yield from servers()
+
+
+# -- real servers ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def www(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("www-adaptive")
+    rng = np.random.default_rng(21)
+    (root / "capped.bin").write_bytes(rng.integers(0, 256, 4 * MiB, dtype=np.uint8).tobytes())
+    (root / "free.bin").write_bytes(rng.integers(0, 256, 6 * MiB + 5, dtype=np.uint8).tobytes())
+    save_file(
+        {"w": rng.standard_normal((512, 300)).astype(np.float32)}, str(root / "m.safetensors")
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def nginx(www: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nginx]:
+    if nginx_binary() is None:
+        pytest.skip("nginx is not installed (apt-get install -y nginx); CI installs it")
+    extra = (
+        f"        location /capped/ {{ alias {www}/; limit_rate 100k; }}\n"
+        "        location = /hop1 { return 302 /hop2; }\n"
+        "        location = /hop2 { return 301 /free.bin; }\n"
+        "        location = /weights { return 307 /m.safetensors; }\n"
+    )
+    with Nginx(www, tmp_path_factory.mktemp("nginx-adaptive"), extra) as server:
+        yield server
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_capped_connections_get_more(pyserver: type[RangeServer]) -> None:
+    # 512 KB/s per connection: the total grows with every doubling
+    data = np.random.default_rng(22).integers(0, 256, 4 * MiB, dtype=np.uint8).tobytes()
+    srv = pyserver(data, cap=512_000)
+    result = fetch(srv.url, chunk_size=128 << 10, sha256=hashlib.sha256(data).hexdigest())
+    counts = [s["connections"] for s in result.connection_steps]
+    assert counts[0] == START_CONNECTIONS and result.connections >= 2 * START_CONNECTIONS, counts
+    assert srv.most_open >= 2 * START_CONNECTIONS
+    assert result.bytes_fetched == result.size == len(data)
+
+
+def test_total_cap_keeps_few_connections(pyserver: type[RangeServer]) -> None:
+    # a total cap (--rate) that 4 connections reach: the ramp stops after one doubling
+    data = np.random.default_rng(23).integers(0, 256, 3 * MiB, dtype=np.uint8).tobytes()
+    srv = pyserver(data)
+    result = fetch(srv.url, chunk_size=64 << 10, rate="2M")
+    assert result.array is not None and result.array.tobytes() == data
+    counts = [s["connections"] for s in result.connection_steps]
+    # one doubling is tried, none after it (on a loaded machine noise may keep it)
+    assert counts[:2] == [START_CONNECTIONS, 2 * START_CONNECTIONS], counts
+    assert max(counts) == 2 * START_CONNECTIONS, counts
+
+
+def test_redirects_are_followed(nginx: Nginx, www: Path, tmp_path: Path) -> None:
+    want = sha(www / "free.bin")
+    result = fetch(f"{nginx.url}/hop1", tmp_path / "r.bin", connections=3, chunk_size=MiB)
+    assert sha(tmp_path / "r.bin") == want and result.chunks == 7 and result.ranged
+    result = fetch(f"{nginx.url}/hop1", sha256=want)
+    assert result.sha256 == want
+    ref = load_file(str(www / "m.safetensors"))
+    got = fetch_weights(f"{nginx.url}/weights")
+    assert np.array_equal(got["w"], ref["w"]) and got["w"].dtype == np.float32
+
+
+def test_cancelled_afetch_stops(nginx: Nginx) -> None:
+    async def main() -> float:
+        task = asyncio.ensure_future(afetch(f"{nginx.url}/capped/capped.bin", connections=1))
+        await asyncio.sleep(0.3)
+        t0 = time.perf_counter()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.perf_counter() - t0
+
+    assert asyncio.run(main()) < 20  # stopped long before the 40 s the capped file takes
+
+
+@pytest.fixture(scope="module")
+def tls_nginx(www: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nginx]:
+    if nginx_binary() is None or shutil.which("openssl") is None:
+        pytest.skip("nginx and openssl are needed (apt-get install -y nginx openssl)")
+    work = tmp_path_factory.mktemp("nginx-tls")
+    cert, key = work / "cert.pem", work / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
+         "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    with Nginx(www, work, tls=(cert, key)) as server:
+        yield server
+
+
+def test_https_speaks_http2(
+    tls_nginx: Nginx, www: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert tls_nginx.tls is not None
+    url = f"{tls_nginx.url}/free.bin"
+    # the server's certificate is not one this machine trusts
+    with pytest.raises(FetchError, match="certificate"):
+        fetch(url, retries=0)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_nginx.tls[0]))  # now it is
+    result = fetch(url, tmp_path / "tls.bin", connections=2, chunk_size=MiB)
+    assert sha(tmp_path / "tls.bin") == sha(www / "free.bin")
+    assert result.http_version == "2" and result.chunks == 7
