@@ -49,9 +49,11 @@ from .transport.transfer import Transfer
 if TYPE_CHECKING:
     from .tools.fetch import FetchResult, fetch, fetch_weights
     from .weights import (
+        LoadedWeights,
         PulledWeights,
         WeightReceiver,
         WeightServer,
+        load_weights,
         pull_weights,
         push_weights,
         receive_weights,
@@ -68,6 +70,8 @@ _LAZY = {
     "FetchResult": "tools.fetch",
     "fetch": "tools.fetch",
     "fetch_weights": "tools.fetch",
+    "LoadedWeights": "weights",
+    "load_weights": "weights",
     "PulledWeights": "weights",
     "WeightReceiver": "weights",
     "WeightServer": "weights",
@@ -126,6 +130,7 @@ __all__ = [
     "FetchIntegrityError",
     "FetchResult",
     "InvalidArgumentError",
+    "LoadedWeights",
     "MemoryRegion",
     "Notify",
     "PreparedBatch",
@@ -148,6 +153,7 @@ __all__ = [
     "fetch",
     "fetch_weights",
     "listen",
+    "load_weights",
     "pull_weights",
     "push_weights",
     "receive_weights",

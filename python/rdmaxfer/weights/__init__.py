@@ -43,6 +43,10 @@ GPUDirect READs into registered GPU memory, else through the staging pipeline.
 dtypes: BF16 and the F8 types arrive as ``ml_dtypes`` arrays (``ml_dtypes.bfloat16`` ...),
 which NumPy, safetensors and JAX accept; nothing is converted.
 
+Local disk (:mod:`.loading`): :func:`load_weights` reads a safetensors checkpoint (one file or
+an index and its shards) with O_DIRECT reads through io_uring into new host or GPU arrays, or
+into the caller's (see docs/loading.md).
+
 The safetensors layout (8-byte little-endian header size, JSON header, data) is read from the
 file's header; the file is first validated with the ``safetensors`` library.
 """
@@ -50,16 +54,20 @@ file's header; the file is first validated with the ``safetensors`` library.
 from __future__ import annotations
 
 from .format import DTYPES, TensorInfo, read_safetensors_header, save_safetensors_copy
+from .loading import FileLoad, LoadedWeights, load_weights
 from .pull import PulledWeights, pull_weights
 from .push import WeightReceiver, push_weights, receive_weights
 from .server import WeightServer, serve_weights
 
 __all__ = [
     "DTYPES",
+    "FileLoad",
+    "LoadedWeights",
     "PulledWeights",
     "TensorInfo",
     "WeightReceiver",
     "WeightServer",
+    "load_weights",
     "pull_weights",
     "push_weights",
     "read_safetensors_header",

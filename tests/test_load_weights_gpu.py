@@ -1,0 +1,47 @@
+"""load_weights into GPU memory: new GPU arrays and the caller's GPU arrays, through page-locked
+bounce buffers and host-to-device copies. Marked ``gpu`` (``pytest -m gpu`` runs them over the
+stand-in driver on machines without a GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from _st_files import random_tensors, write, write_sharded
+from rdmaxfer import Buffer, load_weights
+from rdmaxfer.errors import InvalidArgumentError
+from rdmaxfer.memory import cuda
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda.available(), reason=cuda.unavailable_reason() or "no GPU"),
+]
+
+
+def to_host(arr: Any) -> np.ndarray:
+    return arr.get() if hasattr(arr, "get") else arr.copy_to_host()
+
+
+def test_new_gpu_arrays_of_every_dtype(tmp_path: Path, rng: np.random.Generator) -> None:
+    tensors = random_tensors(rng)
+    index = write_sharded(tmp_path, tensors, files=2)
+    got = load_weights(index, device="cuda:0", chunk_bytes=4096, depth=4)
+    assert sorted(got) == sorted(tensors)
+    for name, arr in tensors.items():
+        back = to_host(got[name])
+        assert back.dtype == arr.dtype and back.tobytes() == arr.tobytes(), name
+
+
+def test_into_gpu_arrays_and_shards(tmp_path: Path, rng: np.random.Generator) -> None:
+    tensors = random_tensors(rng)
+    path = write(tmp_path / "m.safetensors", tensors)
+    dest = Buffer.empty((20, 4), np.float32, device="cuda:0")
+    got = load_weights(path, into={"w1": dest}, shard={"w1": np.s_[:, 2:6]})
+    assert got["w1"] is dest
+    np.testing.assert_array_equal(to_host(dest), tensors["w1"][:, 2:6])
+    wrong = Buffer.empty((20, 5), np.float32, device="cuda:0")
+    with pytest.raises(InvalidArgumentError, match=r"into\['w1'\] has dtype float32 and shape"):
+        load_weights(path, into={"w1": wrong})
