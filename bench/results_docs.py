@@ -293,6 +293,22 @@ def fetch() -> str:
     return _table(["scenario", *(f"{m} GB/s" for m in methods)], table, right_from=1)
 
 
+def load() -> str:
+    """``bench/load_bench.py --json``: medians from a cold page cache, one row per method."""
+    r = _load("load-vs-fio-safetensors.json")
+    names = {
+        "rdmaxfer": f"rdmaxfer load_weights ({r['io']}, {r['engine']})",
+        "fio": "fio --direct=1 --bs=1M --iodepth=16 --ioengine=io_uring",
+        "safetensors": "safetensors.numpy.load_file (mmap + copy)",
+    }
+    rows = [
+        [names[m], f"{gbps:.2f}", _x(r["GB_per_s"]["rdmaxfer"], gbps)]
+        for m, gbps in r["GB_per_s"].items()
+    ]
+    head = [f"{size_text(r['file_bytes'])} file, median of {r['rounds']}", "GB/s", "rdmaxfer vs"]
+    return _table(head, rows, right_from=1)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "tcp-vs-peers": tcp_vs_peers,
     "shm-vs-memcpy": shm_vs_memcpy,
@@ -307,6 +323,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-staging": gpu_staging,
     "broadcast": broadcast,
     "fetch": fetch,
+    "load": load,
 }
 
 
