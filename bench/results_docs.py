@@ -309,6 +309,17 @@ def load() -> str:
     return _table(head, rows, right_from=1)
 
 
+def serve_cold() -> str:
+    """``bench/serve_cold_bench.py --json``: server start + first pull, cold vs warm cache."""
+    r = _load("serve-cold-vs-warm.json")
+    rows = [
+        [f"{cache} page cache", f"{statistics.median(r['seconds'][cache]):.3f}", f"{gbps:.3f}"]
+        for cache, gbps in r["GB_per_s"].items()
+    ]
+    head = [f"{r['file']} ({r['file_bytes'] / 1e6:.1f} MB), median of {r['rounds']}", "s", "GB/s"]
+    return _table(head, rows, right_from=1) + (f"\nCold against warm: {r['cold_vs_warm']:.2f}x.\n")
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "tcp-vs-peers": tcp_vs_peers,
     "shm-vs-memcpy": shm_vs_memcpy,
@@ -324,6 +335,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "broadcast": broadcast,
     "fetch": fetch,
     "load": load,
+    "serve-cold": serve_cold,
 }
 
 

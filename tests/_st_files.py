@@ -25,9 +25,9 @@ def random_tensors(rng: np.random.Generator, count: int = 6) -> dict[str, np.nda
     return out
 
 
-def write(path: Path, tensors: dict[str, np.ndarray], align: int = 8) -> Path:
+def write(path: Path, tensors: dict[str, np.ndarray], align: int = 1) -> Path:
     """``tensors`` as a safetensors file at ``path`` (each tensor's data offset a multiple of
-    ``align``)."""
+    ``align``; 1, no gaps, is what the safetensors library accepts)."""
     header: dict[str, Any] = {"__metadata__": {"format": "np"}}
     offset = 0
     for name, arr in tensors.items():

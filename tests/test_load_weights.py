@@ -195,3 +195,35 @@ def test_bad_options(tmp_path: Path, rng: np.random.Generator) -> None:
         load_weights(tmp_path)
     with pytest.raises(InvalidArgumentError, match="could not be read"):
         load_weights(tmp_path / "missing.safetensors")
+
+
+def test_serving_a_file_reads_it_with_the_load_path(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rdmaxfer import pull_weights
+    from rdmaxfer.weights import WeightServer
+    from rdmaxfer.weights import snapshot as snapshot_module
+
+    tensors = random_tensors(rng)
+    path = write(tmp_path / "m.safetensors", tensors)
+    original = path.read_bytes()
+    seen: list[str] = []
+    read_whole = snapshot_module.read_whole
+
+    def writer_not_done(p: Path, opened: Any, *args: Any) -> int:
+        seen.append(opened.io)
+        if len(seen) > 1:
+            return read_whole(p, opened, *args)
+        os.truncate(p, len(original) - 40)  # the first read meets a file being written
+        try:
+            return read_whole(p, opened, *args)
+        finally:
+            p.write_bytes(original)  # the writer finishes
+
+    monkeypatch.setattr(snapshot_module, "read_whole", writer_not_done)
+    with WeightServer(path, transport="tcp", timeout=30) as server:
+        server.start()
+        assert len(seen) == 2 and set(seen) <= {"direct", "buffered"}
+        path.write_bytes(b"\0" * len(original))  # rewritten after publishing: never served
+        got = pull_weights(f"127.0.0.1:{server.port}", transport="tcp", timeout=30)
+    assert all(same(got[k], v) for k, v in tensors.items())

@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from .checkpoint import CheckpointFile, file_stamp, open_checkpoint
 from .format import DTYPES, TensorInfo
 from .shard import Names, Shard, destination, select, shards_for
 
-__all__ = ["FileLoad", "LoadedWeights", "load_weights"]
+__all__ = ["FileLoad", "LoadedWeights", "OpenedFile", "load_weights", "open_file", "read_whole"]
 
 DEFAULT_CHUNK = 4 << 20
 DEFAULT_DEPTH = 16
@@ -153,7 +154,9 @@ def load_weights(
     shards = shards_for(chosen, into, shard, source)
     placed = {s.tensor.name: destination(s, into) for s in shards}  # checked first
     with contextlib.ExitStack() as stack:
-        opened = [stack.enter_context(_opened(f, direct)) for f in files]
+        opened = [stack.enter_context(open_file(f.path, direct)) for f in files]
+        for f, o in zip(files, opened, strict=True):
+            _check_unchanged(f, o.fd)
         plans = [_Plan() for _ in files]
         result, gpu = _place(shards, placed, plans, ordinal, [o.align for o in opened])
         copier = device_copier(gpu) if gpu is not None else None
@@ -168,7 +171,10 @@ def load_weights(
 
 
 @dataclass
-class _Opened:
+class OpenedFile:
+    """A file open for reading: ``fd``; ``io``: ``"direct"`` (O_DIRECT) or ``"buffered"``;
+    ``why``: the reason for buffered reads; ``align``: the block size to align reads to."""
+
     fd: int
     io: str
     why: str
@@ -176,32 +182,54 @@ class _Opened:
 
 
 @contextlib.contextmanager
-def _opened(f: CheckpointFile, direct: bool) -> Iterator[_Opened]:
-    """``f`` opened for reading, with O_DIRECT unless asked not to or refused (EINVAL)."""
+def open_file(path: Path, direct: bool = True) -> Iterator[OpenedFile]:
+    """``path`` opened for reading, with O_DIRECT unless ``direct`` is False or the file
+    system refuses it (EINVAL); closed on exit.
+
+    Raises:
+        InvalidArgumentError: the file cannot be opened.
+    """
     why = "direct=False"
     fd = -1
     try:
         if direct:
             try:
-                fd = os.open(f.path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
                 why = f"the file system refuses O_DIRECT ({exc.strerror})"
         io = "direct" if fd >= 0 else "buffered"
         if fd < 0:
-            fd = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise InvalidArgumentError(
-            f"{str(f.path)!r} could not be opened: {exc}; pass a readable .safetensors file"
+            f"{str(path)!r} could not be opened: {exc}; pass a readable .safetensors file"
         ) from exc
     try:
-        _check_unchanged(f, fd)
         block = os.fstat(fd).st_blksize
         align = block if block >= 512 and block & (block - 1) == 0 else 4096
-        yield _Opened(fd, io, "" if io == "direct" else why, max(align, 4096))
+        yield OpenedFile(fd, io, "" if io == "direct" else why, max(align, 4096))
     finally:
         os.close(fd)
+
+
+def read_whole(
+    path: Path, o: OpenedFile, size: int, out: npt.NDArray[np.uint8], timeout_s: float
+) -> int:
+    """Read the first ``size`` bytes of the open file into ``out`` (block-aligned, at least
+    ``size`` rounded up to ``o.align`` bytes) by direct reads; returns the bytes read.
+
+    Raises:
+        InvalidArgumentError: the file ended before ``size`` bytes (it shrank).
+        TransportError: a read failed; TransferTimeoutError: a read took over ``timeout_s``.
+    """
+    length = -(-size // o.align) * o.align
+    stats = _core.read_file_ranges(
+        o.fd, str(path), size, [(0, length, out.ctypes.data)], [], align=o.align,
+        timeout_s=timeout_s,
+    )  # fmt: skip
+    return min(int(stats["bytes_read"]), size)
 
 
 def _check_unchanged(f: CheckpointFile, fd: int) -> None:
@@ -308,7 +336,7 @@ class _Options:
     timeout_s: float
 
 
-def _read(f: CheckpointFile, o: _Opened, plan: _Plan, opts: _Options) -> FileLoad:
+def _read(f: CheckpointFile, o: OpenedFile, plan: _Plan, opts: _Options) -> FileLoad:
     """Run one file's reads (again buffered when the O_DIRECT reads are refused with EINVAL);
     the file must still be the one whose header was read."""
     try:
@@ -317,8 +345,8 @@ def _read(f: CheckpointFile, o: _Opened, plan: _Plan, opts: _Options) -> FileLoa
         if o.io != "direct" or exc.errno != errno.EINVAL:
             _check_unchanged(f, o.fd)
             raise
-        with _opened(f, direct=False) as buffered:
-            o = _Opened(buffered.fd, "buffered", f"O_DIRECT reads refused ({exc})", o.align)
+        with open_file(f.path, direct=False) as buffered:
+            o = OpenedFile(buffered.fd, "buffered", f"O_DIRECT reads refused ({exc})", o.align)
             stats = _read_ranges(f, o, plan, opts)
     except InvalidArgumentError:
         _check_unchanged(f, o.fd)
@@ -327,7 +355,7 @@ def _read(f: CheckpointFile, o: _Opened, plan: _Plan, opts: _Options) -> FileLoa
     return FileLoad(str(f.path), o.io, o.why, stats["engine"], o.align, stats["bytes_read"])
 
 
-def _read_ranges(f: CheckpointFile, o: _Opened, plan: _Plan, opts: _Options) -> dict[str, Any]:
+def _read_ranges(f: CheckpointFile, o: OpenedFile, plan: _Plan, opts: _Options) -> dict[str, Any]:
     return _core.read_file_ranges(
         o.fd,
         str(f.path),
