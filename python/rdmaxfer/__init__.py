@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         pull_weights,
         push_weights,
         receive_weights,
+        save_weights,
         serve_weights,
     )
 
@@ -78,6 +79,7 @@ _LAZY = {
     "pull_weights": "weights",
     "push_weights": "weights",
     "receive_weights": "weights",
+    "save_weights": "weights",
     "serve_weights": "weights",
 }
 _SUBMODULES = {
@@ -159,6 +161,7 @@ __all__ = [
     "receive_weights",
     "recv",
     "resolve_transport",
+    "save_weights",
     "send",
     "serve_weights",
     "shutdown",

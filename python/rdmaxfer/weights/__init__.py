@@ -45,7 +45,8 @@ which NumPy, safetensors and JAX accept; nothing is converted.
 
 Local disk (:mod:`.loading`): :func:`load_weights` reads a safetensors checkpoint (one file or
 an index and its shards) with O_DIRECT reads through io_uring into new host or GPU arrays, or
-into the caller's (see docs/loading.md).
+into the caller's; :func:`save_weights` writes one with O_DIRECT writes, fsync'ed and renamed
+into place (see docs/loading.md).
 
 The safetensors layout (8-byte little-endian header size, JSON header, data) is read from the
 file's header; the file is first validated with the ``safetensors`` library.
@@ -57,6 +58,7 @@ from .format import DTYPES, TensorInfo, read_safetensors_header, save_safetensor
 from .loading import FileLoad, LoadedWeights, load_weights
 from .pull import PulledWeights, pull_weights
 from .push import WeightReceiver, push_weights, receive_weights
+from .saving import SavedFile, save_weights
 from .server import WeightServer, serve_weights
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "FileLoad",
     "LoadedWeights",
     "PulledWeights",
+    "SavedFile",
     "TensorInfo",
     "WeightReceiver",
     "WeightServer",
@@ -73,5 +76,6 @@ __all__ = [
     "read_safetensors_header",
     "receive_weights",
     "save_safetensors_copy",
+    "save_weights",
     "serve_weights",
 ]
