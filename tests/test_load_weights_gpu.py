@@ -45,3 +45,17 @@ def test_into_gpu_arrays_and_shards(tmp_path: Path, rng: np.random.Generator) ->
     wrong = Buffer.empty((20, 5), np.float32, device="cuda:0")
     with pytest.raises(InvalidArgumentError, match=r"into\['w1'\] has dtype float32 and shape"):
         load_weights(path, into={"w1": wrong})
+
+
+def test_cli_load_into_the_gpu_verifies(tmp_path: Path, rng: np.random.Generator) -> None:
+    import subprocess
+    import sys
+
+    native = {k: v for k, v in random_tensors(rng).items() if "bf16" not in k and "f8" not in k}
+    path = write(tmp_path / "m.safetensors", native)  # what safetensors.numpy reads back
+    done = subprocess.run(
+        [sys.executable, "-m", "rdmaxfer", "load", str(path), "--device", "cuda:0", "--verify"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "into cuda:0" in done.stdout and "every tensor identical" in done.stdout
