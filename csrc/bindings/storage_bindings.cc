@@ -9,6 +9,7 @@
 #include "bindings/gil.h"
 #include "cuda/device_copier.h"
 #include "transport/storage/file_reader.h"
+#include "transport/storage/gds_reader.h"
 
 namespace py = pybind11;
 
@@ -54,6 +55,32 @@ void bind_storage(py::module_& m) {
       "[(file_offset, length, address, on_device)] through bounce buffers (device ranges "
       "through `copier`). `depth` reads of `chunk` bytes in flight, aligned to `align`. "
       "Returns {bytes_read, reads, copies, engine}.");
+  m.def("gds_unavailable", &gds_unavailable,
+        "\"\" when GPUDirect Storage (libcufile) can be used here, else why not.");
+  m.def(
+      "read_file_gds",
+      [](int fd, const std::string& path, uint64_t file_size, int device,
+         const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& ranges, uint64_t chunk) {
+        std::vector<GdsRange> r;
+        r.reserve(ranges.size());
+        for (const auto& [off, len, dest] : ranges) r.push_back(GdsRange{off, len, dest});
+        GdsStats s;
+        {
+          GilRelease release;
+          s = read_file_gds(fd, path, file_size, device, r, chunk);
+        }
+        py::dict out;
+        out["bytes_read"] = s.bytes_read;
+        out["reads"] = s.reads;
+        out["copies"] = 0;
+        out["engine"] = "cufile";
+        return out;
+      },
+      py::arg("fd"), py::arg("path"), py::arg("file_size"), py::arg("device"), py::arg("ranges"),
+      py::arg("chunk") = 16ull << 20,
+      "Reads [(file_offset, length, device_address)] of the O_DIRECT file `fd` into GPU "
+      "`device`'s memory by cuFileRead (GPUDirect Storage). Returns {bytes_read, reads, "
+      "copies, engine}.");
 }
 
 }  // namespace rdmaxfer

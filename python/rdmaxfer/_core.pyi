@@ -378,6 +378,20 @@ def read_file_ranges(
     [(file_offset, length, address, on_device)] through bounce buffers. Returns
     {"bytes_read", "reads", "copies", "engine"}."""
 
+def gds_unavailable() -> str:
+    """ "" when GPUDirect Storage (libcufile) can be used here, else why not."""
+
+def read_file_gds(
+    fd: int,
+    path: str,
+    file_size: int,
+    device: int,
+    ranges: list[tuple[int, int, int]],
+    chunk: int = 16777216,
+) -> dict[str, Any]:
+    """[(file_offset, length, device_address)] of the O_DIRECT file ``fd`` into GPU memory
+    by cuFileRead. Returns {"bytes_read", "reads", "copies", "engine": "cufile"}."""
+
 class DeviceMemory:
     """cuMemAlloc'd device memory, freed with the object."""
 

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from .. import _core
 from .._config import resolve_timeout
-from ..errors import CorruptFileError, InvalidArgumentError, TransportError
+from ..errors import CorruptFileError, InvalidArgumentError, TransportError, UnsupportedError
 from ..gpu.staging import device_copier, to_user_array
 from ..memory import cuda
 from ..memory.buffer import Buffer, device_view
@@ -43,9 +43,10 @@ MERGE_GAP = 1 << 20
 @dataclass(frozen=True)
 class FileLoad:
     """How one file was read: ``path``; ``io``: ``"direct"`` (O_DIRECT) or ``"buffered"``;
-    ``why``: the reason for buffered reads ("" for direct); ``engine``: ``"io_uring"`` or
-    ``"pread (reason)"``; ``align``: the block size reads were aligned to (bytes);
-    ``bytes_read``: bytes the reads returned (block rounding and merged gaps included)."""
+    ``why``: the reason for buffered reads ("" for direct); ``engine``: ``"io_uring"``,
+    ``"pread (reason)"``, ``"cufile"`` (GPUDirect Storage) or ``"cufile + io_uring"``;
+    ``align``: the block size reads were aligned to (bytes); ``bytes_read``: bytes the reads
+    returned (block rounding and merged gaps included)."""
 
     path: str
     io: str
@@ -100,6 +101,7 @@ def load_weights(
     shard: Mapping[str, object] | None = None,
     *,
     direct: bool = True,
+    gds: bool | None = None,
     chunk_bytes: int = DEFAULT_CHUNK,
     depth: int = DEFAULT_DEPTH,
     timeout: float | None = None,
@@ -121,6 +123,9 @@ def load_weights(
         shard: ``{name: np.s_[...]}``: load only that part of a tensor.
         direct: read with O_DIRECT where the file system allows it (False: buffered reads
             through the page cache).
+        gds: read GPU destinations with GPUDirect Storage (cuFileRead straight into GPU
+            memory, no host bounce): None (default) where libcufile loads and the file is open
+            with O_DIRECT, True to require it, False never.
         chunk_bytes: bytes per read (default 4 MiB), rounded up to the block size.
         depth: reads in flight (default 16, at most 256).
         timeout: seconds (default ``RDMAXFER_TIMEOUT`` or 60) any read or copy may take.
@@ -137,7 +142,8 @@ def load_weights(
             was read (the message names the file, the tensor and the offset); nothing returned.
         TransportError: a read failed (the message gives the offset and errno).
         TransferTimeoutError: a read or copy took longer than ``timeout``.
-        UnsupportedError: a GPU device or array without a usable CUDA here.
+        UnsupportedError: a GPU device or array without a usable CUDA here; ``gds=True``
+            without GPUDirect Storage here (the reason) or on a file read buffered.
     """
     started = time.perf_counter()
     if chunk_bytes < 1 or not 1 <= depth <= 256:
@@ -159,8 +165,9 @@ def load_weights(
             _check_unchanged(f, o.fd)
         plans = [_Plan() for _ in files]
         result, gpu = _place(shards, placed, plans, ordinal, [o.align for o in opened])
+        use_gds = gpu is not None and _use_gds(gds)
         copier = device_copier(gpu) if gpu is not None else None
-        opts = _Options(copier, chunk_bytes, depth, timeout_s)
+        opts = _Options(copier, chunk_bytes, depth, timeout_s, gpu if use_gds else None, gds)
         loads = [
             _read(f, o, plan, opts)
             for f, o, plan in zip(files, opened, plans, strict=True)
@@ -334,6 +341,15 @@ class _Options:
     chunk_bytes: int
     depth: int
     timeout_s: float
+    gds_device: int | None  # GPU destinations by GPUDirect Storage onto this GPU (None: no)
+    gds: bool | None  # as asked: True refuses a file read buffered
+
+
+def _use_gds(gds: bool | None) -> bool:
+    why = "" if gds is False else _core.gds_unavailable()
+    if gds is True and why:
+        raise UnsupportedError(f"gds=True: {why}; pass gds=None to read through host memory")
+    return gds is not False and not why
 
 
 def _read(f: CheckpointFile, o: OpenedFile, plan: _Plan, opts: _Options) -> FileLoad:
@@ -356,15 +372,33 @@ def _read(f: CheckpointFile, o: OpenedFile, plan: _Plan, opts: _Options) -> File
 
 
 def _read_ranges(f: CheckpointFile, o: OpenedFile, plan: _Plan, opts: _Options) -> dict[str, Any]:
-    return _core.read_file_ranges(
-        o.fd,
-        str(f.path),
-        f.size,
-        plan.direct,
-        plan.copied,
-        align=o.align,
-        chunk=opts.chunk_bytes,
-        depth=opts.depth,
-        timeout_s=opts.timeout_s,
-        copier=opts.copier,
-    )
+    """The file's reads: GPU destinations by GPUDirect Storage when ``opts`` says so (the file
+    open with O_DIRECT), the others through io_uring."""
+    gds = opts.gds_device is not None and o.io == "direct"
+    if opts.gds is True and o.io != "direct":
+        raise UnsupportedError(
+            f"GPUDirect Storage needs O_DIRECT, which {str(f.path)!r} is not read with "
+            f"({o.why}); pass gds=None to read it through host memory"
+        )
+    on_gpu = [(a, n, d) for a, n, d, dev in plan.copied if dev and gds]
+    rest = [r for r in plan.copied if not (r[3] and gds)]
+    stats: dict[str, Any] = {"bytes_read": 0, "engine": ""}
+    if on_gpu:
+        assert opts.gds_device is not None
+        stats = _core.read_file_gds(o.fd, str(f.path), f.size, opts.gds_device, on_gpu)
+    if plan.direct or rest:
+        host = _core.read_file_ranges(
+            o.fd,
+            str(f.path),
+            f.size,
+            plan.direct,
+            rest,
+            align=o.align,
+            chunk=opts.chunk_bytes,
+            depth=opts.depth,
+            timeout_s=opts.timeout_s,
+            copier=opts.copier,
+        )
+        engine = host["engine"] if not stats["engine"] else f"cufile + {host['engine']}"
+        stats = {"bytes_read": stats["bytes_read"] + host["bytes_read"], "engine": engine}
+    return stats
