@@ -13,8 +13,9 @@ round runs the three methods in a rotated order, the page cache dropped (``sync;
 - ``fio``: ``fio --direct=1 --rw=read --bs=1M --iodepth=16 --ioengine=io_uring`` on the file;
 - ``safetensors``: ``safetensors.numpy.load_file(path)`` (mmap and copy).
 
-GB/s = 1e9 bytes/s of the file's size; the table gives the medians and rdmaxfer's ratio to
-each reference.
+GB/s = 1e9 bytes/s of the file's size; the table gives the medians, the best round and
+rdmaxfer's ratio to each reference (medians). The new arrays' pages are faulted in (zeroed by
+the kernel) during the load, as load_file's are; fio reads into one reused buffer.
 """
 
 from __future__ import annotations
@@ -82,9 +83,12 @@ def run_fio(path: Path, size: int) -> float:
 
 
 def timed(fn: Callable[[], object]) -> float:
+    """Seconds ``fn`` took; its result is freed after the clock stops (for every method)."""
     start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    result = fn()
+    elapsed = time.perf_counter() - start
+    del result
+    return elapsed
 
 
 def main() -> None:
@@ -124,6 +128,7 @@ def main() -> None:
         "vs_safetensors": median["rdmaxfer"] / median["safetensors"],
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
+        "load_average": os.getloadavg()[0],  # other work on the machine during the run
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
