@@ -227,3 +227,24 @@ def test_serving_a_file_reads_it_with_the_load_path(
         path.write_bytes(b"\0" * len(original))  # rewritten after publishing: never served
         got = pull_weights(f"127.0.0.1:{server.port}", transport="tcp", timeout=30)
     assert all(same(got[k], v) for k, v in tensors.items())
+
+
+def test_a_failed_read_names_the_offset_and_errno(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Every read fails (a write-only descriptor) while others are in flight: the error names
+    the file, the offset and errno, and no read is left in the kernel."""
+    from rdmaxfer import _core
+    from rdmaxfer.errors import TransportError
+    from rdmaxfer.weights.snapshot import owned_buffer
+
+    path = write(tmp_path / "m.safetensors", random_tensors(rng, count=40))
+    size = path.stat().st_size
+    length = -(-size // 4096) * 4096
+    out = owned_buffer(length, 4096)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        with pytest.raises(TransportError, match=r"read of '.*m\.safetensors' at offset \d+: "):
+            _core.read_file_ranges(
+                fd, str(path), size, [(0, length, out.ctypes.data)], [], chunk=4096, depth=8
+            )
+    finally:
+        os.close(fd)

@@ -145,6 +145,17 @@ class Reader {
     std::unique_ptr<Uring> ring;
     if (o_.use_uring) ring = Uring::open(static_cast<unsigned>(o_.depth), &why);
     stats_.engine = ring != nullptr ? "io_uring" : "pread (" + (o_.use_uring ? why : "asked") + ")";
+    try {
+      read_all(std::move(jobs), ring.get());
+    } catch (...) {
+      if (ring != nullptr) drain(*ring);  // no read may still land in memory freed next
+      throw;
+    }
+    return stats_;
+  }
+
+ private:
+  void read_all(std::deque<ReadJob> jobs, Uring* ring) {
     std::vector<UringCompletion> done(static_cast<size_t>(o_.depth));
     std::vector<ReadJob> in_flight(static_cast<size_t>(o_.depth));
     std::vector<int> free_ids;
@@ -166,6 +177,7 @@ class Reader {
           ring->read(fd_, buffer_of(j) + j.done, static_cast<uint32_t>(j.length - j.done),
                      j.file_offset + j.done, static_cast<uint64_t>(id));
           ++busy;
+          ++in_kernel_;
         } else {
           const ssize_t n = ::pread(fd_, buffer_of(j) + j.done, j.length - j.done,
                                     static_cast<off_t>(j.file_offset + j.done));
@@ -178,6 +190,7 @@ class Reader {
       if (busy == 0) continue;
       if (ring == nullptr) continue;
       const int n = ring->submit_and_wait(done.data(), o_.depth, o_.timeout_s);
+      in_kernel_ -= n;
       if (n == 0) {
         throw Error(ErrorKind::kTimeout, "reading '" + path_ + "': no read completed in " +
                                              std::to_string(o_.timeout_s) + " s");
@@ -186,10 +199,22 @@ class Reader {
                                          &jobs, &busy);
     }
     for (int s = 0; s < o_.depth && lane_ != nullptr; ++s) wait_slot(s);
-    return stats_;
   }
 
- private:
+  // Waits (each wait bounded by the timeout) for the reads still in the kernel.
+  void drain(Uring& ring) {
+    std::vector<UringCompletion> done(static_cast<size_t>(o_.depth));
+    while (in_kernel_ > 0) {
+      int n = 0;
+      try {
+        n = ring.submit_and_wait(done.data(), o_.depth, o_.timeout_s);
+      } catch (const Error&) {
+        return;
+      }
+      if (n == 0) return;
+      in_kernel_ -= n;
+    }
+  }
   uint8_t* buffer_of(const ReadJob& j) const {
     return j.target != nullptr ? j.target
                                : bounce_->data() + static_cast<uint64_t>(j.slot) * o_.chunk;
@@ -263,6 +288,7 @@ class Reader {
   std::unique_ptr<CopyLane> lane_;
   std::deque<int> free_slots_;
   FileReadStats stats_;
+  int in_kernel_ = 0;  // reads submitted to the ring whose completion was not reaped
 };
 
 }  // namespace
