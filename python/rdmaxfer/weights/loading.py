@@ -320,13 +320,15 @@ def _arena(
     for t in tensors:
         by_file.setdefault(t.region, []).append(t)
     spans = {i: _spans(ts, aligns[i]) for i, ts in by_file.items()}
-    total = sum(end - start for ss in spans.values() for start, end, _ in ss)
-    arena = np.empty(total + max(aligns, default=0), dtype=np.uint8)
-    at = -arena.ctypes.data % max(aligns, default=1)
+    total = sum(end - start + aligns[i] for i, ss in spans.items() for start, end, _ in ss)
+    arena = np.empty(total, dtype=np.uint8)
+    base = arena.ctypes.data
+    at = 0
     out: dict[str, npt.NDArray[Any]] = {}
     for i, ss in spans.items():
         for start, end, members in ss:
-            plans[i].direct.append((start, end - start, arena.ctypes.data + at))
+            at += -(base + at) % aligns[i]  # each file's spans on its own block size
+            plans[i].direct.append((start, end - start, base + at))
             for t in members:
                 lo = at + t.offset - start
                 raw = arena[lo : lo + t.nbytes]
