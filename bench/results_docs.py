@@ -478,6 +478,42 @@ def write_before_after() -> str:
     return _table(head, rows, right_from=1) + note
 
 
+def load() -> str:
+    """``bench/load_bench.py --json``: medians from a cold page cache, one row per method."""
+    r = _load("load-vs-fio-safetensors.json")
+    names = {
+        "rdmaxfer": f"rdmaxfer load_weights ({r['io']}, {r['engine']})",
+        "fio": "fio --direct=1 --bs=1M --iodepth=16 --ioengine=io_uring",
+        "safetensors": "safetensors.numpy.load_file (mmap + copy)",
+    }
+    best = {m: r["file_bytes"] / min(s) / 1e9 for m, s in r["seconds"].items()}
+    rows = [
+        [names[m], f"{gbps:.2f}", f"{best[m]:.2f}", _x(r["GB_per_s"]["rdmaxfer"], gbps)]
+        for m, gbps in r["GB_per_s"].items()
+    ]
+    head = [f"{size_text(r['file_bytes'])} file, {r['rounds']} rounds", "median GB/s", "best GB/s"]
+    load = (
+        f" (load average {r['load_average']:.1f} on {r['cpus']} CPUs)"
+        if "load_average" in r
+        else ""
+    )
+    return (
+        _table([*head, "rdmaxfer vs"], rows, right_from=1)
+        + f"\nMeasured on {r['machine']}{load}.\n"
+    )
+
+
+def serve_cold() -> str:
+    """``bench/serve_cold_bench.py --json``: server start + first pull, cold vs warm cache."""
+    r = _load("serve-cold-vs-warm.json")
+    rows = [
+        [f"{cache} page cache", f"{statistics.median(r['seconds'][cache]):.3f}", f"{gbps:.3f}"]
+        for cache, gbps in r["GB_per_s"].items()
+    ]
+    head = [f"{r['file']} ({r['file_bytes'] / 1e6:.1f} MB), median of {r['rounds']}", "s", "GB/s"]
+    return _table(head, rows, right_from=1) + (f"\nCold against warm: {r['cold_vs_warm']:.2f}x.\n")
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "tcp-vs-peers": tcp_vs_peers,
     "shm-vs-memcpy": shm_vs_memcpy,
@@ -497,6 +533,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-staging": gpu_staging,
     "broadcast": broadcast,
     "fetch": fetch,
+    "load": load,
+    "serve-cold": serve_cold,
 }
 
 

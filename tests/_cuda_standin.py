@@ -17,11 +17,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIR = ROOT / "tests" / "cuda_standin"
-#: The library's sources (the driver API, its CUDA IPC, its VMM API) and their shared header.
+#: The library's sources (the driver API, its CUDA IPC, its VMM API, the cuFile API of GPUDirect
+#: Storage) and their shared header.
 SOURCES = (
     SOURCE_DIR / "cuda_standin.cc",
     SOURCE_DIR / "cuda_standin_ipc.cc",
     SOURCE_DIR / "cuda_standin_vmm.cc",
+    SOURCE_DIR / "cufile_standin.cc",
 )
 HEADERS = (SOURCE_DIR / "standin_core.h",)
 BUILD_DIR = ROOT / "build" / "cuda-standin"
@@ -74,10 +76,12 @@ def real_driver_present() -> bool:
 
 
 def install(env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
-    """Points ``RDMAXFER_CUDA_LIBRARY`` at the stand-in unless a driver or a choice is already
-    there; returns the path it set, or None."""
+    """Points ``RDMAXFER_CUDA_LIBRARY`` (and ``RDMAXFER_CUFILE_LIBRARY``: the stand-in holds the
+    cuFile API too) at the stand-in unless a driver or a choice is already there; returns the
+    path it set, or None."""
     if env.get("RDMAXFER_CUDA_LIBRARY") or env.get(SWITCH) == "0" or real_driver_present():
         return None
     path = str(library())
     env["RDMAXFER_CUDA_LIBRARY"] = path
+    env.setdefault("RDMAXFER_CUFILE_LIBRARY", path)
     return path

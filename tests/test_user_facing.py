@@ -31,7 +31,7 @@ def test_help_lists_every_command_without_rst() -> None:
     out = run("--help")
     assert out.returncode == 0, out.stderr
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    assert set(commands) == {"info", "serve", "pull", "fetch", "bench", "doctor", "demo"}
+    assert set(commands) == {"info", "serve", "pull", "load", "fetch", "bench", "doctor", "demo"}
     listed = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("    ")]
     assert set(commands) <= set(listed), out.stdout
     assert "``" not in out.stdout, out.stdout

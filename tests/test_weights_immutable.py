@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -77,8 +78,8 @@ def test_a_file_that_keeps_changing_while_it_is_read_is_refused(
     save_file(random_tensors(rng), str(path))
     read_into = snapshot_module._read_into
 
-    def read_while_written(fd: int, out: np.ndarray) -> int:
-        got = read_into(fd, out)
+    def read_while_written(*args: Any) -> int:
+        got = read_into(*args)
         with path.open("r+b") as f:  # a writer that is not done yet
             f.seek(-8, 2)
             f.write(rng.integers(0, 256, size=8, dtype=np.uint8).tobytes())

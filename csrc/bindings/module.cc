@@ -9,6 +9,7 @@
 #include "bindings/endpoint_bindings.h"
 #include "bindings/same_host_bindings.h"
 #include "bindings/cuda_bindings.h"
+#include "bindings/storage_bindings.h"
 #include "bindings/errors.h"
 #include "bindings/gil.h"
 #include "bindings/log_bridge.h"
@@ -326,4 +327,5 @@ PYBIND11_MODULE(_core, m) {
   rdmaxfer::bind_cuda(m);
   rdmaxfer::bind_batches(m);
   rdmaxfer::bind_same_host(m);
+  rdmaxfer::bind_storage(m);
 }

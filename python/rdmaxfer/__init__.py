@@ -49,12 +49,15 @@ from .transport.transfer import Transfer
 if TYPE_CHECKING:
     from .tools.fetch import FetchResult, fetch, fetch_weights
     from .weights import (
+        LoadedWeights,
         PulledWeights,
         WeightReceiver,
         WeightServer,
+        load_weights,
         pull_weights,
         push_weights,
         receive_weights,
+        save_weights,
         serve_weights,
     )
 
@@ -68,12 +71,15 @@ _LAZY = {
     "FetchResult": "tools.fetch",
     "fetch": "tools.fetch",
     "fetch_weights": "tools.fetch",
+    "LoadedWeights": "weights",
+    "load_weights": "weights",
     "PulledWeights": "weights",
     "WeightReceiver": "weights",
     "WeightServer": "weights",
     "pull_weights": "weights",
     "push_weights": "weights",
     "receive_weights": "weights",
+    "save_weights": "weights",
     "serve_weights": "weights",
 }
 _SUBMODULES = {
@@ -126,6 +132,7 @@ __all__ = [
     "FetchIntegrityError",
     "FetchResult",
     "InvalidArgumentError",
+    "LoadedWeights",
     "MemoryRegion",
     "Notify",
     "PreparedBatch",
@@ -148,11 +155,13 @@ __all__ = [
     "fetch",
     "fetch_weights",
     "listen",
+    "load_weights",
     "pull_weights",
     "push_weights",
     "receive_weights",
     "recv",
     "resolve_transport",
+    "save_weights",
     "send",
     "serve_weights",
     "shutdown",

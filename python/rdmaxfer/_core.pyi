@@ -361,6 +361,38 @@ def dlpack_capsule(
 ) -> Any:
     """A "dltensor" capsule (compact row-major) that keeps ``owner`` alive until consumed."""
 
+def read_file_ranges(
+    fd: int,
+    path: str,
+    file_size: int,
+    direct: list[tuple[int, int, int]],
+    copied: list[tuple[int, int, int, bool]],
+    align: int = 4096,
+    chunk: int = 4194304,
+    depth: int = 16,
+    timeout_s: float = 60.0,
+    use_uring: bool = True,
+    copier: DeviceCopier | None = None,
+) -> dict[str, Any]:
+    """Reads byte ranges of the open file ``fd`` (csrc/transport/storage/file_reader.h):
+    ``direct`` [(file_offset, length, address)] straight into aligned host memory, ``copied``
+    [(file_offset, length, address, on_device)] through bounce buffers. Returns
+    {"bytes_read", "reads", "copies", "engine"}."""
+
+def gds_unavailable() -> str:
+    """ "" when GPUDirect Storage (libcufile) can be used here, else why not."""
+
+def read_file_gds(
+    fd: int,
+    path: str,
+    file_size: int,
+    device: int,
+    ranges: list[tuple[int, int, int]],
+    chunk: int = 16777216,
+) -> dict[str, Any]:
+    """[(file_offset, length, device_address)] of the O_DIRECT file ``fd`` into GPU memory
+    by cuFileRead. Returns {"bytes_read", "reads", "copies", "engine": "cufile"}."""
+
 class DeviceMemory:
     """cuMemAlloc'd device memory, freed with the object."""
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 __all__ = [
     "ChecksumError",
     "ConnectionFailedError",
+    "CorruptFileError",
     "EndpointClosedError",
     "FetchError",
     "FetchIntegrityError",
@@ -99,6 +100,23 @@ class UnsupportedError(RdmaxferError):
 
 class TransportError(RdmaxferError):
     """A system or verbs call failed; the message names the call and its errno text."""
+
+
+class CorruptFileError(InvalidArgumentError):
+    """A weights file is truncated or its header is corrupt; the message names the file, the
+    tensor and the byte offset. Nothing was returned.
+
+    Attributes:
+        path: the file.
+        tensor: the tensor whose bytes or header entry is bad, or None (the header itself).
+        offset: the byte offset in the file where the problem is.
+    """
+
+    def __init__(self, message: str, path: str, tensor: str | None, offset: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.tensor = tensor
+        self.offset = offset
 
 
 class FetchError(RdmaxferError):

@@ -23,7 +23,7 @@ from ..errors import RdmaxferError
 from ..memory import cuda
 from ..memory import meta as _meta
 
-__all__ = ["StagerPool", "host_standin", "post_device_send", "to_user_array"]
+__all__ = ["StagerPool", "device_copier", "host_standin", "post_device_send", "to_user_array"]
 
 CopierFactory = Callable[[int], _core.DeviceCopier]
 
@@ -45,7 +45,13 @@ def host_standin(factory: CopierFactory | None = None) -> Iterator[None]:
         _factory, cuda._standin = previous
 
 
-def _make_copier(device: int) -> _core.DeviceCopier:
+def device_copier(device: int) -> _core.DeviceCopier:
+    """What copies between host memory and GPU ``device``: a ``_core.CudaCopier``, or the
+    stand-in's copier inside :func:`host_standin`.
+
+    Raises:
+        UnsupportedError: CUDA is not usable here.
+    """
     if _factory is not None:
         return _factory(device)
     return _core.CudaCopier(device)
@@ -68,7 +74,7 @@ class StagerPool:
         with self._lock:
             stager = self._stagers.get(device)
             if stager is None:
-                stager = _core.Stager(self._engine, _make_copier(device))
+                stager = _core.Stager(self._engine, device_copier(device))
                 self._stagers[device] = stager
             return stager
 

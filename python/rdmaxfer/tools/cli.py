@@ -20,6 +20,7 @@ from .. import _core
 from ..errors import RdmaxferError
 from . import bench
 from .cli_bench import cmd_bench
+from .cli_load import add_load_parser
 from .cli_weights import EXIT_INTERRUPTED, cmd_demo, cmd_pull, cmd_serve
 from .info import cmd_info
 
@@ -254,7 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench", formatter_class=fmt, help="bandwidth/latency sweep (perftest-style table)"
     )
-    p.add_argument("--op", choices=bench.OPS, default="write", help="the operation to time")
+    p.add_argument(
+        "--op", choices=(*bench.OPS, "load"), default="write",
+        help="the operation to time (load: load_weights vs safetensors from local disk)",
+    )  # fmt: skip
+    p.add_argument("--file", help="load: the .safetensors file (default: the MiniLM file)")
+    p.add_argument(
+        "--cold", action="store_true", help="load: drop the page cache before each (root)"
+    )
     p.add_argument("--size", default="64K,1M,16M", help="sizes: 64K,1M or a sweep 2:1G")
     p.add_argument("--iters", type=_int_in(1), default=10, help="timed operations per size")
     p.add_argument(
@@ -314,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     common(p, transport="tcp")
     p.set_defaults(func=cmd_bench)
+
+    add_load_parser(sub, fmt)
 
     p = sub.add_parser(
         "fetch", formatter_class=fmt, help="download a URL with parallel HTTP Range requests"

@@ -20,6 +20,10 @@ def _emit(row: dict[str, Any]) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.op == "load":
+        from .cli_load import cmd_bench_load
+
+        return cmd_bench_load(args)
     transport = resolve_transport(args.transport)
     if args.reference and transport == "shm":
         print(

@@ -43,6 +43,11 @@ GPUDirect READs into registered GPU memory, else through the staging pipeline.
 dtypes: BF16 and the F8 types arrive as ``ml_dtypes`` arrays (``ml_dtypes.bfloat16`` ...),
 which NumPy, safetensors and JAX accept; nothing is converted.
 
+Local disk (:mod:`.loading`): :func:`load_weights` reads a safetensors checkpoint (one file or
+an index and its shards) with O_DIRECT reads through io_uring into new host or GPU arrays, or
+into the caller's; :func:`save_weights` writes one with O_DIRECT writes, fsync'ed and renamed
+into place (see docs/loading.md).
+
 The safetensors layout (8-byte little-endian header size, JSON header, data) is read from the
 file's header; the file is first validated with the ``safetensors`` library.
 """
@@ -50,20 +55,27 @@ file's header; the file is first validated with the ``safetensors`` library.
 from __future__ import annotations
 
 from .format import DTYPES, TensorInfo, read_safetensors_header, save_safetensors_copy
+from .loading import FileLoad, LoadedWeights, load_weights
 from .pull import PulledWeights, pull_weights
 from .push import WeightReceiver, push_weights, receive_weights
+from .saving import SavedFile, save_weights
 from .server import WeightServer, serve_weights
 
 __all__ = [
     "DTYPES",
+    "FileLoad",
+    "LoadedWeights",
     "PulledWeights",
+    "SavedFile",
     "TensorInfo",
     "WeightReceiver",
     "WeightServer",
+    "load_weights",
     "pull_weights",
     "push_weights",
     "read_safetensors_header",
     "receive_weights",
     "save_safetensors_copy",
+    "save_weights",
     "serve_weights",
 ]

@@ -15,7 +15,6 @@ from .. import _core
 from .._config import CallLimits
 from ..errors import (
     ConnectionFailedError,
-    InvalidArgumentError,
     ProtocolError,
     RegistrationError,
     TransferTimeoutError,
@@ -29,7 +28,7 @@ from ..transport.endpoint import Endpoint
 from ..transport.engine import Engine
 from .format import DTYPES, PROTOCOL_VERSION, TensorInfo, decode, encode
 from .moving import Piece, move
-from .shard import Names, Shard, destination, select, shard_of
+from .shard import Names, Shard, destination, select, shards_for
 
 __all__ = ["PulledWeights", "pull_weights"]
 
@@ -135,7 +134,7 @@ def pull_weights(
         with eng.connect(address, streams=streams, timeout=limit.connect_s()) as ep:
             version, regions, tensors, header_hex = _catalog(ep, limit, min_version, address)
             chosen = select(tensors, names, address)
-            shards = _shards(chosen, into, shard, address)
+            shards = shards_for(chosen, into, shard, address)
             placed = {s.tensor.name: destination(s, into) for s in shards}  # checked first
             reads: list[Piece] = []
             registrations: list[MemoryRegion] = []
@@ -222,23 +221,6 @@ def _catalog(
             f"not published within {wait_s:g} s; raise timeout= or update the server"
         )
     return version, regions, tensors, header_hex
-
-
-def _shards(
-    chosen: list[TensorInfo],
-    into: Mapping[str, object] | None,
-    shard: Mapping[str, object] | None,
-    address: str,
-) -> list[Shard]:
-    names = {t.name for t in chosen}
-    for what, given in (("into", into), ("shard", shard)):
-        extra = sorted(set(given or ()) - names)
-        if extra:
-            raise InvalidArgumentError(
-                f"{what} names tensors {extra} that this pull does not fetch (not published by "
-                f"{address}, or not in names=); fetch them with names= or drop them"
-            )
-    return [shard_of(t, None if shard is None else shard.get(t.name)) for t in chosen]
 
 
 def _whole(s: Shard, placed: Mapping[str, object]) -> bool:

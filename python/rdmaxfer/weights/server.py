@@ -128,7 +128,7 @@ class WeightServer:
     def _publish_file(self, path: Path) -> Slot:
         """Version 1 of a file: its bytes read into server-owned memory (snapshot.py), one
         region; the tensors where the file's header puts them."""
-        snap = snapshot_file(path)
+        snap = snapshot_file(path, self._timeout)
         self._file = path
         self._register(snap.buffer)
         tensors: dict[str, TensorInfo] = {}

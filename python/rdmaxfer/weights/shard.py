@@ -15,7 +15,7 @@ from ..errors import InvalidArgumentError
 from ..memory.buffer import as_array, device_view
 from .format import DTYPES, TensorInfo
 
-__all__ = ["Piece", "Shard", "destination", "select", "shard_of"]
+__all__ = ["Piece", "Shard", "destination", "select", "shard_of", "shards_for"]
 
 Names = Iterable[str] | Callable[[str], bool]
 
@@ -149,6 +149,29 @@ def shard_of(tensor: TensorInfo, index: object | None) -> Shard:
     nbytes = run * itemsize
     pieces = tuple(Piece(i * nbytes, int(start), nbytes) for i, start in enumerate(starts))
     return Shard(tensor, out_shape, pieces)
+
+
+def shards_for(
+    chosen: list[TensorInfo],
+    into: Mapping[str, object] | None,
+    shard: Mapping[str, object] | None,
+    source: str,
+) -> list[Shard]:
+    """What to fetch of each chosen tensor (``source``: the server or file, for messages).
+
+    Raises:
+        InvalidArgumentError: ``into`` or ``shard`` names a tensor not chosen, or a shard does
+            not fit its tensor.
+    """
+    names = {t.name for t in chosen}
+    for what, given in (("into", into), ("shard", shard)):
+        extra = sorted(set(given or ()) - names)
+        if extra:
+            raise InvalidArgumentError(
+                f"{what} names tensors {extra} that this pull does not fetch (not published by "
+                f"{source}, or not in names=); fetch them with names= or drop them"
+            )
+    return [shard_of(t, None if shard is None else shard.get(t.name)) for t in chosen]
 
 
 def destination(

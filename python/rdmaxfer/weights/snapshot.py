@@ -1,5 +1,7 @@
 """The server's own copies of what it publishes: host memory it allocates (64-byte aligned), a
-``.safetensors`` file read into such memory whole, and tensors laid out in it side by side.
+``.safetensors`` file read into such memory whole (by the O_DIRECT reads of :mod:`.loading`,
+so a cold file is read at the disk's rate, with no page faults), and tensors laid out in it
+side by side.
 
 A version is served from memory only the server writes (see :mod:`.versions`), so neither the
 publisher writing into its arrays nor a file rewritten on disk changes what pulls of that
@@ -7,6 +9,7 @@ version get. The cost is one copy of the published bytes, made when they are pub
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,8 +18,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, TransportError
+from .checkpoint import file_stamp
 from .format import DTYPES, TensorInfo, read_safetensors_header
+from .loading import OpenedFile, open_file, read_whole
 
 __all__ = ["ALIGN", "FileSnapshot", "layout", "owned_buffer", "snapshot_file", "tensor_view"]
 
@@ -25,12 +30,12 @@ ALIGN = 64
 SNAPSHOT_TRIES = 3
 
 
-def owned_buffer(nbytes: int) -> npt.NDArray[np.uint8]:
+def owned_buffer(nbytes: int, align: int = ALIGN) -> npt.NDArray[np.uint8]:
     """New host memory of ``nbytes`` bytes (at least 64: a region is never empty) whose first
-    byte is 64-byte aligned."""
+    byte is ``align``-byte aligned (64 by default)."""
     size = max(nbytes, ALIGN)
-    raw = np.empty(size + ALIGN, dtype=np.uint8)
-    shift = -raw.ctypes.data % ALIGN
+    raw = np.empty(size + align, dtype=np.uint8)
+    shift = -raw.ctypes.data % align
     return raw[shift : shift + size]
 
 
@@ -70,49 +75,48 @@ class FileSnapshot:
         self.data_offset = data_offset
 
 
-def snapshot_file(path: Path) -> FileSnapshot:
+def snapshot_file(path: Path, timeout_s: float = 60.0) -> FileSnapshot:
     """Read the whole file at ``path`` into server-owned memory, consistently: the read is
-    retried when the file's size, modification or change time moved meanwhile, or its header
-    no longer is the one validated.
+    retried when the file's inode, size, modification or change time moved meanwhile, or its
+    header no longer is the one validated. The reads are O_DIRECT where the file system allows
+    it (buffered otherwise), each bounded by ``timeout_s``.
 
     Raises:
         InvalidArgumentError: not a readable safetensors file, or it kept changing on disk
             for SNAPSHOT_TRIES reads (the message says how to publish a file being written).
+        TransportError: a read failed (the message gives the offset and errno).
     """
     for _ in range(SNAPSHOT_TRIES):
         header_raw, header, data_offset = read_safetensors_header(path)
-        try:
-            with path.open("rb", buffering=0) as f:
-                before = os.fstat(f.fileno())
-                buffer = owned_buffer(before.st_size)
-                got = _read_into(f.fileno(), buffer[: before.st_size])
-                after = os.fstat(f.fileno())
-        except OSError as exc:
-            raise InvalidArgumentError(
-                f"{str(path)!r} could not be read: {exc}; pass a readable .safetensors file"
-            ) from exc
+        with open_file(path) as opened:
+            before = os.fstat(opened.fd)
+            buffer = owned_buffer(-(-before.st_size // opened.align) * opened.align, opened.align)
+            try:
+                got = _read_into(path, opened, before.st_size, buffer, timeout_s)
+            except InvalidArgumentError:  # it shrank meanwhile: read it again
+                got = -1
+            after = os.fstat(opened.fd)
         if (
             got == before.st_size
-            and _stamp(before) == _stamp(after)
+            and file_stamp(before) == file_stamp(after)
             and buffer[: len(header_raw)].tobytes() == header_raw
         ):
-            return FileSnapshot(buffer, header_raw, header, data_offset)
+            return FileSnapshot(buffer[: before.st_size], header_raw, header, data_offset)
     raise InvalidArgumentError(
         f"{str(path)!r} changed on disk while it was read ({SNAPSHOT_TRIES} tries); publish a "
         "file once it is written completely (write it under another name, then rename it)"
     )
 
 
-def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
-    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
-
-def _read_into(fd: int, out: npt.NDArray[np.uint8]) -> int:
-    """Bytes read into ``out`` from the start of ``fd`` (fewer at end of file)."""
-    done = 0
-    while done < out.size:
-        n = os.preadv(fd, [out[done:].data], done)
-        if n == 0:
-            break
-        done += n
-    return done
+def _read_into(
+    path: Path, opened: OpenedFile, size: int, out: npt.NDArray[np.uint8], timeout_s: float
+) -> int:
+    """Bytes read into ``out`` from the start of the file (again buffered when the O_DIRECT
+    reads are refused with EINVAL)."""
+    try:
+        return read_whole(path, opened, size, out, timeout_s)
+    except TransportError as exc:
+        if opened.io != "direct" or exc.errno != errno.EINVAL:
+            raise
+        with open_file(path, direct=False) as buffered:
+            return read_whole(path, buffered, size, out, timeout_s)
