@@ -126,6 +126,23 @@ void bind_endpoints(py::module_& m) {
     return rdmaxfer::live_region(*h);
   };
 
+  // post_write / post_read: the one-sided `post` (Connection::post_write or post_read), the GIL
+  // released while it posts.
+  auto one_sided_post = [region_of](auto post) {
+    return [region_of, post](Connection& c, const std::shared_ptr<RegionHandle>& local,
+                             long long local_offset, const Descriptor& remote,
+                             long long remote_offset, long long length, long long chunk_size,
+                             int streams) {
+      own(c);
+      auto region = region_of(local);
+      auto opts = transfer_options(chunk_size, streams);
+      GilRelease release;
+      return (c.*post)(region, checked_size(local_offset, "local_offset"), remote,
+                       checked_size(remote_offset, "remote_offset"),
+                       checked_size(length, "length"), opts);
+    };
+  };
+
   // post_write_wait / post_read_wait: the one-sided `post` (Connection::post_write or
   // post_read) and its wait in one call, with one release of the GIL (post_and_wait).
   auto one_sided_wait = [region_of](auto post) {
@@ -160,36 +177,12 @@ void bind_endpoints(py::module_& m) {
              for (const auto& [name, value] : c.attributes()) d[py::str(name)] = value;
              return d;
            })
-      .def(
-          "post_write",
-          [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local,
-                      long long local_offset, const Descriptor& remote, long long remote_offset,
-                      long long length, long long chunk_size, int streams) {
-            own(c);
-            auto region = region_of(local);
-            auto opts = transfer_options(chunk_size, streams);
-            GilRelease release;
-            return c.post_write(region, checked_size(local_offset, "local_offset"), remote,
-                                checked_size(remote_offset, "remote_offset"),
-                                checked_size(length, "length"), opts);
-          },
-          py::arg("local"), py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"),
-          py::arg("length"), py::arg("chunk_size") = 0, py::arg("streams") = 0)
-      .def(
-          "post_read",
-          [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local,
-                      long long local_offset, const Descriptor& remote, long long remote_offset,
-                      long long length, long long chunk_size, int streams) {
-            own(c);
-            auto region = region_of(local);
-            auto opts = transfer_options(chunk_size, streams);
-            GilRelease release;
-            return c.post_read(region, checked_size(local_offset, "local_offset"), remote,
-                               checked_size(remote_offset, "remote_offset"),
-                               checked_size(length, "length"), opts);
-          },
-          py::arg("local"), py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"),
-          py::arg("length"), py::arg("chunk_size") = 0, py::arg("streams") = 0)
+      .def("post_write", one_sided_post(&Connection::post_write), py::arg("local"),
+           py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"),
+           py::arg("length"), py::arg("chunk_size") = 0, py::arg("streams") = 0)
+      .def("post_read", one_sided_post(&Connection::post_read), py::arg("local"),
+           py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"),
+           py::arg("length"), py::arg("chunk_size") = 0, py::arg("streams") = 0)
       .def(
           "post_send",
           [region_of](Connection& c, const std::shared_ptr<RegionHandle>& local, long long offset,
