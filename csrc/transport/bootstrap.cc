@@ -364,15 +364,17 @@ Hello server_handshake(int fd, TransportKind transport, uint64_t engine_id,
     ack.status = HelloStatus::kAuthChallenge;
     ack.pack(ack_buf);
     const Nonce server_nonce = make_nonce();
-    send_exact(fd, ack_buf, sizeof(ack_buf), deadline, "handshake: challenge");
-    send_exact(fd, server_nonce.data(), server_nonce.size(), deadline, "handshake: challenge");
     uint8_t reply[64];
     try {
+      send_exact(fd, ack_buf, sizeof(ack_buf), deadline, "handshake: challenge");
+      send_exact(fd, server_nonce.data(), server_nonce.size(), deadline, "handshake: challenge");
       recv_exact(fd, reply, sizeof(reply), deadline, "handshake: waiting for the proof");
     } catch (const Error& e) {
-      // The peer has no secret: it hangs up at the challenge (unread, the nonce makes it a
-      // reset).
-      if (e.kind() != ErrorKind::kConnection || (e.err_no() != 0 && e.err_no() != ECONNRESET)) {
+      // The peer has no secret: it hangs up at the challenge, seen as a broken pipe when it
+      // closed before the nonce went out, else as the end of the stream or (the nonce unread)
+      // a reset.
+      const int err = e.err_no();
+      if (e.kind() != ErrorKind::kConnection || (err != 0 && err != ECONNRESET && err != EPIPE)) {
         throw;
       }
       throw Error(ErrorKind::kConnection,
