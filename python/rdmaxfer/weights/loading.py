@@ -14,10 +14,10 @@ import contextlib
 import errno
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -32,7 +32,17 @@ from .checkpoint import CheckpointFile, file_stamp, open_checkpoint
 from .format import DTYPES, TensorInfo
 from .shard import Names, Shard, destination, select, shards_for
 
-__all__ = ["FileLoad", "LoadedWeights", "OpenedFile", "load_weights", "open_file", "read_whole"]
+__all__ = [
+    "FileLoad",
+    "LoadedWeights",
+    "OpenedFile",
+    "load_weights",
+    "open_file",
+    "read_or_buffered",
+    "read_whole",
+]
+
+T = TypeVar("T")
 
 DEFAULT_CHUNK = 4 << 20
 DEFAULT_DEPTH = 16
@@ -354,23 +364,38 @@ def _use_gds(gds: bool | None) -> bool:
     return gds is not False and not why
 
 
+def read_or_buffered(path: Path, opened: OpenedFile, read: Callable[[OpenedFile], T]) -> T:
+    """``read(opened)``; when its O_DIRECT reads are refused (EINVAL), ``read`` once more
+    through a buffered descriptor of ``path`` (whose ``why`` says so)."""
+    try:
+        return read(opened)
+    except TransportError as exc:
+        if not _direct_refused(opened, exc):
+            raise
+        why = f"O_DIRECT reads refused ({exc})"
+    with open_file(path, direct=False) as buffered:
+        return read(OpenedFile(buffered.fd, "buffered", why, opened.align))
+
+
+def _direct_refused(o: OpenedFile, exc: Exception) -> bool:
+    return isinstance(exc, TransportError) and o.io == "direct" and exc.errno == errno.EINVAL
+
+
 def _read(f: CheckpointFile, o: OpenedFile, plan: _Plan, opts: _Options) -> FileLoad:
     """Run one file's reads (again buffered when the O_DIRECT reads are refused with EINVAL);
     the file must still be the one whose header was read."""
-    try:
-        stats = _read_ranges(f, o, plan, opts)
-    except TransportError as exc:
-        if o.io != "direct" or exc.errno != errno.EINVAL:
-            _check_unchanged(f, o.fd)
-            raise
-        with open_file(f.path, direct=False) as buffered:
-            o = OpenedFile(buffered.fd, "buffered", f"O_DIRECT reads refused ({exc})", o.align)
+
+    def run(o: OpenedFile) -> FileLoad:
+        try:
             stats = _read_ranges(f, o, plan, opts)
-    except InvalidArgumentError:
+        except (TransportError, InvalidArgumentError) as exc:
+            if not _direct_refused(o, exc):
+                _check_unchanged(f, o.fd)
+            raise
         _check_unchanged(f, o.fd)
-        raise
-    _check_unchanged(f, o.fd)
-    return FileLoad(str(f.path), o.io, o.why, stats["engine"], o.align, stats["bytes_read"])
+        return FileLoad(str(f.path), o.io, o.why, stats["engine"], o.align, stats["bytes_read"])
+
+    return read_or_buffered(f.path, o, run)
 
 
 def _read_ranges(f: CheckpointFile, o: OpenedFile, plan: _Plan, opts: _Options) -> dict[str, Any]:

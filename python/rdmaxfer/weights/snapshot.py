@@ -9,7 +9,6 @@ version get. The cost is one copy of the published bytes, made when they are pub
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,10 +17,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import InvalidArgumentError, TransportError
+from ..errors import InvalidArgumentError
 from .checkpoint import file_stamp
 from .format import DTYPES, TensorInfo, read_safetensors_header
-from .loading import OpenedFile, open_file, read_whole
+from .loading import OpenedFile, open_file, read_or_buffered, read_whole
 
 __all__ = ["ALIGN", "FileSnapshot", "layout", "owned_buffer", "snapshot_file", "tensor_view"]
 
@@ -113,10 +112,4 @@ def _read_into(
 ) -> int:
     """Bytes read into ``out`` from the start of the file (again buffered when the O_DIRECT
     reads are refused with EINVAL)."""
-    try:
-        return read_whole(path, opened, size, out, timeout_s)
-    except TransportError as exc:
-        if opened.io != "direct" or exc.errno != errno.EINVAL:
-            raise
-        with open_file(path, direct=False) as buffered:
-            return read_whole(path, buffered, size, out, timeout_s)
+    return read_or_buffered(path, opened, lambda o: read_whole(path, o, size, out, timeout_s))
