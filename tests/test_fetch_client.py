@@ -1,7 +1,7 @@
 """rdmaxfer.fetch's HTTP client: the adaptive connection count (the ramp's rule on simulated
 servers, then a server with a per-connection cap, which gets more connections, and a total
-cap, under which the download keeps the few it started with), redirects, https with HTTP/2,
-cancellation of the asyncio form."""
+cap, under which the download keeps the few it started with), the adaptive range size,
+redirects, https with HTTP/2, cancellation of the asyncio form."""
 
 from __future__ import annotations
 
@@ -22,10 +22,13 @@ from _range_server import RangeServer, servers
 from rdmaxfer import FetchError
 from rdmaxfer.tools.connection_ramp import (
     MAX_ADAPTIVE_CONNECTIONS,
+    MAX_RANGE,
+    RANGE_S,
     SETTLE_S,
     START_CONNECTIONS,
     WINDOW_S,
     ConnectionRamp,
+    RangeSizer,
 )
 from rdmaxfer.tools.fetch import afetch, fetch, fetch_weights
 
@@ -83,6 +86,7 @@ def www(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = np.random.default_rng(21)
     (root / "capped.bin").write_bytes(rng.integers(0, 256, 4 * MiB, dtype=np.uint8).tobytes())
     (root / "free.bin").write_bytes(rng.integers(0, 256, 6 * MiB + 5, dtype=np.uint8).tobytes())
+    (root / "big.bin").write_bytes(rng.integers(0, 256, 64 * MiB, dtype=np.uint8).tobytes())
     save_file(
         {"w": rng.standard_normal((512, 300)).astype(np.float32)}, str(root / "m.safetensors")
     )
@@ -182,3 +186,70 @@ def test_https_speaks_http2(
     result = fetch(url, tmp_path / "tls.bin", connections=2, chunk_size=MiB)
     assert sha(tmp_path / "tls.bin") == sha(www / "free.bin")
     assert result.http_version == "2" and result.chunks == 7
+
+
+# -- the range size ----------------------------------------------------------------------------
+def sized(per_connection: float, chunk: int = MiB, connections: int = 8) -> list[int]:
+    """The range sizes a sizer chooses against connections that each receive
+    ``per_connection`` bytes/s, sampled every 10 ms for 3 s."""
+    sizer = RangeSizer(chunk)
+    received, t, dt = 0.0, 0.0, 0.01
+    while t < 3.0:
+        received += per_connection * connections * dt
+        t += dt
+        sizer.sample(t, int(received), connections)
+    return [size for _, size in sizer.steps]
+
+
+def test_range_size_follows_the_rate_per_connection() -> None:
+    # one chunk first; then what a connection receives in RANGE_S, as a power-of-two multiple
+    assert sized(50e6) == [MiB, 16 * MiB]  # 25 MB per RANGE_S: 16 MiB
+    assert sized(1e9) == [MiB, MAX_RANGE]  # fast: capped at MAX_RANGE
+    assert sized(1e6) == [MiB]  # slow: one chunk
+    assert sized(1e9, chunk=128 * MiB) == [128 * MiB]  # never below one chunk
+    assert RANGE_S == 0.5
+
+
+def test_range_size_keeps_within_a_factor_of_two_and_shares_the_end() -> None:
+    sizer = RangeSizer(MiB)
+    sizer.sample(0.0, 0, 4)
+    assert sizer.sample(WINDOW_S, int(4 * 40e6 * WINDOW_S), 4) == 16 * MiB  # 20 MB per RANGE_S
+    # 26 MB then 21 MB per RANGE_S: within 16-32 MiB, no change
+    assert sizer.sample(2 * WINDOW_S, int(4 * 40e6 * WINDOW_S + 4 * 64e6 * WINDOW_S), 4) == 16 * MiB
+    assert len(sizer.steps) == 2
+    # near the end: no more than the bytes left over twice the connections, at least one chunk
+    assert sizer.take(1 << 30, 4) == 16
+    assert sizer.take(40 * MiB, 4) == 5
+    assert sizer.take(MiB // 2, 4) == 1
+    fixed = RangeSizer(2 * MiB, adaptive=False)
+    assert fixed.sample(1.0, 1 << 40, 4) == 2 * MiB and fixed.take(1 << 40, 1) == 1
+
+
+def test_ranges_grow_with_the_rate(pyserver: type[RangeServer]) -> None:
+    # 16 MB/s per connection, 2 connections, 16 chunks of 1.5 MiB: a connection moves 8 MB in
+    # RANGE_S, so after the first window a range is 2 or 4 chunks (2 even if the rate
+    # measured is 40% of the cap)
+    data = np.random.default_rng(24).integers(0, 256, 24 * MiB, dtype=np.uint8).tobytes()
+    srv = pyserver(data, cap=16e6)
+    result = fetch(srv.url, connections=2)
+    assert result.array is not None and result.array.tobytes() == data
+    chunk = result.chunk_size
+    assert chunk == 3 * MiB // 2 and result.chunks == 16
+    assert result.range_steps[0]["bytes"] == chunk and result.range_size >= 2 * chunk
+    assert srv.requests < 1 + 16  # the probe and fewer requests than chunks
+
+
+def test_range_sizes_reported_and_fixed_by_chunk_size(
+    nginx: Nginx, www: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "ranges.bin"
+    data = (www / "big.bin").read_bytes()
+    result = fetch(f"{nginx.url}/big.bin", out, sha256=hashlib.sha256(data).hexdigest())
+    assert out.read_bytes() == data and result.chunk_size == MiB and result.chunks == 64
+    steps = result.range_steps
+    assert steps[0]["bytes"] == MiB and result.range_size == max(s["bytes"] for s in steps)
+    assert all(s["bytes"] % MiB == 0 for s in steps)
+    # a fixed chunk_size fixes the range at one chunk
+    fixed = fetch(f"{nginx.url}/big.bin", out, chunk_size=2 * MiB, connections=2)
+    assert fixed.range_size == 2 * MiB and len(fixed.range_steps) == 1
+    assert out.read_bytes() == data

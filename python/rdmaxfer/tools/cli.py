@@ -256,9 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", formatter_class=fmt, help="bandwidth/latency sweep (perftest-style table)"
     )
     p.add_argument(
-        "--op", choices=(*bench.OPS, "load"), default="write",
-        help="the operation to time (load: load_weights vs safetensors from local disk)",
+        "--op", choices=(*bench.OPS, "load", "fetch"), default="write",
+        help="the operation to time (load: load_weights vs safetensors from local disk; "
+        "fetch: rdmaxfer fetch vs curl, wget and aria2c on --url, --iters rounds)",
     )  # fmt: skip
+    p.add_argument("--url", help="fetch: the URL to download")
+    p.add_argument("--dir", help="fetch: where the downloads go (default: a temporary folder)")
     p.add_argument("--file", help="load: the .safetensors file (default: the MiniLM file)")
     p.add_argument(
         "--cold", action="store_true", help="load: drop the page cache before each (root)"

@@ -24,6 +24,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .cli_load import cmd_bench_load
 
         return cmd_bench_load(args)
+    if args.op == "fetch":
+        from .bench_fetch import cmd_bench_fetch
+
+        return cmd_bench_fetch(args)
     transport = resolve_transport(args.transport)
     if args.reference and transport == "shm":
         print(

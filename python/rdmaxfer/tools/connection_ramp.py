@@ -1,4 +1,6 @@
-"""How many connections a download uses: start with a few, double while the total rate grows.
+"""How many connections a download uses (start with a few, double while the total rate grows)
+and how many bytes each ranged request asks for (as many as a connection moves in
+:data:`RANGE_S` seconds at the rate measured).
 
 Servers and CDNs often cap each connection (nginx ``limit_rate``, object stores); a link or the
 client's CPU caps the total. :class:`ConnectionRamp` measures the total rate over a short window
@@ -6,6 +8,13 @@ at each connection count and doubles the count while the rate grows by :data:`GA
 then it stops, and goes back to the previous count when the last doubling gained less than
 :data:`KEEP`: a server that caps each connection gets more connections, one that does not
 keeps the few it started with.
+
+:class:`RangeSizer` sizes the ranges: a whole number of the download's chunks (the resume
+grid), one chunk first, then the power-of-two multiple closest below what one connection
+receives in :data:`RANGE_S` seconds at the rate measured, at most :data:`MAX_RANGE` bytes; near
+the end never more than the bytes left over twice the connections (no connection holds the
+end alone). A fast server gets few, large requests; a slow or capped one small ones that
+spread over the connections.
 
 Times in seconds, rates in bytes per second.
 """
@@ -26,6 +35,10 @@ SETTLE_S = 0.1
 """Seconds after a change before the rate is measured (connects, first bytes)."""
 WINDOW_S = 0.25
 """Seconds over which each count's rate is measured."""
+RANGE_S = 0.5
+"""Seconds of one connection's transfer a range aims at."""
+MAX_RANGE = 64 << 20
+"""Most bytes an adaptive range asks for (unless one chunk is larger)."""
 
 
 @dataclass
@@ -99,3 +112,71 @@ class ConnectionRamp:
         self._settled = grown >= self.limit
         self._mark_t, self._mark_bytes = t + SETTLE_S, -1
         return grown
+
+
+@dataclass
+class RangeSizer:
+    """The bytes each ranged request asks for: whole ``chunk`` multiples.
+
+    Adaptive: ``chunk`` first; every :data:`WINDOW_S` the rate per running connection is
+    measured (averaged with the previous figure) and, when what one connection receives in
+    :data:`RANGE_S` seconds is outside half to twice the range, the range becomes the
+    largest power-of-two multiple of ``chunk`` within it (at least ``chunk``, at most
+    :data:`MAX_RANGE` or one chunk when that is larger). Fixed (``adaptive=False``): always
+    ``chunk``. ``steps`` lists ``(t, bytes)`` at each change.
+    """
+
+    chunk: int
+    adaptive: bool = True
+    steps: list[tuple[float, int]] = field(default_factory=list)
+    _mark_t: float = -1.0
+    _mark_bytes: int = 0
+    _rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.steps.append((0.0, self.chunk))
+
+    @property
+    def size(self) -> int:
+        """Bytes per range now."""
+        return self.steps[-1][1]
+
+    @property
+    def largest(self) -> int:
+        """The largest range size used."""
+        return max(size for _, size in self.steps)
+
+    def sample(self, t: float, total_bytes: int, running: int) -> int:
+        """Feed the time since the start, the bytes received so far and the transfers running;
+        returns :attr:`size`."""
+        if not self.adaptive or running < 1:
+            return self.size
+        if self._mark_t < 0 or total_bytes < self._mark_bytes:
+            self._mark_t, self._mark_bytes = t, total_bytes
+            return self.size
+        if t - self._mark_t < WINDOW_S:
+            return self.size
+        rate = (total_bytes - self._mark_bytes) / (t - self._mark_t) / running
+        self._mark_t, self._mark_bytes = t, total_bytes
+        self._rate = rate if self._rate == 0 else (self._rate + rate) / 2  # smoothed
+        want = min(self._rate * RANGE_S, max(MAX_RANGE, self.chunk))
+        if self.size <= want < 2 * self.size or self.size // 2 <= want < self.size:
+            return self.size  # within a factor of two: kept (no flapping on noise)
+        size = self.chunk
+        while size * 2 <= want:
+            size *= 2
+        if size != self.size:
+            self.steps.append((t, size))
+        return self.size
+
+    def take(self, left: int, connections: int) -> int:
+        """Chunks the next range covers, with ``left`` bytes still to ask for over
+        ``connections`` connections: :attr:`size` in chunks, and near the end no more than
+        ``left / (2 * connections)`` (at least one)."""
+        if not self.adaptive:
+            return 1
+        share = left // (2 * max(1, connections))
+        return max(1, min(self.size, share) // self.chunk)
+
+    def as_list(self) -> list[dict[str, float]]:
+        return [{"t_s": round(t, 3), "bytes": size} for t, size in self.steps]

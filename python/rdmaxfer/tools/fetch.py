@@ -46,7 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import FetchIntegrityError, InvalidArgumentError
-from .connection_ramp import ConnectionRamp
+from .connection_ramp import ConnectionRamp, RangeSizer
 from .curl_session import Session
 from .fetch_safetensors import afetch_weights, fetch_weights
 from .range_requests import download_span, probe, sha256_fd, verify, warn_no_ranges
@@ -106,8 +106,13 @@ class FetchResult:
             than the chunks there were to fetch).
         connection_steps: the counts the adaptive ramp went through: ``{"t_s": seconds
             since the download began, "connections": n, "GB_per_s": rate measured at n}``.
-        chunks: chunks the file was cut into; ``resumed_chunks`` of them were already done.
-        chunk_size: bytes per chunk (each one ranged request, unless retried).
+        chunks: chunks the file was cut into (the resume grid); ``resumed_chunks`` of them
+            were already done.
+        chunk_size: bytes per chunk.
+        range_size: the largest range one request asked for (a whole number of chunks).
+        range_steps: the range sizes used: ``{"t_s": seconds since the download began,
+            "bytes": n}`` at each change (one chunk first, then grown with the rate measured
+            per connection; fixed at one chunk when ``chunk_size`` is given).
         retries: requests that failed and were retried.
         sha256: the verified SHA-256 (hex), or None when no digest was known.
         http_version: the server's HTTP version (``"1.1"``, ``"2"``).
@@ -125,6 +130,8 @@ class FetchResult:
     chunks: int = 1
     resumed_chunks: int = 0
     chunk_size: int = 0
+    range_size: int = 0
+    range_steps: list[dict[str, float]] = field(default_factory=list)
     retries: int = 0
     sha256: str | None = None
     http_version: str = ""
@@ -195,12 +202,14 @@ def _fetch(
 
 
 def _ranged_result(
-    result: FetchResult, remote: _Remote, ramp: ConnectionRamp, chunk: int, todo: int
+    result: FetchResult, remote: _Remote, ramp: ConnectionRamp, sizer: RangeSizer, todo: int
 ) -> FetchResult:
     """``result`` with the figures of a ranged download of ``todo`` chunks."""
     result.connections = min(ramp.target, max(todo, 1))
     result.connection_steps = [s.as_dict() for s in ramp.steps]
-    result.chunk_size = chunk
+    result.chunk_size = sizer.chunk
+    result.range_size = sizer.largest
+    result.range_steps = sizer.as_list()
     result.http_version = remote.http_version
     return result
 
@@ -248,13 +257,13 @@ def _to_file(
         state = _State(state_path, meta, set())
     flags = os.O_RDWR | os.O_CREAT | (0 if state.done else os.O_TRUNC)
     fd = os.open(path, flags, 0o644)
-    ramp = opts.ramp()
+    ramp, sizer = opts.ramp(), opts.sizer(chunk)
     try:
         os.ftruncate(fd, size)  # sparse: no blocks until written
         if size:
             state.save()
             nchunks, resumed = download_span(
-                session, url, remote, 0, size, _FileSink(fd), opts, state, chunk, ramp
+                session, url, remote, 0, size, _FileSink(fd), opts, state, chunk, ramp, sizer
             )
         else:
             nchunks, resumed = 0, 0
@@ -270,7 +279,7 @@ def _to_file(
     state.remove()
     result = FetchResult(url, size, path=path, chunks=nchunks, resumed_chunks=resumed,
                          sha256=digest)  # fmt: skip
-    return _ranged_result(result, remote, ramp, chunk, nchunks - resumed)
+    return _ranged_result(result, remote, ramp, sizer, nchunks - resumed)
 
 
 def _to_memory(
@@ -304,15 +313,15 @@ def _to_memory(
     size = remote.size or 0
     arr = streamed[0] if streamed else _memory_target(size, into, engine)[0]
     chunk = opts.chunk_for(size)
-    ramp = opts.ramp()
+    ramp, sizer = opts.ramp(), opts.sizer(chunk)
     nchunks = 0
     if size:
         nchunks, _ = download_span(
-            session, url, remote, 0, size, _MemorySink(arr), opts, None, chunk, ramp
+            session, url, remote, 0, size, _MemorySink(arr), opts, None, chunk, ramp, sizer
         )
     digest = verify(expected, remote.sha256, lambda: hashlib.sha256(arr.data).hexdigest(), url)
     result = FetchResult(url, size, array=arr, chunks=nchunks, sha256=digest)
-    return _ranged_result(result, remote, ramp, chunk, nchunks)
+    return _ranged_result(result, remote, ramp, sizer, nchunks)
 
 
 def fetch(

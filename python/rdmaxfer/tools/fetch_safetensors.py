@@ -121,9 +121,10 @@ def _fetch_weights(
         tensors = _parse_header(raw, url, data_len)
         buf, _owner = _memory_target(data_len, None, engine)
         if data_len:
+            chunk = opts.chunk_for(data_len)
             download_span(
                 session, url, remote, 8 + hlen, data_len, _MemorySink(buf), opts, None,
-                opts.chunk_for(data_len), opts.ramp(),
+                chunk, opts.ramp(), opts.sizer(chunk),
             )  # fmt: skip
     return _views(buf, tensors)
 

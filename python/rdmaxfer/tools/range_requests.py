@@ -1,7 +1,7 @@
 """The HTTP Range requests of :mod:`rdmaxfer.tools.fetch` over libcurl
 (:mod:`rdmaxfer.tools.curl_session`): the probe (which is the whole download when the server
 ignores Range), small ranged reads, the parallel download of a span with retries, backoff and
-the adaptive connection count, and the final digest check.
+the adaptive connection count and range size, and the final digest check.
 
 Sizes and offsets in bytes, rates in bytes per second, times in seconds.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from .._warn import warn
 from ..errors import FetchError, FetchIntegrityError
-from .connection_ramp import ConnectionRamp
+from .connection_ramp import ConnectionRamp, RangeSizer
 from .curl_session import Conn, Session
 from .ranges import (
     _RETRY_STATUS,
@@ -227,13 +227,16 @@ def get_range(
 
 @dataclass
 class _Piece:
-    """One chunk of a span in flight: bytes ``[pos, end)`` still to come (span-relative)."""
+    """One range of a span in flight: chunks ``index`` to ``index + count - 1``, bytes
+    ``[pos, end)`` still to come (span-relative); ``marked`` of its chunks are recorded done."""
 
     index: int
+    count: int
     pos: int
     end: int
     attempt: int = 0
     checked: bool = False
+    marked: int = 0
 
 
 def download_span(
@@ -247,11 +250,14 @@ def download_span(
     state: _State | None,
     chunk: int,
     ramp: ConnectionRamp,
+    sizer: RangeSizer | None = None,
 ) -> tuple[int, int]:
     """Fetch bytes ``[base, base + length)`` of the file into ``sink`` (offsets relative to
-    ``base``) in chunks of ``chunk`` bytes over ``ramp.target`` connections, skipping the
-    chunks ``state`` records as done. A failed chunk is asked again from the byte where it
-    stopped, after a backoff, while the others go on.
+    ``base``) over ``ramp.target`` connections, skipping the chunks of ``chunk`` bytes that
+    ``state`` records as done. Each request asks for a run of consecutive chunks as long as
+    ``sizer`` says (one chunk without it). A failed range is asked again from the byte where
+    it stopped, after a backoff, while the others go on; its chunks received whole are
+    recorded done.
 
     Returns:
         (chunks, chunks that were already done).
@@ -268,10 +274,35 @@ def download_span(
         validators["If-Range"] = remote.last_modified
     headers = _headers(opts, validators)
     stats, bucket = opts.stats, opts.bucket
+    sizer = sizer or RangeSizer(chunk, adaptive=False)
+    left = length - already  # bytes not yet asked for
     running: dict[Conn, _Piece] = {}
     stages: dict[Conn, _Staged] = {}  # a file's write-combining, per connection
     waiting: list[tuple[float, int, _Piece]] = []  # (ready at, index, piece): retries
-    shown = 0
+    shown = (0, 0)
+
+    def mark_through(piece: _Piece, upto: int) -> None:
+        """Record the piece's chunks that end at or before span offset ``upto`` as done."""
+        if state is None:
+            return
+        while piece.marked < piece.count:
+            i = piece.index + piece.marked
+            if min((i + 1) * chunk, length) > upto:
+                break
+            state.mark(i)
+            piece.marked += 1
+
+    def next_piece() -> _Piece:
+        nonlocal left
+        first = todo.popleft()
+        count = 1
+        most = sizer.take(left, ramp.target)
+        while count < most and todo and todo[0] == first + count:
+            todo.popleft()
+            count += 1
+        piece = _Piece(first, count, first * chunk, min((first + count) * chunk, length))
+        left -= piece.end - piece.pos
+        return piece
 
     def what(piece: _Piece) -> str:
         return f"GET {url} bytes {base + piece.index * chunk}-{base + piece.end - 1}"
@@ -343,11 +374,11 @@ def download_span(
             except Exception as exc:
                 failure = exc
         if failure is None:
-            if state is not None:
-                state.mark(piece.index)
+            mark_through(piece, piece.end)
             return
         if not isinstance(failure, _Retry):
             raise failure
+        mark_through(piece, piece.pos)  # the chunks received whole are in the file
         piece.attempt += 1
         delay = _backoff_delay(opts, piece.attempt, what(piece), failure)
         heapq.heappush(waiting, (time.monotonic() + delay, piece.index, piece))
@@ -357,28 +388,37 @@ def download_span(
     try:
         while todo or running or waiting:
             now = time.monotonic()
-            target = ramp.sample(now - t0, stats["bytes"] - start_bytes)
+            moved = stats["bytes"] - start_bytes
+            target = ramp.sample(now - t0, moved)
+            size = sizer.sample(now - t0, moved, len(running))
             while len(running) < target:
                 if waiting and waiting[0][0] <= now:
                     launch(heapq.heappop(waiting)[2])
                 elif todo:
-                    index = todo.popleft()
-                    launch(_Piece(index, index * chunk, min((index + 1) * chunk, length)))
+                    launch(next_piece())
                 else:
                     break
             wait = 0.1 if running or not waiting else max(0.0, min(0.1, waiting[0][0] - now))
             for conn, error in session.step(wait):
                 ended(conn, error)
+            if state is not None:  # chunks of long ranges, recorded as they reach the file
+                for conn, piece in running.items():
+                    staged = stages.get(conn)
+                    mark_through(piece, staged.start if staged is not None else piece.pos)
             if opts.progress:
-                if target != shown:
-                    bar.set_postfix_str(f"{target} connections", refresh=False)
-                    shown = target
+                if (target, size) != shown:
+                    bar.set_postfix_str(f"{target} connections, {_mib(size)} ranges", refresh=False)
+                    shown = (target, size)
                 bar.update(already + stats["bytes"] - start_bytes - bar.n)
     finally:
         bar.close()
         if state is not None:
             state.save()
     return nchunks, len(done)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):g} MiB"
 
 
 def warn_no_ranges(url: str) -> None:

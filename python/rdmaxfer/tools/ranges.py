@@ -29,7 +29,12 @@ import numpy.typing as npt
 
 from ..errors import FetchError, InvalidArgumentError
 from ..memory.buffer import as_array
-from .connection_ramp import MAX_ADAPTIVE_CONNECTIONS, START_CONNECTIONS, ConnectionRamp
+from .connection_ramp import (
+    MAX_ADAPTIVE_CONNECTIONS,
+    START_CONNECTIONS,
+    ConnectionRamp,
+    RangeSizer,
+)
 
 if TYPE_CHECKING:
     from ..transport.engine import Engine
@@ -400,6 +405,11 @@ class _Options:
         if self.adaptive:
             return ConnectionRamp(START_CONNECTIONS, self.connections)
         return ConnectionRamp(self.connections, self.connections, adaptive=False)
+
+    def sizer(self, chunk: int) -> RangeSizer:
+        """The range size of a download cut into ``chunk``-byte chunks: adaptive (whole
+        chunks, grown with the rate) unless ``chunk_size`` fixes it at one chunk."""
+        return RangeSizer(chunk, adaptive=self.chunk_size is None)
 
     def chunk_for(self, size: int) -> int:
         """Bytes per ranged request for ``size`` bytes: ``chunk_size`` or
