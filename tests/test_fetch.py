@@ -276,6 +276,8 @@ def test_cli_fetch(nginx: Nginx, www: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["size"] == len(data) and info["sha256"] == sha(data) and info["ranged"] is True
+    assert info["range_steps"][0]["bytes"] == info["chunk_size"] == MiB
+    assert info["range_size"] == max(step["bytes"] for step in info["range_steps"])
     assert out.read_bytes() == data
     proc = subprocess.run(
         [sys.executable, "-m", "rdmaxfer", "fetch", f"{nginx.url}/model.safetensors", "--quiet"],

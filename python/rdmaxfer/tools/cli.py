@@ -112,6 +112,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             "connection_steps": result.connection_steps,
             "chunks": result.chunks,
             "chunk_size": result.chunk_size,
+            "range_size": result.range_size,
+            "range_steps": result.range_steps,
             "http_version": result.http_version,
             "resumed_chunks": result.resumed_chunks,
             "retries": result.retries,
@@ -124,6 +126,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     counts = [int(step["connections"]) for step in result.connection_steps]
     if len(counts) > 1:
         resumed += f" (adapted: {' -> '.join(map(str, counts))})"
+    if result.range_size:
+        resumed += f", ranges up to {result.range_size / (1 << 20):g} MiB"
     print(
         f"fetched {result.size} bytes into {where}: {result.bytes_fetched} bytes in "
         f"{result.seconds:.3f} s ({result.gbps:.3f} GB/s), {result.chunks} chunks over "
