@@ -1,12 +1,15 @@
 """rdmaxfer.fetch's HTTP client: the adaptive connection count (the ramp's rule on simulated
 servers, then a server with a per-connection cap, which gets more connections, and a total
 cap, under which the download keeps the few it started with), the adaptive range size,
-redirects, https with HTTP/2, cancellation of the asyncio form."""
+redirects, https with HTTP/2, cancellation of the asyncio form, the file writes (O_DIRECT
+for whole blocks)."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
+import os
 import shutil
 import subprocess
 import time
@@ -31,6 +34,7 @@ from rdmaxfer.tools.connection_ramp import (
     RangeSizer,
 )
 from rdmaxfer.tools.fetch import afetch, fetch, fetch_weights
+from rdmaxfer.tools.ranges import _FileSink, _Staged, open_direct
 
 MiB = 1 << 20
 
@@ -253,3 +257,53 @@ def test_range_sizes_reported_and_fixed_by_chunk_size(
     fixed = fetch(f"{nginx.url}/big.bin", out, chunk_size=2 * MiB, connections=2)
     assert fixed.range_size == 2 * MiB and len(fixed.range_steps) == 1
     assert out.read_bytes() == data
+
+
+# -- the file writes ---------------------------------------------------------------------------
+@pytest.mark.parametrize("refused", [False, True], ids=["direct", "refused"])
+def test_staged_writes_put_every_byte_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: bool
+) -> None:
+    # ranges starting at aligned and unaligned offsets (a retry resumes mid-block), delivered
+    # in odd pieces: whole blocks go out with O_DIRECT, partial ones through the page cache;
+    # where the file system refuses O_DIRECT, everything goes through the page cache
+    data = np.random.default_rng(25).integers(0, 256, 5 * MiB + 4321, dtype=np.uint8).tobytes()
+    path = tmp_path / "staged.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    direct = open_direct(path)
+    calls: list[int] = []
+    if refused:
+        pwrite = _FileSink._pwrite
+
+        def refuse(fd_: int, pos: int, view: memoryview) -> None:
+            calls.append(fd_)
+            if fd_ == direct:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            pwrite(fd_, pos, view)
+
+        monkeypatch.setattr(_FileSink, "_pwrite", staticmethod(refuse))
+    try:
+        os.ftruncate(fd, len(data))
+        sink = _FileSink(fd, direct_fd=direct)
+        stage = _Staged(sink)
+        ranges = [
+            (0, 100_000),
+            (100_000, 2 * MiB + 17),
+            (2 * MiB + 17, 5 * MiB),
+            (5 * MiB, len(data)),
+        ]
+        for first, end in ranges:
+            stage.begin(first)
+            pos, step = first, 7000
+            while pos < end:
+                n = min(step, end - pos)
+                stage.write(memoryview(data)[pos : pos + n])
+                pos, step = pos + n, (step * 3) % 300_001 + 1  # up to 300 KB, never 0
+            stage.flush()
+        assert path.read_bytes() == data
+        if refused and direct >= 0:
+            assert sink.direct_fd == -1 and calls.count(direct) == 1  # refused once, then not tried
+    finally:
+        os.close(fd)
+        if direct >= 0:
+            os.close(direct)

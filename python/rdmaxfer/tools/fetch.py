@@ -67,6 +67,7 @@ from .ranges import (
     _Remote,
     _State,
     choose_chunk_size,
+    open_direct,
     parse_rate,
     server_sha256,
 )
@@ -257,13 +258,15 @@ def _to_file(
         state = _State(state_path, meta, set())
     flags = os.O_RDWR | os.O_CREAT | (0 if state.done else os.O_TRUNC)
     fd = os.open(path, flags, 0o644)
+    direct = open_direct(path)
     ramp, sizer = opts.ramp(), opts.sizer(chunk)
     try:
         os.ftruncate(fd, size)  # sparse: no blocks until written
         if size:
             state.save()
+            sink = _FileSink(fd, direct_fd=direct)
             nchunks, resumed = download_span(
-                session, url, remote, 0, size, _FileSink(fd), opts, state, chunk, ramp, sizer
+                session, url, remote, 0, size, sink, opts, state, chunk, ramp, sizer
             )
         else:
             nchunks, resumed = 0, 0
@@ -276,6 +279,8 @@ def _to_file(
             raise
     finally:
         os.close(fd)
+        if direct >= 0:
+            os.close(direct)
     state.remove()
     result = FetchResult(url, size, path=path, chunks=nchunks, resumed_chunks=resumed,
                          sha256=digest)  # fmt: skip
