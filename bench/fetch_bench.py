@@ -84,12 +84,14 @@ def show(row: dict[str, Any]) -> None:
           f"load {row['load_avg_1min']:5.2f} {extra}", flush=True)  # fmt: skip
 
 
-def rounds(runs: dict[str, Run], out: Path, repeat: int, digest: str | None) -> dict[str, Any]:
+def rounds(
+    runs: dict[str, Run], out: Path, repeat: int, digest: str | None, size: int = 0
+) -> dict[str, Any]:
     """Each tool once per round, ``repeat`` rounds, every other round in the reverse order
     (bytes checked: :func:`rdmaxfer.tools.bench_fetch.run_rounds`); the fastest run of each,
     with every round's GB/s."""
     best: dict[str, dict[str, Any]] = {}
-    for row in run_rounds(runs, out, repeat, digest, on_row=show):
+    for row in run_rounds(runs, out, repeat, digest, on_row=show, size=size):
         name = row["tool"]
         row = {k: v for k, v in row.items() if k not in ("op", "tool", "round", "sha256")}
         all_rounds = [*best.get(name, {}).get("rounds_GB_per_s", []), row["GB_per_s"]]
@@ -197,7 +199,7 @@ def main() -> int:
                     "rdmaxfer fetch_weights": in_process(lambda: fetch_weights(url)),
                     "rdmaxfer fetch --out": in_process(lambda: fetch(url, out)),
                 }
-                best = rounds(runs, out, max(args.repeat, 3), None)
+                best = rounds(runs, out, max(args.repeat, 3), None, msize)
             ref = best["rdmaxfer fetch --out"]
             for name, row in best.items():
                 rows.append({"scenario": "weights (MiniLM safetensors, loopback)", "tool": name,

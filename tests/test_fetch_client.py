@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -260,13 +261,15 @@ def test_range_sizes_reported_and_fixed_by_chunk_size(
 
 
 # -- the file writes ---------------------------------------------------------------------------
+@pytest.mark.parametrize("threaded", [False, True], ids=["here", "writer-thread"])
 @pytest.mark.parametrize("refused", [False, True], ids=["direct", "refused"])
 def test_staged_writes_put_every_byte_in_place(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: bool, threaded: bool
 ) -> None:
     # ranges starting at aligned and unaligned offsets (a retry resumes mid-block), delivered
     # in odd pieces: whole blocks go out with O_DIRECT, partial ones through the page cache;
-    # where the file system refuses O_DIRECT, everything goes through the page cache
+    # where the file system refuses O_DIRECT, everything goes through the page cache; made
+    # here or in a writer thread (two buffers in turn)
     data = np.random.default_rng(25).integers(0, 256, 5 * MiB + 4321, dtype=np.uint8).tobytes()
     path = tmp_path / "staged.bin"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -282,10 +285,11 @@ def test_staged_writes_put_every_byte_in_place(
             pwrite(fd_, pos, view)
 
         monkeypatch.setattr(_FileSink, "_pwrite", staticmethod(refuse))
+    pool = ThreadPoolExecutor(1) if threaded else None
     try:
         os.ftruncate(fd, len(data))
         sink = _FileSink(fd, direct_fd=direct)
-        stage = _Staged(sink)
+        stage = _Staged(sink, pool)
         ranges = [
             (0, 100_000),
             (100_000, 2 * MiB + 17),
@@ -300,10 +304,31 @@ def test_staged_writes_put_every_byte_in_place(
                 stage.write(memoryview(data)[pos : pos + n])
                 pos, step = pos + n, (step * 3) % 300_001 + 1  # up to 300 KB, never 0
             stage.flush()
+            stage.wait()
+            assert stage.written() == end
         assert path.read_bytes() == data
         if refused and direct >= 0:
             assert sink.direct_fd == -1 and calls.count(direct) == 1  # refused once, then not tried
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
         os.close(fd)
         if direct >= 0:
             os.close(direct)
+
+
+def test_a_failed_write_is_raised(tmp_path: Path) -> None:
+    # the writer thread's error (here: a descriptor open for reading only) reaches the caller
+    path = tmp_path / "ro.bin"
+    path.write_bytes(b"\0" * (2 * MiB))
+    fd = os.open(path, os.O_RDONLY)
+    with ThreadPoolExecutor(1) as pool:
+        stage = _Staged(_FileSink(fd), pool)
+        stage.begin(0)
+        with pytest.raises(OSError) as err:
+            for _ in range(2 * MiB // 16384):
+                stage.write(memoryview(b"\1" * 16384))
+            stage.flush()
+            stage.wait()
+        assert err.value.errno == errno.EBADF
+    os.close(fd)

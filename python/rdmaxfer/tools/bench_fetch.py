@@ -110,9 +110,13 @@ def run_rounds(
     repeat: int,
     digest: str | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    size: int = 0,
 ) -> list[dict[str, Any]]:
     """Each client once per round, ``repeat`` rounds, every other round in the reverse
     order; every download's SHA-256 checked against ``digest`` (default: the first one's).
+    Before each, the file system's pending writes are flushed (``os.sync``), so that no
+    client pays for the writes of the one before. A client that writes no ``out`` (into
+    memory) counts ``size`` bytes, unchecked.
 
     Returns:
         one row per download: ``tool``, ``round``, ``bytes``, ``seconds``, ``GB_per_s``,
@@ -126,17 +130,19 @@ def run_rounds(
     for r in range(repeat):
         for name, run in list(runs.items())[:: -1 if r % 2 else 1]:
             out.unlink(missing_ok=True)
+            os.sync()
             load = os.getloadavg()[0]
             row = {"op": "fetch", "tool": name, "round": r, **run()}
-            size = out.stat().st_size
-            got = sha256_of(out)
-            digest = digest or got
-            if got != digest:
-                raise RuntimeError(
-                    f"{name}: the downloaded file's SHA-256 is {got}, the others' {digest}"
-                )
-            row.update(bytes=size, GB_per_s=size / row["seconds"] / 1e9, sha256=got,
-                       cpu_s_per_GB=row["cpu_s"] / (size / 1e9) if size else 0.0,
+            nbytes, got = size, None
+            if out.exists():
+                nbytes, got = out.stat().st_size, sha256_of(out)
+                digest = digest or got
+                if got != digest:
+                    raise RuntimeError(
+                        f"{name}: the downloaded file's SHA-256 is {got}, the others' {digest}"
+                    )
+            row.update(bytes=nbytes, GB_per_s=nbytes / row["seconds"] / 1e9, sha256=got,
+                       cpu_s_per_GB=row["cpu_s"] / (nbytes / 1e9) if nbytes else 0.0,
                        load_avg_1min=round(load, 2))  # fmt: skip
             rows.append(row)
             if on_row is not None:

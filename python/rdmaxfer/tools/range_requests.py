@@ -9,12 +9,14 @@ Sizes and offsets in bytes, rates in bytes per second, times in seconds.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import heapq
 import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -278,6 +280,8 @@ def download_span(
     left = length - already  # bytes not yet asked for
     running: dict[Conn, _Piece] = {}
     stages: dict[Conn, _Staged] = {}  # a file's write-combining, per connection
+    # a file's writes are made in one thread, while this one goes on receiving
+    pool = ThreadPoolExecutor(1, "rdmaxfer-fetch-write") if isinstance(sink, _FileSink) else None
     waiting: list[tuple[float, int, _Piece]] = []  # (ready at, index, piece): retries
     shown = (0, 0)
 
@@ -329,7 +333,7 @@ def download_span(
         conn = session.conn()
         staged = stages.get(conn)
         if staged is None and isinstance(sink, _FileSink):
-            staged = stages[conn] = _Staged(sink)
+            staged = stages[conn] = _Staged(sink, pool)
         if staged is not None:
             staged.begin(piece.pos)
 
@@ -362,6 +366,7 @@ def download_span(
         piece = running.pop(conn)
         if conn in stages:  # the bytes received are in the file before anything is decided
             stages[conn].flush()
+            stages[conn].wait()
         failure = conn.error
         if failure is None and error is not None:
             failure = _Retry(error)
@@ -404,7 +409,7 @@ def download_span(
             if state is not None:  # chunks of long ranges, recorded as they reach the file
                 for conn, piece in running.items():
                     staged = stages.get(conn)
-                    mark_through(piece, staged.start if staged is not None else piece.pos)
+                    mark_through(piece, staged.written() if staged is not None else piece.pos)
             if opts.progress:
                 if (target, size) != shown:
                     bar.set_postfix_str(f"{target} connections, {_mib(size)} ranges", refresh=False)
@@ -412,6 +417,11 @@ def download_span(
                 bar.update(already + stats["bytes"] - start_bytes - bar.n)
     finally:
         bar.close()
+        if pool is not None:  # every write made (or failed) before the file is closed
+            for staged in stages.values():
+                with contextlib.suppress(Exception):
+                    staged.wait()
+            pool.shutdown(wait=True)
         if state is not None:
             state.save()
     return nchunks, len(done)

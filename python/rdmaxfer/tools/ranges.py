@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import contextlib
 import errno
 import json
@@ -22,6 +23,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -270,14 +272,22 @@ class _Staged:
     """Write-combining in front of a :class:`_FileSink` for one connection: contiguous bytes
     from ``begin(offset)`` on are gathered into :data:`STAGE_BYTES` and written at once, whole
     :data:`ALIGN` blocks first (the rest of a block waits for its next bytes); :meth:`flush`
-    writes all that is held (at the end of each response). The buffer is page-aligned and the
+    writes all that is held (at the end of each response). The buffers are page-aligned and the
     bytes sit at the file offset's place modulo :data:`ALIGN`, so aligned blocks go out with
-    ``O_DIRECT``."""
+    ``O_DIRECT``.
 
-    def __init__(self, sink: _FileSink) -> None:
+    With a ``pool`` (one writer thread) the writes are made there, from two buffers in turn,
+    while this thread goes on receiving; :meth:`wait` waits for them (and raises what a write
+    raised), :meth:`written` is the offset all bytes before which are in the file.
+    """
+
+    def __init__(self, sink: _FileSink, pool: ThreadPoolExecutor | None = None) -> None:
         self.sink = sink
-        self.mem = mmap.mmap(-1, STAGE_BYTES + ALIGN)
-        self.view = memoryview(self.mem)
+        self.pool = pool
+        self.buffers = [memoryview(mmap.mmap(-1, STAGE_BYTES + ALIGN)) for _ in range(2)]
+        self.current = 0
+        self.view = self.buffers[0]
+        self.pending: collections.deque[tuple[int, int, Future[None]]] = collections.deque()
         self.start = 0  # span offset of the first byte held (all before it are written)
         self.lead = 0  # where it is in the buffer: its file offset modulo ALIGN
         self.fill = 0
@@ -291,6 +301,7 @@ class _Staged:
             self._drain()
             if self.lead + self.fill + n > len(self.view):  # more than the buffer holds
                 self.flush()
+                self.wait()
                 self.sink.write(self.start, data)
                 self.start += n
                 self.lead = (self.sink.base + self.start) % ALIGN
@@ -299,22 +310,47 @@ class _Staged:
         self.view[at : at + n] = data
         self.fill += n
 
+    def _submit(self, first: int, data: memoryview) -> None:
+        if self.pool is None:
+            self.sink.write_staged(first, data)
+            return
+        self.pending.append(
+            (self.current, first, self.pool.submit(self.sink.write_staged, first, data))
+        )
+        self.current ^= 1  # the other buffer, once its last write is made
+        for index, _, future in self.pending:
+            if index == self.current:
+                future.result()
+        self.view = self.buffers[self.current]
+
     def _drain(self) -> None:
         """Write the held bytes up to the last block boundary; the rest moves to the front."""
         end = self.lead + self.fill
         keep = end % ALIGN
         if end - keep <= self.lead:
             return
-        self.sink.write_staged(self.start, self.view[self.lead : end - keep])
-        self.view[:keep] = self.view[end - keep : end]
+        old = self.view
+        self._submit(self.start, old[self.lead : end - keep])
+        self.view[:keep] = old[end - keep : end]
         self.start += end - keep - self.lead
         self.lead, self.fill = 0, keep
 
     def flush(self) -> None:
         if self.fill:
-            self.sink.write_staged(self.start, self.view[self.lead : self.lead + self.fill])
+            self._submit(self.start, self.view[self.lead : self.lead + self.fill])
             self.start += self.fill
             self.lead, self.fill = (self.sink.base + self.start) % ALIGN, 0
+
+    def written(self) -> int:
+        """The span offset all bytes before which are in the file."""
+        while self.pending and self.pending[0][2].done():
+            self.pending.popleft()[2].result()
+        return self.pending[0][1] if self.pending else self.start
+
+    def wait(self) -> None:
+        """Wait for the writes in flight; raises the first one's error."""
+        while self.pending:
+            self.pending.popleft()[2].result()
 
 
 class _GrowingSink:
