@@ -380,11 +380,13 @@ def fetch() -> str:
             ratio(r, "x_curl"),
             ratio(r, "x_aria2c"),
             " -> ".join(str(n) for n in r.get("connection_steps", [])),
+            f"{r['range_size'] >> 20} MiB" if r.get("range_size") else "",
+            f"{r['load_avg_1min']:.1f}",
         ]
         for r in rows
     ]
     head = ["scenario", "tool", "GB/s", "CPU s/GB", "vs best other", "vs curl", "vs aria2c",
-            "connections"]  # fmt: skip
+            "connections", "largest range", "load"]  # fmt: skip
     return _table(head, table, right_from=2)
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +37,7 @@ from rdmaxfer.tools.connection_ramp import (
     ConnectionRamp,
     RangeSizer,
 )
-from rdmaxfer.tools.fetch import afetch, fetch, fetch_weights
+from rdmaxfer.tools.fetch import STATE_SUFFIX, afetch, fetch, fetch_weights
 from rdmaxfer.tools.ranges import _FileSink, _Staged, open_direct
 
 MiB = 1 << 20
@@ -332,3 +335,34 @@ def test_a_failed_write_is_raised(tmp_path: Path) -> None:
             stage.wait()
         assert err.value.errno == errno.EBADF
     os.close(fd)
+
+
+def test_resume_inside_long_ranges(pyserver: type[RangeServer], tmp_path: Path) -> None:
+    # ranges of several chunks: each chunk is recorded done once written, so a download
+    # killed inside a range resumes from its last whole chunk
+    data = np.random.default_rng(26).integers(0, 256, 24 * MiB, dtype=np.uint8).tobytes()
+    srv = pyserver(data, cap=8e6)
+    out, state = tmp_path / "long.bin", tmp_path / ("long.bin" + STATE_SUFFIX)
+    cmd = [sys.executable, "-m", "rdmaxfer", "fetch", srv.url, "--out", str(out), "--quiet"]
+    proc = subprocess.Popen([*cmd, "--connections", "2"], stderr=subprocess.PIPE, text=True)
+
+    def done() -> list[int]:
+        try:
+            return list(json.loads(state.read_text())["done"])
+        except (OSError, ValueError, KeyError):
+            return []
+
+    try:
+        deadline = time.monotonic() + 60
+        while len(done()) < 4 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    marked = done()
+    chunk = json.loads(state.read_text())["chunk_size"]
+    assert len(marked) >= 4 and chunk == 3 * MiB // 2
+    result = fetch(srv.url, out, connections=2, sha256=hashlib.sha256(data).hexdigest())
+    assert result.resumed_chunks == len(marked) and out.read_bytes() == data
+    assert result.bytes_fetched == len(data) - len(marked) * chunk
