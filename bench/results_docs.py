@@ -381,12 +381,13 @@ def fetch() -> str:
             ratio(r, "x_aria2c"),
             " -> ".join(str(n) for n in r.get("connection_steps", [])),
             f"{r['range_size'] >> 20} MiB" if r.get("range_size") else "",
+            ", ".join(f"{x:.3f}" for x in r.get("rounds_GB_per_s", [])),
             f"{r['load_avg_1min']:.1f}",
         ]
         for r in rows
     ]
     head = ["scenario", "tool", "GB/s", "CPU s/GB", "vs best other", "vs curl", "vs aria2c",
-            "connections", "largest range", "load"]  # fmt: skip
+            "connections", "largest range", "rounds GB/s", "load"]  # fmt: skip
     return _table(head, table, right_from=2)
 
 
