@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the operation to time (load: load_weights vs safetensors from local disk; "
         "fetch: rdmaxfer fetch vs curl, wget and aria2c on --url, --iters rounds)",
     )  # fmt: skip
-    p.add_argument("--url", help="fetch: the URL to download")
+    p.add_argument("--url", help="fetch: the URL to download (default: none; fetch needs one)")
     p.add_argument("--dir", help="fetch: where the downloads go (default: a temporary folder)")
     p.add_argument("--file", help="load: the .safetensors file (default: the MiniLM file)")
     p.add_argument(
