@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -366,3 +367,45 @@ def test_resume_inside_long_ranges(pyserver: type[RangeServer], tmp_path: Path) 
     result = fetch(srv.url, out, connections=2, sha256=hashlib.sha256(data).hexdigest())
     assert result.resumed_chunks == len(marked) and out.read_bytes() == data
     assert result.bytes_fetched == len(data) - len(marked) * chunk
+
+
+def test_a_busy_writer_spills_through_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the writer thread is held on its first write (a busy disk): the bytes after it are
+    # written here through the page cache instead of waiting, and every byte lands in place
+    data = np.random.default_rng(27).integers(0, 256, 4 * MiB + 100, dtype=np.uint8).tobytes()
+    path = tmp_path / "spill.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    sink = _FileSink(fd, direct_fd=open_direct(path))
+    release = threading.Event()
+    staged_write, page_cache_write = sink.write_staged, sink.write
+    spilled: list[int] = []
+
+    def held(first: int, view: memoryview) -> None:
+        assert release.wait(60)
+        staged_write(first, view)
+
+    def counted(first: int, view: memoryview) -> None:
+        spilled.append(len(view))
+        page_cache_write(first, view)
+
+    monkeypatch.setattr(sink, "write_staged", held)
+    monkeypatch.setattr(sink, "write", counted)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            stage = _Staged(sink, pool)
+            stage.begin(0)
+            for pos in range(0, len(data), 16384):
+                stage.write(memoryview(data)[pos : pos + 16384])
+            assert sum(spilled) >= 2 * MiB  # all but the first buffer's worth, at least
+            release.set()
+            stage.flush()
+            stage.wait()
+            assert stage.written() == len(data)
+        assert path.read_bytes() == data
+    finally:
+        release.set()
+        os.close(fd)
+        if sink.direct_fd >= 0:
+            os.close(sink.direct_fd)

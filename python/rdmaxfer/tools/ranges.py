@@ -277,8 +277,10 @@ class _Staged:
     ``O_DIRECT``.
 
     With a ``pool`` (one writer thread) the writes are made there, from two buffers in turn,
-    while this thread goes on receiving; :meth:`wait` waits for them (and raises what a write
-    raised), :meth:`written` is the offset all bytes before which are in the file.
+    while this thread goes on receiving; when the other buffer's write is still not made (the
+    disk is busy), the bytes go through the page cache from this thread instead, at once.
+    :meth:`wait` waits for the writes (and raises what one raised); :meth:`written` is the
+    offset all bytes before which are in the file.
     """
 
     def __init__(self, sink: _FileSink, pool: ThreadPoolExecutor | None = None) -> None:
@@ -314,14 +316,15 @@ class _Staged:
         if self.pool is None:
             self.sink.write_staged(first, data)
             return
-        self.pending.append(
-            (self.current, first, self.pool.submit(self.sink.write_staged, first, data))
-        )
-        self.current ^= 1  # the other buffer, once its last write is made
-        for index, _, future in self.pending:
-            if index == self.current:
-                future.result()
-        self.view = self.buffers[self.current]
+        other = self.current ^ 1
+        if any(index == other and not f.done() for index, _, f in self.pending):
+            # the writer is behind (a busy disk): through the page cache, here, at once
+            self.sink.write(first, data)
+            return
+        future = self.pool.submit(self.sink.write_staged, first, data)
+        self.pending.append((self.current, first, future))
+        self.current = other
+        self.view = self.buffers[other]
 
     def _drain(self) -> None:
         """Write the held bytes up to the last block boundary; the rest moves to the front."""
