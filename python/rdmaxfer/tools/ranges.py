@@ -203,6 +203,8 @@ class _FileSink:
         self.fd = fd
         self.base = base
         self.direct_fd = direct_fd
+        self.submitted = 0  # writes given to a writer thread (counted by the caller)
+        self.started = 0  # and begun (counted by the writer)
 
     def write(self, offset: int, data: memoryview) -> None:
         self._pwrite(self.fd, self.base + offset, data)
@@ -213,6 +215,15 @@ class _FileSink:
         while n < len(data):  # a short write: the rest
             data, pos = data[n:], pos + n
             n = os.pwrite(fd, data, pos)
+
+    def write_queued(self, offset: int, data: memoryview) -> None:
+        """:meth:`write_staged` in a writer thread; but when :data:`WRITER_BACKLOG` more writes
+        wait behind this one (a busy disk), through the page cache."""
+        self.started += 1
+        if self.submitted - self.started < WRITER_BACKLOG:
+            self.write_staged(offset, data)
+        else:
+            self.write(offset, data)
 
     def write_staged(self, offset: int, data: memoryview) -> None:
         """Write ``data``, whose address is ``base + offset`` modulo :data:`ALIGN` (a
@@ -266,6 +277,8 @@ STAGE_BYTES = 1 << 20
 at a time, and a 1 MiB write costs about half the CPU of 64 small ones."""
 ALIGN = 4096
 """Alignment of ``O_DIRECT`` writes (offset, length and address)."""
+WRITER_BACKLOG = 2
+"""Writes waiting for the writer thread at which it writes through the page cache."""
 
 
 class _Staged:
@@ -277,8 +290,9 @@ class _Staged:
     ``O_DIRECT``.
 
     With a ``pool`` (one writer thread) the writes are made there, from two buffers in turn,
-    while this thread goes on receiving; when the other buffer's write is still not made (the
-    disk is busy), the bytes go through the page cache from this thread instead, at once.
+    while this thread goes on receiving (:meth:`_FileSink.write_queued`: through the page cache
+    while :data:`WRITER_BACKLOG` writes wait, a busy disk); when the other buffer's write is
+    still not made, the bytes go through the page cache from this thread instead, at once.
     :meth:`wait` waits for the writes (and raises what one raised); :meth:`written` is the
     offset all bytes before which are in the file.
     """
@@ -318,10 +332,11 @@ class _Staged:
             return
         other = self.current ^ 1
         if any(index == other and not f.done() for index, _, f in self.pending):
-            # the writer is behind (a busy disk): through the page cache, here, at once
+            # the writer is far behind: through the page cache, here, at once
             self.sink.write(first, data)
             return
-        future = self.pool.submit(self.sink.write_staged, first, data)
+        self.sink.submitted += 1
+        future = self.pool.submit(self.sink.write_queued, first, data)
         self.pending.append((self.current, first, future))
         self.current = other
         self.view = self.buffers[other]
