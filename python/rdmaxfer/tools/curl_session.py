@@ -1,9 +1,8 @@
 """The HTTP client of :mod:`rdmaxfer.tools.fetch`: libcurl's multi interface through pycurl.
 
-libcurl receives every body into its own buffer (:data:`BUFFER_SIZE` bytes per connection) and
-hands it to a write callback as a ``memoryview`` of that buffer (no copy), which puts the bytes
-at their place in the destination (``os.pwrite`` to the file, a slice assignment into memory):
-one Python call per ``recv`` of up to a megabyte, not per 32 KiB chunk. The connections live in
+libcurl receives every body into its own buffer (:data:`BUFFER_SIZE` bytes per ``recv`` and
+connection) and hands it to a write callback as ``memoryview`` blocks of that buffer (16 KiB
+each; no copy), which put the bytes at their place in the destination. The connections live in
 one multi handle driven by :meth:`Session.step` in the calling thread; they are kept alive from
 request to request, speak HTTP/2 where an ``https`` server offers it (ALPN; one transfer per
 connection, so that a server that caps each connection is met with several), follow redirects
@@ -27,7 +26,7 @@ import pycurl
 from ..errors import FetchError
 
 BUFFER_SIZE = 1 << 20
-"""libcurl's receive buffer per connection (bytes): the most one write callback gets."""
+"""libcurl's receive buffer per connection (bytes): the most one ``recv`` takes."""
 USER_AGENT = "rdmaxfer-fetch"
 """The ``User-Agent`` of every request."""
 SELECT_S = 0.1

@@ -3,11 +3,14 @@
 A large file (model weights) is cut into chunks (:func:`choose_chunk_size`) that parallel
 HTTP connections fetch with ``Range`` requests. The bytes move in libcurl, through pycurl's
 multi interface (:mod:`rdmaxfer.tools.curl_session`): each response lands at its offset in the
-destination as it arrives, one write per ``recv`` of up to 1 MiB; connections are kept alive,
-speak HTTP/2 where an ``https`` server offers it, follow redirects and use libcurl's TLS.
+destination as it arrives (into memory, one copy per 16 KiB block libcurl hands over; into a
+file, gathered per connection and written by a writer thread, whole 4 KiB blocks with
+``O_DIRECT``); connections are kept alive, speak HTTP/2 where an ``https`` server offers it,
+follow redirects and use libcurl's TLS.
 
 - a file (``out=``): opened once, grown to its final size with ``ftruncate`` (a sparse file),
-  written with ``os.pwrite``; a small JSON sidecar ``<out>.rdmaxfer-fetch`` records finished
+  written with ``os.pwrite`` (``O_DIRECT`` for whole blocks, the page cache for the rest and
+  while the disk is behind); a small JSON sidecar ``<out>.rdmaxfer-fetch`` records finished
   chunks so that an interrupted download resumes with only the missing ones (the sidecar is
   trusted only while the server's size, ``ETag`` and ``Last-Modified`` are unchanged);
 - memory: a new ``np.empty`` buffer, a caller's writable buffer (``into=``), or pinned
@@ -348,7 +351,8 @@ def fetch(
     """Download ``url`` with parallel HTTP Range requests into a file or memory.
 
     The bytes move in libcurl (pycurl's multi interface): each response lands at its offset
-    in the destination, one write per ``recv`` of up to 1 MiB; connections are kept alive,
+    in the destination (a file's whole 4 KiB blocks with ``O_DIRECT`` from a writer thread,
+    so the file is not left in the page cache); connections are kept alive,
     speak HTTP/2 where an ``https`` server offers it, follow redirects and use libcurl's TLS.
 
     Args:
@@ -363,8 +367,10 @@ def fetch(
         connections: parallel connections, fixed (1 to 256). Default: adaptive, 4 first,
             doubled while the total rate grows by 30% or more (a server that caps each
             connection), up to 32; ``FetchResult.connection_steps`` lists the steps.
-        chunk_size: bytes per ranged request (default: :func:`choose_chunk_size` for the
-            most connections the download may open).
+        chunk_size: bytes per chunk, the unit of resume, and then per ranged request
+            (default: :func:`choose_chunk_size` for the most connections the download may
+            open, and ranges of whole chunks that grow with the rate measured per
+            connection, up to 64 MiB; ``FetchResult.range_steps`` lists them).
         rate: cap in bytes/s for all connections together (``"1G"``, ``"500M"`` or a number).
         sha256: expected SHA-256 (64 hex digits) of the whole file.
         retries: attempts after the first for each failed range (backoff 0.25 s doubling to
