@@ -248,3 +248,31 @@ def test_a_failed_read_names_the_offset_and_errno(tmp_path: Path, rng: np.random
             )
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("prefault", [True, False])
+def test_direct_reads_into_fresh_pages_faulted_ahead(tmp_path: Path, prefault: bool) -> None:
+    """Many more direct reads than are in flight into new, untouched memory: with the pages
+    faulted in ahead on a second thread (MADV_POPULATE_WRITE) or by the reads themselves, every
+    byte lands."""
+    import mmap
+
+    from rdmaxfer import _core
+
+    data = np.random.default_rng(31).integers(0, 256, 6 << 20, dtype=np.uint8)
+    path = tmp_path / "raw.bin"
+    path.write_bytes(data.tobytes())
+    pages = mmap.mmap(-1, data.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    out = np.frombuffer(pages, dtype=np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        stats = _core.read_file_ranges(
+            fd, str(path), data.nbytes, [(0, data.nbytes, out.ctypes.data)], [],
+            chunk=64 << 10, depth=4, prefault=prefault,
+        )  # fmt: skip
+    finally:
+        os.close(fd)
+    assert stats["reads"] == data.nbytes // (64 << 10) and stats["bytes_read"] == data.nbytes
+    assert out.tobytes() == data.tobytes()
+    del out
+    pages.close()

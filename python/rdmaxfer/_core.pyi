@@ -373,10 +373,12 @@ def read_file_ranges(
     timeout_s: float = 60.0,
     use_uring: bool = True,
     copier: DeviceCopier | None = None,
+    prefault: bool = True,
 ) -> dict[str, Any]:
     """Reads byte ranges of the open file ``fd`` (csrc/transport/storage/file_reader.h):
     ``direct`` [(file_offset, length, address)] straight into aligned host memory, ``copied``
-    [(file_offset, length, address, on_device)] through bounce buffers. Returns
+    [(file_offset, length, address, on_device)] through bounce buffers; ``prefault``: the
+    direct ranges' pages faulted in ahead of the reads on a second thread. Returns
     {"bytes_read", "reads", "copies", "engine"}."""
 
 def gds_unavailable() -> str:
