@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bindings/gil.h"
+#include "cuda/cufile_api.h"
 #include "cuda/device_copier.h"
 #include "transport/storage/file_reader.h"
 #include "transport/storage/gds_reader.h"
@@ -60,6 +61,24 @@ void bind_storage(py::module_& m) {
       "Returns {bytes_read, reads, copies, engine}.");
   m.def("gds_unavailable", &gds_unavailable,
         "\"\" when GPUDirect Storage (libcufile) can be used here, else why not.");
+  m.def(
+      "gds_status",
+      [] {
+        CufileStatus s;
+        {
+          GilRelease release;
+          s = cufile_status();
+        }
+        py::dict out;
+        out["library"] = s.library;
+        out["path"] = s.path;
+        out["version"] = s.version;
+        out["unavailable"] = s.unavailable;
+        return out;
+      },
+      "What loading libcufile (GPUDirect Storage) found: {library: the name tried, path: the "
+      "file loaded (\"\" when none), version (\"\" when unknown), unavailable: why GDS cannot "
+      "be used (\"\" when it can)}.");
   m.def(
       "read_file_gds",
       [](int fd, const std::string& path, uint64_t file_size, int device,

@@ -384,6 +384,11 @@ def read_file_ranges(
 def gds_unavailable() -> str:
     """ "" when GPUDirect Storage (libcufile) can be used here, else why not."""
 
+def gds_status() -> dict[str, str]:
+    """What loading libcufile (GPUDirect Storage) found: {"library": the name tried, "path":
+    the file loaded ("" when none), "version" ("" when unknown), "unavailable": why GDS cannot
+    be used ("" when it can)}."""
+
 def read_file_gds(
     fd: int,
     path: str,
