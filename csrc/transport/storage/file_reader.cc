@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <system_error>
 #include <thread>
 
 #include "common/error.h"
@@ -95,7 +96,11 @@ class Prefaulter {
   Prefaulter(std::vector<std::pair<uint8_t*, uint64_t>> spans, size_t ahead)
       : spans_(std::move(spans)) {
     if (spans_.size() <= ahead || !two_cpus()) return;
-    thread_ = std::thread([this, ahead] { run(ahead); });
+    try {
+      thread_ = std::thread([this, ahead] { run(ahead); });
+    } catch (const std::system_error&) {
+      // No thread to spare (EAGAIN): the reads fault their pages in themselves.
+    }
   }
   ~Prefaulter() {
     stop_.store(true, std::memory_order_relaxed);
