@@ -2,13 +2,15 @@
 # GPU check for a lent GPU machine (no network): build rdmaxfer, run the GPU tests
 # (pytest -m gpu), the GPU bench (bench/gpu_bench.py: staged write/read against the pinned copy,
 # 16 MiB to 4 GiB, and a 4 GiB GPU-to-GPU loopback send/recv), the two-process CUDA IPC bench
-# (bench/gpu_ipc_bench.py: same GPU, and GPU 0 -> GPU 1 with two GPUs), then print one table of
-# every check against its target (bench/gpu_check_table.py).
+# (bench/gpu_ipc_bench.py: same GPU, and GPU 0 -> GPU 1 with two GPUs), load_weights of a
+# LOAD_SIZE file into GPU memory with and without GPUDirect Storage against the disk's rate and
+# a torch.load-style read-then-copy (bench/load_gpu_bench.py; cold page cache when root), then
+# print one table of every check against its target (bench/gpu_check_table.py).
 # The whole script stays under BUDGET seconds (default 470: under 8 minutes): each step's
 # timeout is its own cap or what is left, whichever is smaller.
 #
 #   bench/gpu_check.sh              # from the repository root
-#   BIG=1G SIZES=16M,256M IPC_SIZE=256M bench/gpu_check.sh   # a shorter run
+#   BIG=1G SIZES=16M,256M IPC_SIZE=256M LOAD_SIZE=256M bench/gpu_check.sh   # a shorter run
 #
 # Offline installs: wheels in .whl/ (pybind11, scikit-build-core, cupy-cuda12x, pytest,
 # numpy, ml_dtypes, safetensors...) are used when present; without CuPy the CuPy tests skip
@@ -25,6 +27,8 @@ STAGE=${STAGE:-/tmp/rdmaxfer-gpu-stage}
 SIZES=${SIZES:-16M,64M,256M,1G,4G}
 BIG=${BIG:-4G}
 IPC_SIZE=${IPC_SIZE:-1G}
+LOAD_SIZE=${LOAD_SIZE:-1G}
+LOAD_DIR=${LOAD_DIR:-/tmp}
 BUDGET=${BUDGET:-470}
 t0=$(date +%s)
 step() { echo; echo "== [$(( $(date +%s) - t0 ))s] $*"; }
@@ -87,6 +91,7 @@ export PYTHONPATH="$STAGE"
 if [ "${STANDIN:-0}" = 1 ]; then
   RDMAXFER_CUDA_LIBRARY=$(cd "$ROOT/tests" && $PY -c "import _cuda_standin; print(_cuda_standin.library())")
   export RDMAXFER_CUDA_LIBRARY
+  export RDMAXFER_CUFILE_LIBRARY=$RDMAXFER_CUDA_LIBRARY  # the stand-in holds a cuFile too
   echo "STANDIN=1: the stand-in driver $RDMAXFER_CUDA_LIBRARY (no GPU: figures mean nothing)"
 fi
 
@@ -112,7 +117,13 @@ timeout "$(left 60)" $PY "$ROOT/bench/gpu_ipc_bench.py" --size "$IPC_SIZE" \
   --json "$OUTDIR/gpu_ipc.json"
 ipc_rc=$?
 
-step "done in $(( $(date +%s) - t0 ))s: gpu tests rc=$tests_rc, bench rc=$bench_rc, ipc rc=$ipc_rc (results in $OUTDIR)"
+step "load_weights into GPU memory, GDS and not, vs the disk and read-then-copy ($LOAD_SIZE in $LOAD_DIR)"
+timeout "$(left 120)" $PY "$ROOT/bench/load_gpu_bench.py" --size "$LOAD_SIZE" --dir "$LOAD_DIR" \
+  --json "$OUTDIR/load_gpu.json"
+load_rc=$?
+
+step "done in $(( $(date +%s) - t0 ))s: gpu tests rc=$tests_rc, bench rc=$bench_rc, ipc rc=$ipc_rc, load rc=$load_rc (results in $OUTDIR)"
 $PY "$ROOT/bench/gpu_check_table.py" "$OUTDIR"
 table_rc=$?
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$ipc_rc" -eq 0 ] && [ "$table_rc" -eq 0 ]
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$ipc_rc" -eq 0 ] && [ "$load_rc" -eq 0 ] \
+  && [ "$table_rc" -eq 0 ]

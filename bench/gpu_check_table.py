@@ -11,6 +11,11 @@ FAIL or SKIP, read from what the earlier steps wrote into the results folder:
 - ``gpu_ipc.json`` (bench/gpu_ipc_bench.py): two processes on the same GPU (and GPU 0 to GPU 1
   when there are two) through CUDA IPC, against the pinned D2H copy of the same run; on the
   same GPU also from and into memory this process did not register (exported on the fly).
+- ``load_gpu.json`` (bench/load_gpu_bench.py): load_weights of a safetensors file into cuda:0
+  by GPUDirect Storage (cuFileRead) and through pinned host buffers, each against the disk's
+  rate (fio, or load_weights into host arrays without fio), target >= 0.8x and bit-exact,
+  with the torch.load-style read-then-copy of the same run beside them; the GDS row is SKIP
+  where libcufile does not load (the reason).
 
 A missing file makes its rows FAIL ("not run"). Exit status 0 only when no row failed.
 """
@@ -26,6 +31,7 @@ from typing import Any
 
 STAGING_TARGET = 0.8
 LOOPBACK_TARGET = 0.8
+LOAD_TARGET = 0.8
 
 #: Table rows drawn from the GPU tests: (label, test file, test name prefix or "" for all).
 TEST_ROWS = (
@@ -134,6 +140,39 @@ def ipc_rows(ipc: Any) -> list[Row]:
     return rows
 
 
+def load_rows(load: Any) -> list[Row]:
+    if not load:
+        return [("load_weights -> cuda:0 vs disk", "not run", "", "FAIL")]
+    size = _size(load["file_bytes"])
+    disk = load["GB_per_s"]["disk"]
+    rows: list[Row] = []
+    for m, label in (("gds", "GPUDirect Storage"), ("bounce", "pinned bounce + H2D")):
+        if m not in load["GB_per_s"]:
+            rows.append((f"load_weights {size} -> cuda:0, {label}", load["gds"], "", "SKIP"))
+            continue
+        ratio = load["vs_disk"][m]
+        ok = ratio >= LOAD_TARGET and load["bit_exact"][m]
+        rows.append(
+            (
+                f"load_weights {size} -> cuda:0, {label} ({load['engines'][m]})",
+                f"{load['GB_per_s'][m]:.2f} GB/s = {ratio:.2f}x disk "
+                f"({disk:.2f}), {load['vs_read_then_copy'][m]:.2f}x read-then-copy",
+                f">= {LOAD_TARGET}x disk, bytes intact",
+                "PASS" if ok else "FAIL",
+            )
+        )
+    rtc = load["GB_per_s"]["read_then_copy"]
+    rows.append(
+        (
+            f"read-then-copy {size} -> cuda:0 (torch.load style, {load['cache']} cache)",
+            f"{rtc:.2f} GB/s = {load['vs_disk']['read_then_copy']:.2f}x disk",
+            "reference, bytes intact",
+            "PASS" if load["bit_exact"]["read_then_copy"] else "FAIL",
+        )
+    )
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("results", type=Path, help="the folder gpu_check.sh wrote into")
@@ -142,6 +181,7 @@ def main() -> int:
         bench_rows(_load(args.results / "gpu_bench.json"))
         + gpu_test_rows(args.results / "gpu-tests.xml")
         + ipc_rows(_load(args.results / "gpu_ipc.json"))
+        + load_rows(_load(args.results / "load_gpu.json"))
     )
     widths = [
         max(len(r[i]) for r in [*rows, ("check", "measured", "target", "result")]) for i in range(4)

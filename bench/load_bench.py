@@ -14,8 +14,10 @@ round runs the three methods in a rotated order, the page cache dropped (``sync;
 - ``safetensors``: ``safetensors.numpy.load_file(path)`` (mmap and copy).
 
 GB/s = 1e9 bytes/s of the file's size; the table gives the medians, the best round and
-rdmaxfer's ratio to each reference (medians). The new arrays' pages are faulted in (zeroed by
-the kernel) during the load, as load_file's are; fio reads into one reused buffer.
+rdmaxfer's ratio to each reference (medians), and the spread of the ratios within each round
+with the rounds' load averages (``per_round``, ``round_loads`` in the JSON). The new arrays'
+pages are faulted in (zeroed by the kernel) during the load, as load_file's are; fio reads into
+one reused buffer.
 """
 
 from __future__ import annotations
@@ -110,13 +112,20 @@ def main() -> None:
         }
         io = load_weights(path).files[0]
         seconds: dict[str, list[float]] = {m: [] for m in methods}
+        loads: list[float] = []  # the 1-minute load average at the start of each round
         order = list(methods)
         for r in range(args.rounds):
+            loads.append(os.getloadavg()[0])
             for m in order[r % 3 :] + order[: r % 3]:
                 drop_caches()
                 seconds[m].append(methods[m]())
                 print(f"round {r} {m}: {size / seconds[m][-1] / 1e9:.2f} GB/s", flush=True)
+            print(f"round {r}: load {loads[-1]:.1f}", flush=True)
     median = {m: size / statistics.median(s) / 1e9 for m, s in seconds.items()}
+    per_round = {  # rdmaxfer's ratio to each reference within each round (same disk, same load)
+        ref: [b / a for a, b in zip(seconds["rdmaxfer"], seconds[ref], strict=True)]
+        for ref in ("fio", "safetensors")
+    }
     result = {
         "file_bytes": size,
         "rounds": args.rounds,
@@ -126,6 +135,8 @@ def main() -> None:
         "seconds": seconds,
         "vs_fio": median["rdmaxfer"] / median["fio"],
         "vs_safetensors": median["rdmaxfer"] / median["safetensors"],
+        "per_round": per_round,
+        "round_loads": loads,
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg()[0],  # other work on the machine during the run

@@ -500,9 +500,21 @@ def load() -> str:
         if "load_average" in r
         else ""
     )
+    spread = ""
+    if "per_round" in r:
+        loads = sorted(r["round_loads"])
+        ratios = "; ".join(
+            f"against {ref} {statistics.median(x):.2f}x (rounds {min(x):.2f}-{max(x):.2f}x)"
+            for ref, x in r["per_round"].items()
+        )
+        spread = (
+            f" rdmaxfer's ratio within each round, median and range: {ratios}; load average "
+            f"{loads[0]:.1f}-{loads[-1]:.1f} over the rounds, on {r['cpus']} CPUs."
+        )
+        load = ""
     return (
         _table([*head, "rdmaxfer vs"], rows, right_from=1)
-        + f"\nMeasured on {r['machine']}{load}.\n"
+        + f"\nMeasured on {r['machine']}{load}.{spread}\n"
     )
 
 

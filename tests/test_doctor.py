@@ -70,6 +70,13 @@ class Tree:
             "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build",
         )
         (self.sys / "module/nvidia_peermem").mkdir(parents=True)
+        write(self.sys / "module/nvidia_fs/version", "2.20.5")
+        self.gds = {
+            "library": "libcufile.so.0",
+            "path": "/usr/local/cuda/targets/x86_64-linux/lib/libcufile.so.1.9.1",
+            "version": "1.9",
+            "unavailable": "",
+        }
         switch = "pci0000:00/0000:00:01.0/0000:01:00.0"
         self.pci(GPU, f"{switch}/0000:02:00.0/{GPU}", "0x10de", "0x030200", numa=0)
         self.pci(NIC, f"{switch}/0000:02:01.0/{NIC}", "0x15b3", "0x020000", numa=0)
@@ -137,6 +144,7 @@ class Tree:
             need=need,
             cuda_status=self.cuda,
             verbs_dmabuf=self.verbs_dmabuf,
+            gds_status=self.gds,
         )
 
     def info(self) -> dict[str, Any]:
@@ -170,8 +178,12 @@ def test_healthy_machine_is_all_ok(tree: Tree) -> None:
     assert checks == {
         "memlock", "rdma.devices", "rdma.port", "rdma.mtu", "rdma.gid", "gpu.driver",
         "gpu.method", "gpu.dmabuf", "gpu.peermem", "pcie.affinity", "pcie.link", "irq.affinity",
-        "sysctl", "shm", "fabric", "gpu.cuda_ipc",
+        "sysctl", "shm", "fabric", "gpu.cuda_ipc", "gds.library", "gds.nvidia_fs",
+        "gds.kernel_modules",
     }  # fmt: skip
+    gds = only(findings, "gds.library").message
+    assert gds.startswith("libcufile 1.9 from /usr/local/cuda/") and "cuFileRead" in gds
+    assert only(findings, "gds.nvidia_fs").message == "nvidia-fs 2.20.5 loaded"
     assert only(findings, "pcie.affinity").message.startswith("nearest NIC mlx5_0: PIX")
     assert "active MTU 4096" in only(findings, "rdma.mtu").message
     assert doctor.worst(findings) == "ok"
@@ -287,6 +299,41 @@ def test_no_gpu_driver(tree: Tree) -> None:
     findings = tree.run()
     assert only(findings, "gpu.driver").severity == "info"
     assert not [f for f in findings if f.check in ("gpu.dmabuf", "gpu.peermem")]
+
+
+def test_gds_missing_pieces(tree: Tree) -> None:
+    """Without libcufile, nvidia-fs or the open kernel modules, doctor names each with its fix;
+    on a machine without a GPU a missing libcufile is only information."""
+    tree.gds = {
+        "library": "libcufile.so.0",
+        "path": "",
+        "version": "",
+        "unavailable": "no GPUDirect Storage: libcufile.so.0 not found (cannot open it)",
+    }
+    (tree.sys / "module/nvidia_fs/version").unlink()
+    (tree.sys / "module/nvidia_fs").rmdir()
+    write(tree.proc / "driver/nvidia/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module")
+    lib = only(tree.run(), "gds.library")
+    assert (lib.severity, lib.subject) == ("warn", "GPUDirect Storage")
+    assert "libcufile.so.0 not found" in lib.message and "pinned host buffers" in lib.message
+    assert "apt install nvidia-gds" in lib.fix
+    tree.gds = {**tree.gds, "path": "/opt/libcufile.so.1.7.2", "version": "1.7.2"}
+    tree.gds["unavailable"] = "no GPUDirect Storage: cuFileDriverOpen: cuFile error 5026"
+    findings = tree.run()
+    lib = only(findings, "gds.library")
+    assert lib.severity == "warn" and "libcufile 1.7.2 from /opt/libcufile.so.1.7.2 loads" in (
+        lib.message
+    )
+    assert "cuFile error 5026" in lib.message
+    nvfs = only(findings, "gds.nvidia_fs")
+    assert nvfs.severity == "warn" and "modprobe nvidia-fs" in nvfs.fix
+    modules = only(findings, "gds.kernel_modules")
+    assert modules.severity == "warn" and "kernel-open" in modules.fix
+    (tree.proc / "driver/nvidia/version").unlink()  # no GPU here
+    tree.gds = {**tree.gds, "path": "", "version": ""}
+    findings = tree.run()
+    assert only(findings, "gds.library").severity == "info"
+    assert not [f for f in findings if f.check in ("gds.nvidia_fs", "gds.kernel_modules")]
 
 
 def test_gpu_and_nic_across_sockets(tree: Tree) -> None:

@@ -248,3 +248,64 @@ def test_a_failed_read_names_the_offset_and_errno(tmp_path: Path, rng: np.random
             )
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("prefault", [True, False])
+def test_direct_reads_into_fresh_pages_faulted_ahead(tmp_path: Path, prefault: bool) -> None:
+    """Many more direct reads than are in flight into new, untouched memory: with the pages
+    faulted in ahead on a second thread (MADV_POPULATE_WRITE) or by the reads themselves, every
+    byte lands."""
+    import mmap
+
+    from rdmaxfer import _core
+
+    data = np.random.default_rng(31).integers(0, 256, 6 << 20, dtype=np.uint8)
+    path = tmp_path / "raw.bin"
+    path.write_bytes(data.tobytes())
+    pages = mmap.mmap(-1, data.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    out = np.frombuffer(pages, dtype=np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        stats = _core.read_file_ranges(
+            fd, str(path), data.nbytes, [(0, data.nbytes, out.ctypes.data)], [],
+            chunk=64 << 10, depth=4, prefault=prefault,
+        )  # fmt: skip
+    finally:
+        os.close(fd)
+    assert stats["reads"] == data.nbytes // (64 << 10) and stats["bytes_read"] == data.nbytes
+    assert out.tobytes() == data.tobytes()
+    del out
+    pages.close()
+
+
+@pytest.mark.parametrize("when", ["before the reads", "during the reads"])
+def test_a_file_changed_while_it_is_loaded_is_refused(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A writer replaces the file after its header was read (a new inode), or appends to it while
+    it is read: CorruptFileError naming the file, and nothing returned."""
+    from rdmaxfer.weights import loading
+
+    tensors = random_tensors(rng)
+    path = write(tmp_path / "m.safetensors", tensors)
+    if when == "before the reads":
+        real_open = loading.open_checkpoint
+
+        def then_replaced(p: Any) -> Any:
+            files = real_open(p)
+            write(tmp_path / "next.safetensors", random_tensors(rng)).replace(path)
+            return files
+
+        monkeypatch.setattr(loading, "open_checkpoint", then_replaced)
+    else:
+        real_read = loading._core.read_file_ranges
+
+        def appended_meanwhile(*args: Any, **kwargs: Any) -> Any:
+            with open(path, "ab") as f:
+                f.write(b"\0" * 4096)
+            return real_read(*args, **kwargs)
+
+        monkeypatch.setattr(loading._core, "read_file_ranges", appended_meanwhile)
+    with pytest.raises(CorruptFileError, match="changed on disk since its header was read") as e:
+        load_weights(path)
+    assert e.value.path == str(path) and e.value.offset == 0

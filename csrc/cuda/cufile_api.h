@@ -44,6 +44,19 @@ struct CufileApi {
 // set ("no GPUDirect Storage: ..."). Thread-safe; later calls return the same answer.
 const CufileApi* cufile_api(std::string* why);
 
+// What loading libcufile found, for `rdmaxfer info` and `doctor`: the name tried
+// (RDMAXFER_CUFILE_LIBRARY or libcufile.so.0), the file it loaded from ("" when dlopen
+// failed), its version ("" when unknown: cuFileGetVersion, where the library has it, else the
+// version in the file's name), and why GDS cannot be used ("" when it can). Loads the library
+// and opens the driver as cufile_api() does (once).
+struct CufileStatus {
+  std::string library;
+  std::string path;
+  std::string version;
+  std::string unavailable;
+};
+CufileStatus cufile_status();
+
 // "op: cuFile error N" (with the CUresult when the error is a CUDA driver error).
 std::string cufile_error_text(const std::string& op, const CUfileError& e);
 

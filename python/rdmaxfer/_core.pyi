@@ -373,14 +373,21 @@ def read_file_ranges(
     timeout_s: float = 60.0,
     use_uring: bool = True,
     copier: DeviceCopier | None = None,
+    prefault: bool = True,
 ) -> dict[str, Any]:
     """Reads byte ranges of the open file ``fd`` (csrc/transport/storage/file_reader.h):
     ``direct`` [(file_offset, length, address)] straight into aligned host memory, ``copied``
-    [(file_offset, length, address, on_device)] through bounce buffers. Returns
+    [(file_offset, length, address, on_device)] through bounce buffers; ``prefault``: the
+    direct ranges' pages faulted in ahead of the reads on a second thread. Returns
     {"bytes_read", "reads", "copies", "engine"}."""
 
 def gds_unavailable() -> str:
     """ "" when GPUDirect Storage (libcufile) can be used here, else why not."""
+
+def gds_status() -> dict[str, str]:
+    """What loading libcufile (GPUDirect Storage) found: {"library": the name tried, "path":
+    the file loaded ("" when none), "version" ("" when unknown), "unavailable": why GDS cannot
+    be used ("" when it can)}."""
 
 def read_file_gds(
     fd: int,

@@ -57,6 +57,13 @@ CUfileError_t cuFileDriverOpen() {
   return status(kFileSuccess);
 }
 
+// The stand-in reports itself as cuFile 1.15 (1000 * major + 10 * minor, as libcufile does).
+CUfileError_t cuFileGetVersion(int* version) {
+  if (version == nullptr) return status(kInvalidValue);
+  *version = 1150;
+  return status(kFileSuccess);
+}
+
 CUfileError_t cuFileHandleRegister(void** fh, CUfileDescr_t* descr) {
   if (fh == nullptr || descr == nullptr || descr->type != 1) return status(kInvalidValue);
   const int flags = fcntl(descr->handle.fd, F_GETFL);

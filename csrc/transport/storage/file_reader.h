@@ -9,6 +9,9 @@
 //   when a DeviceCopier is given) and copied out: memcpy into host memory, or an asynchronous
 //   host-to-device copy through the copier's lane, overlapped with the reads that follow.
 //
+// New destination memory of direct ranges is faulted in ahead of the reads on a second thread
+// (MADV_POPULATE_WRITE), where there are two CPUs, so page allocation overlaps the reads.
+//
 // A read that fails names the file offset and errno; the file ending before a range does is
 // Error(kInvalidArgument) "truncated" with the offset. Every wait is bounded by `timeout_s`
 // without progress.
@@ -36,6 +39,7 @@ struct FileReadOptions {
   int depth = 16;                 // reads in flight
   double timeout_s = 60.0;        // bound on each wait without progress
   bool use_uring = true;          // false: pread on this thread
+  bool prefault = true;           // fault direct destinations in ahead, on a second thread
 };
 
 struct FileReadStats {

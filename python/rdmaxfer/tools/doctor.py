@@ -11,7 +11,8 @@ the netdev MTU, RoCE v2 GIDs; the traffic class against the NIC's PFC/ECN priori
 (:mod:`.doctor_fabric`); how GPU memory is registered for RDMA (dmabuf, nvidia-peermem or
 staging: the decision of :mod:`rdmaxfer.gpu.gpudirect`, which ``rdmaxfer info`` reports too);
 CUDA IPC between processes of this host and GPU peer access (the decision of
-:func:`rdmaxfer.gpu.report.cuda_ipc_report`, also in ``rdmaxfer info``);
+:func:`rdmaxfer.gpu.report.cuda_ipc_report`, also in ``rdmaxfer info``); GPUDirect Storage
+for loads from disk (libcufile, nvidia-fs, open kernel modules: :mod:`.doctor_gds`);
 GPU-NIC PCIe affinity; the same-host shm transport (Yama ptrace_scope); TCP buffer sysctls,
 window scaling,
 vm.swappiness; IRQ affinity of the NICs' queues; PCIe link width/speed of GPUs and NICs.
@@ -32,6 +33,7 @@ from ..gpu.topology import list_rdma_devices
 from ..memory import cuda
 from .doctor_fabric import check_fabric
 from .doctor_facts import SEVERITIES, Finding, read, read_int, size_text, worst
+from .doctor_gds import check_gds
 from .doctor_pci import check_affinity, check_irqs, check_pcie_links
 
 __all__ = [
@@ -458,6 +460,7 @@ def run_checks(
     need: int = DEFAULT_NEED,
     cuda_status: dict[str, Any] | None = None,
     verbs_dmabuf: str | None = None,
+    gds_status: dict[str, str] | None = None,
 ) -> list[Finding]:
     """Run every check; nothing is modified.
 
@@ -468,6 +471,8 @@ def run_checks(
         need: bytes that must be lockable for registration (the memlock check), default 1 GiB.
         cuda_status, verbs_dmabuf: the CUDA driver's and libibverbs' facts for the GPU
             checks (see :func:`check_gpu_memory`; default: this machine's).
+        gds_status: what loading libcufile found (see :func:`.doctor_gds.check_gds`; default:
+            this machine's).
 
     Returns:
         Findings in check order.
@@ -480,6 +485,7 @@ def run_checks(
         lambda: check_fabric(sys_root),
         lambda: check_gpu_memory(sys_root, proc_root, cuda_status, verbs_dmabuf),
         lambda: check_cuda_ipc(cuda_status),
+        lambda: check_gds(sys_root, proc_root, gds_status),
         lambda: check_affinity(sys_root),
         lambda: check_pcie_links(sys_root),
         lambda: check_irqs(sys_root, proc_root),

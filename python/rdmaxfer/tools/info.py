@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from .. import _core
+from ..gpu.gds import gds_report
 from ..gpu.report import gpu_report
 from ..transport.engine import Engine, is_automatic, resolve_transport
 
@@ -50,6 +51,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     for g in info["gpu"]["gpus"]:  # the engine's rail nearest each GPU (its small transfers)
         near = [n["name"] for n in g["nics"] if n["link"] and n["name"] in info["rdma_rails"]]
         g["nearest_rail"] = near[0] if near else None
+    info["gds"] = gds_report()
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -62,6 +64,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"rdma rails: {', '.join(info['rdma_rails']) or 'none'} (RDMAXFER_RDMA_DEVICES)")
     print(f"locked-memory limit (ulimit -l): {info['memlock_limit']}")
     _print_gpu(info["gpu"])
+    _print_gds(info["gds"])
     return 0
 
 
@@ -95,3 +98,26 @@ def _print_gpu(gpu: dict[str, Any]) -> None:
         for method in ("dmabuf", "peermem"):
             why = check["reasons"].get(method, "")
             print(f"  {method}: {'available' if not why else 'unavailable: ' + why}")
+
+
+def _print_gds(gds: dict[str, Any]) -> None:
+    if gds["available"]:
+        version = f" {gds['version']}" if gds["version"] else ""
+        print(
+            f"GPUDirect Storage (load_weights into GPU memory by cuFileRead): libcufile{version}"
+            f" from {gds['path']}"
+        )
+    else:
+        print(
+            f"GPUDirect Storage: unavailable: {gds['unavailable']}; load_weights reads GPU "
+            "arrays through pinned host buffers"
+        )
+    nvfs = gds["nvidia_fs"]
+    shown = (
+        f"loaded{' ' + nvfs['version'] if nvfs['version'] else ''}"
+        if nvfs["loaded"]
+        else "not loaded"
+    )
+    print(f"  nvidia-fs: {shown}")
+    for need in gds["needs"]:
+        print(f"  needs {need}")

@@ -3,15 +3,17 @@
 Each file is opened with ``O_DIRECT`` (buffered where the file system refuses it: the result
 says so) and read by the C++ core (csrc/transport/storage) through io_uring: several reads of
 ``chunk_bytes`` in flight, each aligned to the file system's block size. The load's own host
-arrays are views of one aligned allocation that the reads land in directly (no copy); the
-caller's arrays (``into=``), shards and GPU arrays are filled from page-locked bounce buffers,
-the host-to-device copies overlapped with the reads that follow.
+arrays are views of one aligned allocation of new pages that the reads land in directly (no
+copy; the pages are faulted in ahead of the reads on a second thread); the caller's arrays
+(``into=``), shards and GPU arrays are filled from page-locked bounce buffers, the
+host-to-device copies overlapped with the reads that follow.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -331,7 +333,7 @@ def _arena(
         by_file.setdefault(t.region, []).append(t)
     spans = {i: _spans(ts, aligns[i]) for i, ts in by_file.items()}
     total = sum(end - start + aligns[i] for i, ss in spans.items() for start, end, _ in ss)
-    arena = np.empty(total, dtype=np.uint8)
+    arena = _fresh_pages(total)
     base = arena.ctypes.data
     at = 0
     out: dict[str, npt.NDArray[Any]] = {}
@@ -345,6 +347,18 @@ def _arena(
                 out[t.name] = raw.view(DTYPES[t.dtype]).reshape(t.shape)
             at += end - start
     return out
+
+
+def _fresh_pages(nbytes: int) -> npt.NDArray[np.uint8]:
+    """``nbytes`` of new anonymous memory (private, page-aligned), freed with the last array
+    viewing it. Not ``np.empty``: NumPy asks for transparent huge pages (MADV_HUGEPAGE) on
+    large arrays, whose first touch, when the reads land, can stall on compaction or, in a
+    VM that hands free memory back to its host, on the host backing each 2 MiB page; these
+    pages follow the system's THP setting instead."""
+    if nbytes == 0:
+        return np.empty(0, dtype=np.uint8)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(pages, dtype=np.uint8)
 
 
 @dataclass(frozen=True)
