@@ -395,7 +395,7 @@ class Engine(MemoryDomain):
 
         In a child of ``os.fork()`` an inherited engine is only marked closed: its connections
         and registrations belong to the parent, which keeps using them."""
-        if self._inherited():
+        if self.inherited():
             self._closed = True
             return
         with self._lock:
@@ -406,16 +406,16 @@ class Engine(MemoryDomain):
         # Every endpoint's teardown starts before any is waited for: on verbs the flushes of
         # 512 connections' QPs then drain together, not one connection after another.
         for endpoint in endpoints:
-            endpoint._begin_close()
+            endpoint.begin_close()
         for endpoint in endpoints:
             endpoint.close()
         self._close_memory()
         self._core.close()
 
-    def _stop_at_exit(self) -> None:
-        """At interpreter exit (lifecycle.py): close the core only (connections aborted, waits
-        failed, threads joined), taking no Python lock; later closes are no-ops."""
-        if self._closed or self._inherited():
+    def stop_at_exit(self) -> None:
+        """Internal: at interpreter exit (lifecycle.py): close the core only (connections aborted,
+        waits failed, threads joined), taking no Python lock; later closes are no-ops."""
+        if self._closed or self.inherited():
             return
         self._closed = True
         self._core_closed = True
