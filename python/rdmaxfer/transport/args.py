@@ -44,6 +44,7 @@ _CACHE_MAX = 512
 
 _records: dict[tuple[np.dtype[Any], tuple[int, ...]], tuple[np.dtype[Any], bytes]] = {}
 _descriptors: dict[bytes, _core.Descriptor] = {}
+_WHAT = ("source of the write", "destination of the read")
 
 
 def _cached(cache: dict[Any, Any], key: object, value: object) -> None:
@@ -140,6 +141,9 @@ def message_of(
     Raises:
         InvalidArgumentError: as :func:`sendable`.
     """
+    if type(array) is np.ndarray and not checksum:  # the common case: sendable's checks, once
+        host = as_array(array, writable=False, what="array to send")
+        return host, message_record(host)
     arr = sendable(array, host=checksum)
     if not isinstance(arr, np.ndarray):
         return arr, None
@@ -158,11 +162,30 @@ def one_sided_of(
         ProtocolError: malformed descriptor bytes.
     """
     writable = op == "read"
-    what = "destination of the read" if writable else "source of the write"
-    mem = operand(local, writable=writable, what=what)
-    descriptor = descriptor_of(remote)
-    length = byte_range(int(mem.nbytes), offset, nbytes, what)
-    return mem, descriptor, length, remote_offset_of(remote_offset)
+    what = _WHAT[writable]
+    # The common case (a host ndarray, a packed descriptor seen before, plain in-range ints)
+    # takes the quick form of each check inline: these checks are on the path of every small
+    # operation. Anything else goes through the full functions, which accept the same.
+    if type(local) is np.ndarray:
+        mem: cuda.CudaArray | npt.NDArray[Any] = as_array(local, writable=writable, what=what)
+    else:
+        mem = operand(local, writable=writable, what=what)
+    descriptor = _descriptors.get(remote) if type(remote) is bytes else None
+    if descriptor is None:
+        descriptor = descriptor_of(remote)
+    total = mem.nbytes
+    if (
+        type(nbytes) is int
+        and type(offset) is int
+        and 0 <= offset
+        and 0 <= nbytes <= total - offset
+    ):
+        length = nbytes
+    else:
+        length = byte_range(int(total), offset, nbytes, what)
+    if type(remote_offset) is not int or remote_offset < 0:
+        remote_offset = remote_offset_of(remote_offset)
+    return mem, descriptor, length, remote_offset
 
 
 def receivable(out: object) -> cuda.CudaArray | npt.NDArray[Any]:

@@ -194,10 +194,11 @@ def one_sided(
     mem, descriptor, length, remote_at = one_sided_of(
         op, local, remote, offset, remote_offset, nbytes
     )
-    arr = cast(npt.NDArray[Any], mem)  # a host ndarray: type(local) is np.ndarray
+    arr: npt.NDArray[Any] = mem  # type: ignore[assignment]  # a host ndarray, as local is
     writable = op == "read"
     region, base, temps = ep.engine.host_region(arr, writes=writable)
-    post = ep.core.post_read_wait if writable else ep.core.post_write_wait
+    core = ep.core
+    post = core.post_read_wait if writable else core.post_write_wait
     args = (region.core, base + offset, descriptor, remote_at, length, chunk_size, streams)
     _run(ep, op, length, [arr, region], temps, wait, post, args)
     return True
@@ -218,7 +219,7 @@ def send(
     if wait is None or checksum or type(array) is not np.ndarray:
         return False
     mem, record = message_of(array)
-    arr = cast(npt.NDArray[Any], mem)  # a host ndarray (so record is not None)
+    arr: npt.NDArray[Any] = mem  # type: ignore[assignment]  # a host ndarray, as array is
     nbytes = int(arr.nbytes)
     region, offset, temps = ep.engine.host_region(arr, writes=False)
     args = (region.core, offset, nbytes, record, chunk_size, streams)
