@@ -155,6 +155,11 @@ def test_bad_variable_names_itself(
     assert env_setting(env, {}) == declared(env).default
 
 
+def test_a_secret_is_taken_as_set() -> None:
+    assert env_setting("RDMAXFER_SECRET", {"RDMAXFER_SECRET": " s3 "}) == " s3 "
+    assert env_setting("RDMAXFER_SRQ_BUFFERS", {"RDMAXFER_SRQ_BUFFERS": " 64 "}) == 64
+
+
 def test_info_config_lists_every_option() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "rdmaxfer", "info", "--config", "--json"],

@@ -141,7 +141,7 @@ class Option:
         return value
 
     def parse(self, text: str) -> Any:
-        """The value of the environment text ``text`` (stripped, not empty).
+        """The value of the environment text ``text`` (not empty; stripped but for a secret).
 
         Raises:
             InvalidArgumentError: not a valid value; the message names the variable and says
@@ -176,7 +176,9 @@ class Option:
         """
         if self.env is None:
             return None
-        text = (os.environ if environ is None else environ).get(self.env, "").strip()
+        text = (os.environ if environ is None else environ).get(self.env, "")
+        if self.kind != "secret":  # a secret is taken as it is, spaces included
+            text = text.strip()
         return self.parse(text) if text else None
 
     def describe_default(self) -> str:
