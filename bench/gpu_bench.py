@@ -43,7 +43,7 @@ def best_time(fn: Any, iters: int) -> float:
 
 def _fill(buf: Buffer, rng: np.random.Generator) -> np.ndarray:
     host = rng.integers(0, 256, buf.nbytes, dtype=np.uint8)
-    cuda.copy_from_host(buf._device_view(), host)
+    cuda.copy_from_host(buf.device_array(), host)
     return host
 
 
@@ -54,7 +54,7 @@ def bench_size(
     dev = Buffer.empty(size, np.uint8, device="cuda:0")
     host_ref = _fill(dev, rng)
     pinned = _core.PinnedHostMemory(0, size)
-    view = dev._device_view()
+    view = dev.device_array()
     d2h = best_time(lambda: _core.cuda_copy_to_host(0, pinned.ptr, view.ptr, size), iters)
     h2d = best_time(lambda: _core.cuda_copy_to_device(0, view.ptr, pinned.ptr, size), iters)
 
@@ -63,7 +63,7 @@ def bench_size(
     src_host = rng.integers(0, 256, size, dtype=np.uint8)
     wire = best_time(lambda: a.write(src_host, region.descriptor(), timeout=600), iters)
 
-    stager = client._stager(0)
+    stager = client.stager(0)
 
     def staged(op: str) -> None:
         post = stager.post_write if op == "write" else stager.post_read

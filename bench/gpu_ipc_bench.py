@@ -61,9 +61,9 @@ def run_row(
     rng = np.random.default_rng(size + dst_gpu)
     src = Buffer.empty(size, np.uint8, device=f"cuda:{src_gpu}")
     host = rng.integers(0, 256, size, dtype=np.uint8)
-    cuda.copy_from_host(src._device_view(), host)
+    cuda.copy_from_host(src.device_array(), host)
     pinned = _core.PinnedHostMemory(src_gpu, size)
-    view = src._device_view()
+    view = src.device_array()
     d2h = best_time(lambda: _core.cuda_copy_to_host(src_gpu, pinned.ptr, view.ptr, size), iters)
     ctx = mp.get_context("spawn")
     with Engine("shm") as engine:

@@ -93,7 +93,7 @@ async def ticking(a: Endpoint, b: Endpoint, data: np.ndarray) -> dict[str, Any]:
 def main() -> dict[str, Any]:
     probe = Buffer.empty(16, np.uint8, device="cuda:0")
     began = time.monotonic()
-    cuda.copy_from_host(probe._device_view(), np.arange(16, dtype=np.uint8))
+    cuda.copy_from_host(probe.device_array(), np.arange(16, dtype=np.uint8))
     copy_s = time.monotonic() - began
     data = np.random.default_rng(16).integers(0, 256, 256 << 10, dtype=np.uint8)
     with Engine("tcp") as server, Engine("tcp") as client:

@@ -286,7 +286,7 @@ def to_device(arr: np.ndarray) -> Any:
     from rdmaxfer import Buffer, cuda
 
     buf = Buffer.empty(arr.shape, arr.dtype, device="cuda:0")
-    cuda.copy_from_host(buf._device_view(), np.ascontiguousarray(arr))
+    cuda.copy_from_host(buf.device_array(), np.ascontiguousarray(arr))
     return buf
 
 

@@ -23,5 +23,5 @@ def device_random(
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     host = rng.integers(0, 256, nbytes, dtype=np.uint8).view(dtype).reshape(shape)
     buf = Buffer.empty(shape, dtype, device="cuda:0")
-    cuda.copy_from_host(buf._device_view(), host)
+    cuda.copy_from_host(buf.device_array(), host)
     return buf, host

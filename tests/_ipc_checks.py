@@ -50,7 +50,7 @@ def vmm_source_and_target(rng: np.random.Generator) -> tuple[VmmArray, VmmArray,
 def staged_messages(engine: Engine) -> int:
     """How many messages ``engine`` has staged through host memory on GPU 0 (whole or in
     windows): 0 while every GPU message moves by CUDA IPC."""
-    stats = engine._stager(0).stats()
+    stats = engine.stager(0).stats()
     return int(stats["messages_whole"] + stats["messages_windowed"])
 
 

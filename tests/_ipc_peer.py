@@ -69,7 +69,7 @@ def device_peer(
                 conn.send("sent")
             elif cmd == "send_plain":
                 plain = Buffer.empty(nbytes, np.uint8, device=f"cuda:{gpu}")
-                cuda.copy_from_host(plain._device_view(), host)
+                cuda.copy_from_host(plain.device_array(), host)
                 ep.send(plain, timeout=60)
                 conn.send("sent")
             elif cmd[0] == "recv_plain":

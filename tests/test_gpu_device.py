@@ -83,7 +83,7 @@ def test_received_bfloat16_stays_a_buffer_where_cupy_has_no_type(
     fake = types.ModuleType("cupy")
     fake.asarray = lambda b: ("cupy", b.__cuda_array_interface__["typestr"])  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr(cuda, "_standin", False)
+    monkeypatch.setattr(cuda, "standin", False)
     f32 = Buffer.empty(4, np.float32, device="cuda:0")
     bf16 = Buffer.empty(4, ml_dtypes.bfloat16, device="cuda:0")
     assert to_user_array(f32) == ("cupy", "<f4")
@@ -166,7 +166,7 @@ def test_weights_served_from_device_memory(rng: np.random.Generator) -> None:
     device = {}
     for name, ref in host.items():
         buf = Buffer.empty(ref.shape, ref.dtype, device="cuda:0")
-        cuda.copy_from_host(buf._device_view(), ref)
+        cuda.copy_from_host(buf.device_array(), ref)
         device[name] = buf
     with rdmaxfer.WeightServer(device, transport="tcp") as server:
         server.start()

@@ -226,7 +226,7 @@ def test_device_buffer_interfaces(standin: None, rng: np.random.Generator) -> No
     cai = f32.__cuda_array_interface__
     assert cai["version"] == 3 and cai["stream"] is None and cai["typestr"] == "<f4"
     host = rng.standard_normal(10).astype(np.float32)
-    cuda.copy_from_host(f32._device_view(), host)
+    cuda.copy_from_host(f32.device_array(), host)
     np.testing.assert_array_equal(f32.copy_to_host(), host)
     wrapped = Buffer.wrap(FakeCudaArray(host))
     assert wrapped.device == "cuda:0" and wrapped.addr == host.ctypes.data
@@ -309,7 +309,7 @@ def test_write_and_read_device_memory(
     region = pair.server.register(remote, "rw")
     device = Buffer.empty(size, np.uint8, device="cuda:0")
     data = rng.integers(0, 256, size, dtype=np.uint8)
-    cuda.copy_from_host(device._device_view(), data)
+    cuda.copy_from_host(device.device_array(), data)
     pair.a.write(device, region.descriptor(), timeout=30)
     assert _crc(remote) == _crc(data)
     back = Buffer.empty(size, np.uint8, device="cuda:0")

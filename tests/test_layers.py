@@ -20,7 +20,14 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent / "python" / "rdmaxfer"
 #: The floors of ``rdmaxfer``, lowest first; a module belongs to the floor of the longest
 #: prefix that names it. See docs/internals.md.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("rdmaxfer._core", "rdmaxfer.errors", "rdmaxfer._config", "rdmaxfer._warn"),
+    (
+        "rdmaxfer._core",
+        "rdmaxfer.errors",
+        "rdmaxfer.options",
+        "rdmaxfer._test_hooks",
+        "rdmaxfer._config",
+        "rdmaxfer._warn",
+    ),
     ("rdmaxfer.memory",),
     ("rdmaxfer.gpu",),
     ("rdmaxfer.transport",),
@@ -146,10 +153,12 @@ def test_no_module_imports_a_higher_layer() -> None:
 
 
 def test_every_module_sits_in_a_subpackage_of_a_layer() -> None:
-    """Only the floor (errors, _config, _warn, the _core stub) and the package's own entry
-    points stay at the top; everything else lives in a layer's subpackage."""
+    """Only the floor (errors, options, _test_hooks, _config, _warn, the _core stub) and the
+    package's own entry points stay at the top; everything else lives in a layer's
+    subpackage."""
     top = {m for m in module_names(PACKAGE_DIR, "rdmaxfer") if m.count(".") == 1}
     floor = {"rdmaxfer._config", "rdmaxfer._core", "rdmaxfer._warn", "rdmaxfer.errors"}
+    floor |= {"rdmaxfer.options", "rdmaxfer._test_hooks"}
     layers = {prefix for prefixes in LAYERS[1:-1] for prefix in prefixes}
     assert top == floor | layers | {"rdmaxfer.__main__"}
 

@@ -167,23 +167,23 @@ def test_loopback_domain_reuses_and_releases_its_temporary_registration(
     src = rng.integers(0, 256, NBYTES, dtype=np.uint8)
     counts = set()
     for _ in range(REPEATS):
-        region, offset, temps = domain._local(src, writes=False)
+        region, offset, temps = domain.host_region(src, writes=False)
         request = ep.post_write(region.core, offset, remote.descriptor(), 0, NBYTES)
         assert request.wait(TIMEOUT_S)
         request.check()
-        domain._release_temps(temps, TIMEOUT_S)
+        domain.release_temps(temps, TIMEOUT_S)
         counts.add(domain.core.registered_count())
     assert counts == {1}
     assert crc(target) == crc(src)
-    region, _, temps = domain._local(src, writes=False)
-    domain._release_temps(temps, TIMEOUT_S, failed=True)
+    region, _, temps = domain.host_region(src, writes=False)
+    domain.release_temps(temps, TIMEOUT_S, failed=True)
     assert not region.registered and domain.core.registered_count() == 0
 
 
 def test_user_registrations_found_for_a_transfer_follow_register_and_deregister(
     pair: Pair, rng: np.random.Generator
 ) -> None:
-    """The engine remembers which user registration covers an array (domain._local); every
+    """The engine remembers which user registration covers an array (domain.host_region); every
     register and deregister makes it look again, so a transfer always takes a live one, the
     exact range before a covering one, and a temporary one once none is left."""
     target = pair.server.register(np.zeros(NBYTES, np.uint8), "rw")
@@ -195,8 +195,8 @@ def test_user_registrations_found_for_a_transfer_follow_register_and_deregister(
         view[:] = rng.integers(0, 256, NBYTES, dtype=np.uint8)
         pair.a.write(view, target.descriptor(), timeout=TIMEOUT_S)
         assert crc(target.numpy()) == crc(view)
-        region, offset, temps = engine._local(view, writes=False)
-        engine._release_temps(temps, TIMEOUT_S)
+        region, offset, temps = engine.host_region(view, writes=False)
+        engine.release_temps(temps, TIMEOUT_S)
         return region, offset, len(temps)
 
     exact = engine.register(view, "none", local_write=False)

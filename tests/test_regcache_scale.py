@@ -229,9 +229,9 @@ def test_an_allocation_over_the_byte_bound_registers_in_windows(
     assert crc(target) == crc(big)
     assert cache.nbytes <= cache.max_bytes and pair.client.registered_count() <= base + 2
     across = big[window - PAGE : window + PAGE]  # a view across two windows
-    region, offset, temps = pair.client._local(across, writes=False)
+    region, offset, temps = pair.client.host_region(across, writes=False)
     assert (region.addr, region.nbytes, offset) == (big.ctypes.data, 2 * window, window - PAGE)
-    pair.client._release_temps(temps, TIMEOUT_S)
+    pair.client.release_temps(temps, TIMEOUT_S)
 
 
 def test_10000_user_registrations_come_and_go(pair: Pair) -> None:
@@ -243,7 +243,7 @@ def test_10000_user_registrations_come_and_go(pair: Pair) -> None:
     regions = [engine.register(big[i * 64 : (i + 1) * 64], "r") for i in range(5000)]
     regions += [engine.register(a, "r") for a in arrays]
     assert engine.registered_count() == base + 10_000
-    region, offset, temps = engine._local(big[64 * 17 : 64 * 18], writes=False)
+    region, offset, temps = engine.host_region(big[64 * 17 : 64 * 18], writes=False)
     assert region is regions[17] and offset == 0 and not temps
     random.Random(3).shuffle(regions)
     for r in regions:

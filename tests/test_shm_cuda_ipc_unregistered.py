@@ -31,7 +31,7 @@ def server() -> Iterator[Engine]:
 
 
 def _ptr(buf: Buffer) -> int:
-    return buf._device_view().ptr
+    return buf.device_array().ptr
 
 
 def _realloc_at(ptr: int, rng: np.random.Generator) -> tuple[Buffer, np.ndarray]:

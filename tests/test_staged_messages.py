@@ -81,7 +81,7 @@ def test_messages_larger_than_the_pool(
     for engine in ([pair.client] if src_gpu == "gpu" else []) + (
         [pair.server] if dst_gpu == "gpu" else []
     ):
-        stager = engine._stager(0)
+        stager = engine.stager(0)
         _bounded(stager.pool_stats())
         stats = stager.stats()
         assert stats["messages_windowed"] == 1 and stats["messages_whole"] == 0, stats

@@ -106,7 +106,7 @@ def test_pulls_get_their_version_while_the_publisher_writes_its_gpu_tensors(
     host = random_tensors(rng)
     sources = {name: Buffer.empty(a.shape, a.dtype, device="cuda:0") for name, a in host.items()}
     for name, a in host.items():
-        cuda.copy_from_host(sources[name]._device_view(), a)
+        cuda.copy_from_host(sources[name].device_array(), a)
     expected: dict[int, Digests] = {1: digests(host)}
     with WeightServer(sources, transport=transport, timeout=60) as server:
         server.start()
@@ -114,7 +114,7 @@ def test_pulls_get_their_version_while_the_publisher_writes_its_gpu_tensors(
         def publish_step(step: int) -> None:
             overwrite(host, rng)
             for name, a in host.items():  # the trainer's in-place step, while pulls READ
-                cuda.copy_from_host(sources[name]._device_view(), a)
+                cuda.copy_from_host(sources[name].device_array(), a)
             if step % 2 == 0:
                 expected[server.refresh(timeout=60)] = digests(host)
 

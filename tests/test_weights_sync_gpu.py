@@ -26,7 +26,7 @@ SQUARE = "encoder.layer.0.attention.self.key.weight"  # [384, 384] F32
 
 def on_gpu(host: np.ndarray) -> Buffer:
     buf = Buffer.empty(host.shape, host.dtype, device="cuda:0")
-    cuda.copy_from_host(buf._device_view(), np.ascontiguousarray(host))
+    cuda.copy_from_host(buf.device_array(), np.ascontiguousarray(host))
     return buf
 
 

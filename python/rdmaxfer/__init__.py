@@ -40,6 +40,7 @@ from .errors import (
 )
 from .memory.buffer import Buffer, as_array
 from .memory.region import MemoryRegion
+from .options import EngineOptions, RdmaOptions, ShmOptions, TcpOptions
 from .transport.api import accept, connect, default_engine, listen, recv, send, shutdown
 from .transport.batch import BatchResult, Notify, PreparedBatch
 from .transport.endpoint import Endpoint
@@ -128,6 +129,7 @@ __all__ = [
     "Endpoint",
     "EndpointClosedError",
     "Engine",
+    "EngineOptions",
     "FetchError",
     "FetchIntegrityError",
     "FetchResult",
@@ -138,9 +140,12 @@ __all__ = [
     "PreparedBatch",
     "ProtocolError",
     "PulledWeights",
+    "RdmaOptions",
     "RdmaxferError",
     "RegistrationError",
     "RemoteAccessError",
+    "ShmOptions",
+    "TcpOptions",
     "Transfer",
     "TransferTimeoutError",
     "TransportError",

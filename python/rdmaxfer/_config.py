@@ -1,21 +1,15 @@
-"""Settings read from the environment, timeouts and ``host:port`` addresses (private).
+"""Timeouts, deadlines and ``host:port`` addresses (private).
 
-Environment variables:
-
-* ``RDMAXFER_TIMEOUT``: default timeout in seconds of every blocking call (default 60): for
-  connect, accept and handshakes a fixed bound, for data transfers an inactivity bound (no
-  progress for that long).
-* ``RDMAXFER_TRANSPORT``: forces the transport ``Engine(transport="auto")`` uses ("tcp", "rdma" or
-  "shm"; unset or "auto": shm for same-host peers, else rdma or tcp).
+The settings they default from (``RDMAXFER_TIMEOUT``...) are declared in :mod:`rdmaxfer.options`.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 
 from .errors import InvalidArgumentError
+from .options import DEFAULT_TIMEOUT_S, default_timeout
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -34,51 +28,6 @@ __all__ = [
 ENV_TIMEOUT = "RDMAXFER_TIMEOUT"
 ENV_TRANSPORT = "RDMAXFER_TRANSPORT"
 ENV_SECRET = "RDMAXFER_SECRET"
-DEFAULT_TIMEOUT_S = 60.0
-
-
-# The mapping os.environ keeps its entries in (CPython: encoded keys to the very value objects
-# stored on assignment), so that default_timeout() sees a change of RDMAXFER_TIMEOUT by one dict
-# look-up and an identity test, without decoding the value on every call.
-_ENVIRON = os.environ
-_env = getattr(_ENVIRON, "_data", None)
-_ENV_DATA: dict[object, object] | None = _env if type(_env) is dict else None
-_TIMEOUT_KEY: object = os.environ.encodekey(ENV_TIMEOUT)
-#: (the stored value the default was parsed from, the default in seconds); _UNSEEN: none yet.
-_UNSEEN = object()
-_default_timeout: tuple[object, float] = (_UNSEEN, DEFAULT_TIMEOUT_S)
-
-
-def default_timeout() -> float:
-    """The default timeout in seconds: ``RDMAXFER_TIMEOUT`` as it is at this call, or 60 when
-    unset (a change through ``os.environ`` takes effect on the next call; the value is parsed
-    again only when it changed).
-
-    Raises:
-        InvalidArgumentError: the variable is not a finite number of seconds >= 0.
-    """
-    global _default_timeout
-    env = os.environ
-    raw: object = _UNSEEN  # os.environ replaced (or not CPython's): read and parsed every call
-    if env is _ENVIRON and _ENV_DATA is not None:
-        raw = _ENV_DATA.get(_TIMEOUT_KEY)
-        seen, value = _default_timeout
-        if raw is seen:
-            return value
-    text = env.get(ENV_TIMEOUT, "").strip()
-    if not text:
-        value = DEFAULT_TIMEOUT_S
-    else:
-        source = f"{ENV_TIMEOUT}={text!r}"
-        try:
-            value = float(text)
-        except ValueError:
-            raise InvalidArgumentError(
-                f"{source} is not a number of seconds; set it to e.g. 60, or unset it"
-            ) from None
-        _check_timeout(value, source)
-    _default_timeout = (raw, value)  # only a valid value is kept: a bad one raises every call
-    return value
 
 
 def _check_timeout(value: float, source: str) -> None:

@@ -97,7 +97,7 @@ def test_a_wr_failing_mid_group_fails_that_entry_alone(rng: np.random.Generator)
             for i, s in enumerate(slots)
         ]
         with ep.prepare_batch(entries) as prepared:
-            run = _core.post_batch(ep._core, prepared._live().core, None)
+            run = _core.post_batch(ep.core, prepared._live().core, None)
             assert run.request.wait(WAIT_S)
             with pytest.raises(ConnectionFailedError, match="failed during the batch"):
                 run.request.check()

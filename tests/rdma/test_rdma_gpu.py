@@ -81,7 +81,7 @@ def test_weights_served_from_device_memory_pulled_into_device_memory(
     device = {}
     for name, ref in host.items():
         buf = Buffer.empty(ref.shape, ref.dtype, device="cuda:0")
-        cuda.copy_from_host(buf._device_view(), ref)
+        cuda.copy_from_host(buf.device_array(), ref)
         device[name] = buf
     with (
         Engine("rdma", rdma_device=devices()[1], secret=SECRET) as serving,

@@ -77,7 +77,7 @@ def test_messages_larger_than_the_pool_over_verbs(
     assert _crc(_host_of(got)) == _crc(host)
     staged = ([client] if src_kind == "gpu" else []) + ([server] if dst_kind == "gpu" else [])
     for engine in staged:
-        stager = engine._stager(0)
+        stager = engine.stager(0)
         _bounded(stager.pool_stats())
         stats = stager.stats()
         assert stats["messages_windowed"] == 1 and stats["messages_direct"] == 0, stats
@@ -145,7 +145,7 @@ def test_gpudirect_messages_between_registered_gpu_memory(
     sent.wait(WAIT_S)
     assert _crc(out.copy_to_host()) == _crc(host)
     for engine in (client, server):
-        stager = engine._stager(0)
+        stager = engine.stager(0)
         assert stager.stats()["messages_direct"] == 1, stager.stats()
         assert stager.pool_stats()["acquires"] == 0  # no bounce slab was taken
 
@@ -165,8 +165,8 @@ def test_gpudirect_meets_staging_at_the_other_end(
     assert b.recv(out=out, timeout=WAIT_S) is out
     sent.wait(WAIT_S)
     assert _crc(out.copy_to_host()) == _crc(host)
-    assert client._stager(0).stats()["messages_windowed"] == 1
-    assert server._stager(0).stats()["messages_direct"] == 1
+    assert client.stager(0).stats()["messages_windowed"] == 1
+    assert server.stager(0).stats()["messages_direct"] == 1
 
     direct_src, host2 = _device(rng, size)
     client.register(direct_src, "r")
@@ -174,8 +174,8 @@ def test_gpudirect_meets_staging_at_the_other_end(
     got = b.recv(device="cuda:0", timeout=WAIT_S)  # a new, unregistered array: staged
     sent.wait(WAIT_S)
     assert _crc(got.copy_to_host()) == _crc(host2)
-    assert client._stager(0).stats()["messages_direct"] == 1
-    assert server._stager(0).stats()["messages_windowed"] == 1
+    assert client.stager(0).stats()["messages_direct"] == 1
+    assert server.stager(0).stats()["messages_windowed"] == 1
 
     small = rng.integers(0, 256, 100, dtype=np.uint8)
     small_out = Buffer.empty(100, np.uint8, device="cuda:0")
@@ -184,5 +184,5 @@ def test_gpudirect_meets_staging_at_the_other_end(
     assert b.recv(out=small_out, timeout=WAIT_S) is small_out
     sent.wait(WAIT_S)
     assert _crc(small_out.copy_to_host()) == _crc(small)
-    stats = server._stager(0).stats()
+    stats = server.stager(0).stats()
     assert stats["messages_whole"] == 1 and stats["messages_direct"] == 1, stats

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from rdmaxfer import ConnectionFailedError, Endpoint, Engine
+from rdmaxfer import ConnectionFailedError, Endpoint, Engine, EngineOptions, RdmaOptions
 
 from .rdma_helpers import (
     WAIT_S,
@@ -121,21 +121,26 @@ def assert_held(ep: Endpoint, service_level: int, traffic_class: int, min_rnr_ti
         assert info["service_level"] == service_level
 
 
-@pytest.mark.parametrize("source", ["arguments", "environment"])
+def _engine(source: str, device: str) -> Engine:
+    if source == "arguments":
+        return Engine(
+            "rdma", rdma_device=device, service_level=3, traffic_class=104, min_rnr_timer=12
+        )
+    if source == "options":
+        settings = RdmaOptions(device=device, service_level=3, traffic_class=104, min_rnr_timer=12)
+        return Engine("rdma", options=[settings, EngineOptions(poll_mode="event")])
+    return Engine("rdma", rdma_device=device)
+
+
+@pytest.mark.parametrize("source", ["arguments", "environment", "options"])
 def test_fabric_settings_reach_the_qps(
     source: str, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
 ) -> None:
-    kwargs: dict[str, int] = {}
-    if source == "arguments":
-        kwargs = {"service_level": 3, "traffic_class": 104, "min_rnr_timer": 12}
-    else:
+    if source == "environment":
         monkeypatch.setenv("RDMAXFER_SERVICE_LEVEL", "3")
         monkeypatch.setenv("RDMAXFER_TRAFFIC_CLASS", "104")
         monkeypatch.setenv("RDMAXFER_MIN_RNR_TIMER", "12")
-    with (
-        Engine("rdma", rdma_device=devices()[1], **kwargs) as server,  # type: ignore[arg-type]
-        Engine("rdma", rdma_device=devices()[0], **kwargs) as client,  # type: ignore[arg-type]
-    ):
+    with _engine(source, devices()[1]) as server, _engine(source, devices()[0]) as client:
         assert "SL 3, traffic class 104 (DSCP 26), min RNR timer 12 (0.64 ms)" in server.describe()
         port = server.listen(addrs()[1], 0)
         ep = client.connect(addrs()[1], port, timeout=WAIT_S)

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/test_hooks.h"
 #include "transport/loopback/loopback_transport.h"
 
 namespace rdmaxfer {
@@ -13,8 +14,7 @@ LoopbackChannel::LoopbackChannel(LoopbackTransport& transport, int lanes, std::s
       transport_(transport),
       lanes_(lanes),
       peer_name_(std::move(peer)),
-      swap_cts_(std::getenv("RDMAXFER_LOOPBACK_SWAP_CTS") != nullptr &&
-                std::string(std::getenv("RDMAXFER_LOOPBACK_SWAP_CTS")) == "1") {}
+      swap_cts_(test_hooks::loopback_swap_cts()) {}
 
 RequestPtr LoopbackChannel::new_request(OpKind op, uint64_t bytes) {
   return std::make_shared<Request>(transport_.next_request_id(), op, bytes);

@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/test_hooks.h"
 
 namespace rdmaxfer {
 
@@ -22,38 +23,14 @@ constexpr uint8_t kGoodbyeByte = 'G';
 // How long close() and the destructor wait for the flush completions after QPs go to ERR.
 constexpr double kDrainTimeoutS = 5.0;
 
-// RDMAXFER_RDMA_TEST_QP_ERR="<device>:<bytes>" (tests only): once the rail on that device has
-// carried `bytes` of one-sided chunks, the QP whose completion crossed it is moved to ERR, as a
-// QP failing mid-transfer would be. Returns (rail index or -1, bytes).
+// The rail of this engine test_hooks::rdma_qp_error() names, or -1, and its bytes.
 std::pair<int, uint64_t> test_qp_error(const std::vector<Rail>& rails) {
-  const char* env = std::getenv("RDMAXFER_RDMA_TEST_QP_ERR");
-  if (env == nullptr || *env == '\0') return {-1, 0};
-  const std::string text = env;
-  const size_t colon = text.rfind(':');
-  char* end = nullptr;
-  const unsigned long long bytes =
-      colon == std::string::npos ? 0 : std::strtoull(text.c_str() + colon + 1, &end, 10);
-  if (colon == std::string::npos || colon == 0 || end == nullptr || *end != '\0' || bytes == 0) {
-    throw Error(ErrorKind::kInvalidArgument,
-                "RDMAXFER_RDMA_TEST_QP_ERR='" + text + "' is not DEVICE:BYTES (e.g. rxe2:4194304; "
-                "tests only: unset it)");
-  }
+  const auto [device, bytes] = test_hooks::rdma_qp_error();
+  if (device.empty()) return {-1, 0};
   for (size_t r = 0; r < rails.size(); ++r) {
-    if (rails[r].name == text.substr(0, colon)) return {static_cast<int>(r), bytes};
+    if (rails[r].name == device) return {static_cast<int>(r), bytes};
   }
   return {-1, 0};  // not a rail of this engine (the other side's knob)
-}
-
-// RDMAXFER_RDMA_TEST_CTRL_TWICE=1 (tests only): every control SEND is posted twice.
-bool test_ctrl_twice() {
-  const char* env = std::getenv("RDMAXFER_RDMA_TEST_CTRL_TWICE");
-  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
-  if (std::string(env) != "1") {
-    throw Error(ErrorKind::kInvalidArgument, "RDMAXFER_RDMA_TEST_CTRL_TWICE='" +
-                                                 std::string(env) +
-                                                 "' is not 0 or 1 (tests only: unset it)");
-  }
-  return true;
 }
 }  // namespace
 
@@ -74,7 +51,7 @@ RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& set
   posted_recvs_ = std::make_unique<std::atomic<int>[]>(lanes.size());
   lane_up_.assign(lanes.size(), true);
   std::tie(test_err_rail_, test_err_bytes_) = test_qp_error(shared_.rails);
-  test_ctrl_twice_ = test_ctrl_twice();
+  test_ctrl_twice_ = test_hooks::rdma_ctrl_twice();
   for (size_t i = 0; i < lanes.size(); ++i) {
     Lane& lane = lanes_[i];
     const Rail& rail = shared_.rails.at(static_cast<size_t>(lanes[i].rail));

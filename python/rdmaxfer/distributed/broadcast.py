@@ -109,7 +109,7 @@ def decode_meta(raw: npt.NDArray[Any], peer: int) -> tuple[str, int, list[Item],
             dims = tuple(int(d) for d in shape)
             if not isinstance(name, str) or any(d < 0 for d in dims):
                 raise ValueError(f"item {name!r} shape {shape!r}")
-            specs.append((name, _meta._dtype_from_token(str(token)), dims))
+            specs.append((name, _meta.dtype_from_token(str(token)), dims))
     except ProtocolError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
@@ -137,7 +137,7 @@ def cut(view: Bytes, lo: int, hi: int) -> Bytes:
 def movable(view: Bytes) -> object:
     """What an endpoint sends from or receives into for a span (GPU memory: a device Buffer,
     staged or GPUDirect as the engine decides)."""
-    return view if isinstance(view, np.ndarray) else Buffer._from_device(view)
+    return view if isinstance(view, np.ndarray) else Buffer.from_device(view)
 
 
 def copy_bytes(dst: Bytes, src: Bytes) -> None:
@@ -264,10 +264,10 @@ def destination(
         from ..gpu.staging import to_user_array
 
         buffer = Buffer.empty(max(total, 1), np.uint8, device=f"cuda:{device}")
-        flat = buffer._device_view()
+        flat = buffer.device_array()
         users = [
             to_user_array(
-                Buffer._from_device(
+                Buffer.from_device(
                     cuda.CudaArray(flat.ptr + it.offset, it.shape, it.dtype, device, False, buffer)
                 )
             )

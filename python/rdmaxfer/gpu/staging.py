@@ -36,13 +36,13 @@ def host_standin(factory: CopierFactory | None = None) -> Iterator[None]:
     plain ``_core.HostCopier()``) doing the copies. Engines created inside should be closed
     inside."""
     global _factory
-    previous = (_factory, cuda._standin)
+    previous = (_factory, cuda.standin)
     _factory = factory if factory is not None else (lambda _device: _core.HostCopier())
-    cuda._standin = True
+    cuda.standin = True
     try:
         yield
     finally:
-        _factory, cuda._standin = previous
+        _factory, cuda.standin = previous
 
 
 def device_copier(device: int) -> _core.DeviceCopier:
@@ -119,7 +119,7 @@ def to_user_array(buffer: Any) -> Any:
     Buffer itself (``torch.from_dlpack(buf)`` / ``cupy.asarray(buf)`` also work on it). Dtypes
     CuPy has no type for (bfloat16, float8: no ``__cuda_array_interface__`` typestr names
     them) stay Buffers, which ``torch.from_dlpack`` reads."""
-    if cuda._standin or not hasattr(buffer, "__cuda_array_interface__"):
+    if cuda.standin or not hasattr(buffer, "__cuda_array_interface__"):
         return buffer
     try:
         cupy = importlib.import_module("cupy")

@@ -178,12 +178,18 @@ class Buffer:
         self._cuda: CudaArray | None = None
 
     @classmethod
-    def _from_device(cls, view: CudaArray) -> Buffer:
+    def from_device(cls, view: CudaArray) -> Buffer:
+        """Internal: a Buffer over the device array ``view`` (no copy)."""
         buf = cls(np.empty(0, dtype=view.dtype))
         buf._cuda = view
         return buf
 
-    def _device_view(self) -> CudaArray:
+    def device_array(self) -> CudaArray:
+        """Internal: the device array of a GPU Buffer.
+
+        Raises:
+            InvalidArgumentError: this Buffer is host memory.
+        """
         if self._cuda is None:
             raise InvalidArgumentError("this Buffer is host memory, not a device array")
         return self._cuda
@@ -232,7 +238,7 @@ class Buffer:
         if dt.hasobject:
             raise InvalidArgumentError(f"dtype {dt} holds Python objects; use a numeric dtype")
         if device is not None and device != "cpu":
-            return cls._from_device(_alloc_device(dims, dt, device))
+            return cls.from_device(_alloc_device(dims, dt, device))
         access_bits(access)
         if not pinned:
             array: npt.NDArray[Any] = np.empty(dims, dtype=dt)
@@ -265,7 +271,7 @@ class Buffer:
             return cls(obj.numpy(), obj)
         view = device_view(obj, writable=False, what="wrapped object")
         if view is not None:
-            return cls._from_device(view)
+            return cls.from_device(view)
         return cls(as_array(obj, writable=False, what="wrapped object"))
 
     # -- views -----------------------------------------------------------------------------
@@ -475,7 +481,7 @@ def _alloc_device(shape: tuple[int, ...], dtype: np.dtype[Any], device: str | in
 
     ordinal = cuda.parse_device(device)
     nbytes = math.prod(shape) * dtype.itemsize
-    if cuda._standin:  # test hook: host memory stands in for the GPU
+    if cuda.standin:  # test hook: host memory stands in for the GPU
         host = np.empty(max(nbytes, 1), dtype=np.uint8)
         return cuda.CudaArray(int(host.ctypes.data), shape, dtype, ordinal, False, host)
     memory = _core.DeviceMemory(ordinal, nbytes)

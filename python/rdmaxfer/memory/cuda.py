@@ -38,7 +38,7 @@ __all__ = [
 _status: dict[str, Any] | None = None
 
 #: Test hook (see rdmaxfer.gpu.staging.host_standin): host memory stands in for the device.
-_standin = False
+standin = False
 
 
 def status() -> dict[str, Any]:
@@ -54,7 +54,7 @@ def status() -> dict[str, Any]:
 
 def available() -> bool:
     """True when the CUDA driver loaded and sees at least one GPU."""
-    return _standin or (not status()["unavailable"] and bool(status()["gpus"]))
+    return standin or (not status()["unavailable"] and bool(status()["gpus"]))
 
 
 def unavailable_reason() -> str:
@@ -94,7 +94,7 @@ def parse_device(device: object) -> int:
         )
     if not available():
         raise UnsupportedError(f"device={device!r}: {unavailable_reason()}")
-    if not _standin:
+    if not standin:
         count = len(status()["gpus"])
         if ordinal >= count:
             raise InvalidArgumentError(
@@ -180,7 +180,7 @@ def parse_cuda_array_interface(
 
 
 def _device_of(ptr: int, what: str) -> int:
-    if _standin:
+    if standin:
         return 0
     kind, device = _core.pointer_kind(ptr)
     if kind not in ("device", "managed"):
@@ -193,7 +193,7 @@ def _device_of(ptr: int, what: str) -> int:
 def synchronize(device: int, stream: int) -> None:
     """Block until work queued on a producer's ``stream`` handle finished (what
     ``__cuda_array_interface__`` v3 asks of a consumer that reads the data)."""
-    if not _standin:
+    if not standin:
         _core.cuda_synchronize_stream(device, stream)
 
 
@@ -268,7 +268,7 @@ def copy_to_host(view: CudaArray, out: np.ndarray[Any, Any] | None = None) -> np
             f"copy_to_host: out of {out.nbytes} bytes for a device array of {view.nbytes} bytes"
         )
     if view.nbytes:
-        if _standin:
+        if standin:
             ctypes.memmove(out.ctypes.data, view.ptr, view.nbytes)
         else:
             _core.cuda_copy_to_host(view.device, int(out.ctypes.data), view.ptr, view.nbytes)
@@ -287,7 +287,7 @@ def copy_from_host(view: CudaArray, host: np.ndarray[Any, Any]) -> None:
             f"{host.flags.c_contiguous}) into a device array of {view.nbytes} bytes"
         )
     if view.nbytes:
-        if _standin:
+        if standin:
             ctypes.memmove(view.ptr, host.ctypes.data, view.nbytes)
         else:
             _core.cuda_copy_to_device(view.device, view.ptr, int(host.ctypes.data), view.nbytes)

@@ -66,7 +66,7 @@ def dtype_token(dtype: np.dtype[np.generic]) -> str:
     return dtype.str
 
 
-def _dtype_from_token(token: str) -> np.dtype[np.generic]:
+def dtype_from_token(token: str) -> np.dtype[np.generic]:
     if token in ML_NAMES:  # NumPy's tokens start with a byte order ("<f4", "|u1")
         known = ml_dtypes_by_name().get(token)
         if known is None:
@@ -160,7 +160,7 @@ def decode(meta: bytes, nbytes: int) -> tuple[np.dtype[np.generic], tuple[int, .
         token = meta[_HEAD.size : _HEAD.size + dtype_len].decode("ascii")
     except UnicodeDecodeError:
         raise ProtocolError("message metadata has a dtype that is not ASCII") from None
-    dtype = _dtype_from_token(token)
+    dtype = dtype_from_token(token)
     offset = _HEAD.size + dtype_len
     shape = tuple(_DIM.unpack_from(meta, offset + i * _DIM.size)[0] for i in range(ndim))
     if any(dim >= 2**63 for dim in shape):

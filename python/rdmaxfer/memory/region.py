@@ -45,9 +45,9 @@ class Registrar(Protocol):
 
     def alloc_pinned(self, nbytes: int, access: str = ...) -> MemoryRegion: ...
 
-    def _inherited(self) -> bool: ...
+    def inherited(self) -> bool: ...
 
-    def _deregister_region(self, region: MemoryRegion, timeout_s: float) -> None: ...
+    def deregister_region(self, region: MemoryRegion, timeout_s: float) -> None: ...
 
 
 #: Access names accepted by ``Engine.register`` -> the access bits a peer gets.
@@ -213,9 +213,9 @@ class MemoryRegion:
             data = self._data = data.reshape(-1).view(np.uint8)
         return data
 
-    def _host_array(self) -> npt.NDArray[Any]:
-        """The host memory as the array it was registered from (no byte view made; empty for
-        GPU memory)."""
+    def host_array(self) -> npt.NDArray[Any]:
+        """Internal: the host memory as the array it was registered from (no byte view made; empty
+        for GPU memory)."""
         return self._data
 
     def contains(self, addr: int, nbytes: int) -> bool:
@@ -253,7 +253,7 @@ class MemoryRegion:
                 key is dead regardless; the memory is then kept alive for good).
         """
         timeout_s = resolve_timeout(timeout)
-        if self._engine._inherited():  # a child of os.fork(): the registration is the parent's
+        if self._engine.inherited():  # a child of os.fork(): the registration is the parent's
             self._registered = False
             return
         with _state_lock:
@@ -261,7 +261,7 @@ class MemoryRegion:
                 return
             self._registered = False
         try:
-            self._engine._deregister_region(self, timeout_s)
+            self._engine.deregister_region(self, timeout_s)
         except TransferTimeoutError:
             _stranded.append((self._region, self._owner))
             raise

@@ -32,7 +32,6 @@ import collections
 import contextlib
 import math
 import multiprocessing as mp
-import os
 import re
 import secrets
 import signal
@@ -47,6 +46,7 @@ import numpy.typing as npt
 
 from .. import _core
 from .._config import format_address
+from .._test_hooks import rxe_guest
 from ..errors import InvalidArgumentError
 from ..transport.engine import Engine, resolve_transport
 
@@ -171,10 +171,8 @@ class RdmaSetup:
         second address); else the engine's default device and loopback. ``rails`` > 1 takes
         that many devices a side from ``RDMAXFER_RXE_RAIL_DEVICES`` (``"rxe0,rxe2 rxe1,rxe3"``,
         ``run-in-vm.sh --rails 2``); raises InvalidArgumentError when it has fewer."""
-        devs = os.environ.get("RDMAXFER_RXE_DEVICES", "").split()
-        addrs = os.environ.get("RDMAXFER_RXE_ADDRS", "").split()
+        devs, addrs, sides = rxe_guest()
         if rails > 1:
-            sides = [s.split(",") for s in os.environ.get("RDMAXFER_RXE_RAIL_DEVICES", "").split()]
             if len(sides) != 2 or min(len(s) for s in sides) < rails:
                 raise InvalidArgumentError(
                     f"--rails {rails}: RDMAXFER_RXE_RAIL_DEVICES lists "

@@ -195,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="transports available here and why a missing one is missing",
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument(
+        "--config", action="store_true",
+        help="list every setting: its environment variable, default, current value and help",
+    )  # fmt: skip
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser(

@@ -20,26 +20,26 @@ be checked from sysfs).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..errors import InvalidArgumentError
+from ..options import env_setting
 from .doctor_facts import Finding, read
 
 ENV_TRAFFIC_CLASS = "RDMAXFER_TRAFFIC_CLASS"
 ENV_SERVICE_LEVEL = "RDMAXFER_SERVICE_LEVEL"
 
 
-def _setting(value: int | None, env: Mapping[str, str], name: str, top: int) -> int | str:
+def _setting(value: int | None, env: Mapping[str, str] | None, name: str, top: int) -> int | str:
     """The setting's value, or the text of why it is invalid."""
     if value is None:
-        text = env.get(name, "").strip()
-        if not text:
-            return 0
-        if not text.isdigit() or int(text) > top:
-            return f"{name}={text!r} is not an integer in 0..{top}"
-        value = int(text)
+        try:
+            value = env_setting(name, env)
+        except InvalidArgumentError as exc:
+            return str(exc)
+        assert isinstance(value, int)
     if not 0 <= value <= top:
         return f"{value} is outside 0..{top}"
     return value
@@ -88,9 +88,8 @@ def check_fabric(
         One finding per RoCE port (none without RoCE ports), or one ``error`` for an invalid
         setting.
     """
-    env = os.environ if environ is None else environ
-    tc = _setting(traffic_class, env, ENV_TRAFFIC_CLASS, 255)
-    sl = _setting(service_level, env, ENV_SERVICE_LEVEL, 15)
+    tc = _setting(traffic_class, environ, ENV_TRAFFIC_CLASS, 255)
+    sl = _setting(service_level, environ, ENV_SERVICE_LEVEL, 15)
     for name, got in (("traffic_class", tc), ("service_level", sl)):
         if isinstance(got, str):
             return [Finding("fabric", "error", name, got, f"set {name} / the variable in range")]

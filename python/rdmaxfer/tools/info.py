@@ -1,6 +1,7 @@
 """``rdmaxfer info``: the transports this machine offers (and why a missing one is missing),
 what ``transport="auto"`` picks, the RDMA rails, the locked-memory limit and the GPUs with their
-nearest NIC and GPU-memory method, as text or ``--json``.
+nearest NIC and GPU-memory method, as text or ``--json``; with ``--config``, every setting
+(:mod:`.config_report`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ def auto_same_host(available: dict[str, str]) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    if getattr(args, "config", False):
+        from .config_report import print_config
+
+        print_config(args.json)
+        return 0
     available = _core.available_transports()
     info: dict[str, Any] = {
         "transports": {name: (reason or "available") for name, reason in available.items()},

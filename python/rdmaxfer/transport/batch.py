@@ -131,7 +131,7 @@ class _Plan:
                 entries, MemoryRegion, self._entry, descriptor_of
             )
         except BaseException:
-            engine._release_temps(self.temps, _CLEANUP_TIMEOUT_S, failed=True)
+            engine.release_temps(self.temps, _CLEANUP_TIMEOUT_S, failed=True)
             raise
         self.keep.extend(region_objs)
         self.keep.extend(remote_objs)
@@ -182,7 +182,7 @@ class _Plan:
         mem = operand(local, writable=writes, what=what)
         self.keep.append(mem)
         if not isinstance(mem, np.ndarray):
-            direct = engine._device_direct(mem, self.transport)
+            direct = engine.device_direct(mem, self.transport)
             if direct is None:
                 raise InvalidArgumentError(
                     f"{what}: GPU memory in a batch must be registered for GPUDirect "
@@ -200,7 +200,7 @@ class _Plan:
             and (not writes or last.core.local_write)
         ):
             return last, addr - last.addr, nbytes, last
-        region, offset, temps = engine._local(mem, writes=writes)
+        region, offset, temps = engine.host_region(mem, writes=writes)
         self.temps.extend(temps)
         return region, offset, nbytes, region
 
@@ -281,7 +281,7 @@ class PreparedBatch:
         """Hand back the temporary registrations (idempotent); later posts raise."""
         plan, self._plan = self._plan, None
         if plan is not None:
-            self._endpoint._engine._release_temps(plan.temps, _CLEANUP_TIMEOUT_S)
+            self._endpoint._engine.release_temps(plan.temps, _CLEANUP_TIMEOUT_S)
 
     def __enter__(self) -> PreparedBatch:
         return self
@@ -425,7 +425,7 @@ class BatchOps:
         try:
             return self._post_plan(plan, notify, keep=[], temps=plan.temps)
         except BaseException:
-            self._engine._release_temps(plan.temps, _CLEANUP_TIMEOUT_S, failed=True)
+            self._engine.release_temps(plan.temps, _CLEANUP_TIMEOUT_S, failed=True)
             raise
 
     def _post_plan(
@@ -448,8 +448,8 @@ class BatchOps:
         )
 
         def settle() -> None:
-            transfer._set_result(_result(run, plan.core), plan.core.bytes)
+            transfer.set_result(_result(run, plan.core), plan.core.bytes)
 
-        transfer._on_done = settle
+        transfer.set_on_done(settle)
         self._inflight.add(transfer)
         return transfer

@@ -3,9 +3,10 @@ arrays: the same checks, the same ``_core`` calls and the same errors as posting
 :class:`~rdmaxfer.transport.transfer.Transfer` and waiting on it, without the per-call cost of
 the handle when nothing goes wrong.
 
-Each call checks its arguments with the functions of :mod:`.args` (offsets and lengths that are
-plain in-range ints pass a quicker test that accepts exactly what those functions accept), takes
-the registration from the engine, posts one ``_core`` request and waits for it: a send, WRITE or
+Each call checks its arguments with the very functions the posted forms use
+(:func:`.args.message_of`, :func:`.args.one_sided_of`, :func:`.args.receivable`), takes the
+registration from the engine (``MemoryDomain.host_region``), posts one ``_core`` request and
+waits for it: a send, WRITE or
 READ in the same ``_core`` call (``Endpoint.post_*_wait``: one release of the GIL, and no
 Request object in Python when it completes), a receive's steps each in one ``Request.wait`` (in
 C++, GIL released, Ctrl-C seen every 0.1 s). Only when the request fails,
@@ -15,8 +16,8 @@ same bounds as the wait started, and decide the outcome exactly as ``Transfer.wa
 received message that needs more than placing its bytes in host memory (a checksum, a dtype or
 shape other than ``out``'s, unreadable metadata) goes to the general receive step the same way.
 
-Per-array facts that do not change are cached: a message's metadata record by (dtype, shape),
-a received record's dtype and shape, and a peer's packed descriptor.
+A received record's dtype and shape are cached here (a message's metadata record and a peer's
+packed descriptor are cached by :mod:`.args`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ from .. import _core
 from .._config import default_timeout, resolve_deadline, resolve_timeout
 from ..errors import InvalidArgumentError, RdmaxferError
 from ..memory import meta as _meta
-from ..memory.buffer import as_array
-from .args import byte_range, descriptor_of, remote_offset_of
+from .args import message_of, one_sided_of, receivable
 from .domain import MemoryDomain
 from .receive import recv_step
 from .transfer import CLEANUP_TIMEOUT_S, MIN_WAIT_S, Transfer, TransferOwner, WaitLimits
@@ -45,12 +45,9 @@ class Owner(TransferOwner, Protocol):
     serves (which sits above this module)."""
 
     @property
-    def _engine(self) -> MemoryDomain: ...
+    def engine(self) -> MemoryDomain: ...
 
-    @property
-    def _core(self) -> _core.Endpoint: ...
-
-    def _track(self, transfer: Transfer[Any]) -> Transfer[Any]: ...
+    def track(self, transfer: Transfer[Any]) -> Transfer[Any]: ...
 
 
 __all__ = ["one_sided", "recv", "send"]
@@ -58,9 +55,7 @@ __all__ = ["one_sided", "recv", "send"]
 #: Entries each cache holds before it starts over.
 _CACHE_MAX = 512
 
-_records: dict[tuple[np.dtype[Any], tuple[int, ...]], tuple[np.dtype[Any], bytes]] = {}
 _decoded: dict[tuple[bytes, int], tuple[np.dtype[Any], tuple[int, ...]]] = {}
-_descriptors: dict[bytes, _core.Descriptor] = {}
 
 Bounds = tuple[float, float | None]
 
@@ -82,21 +77,6 @@ def _cached(cache: dict[Any, Any], key: object, value: object) -> None:
     cache[key] = value
 
 
-def _record(arr: npt.NDArray[Any]) -> bytes:
-    """The metadata record of a message carrying ``arr`` (no checksum), as ``meta.encode``.
-
-    Raises:
-        InvalidArgumentError: a dtype or rank a message cannot carry.
-    """
-    dtype, shape = arr.dtype, arr.shape
-    hit = _records.get((dtype, shape))
-    if hit is not None and hit[0] is dtype:
-        return hit[1]
-    record = _meta.encode(dtype, shape)
-    _cached(_records, (dtype, shape), (dtype, record))
-    return record
-
-
 def _message_facts(meta: bytes, length: int) -> tuple[np.dtype[Any], tuple[int, ...]] | None:
     """The dtype and shape of a message without a checksum, or None when the general receive
     step must look at it (a checksum to verify, metadata it rejects)."""
@@ -111,17 +91,6 @@ def _message_facts(meta: bytes, length: int) -> tuple[np.dtype[Any], tuple[int, 
         return None
     _cached(_decoded, (meta, length), facts)
     return facts
-
-
-def _descriptor(remote: object) -> _core.Descriptor:
-    """``args.descriptor_of(remote)``, unpacking each packed descriptor once."""
-    if type(remote) is not bytes:
-        return descriptor_of(remote)
-    found = _descriptors.get(remote)
-    if found is None:
-        found = descriptor_of(remote)
-        _cached(_descriptors, remote, found)
-    return found
 
 
 #: What :func:`_settle` returns when the request ended well.
@@ -155,10 +124,10 @@ def _settle(
         if left > 0 and request.wait(left) and not request.failed():
             return _DONE
     except BaseException as exc:  # Ctrl-C: the operation cannot be left half-done
-        transfer = ep._track(handle())
-        transfer._interrupt(request, f"interrupted by {type(exc).__name__}")
+        transfer = ep.track(handle())
+        transfer.interrupt(request, f"interrupted by {type(exc).__name__}")
         raise
-    return ep._track(handle())._wait(WaitLimits(*wait, started))
+    return ep.track(handle()).wait_within(WaitLimits(*wait, started))
 
 
 def _run(
@@ -183,17 +152,19 @@ def _run(
     except BaseException as exc:
         request = slot[0]
         if request is None:  # not posted (or done before a signal handler raised)
-            ep._release(temps)
+            ep.release_temps(temps)
             raise
-        transfer = ep._track(_transfer(ep, op, nbytes, request, keep, temps))
-        transfer._interrupt(request, f"interrupted by {type(exc).__name__}")
+        transfer = ep.track(_transfer(ep, op, nbytes, request, keep, temps))
+        transfer.interrupt(request, f"interrupted by {type(exc).__name__}")
         raise
     if done:
         if temps:
-            ep._release(temps, CLEANUP_TIMEOUT_S, failed=False)
+            ep.release_temps(temps, CLEANUP_TIMEOUT_S, failed=False)
         return
     request = cast(_core.Request, slot[0])  # set by post_wait whenever it answers False
-    ep._track(_transfer(ep, op, nbytes, request, keep, temps))._wait(WaitLimits(*wait, started))
+    ep.track(_transfer(ep, op, nbytes, request, keep, temps)).wait_within(
+        WaitLimits(*wait, started)
+    )
 
 
 def _transfer(
@@ -220,20 +191,14 @@ def one_sided(
     wait = _bounds(timeout, deadline)
     if wait is None or type(local) is not np.ndarray:
         return False
+    mem, descriptor, length, remote_at = one_sided_of(
+        op, local, remote, offset, remote_offset, nbytes
+    )
+    arr: npt.NDArray[Any] = mem  # type: ignore[assignment]  # a host ndarray, as local is
     writable = op == "read"
-    what = "destination of the read" if writable else "source of the write"
-    arr = as_array(local, writable=writable, what=what)
-    descriptor = _descriptor(remote)
-    total = int(arr.nbytes)
-    if type(offset) is type(nbytes) is int and 0 <= offset and 0 <= nbytes <= total - offset:
-        length = nbytes  # what byte_range answers for a range inside the array
-    else:
-        length = byte_range(total, offset, nbytes, what)
-    remote_at = remote_offset if type(remote_offset) is int and remote_offset >= 0 else None
-    if remote_at is None:
-        remote_at = remote_offset_of(remote_offset)
-    region, base, temps = ep._engine._local(arr, writes=writable)
-    post = ep._core.post_read_wait if writable else ep._core.post_write_wait
+    region, base, temps = ep.engine.host_region(arr, writes=writable)
+    core = ep.core
+    post = core.post_read_wait if writable else core.post_write_wait
     args = (region.core, base + offset, descriptor, remote_at, length, chunk_size, streams)
     _run(ep, op, length, [arr, region], temps, wait, post, args)
     return True
@@ -253,12 +218,12 @@ def send(
     wait = _bounds(timeout, deadline)
     if wait is None or checksum or type(array) is not np.ndarray:
         return False
-    arr = as_array(array, writable=False, what="array to send")
-    record = _record(arr)
+    mem, record = message_of(array)
+    arr: npt.NDArray[Any] = mem  # type: ignore[assignment]  # a host ndarray, as array is
     nbytes = int(arr.nbytes)
-    region, offset, temps = ep._engine._local(arr, writes=False)
+    region, offset, temps = ep.engine.host_region(arr, writes=False)
     args = (region.core, offset, nbytes, record, chunk_size, streams)
-    _run(ep, "send", nbytes, [arr, region], temps, wait, ep._core.post_send_wait, args)
+    _run(ep, "send", nbytes, [arr, region], temps, wait, ep.core.post_send_wait, args)
     return True
 
 
@@ -274,8 +239,8 @@ def recv(
     wait = _bounds(timeout, deadline)
     if wait is None or device not in (None, "cpu") or not (out is None or type(out) is np.ndarray):
         return None
-    dest = None if out is None else as_array(out, writable=True, what="recv destination")
-    core = ep._core
+    dest = None if out is None else cast(npt.NDArray[Any], receivable(out))
+    core = ep.core
     started = time.monotonic()
     left = _fresh(wait, started)
     header = core.post_recv_header()
@@ -284,7 +249,7 @@ def recv(
         result = np.empty(0, np.uint8) if dest is None else dest
         return Transfer(
             ep, "recv", -1, header, keep=[] if dest is None else [dest], temps=[],
-            result=result, on_header=recv_step(ep._engine, core, dest, None),
+            result=result, on_header=recv_step(ep.engine, core, dest, None),
         )  # fmt: skip
 
     got = _settle(ep, header, left, wait, started, general)
@@ -293,22 +258,22 @@ def recv(
     msg_id, length, meta = header.message()
     facts = _message_facts(meta, length)
     if facts is None or (dest is not None and (dest.dtype != facts[0] or dest.shape != facts[1])):
-        return ep._track(general())._wait(WaitLimits(*wait, started))  # type: ignore[no-any-return]
+        return ep.track(general()).wait_within(WaitLimits(*wait, started))  # type: ignore[no-any-return]
     target = np.empty(facts[1], dtype=facts[0]) if dest is None else dest
     temps: list[Any] = []
     try:
-        region, offset, temps = ep._engine._local(target, writes=True)
+        region, offset, temps = ep.engine.host_region(target, writes=True)
         keep: list[object] = [target, region]
         left = _fresh(wait, started)
         request = core.post_recv(msg_id, region.core, offset, length)
     except BaseException as exc:
         with contextlib.suppress(RdmaxferError):
             core.reject(msg_id, f"receiver failed: {exc}")
-        ep._release(temps, CLEANUP_TIMEOUT_S)
+        ep.release_temps(temps, CLEANUP_TIMEOUT_S)
         raise
     handle = lambda: Transfer(ep, "recv", length, request, keep=keep, temps=temps, result=target)  # noqa: E731
     got = _settle(ep, request, left, wait, started, handle)
     if got is not _DONE:
         return got  # type: ignore[no-any-return]
-    ep._release(temps, CLEANUP_TIMEOUT_S, failed=False)
+    ep.release_temps(temps, CLEANUP_TIMEOUT_S, failed=False)
     return target

@@ -108,6 +108,11 @@ class MemoryDomain:
         return self._core.transport
 
     @property
+    def notifications(self) -> Notifications:
+        """Internal: the completion notifications this engine's transfers wait on."""
+        return self._notifications
+
+    @property
     def closed(self) -> bool:
         """True once ``close()`` was called."""
         return self._closed
@@ -285,11 +290,11 @@ class MemoryDomain:
         core = self._core
         return core.automatic and core.transport == "tcp" and core.has_shm_companion
 
-    def _gpu_links_unreached(self) -> str:
-        """ "" when every connection of this engine can reach its GPU registrations, else why
-        not: an automatic engine over TCP exports them for CUDA IPC, which its TCP connections
-        (peers on other hosts) cannot reach, so what such peers must read or write goes
-        through host memory."""
+    def gpu_links_unreached(self) -> str:
+        """Internal: "" when every connection of this engine can reach its GPU registrations, else
+        why not: an automatic engine over TCP exports them for CUDA IPC, which its TCP connections
+        (peers on other hosts) cannot reach, so what such peers must read or write goes through host
+        memory."""
         if self._ipc_companion():
             return (
                 "GPU memory of an automatic engine over TCP is shared by CUDA IPC, which only "
@@ -297,14 +302,14 @@ class MemoryDomain:
             )
         return ""
 
-    def _cuda_ipc_off(self) -> str:
-        """Why this engine's shm connections stage GPU memory instead of moving it by CUDA IPC
-        ("" when registered GPU memory moves by CUDA IPC, when there is no usable CUDA here,
-        or while the engine has not touched GPU memory, so that host-only programs never load
-        the driver for ``Endpoint.info``): the driver lacks the IPC calls
-        (:func:`rdmaxfer.gpu.report.cuda_ipc_report`), or the engine is automatic over rdma,
-        where GPU memory is registered for GPUDirect RDMA. (Unregistered GPU memory moves by
-        an implicit export where registered memory does: :meth:`_export`.)"""
+    def cuda_ipc_off(self) -> str:
+        """Internal: why this engine's shm connections stage GPU memory instead of moving it by CUDA
+        IPC ("" when registered GPU memory moves by CUDA IPC, when there is no usable CUDA here, or
+        while the engine has not touched GPU memory, so that host-only programs never load the
+        driver for ``Endpoint.info``): the driver lacks the IPC calls
+        (:func:`rdmaxfer.gpu.report.cuda_ipc_report`), or the engine is automatic over rdma, where
+        GPU memory is registered for GPUDirect RDMA. (Unregistered GPU memory moves by an implicit
+        export where registered memory does: :meth:`_export`.)"""
         from ..gpu.report import cuda_ipc_report
         from ..memory import cuda
 
@@ -330,10 +335,10 @@ class MemoryDomain:
             )
         return ""
 
-    def _cuda_ipc_export_off(self) -> str:
-        """Why unregistered GPU memory on this engine's shm connections was last staged instead
-        of moved by an implicit CUDA IPC export ("" when none was): the driver does not report
-        CU_POINTER_ATTRIBUTE_BUFFER_ID or lacks the IPC calls, or the memory cannot be
+    def cuda_ipc_export_off(self) -> str:
+        """Internal: why unregistered GPU memory on this engine's shm connections was last staged
+        instead of moved by an implicit CUDA IPC export ("" when none was): the driver does not
+        report CU_POINTER_ATTRIBUTE_BUFFER_ID or lacks the IPC calls, or the memory cannot be
         exported. (Where registered memory is staged too, :meth:`_cuda_ipc_off` says why.)"""
         return self._export_off
 
@@ -347,11 +352,9 @@ class MemoryDomain:
         bdf = next((g["pci_bus_id"] for g in cuda.status()["gpus"] if g["index"] == device), "")
         return topology.nearest_rail(bdf, rails) if len(rails) > 1 and bdf else -1
 
-    def _device_local(
-        self, view: cuda.CudaArray, transport: str
-    ) -> tuple[MemoryRegion, int] | None:
-        """The live GPU registration of the user's covering ``view`` that a connection over
-        ``transport`` moves directly (CUDA IPC exports on ``"shm"``, GPUDirect RDMA MRs on the
+    def device_local(self, view: cuda.CudaArray, transport: str) -> tuple[MemoryRegion, int] | None:
+        """Internal: the live GPU registration of the user's covering ``view`` that a connection
+        over ``transport`` moves directly (CUDA IPC exports on ``"shm"``, GPUDirect RDMA MRs on the
         others): (region, byte offset of the view in it), else None."""
         with self._lock:
             region = self._covers["ipc" if transport == "shm" else "direct"].find(
@@ -361,15 +364,15 @@ class MemoryDomain:
             return None
         return region, view.ptr - region.addr
 
-    def _device_direct(
+    def device_direct(
         self, view: cuda.CudaArray, transport: str
     ) -> tuple[MemoryRegion, int, list[MemoryRegion]] | None:
-        """How a connection over ``transport`` moves ``view`` without staging: a registration
-        of the user's (:meth:`_device_local`), else on a shm connection an implicit CUDA IPC
-        export of the allocation holding it (:meth:`_export`): (region, byte offset of the view
-        in it, temporaries to hand back with :meth:`_release_temps` when the operation is
+        """Internal: how a connection over ``transport`` moves ``view`` without staging: a
+        registration of the user's (:meth:`_device_local`), else on a shm connection an implicit
+        CUDA IPC export of the allocation holding it (:meth:`_export`): (region, byte offset of the
+        view in it, temporaries to hand back with :meth:`_release_temps` when the operation is
         done). None: the view's transfers on that connection are staged (:meth:`_stager`)."""
-        found = self._device_local(view, transport)
+        found = self.device_local(view, transport)
         if found is not None:
             return found[0], found[1], []
         return self._export(view) if transport == "shm" else None
@@ -421,8 +424,8 @@ class MemoryDomain:
             return None
         return region, view.ptr - base, [region]
 
-    def _stager(self, device: int) -> _core.Stager:
-        """The staging pipeline for GPU ``device`` (:mod:`rdmaxfer.gpu.staging`; made on
+    def stager(self, device: int) -> _core.Stager:
+        """Internal: the staging pipeline for GPU ``device`` (:mod:`rdmaxfer.gpu.staging`; made on
         first use, so host-only programs never load it).
 
         Raises:
@@ -437,25 +440,25 @@ class MemoryDomain:
             stagers = self._stagers
         return stagers.get(device)
 
-    def _post_device_send(
+    def post_device_send(
         self, endpoint: _core.Endpoint, view: cuda.CudaArray, chunk_size: int, streams: int
     ) -> tuple[_core.Request, list[object], list[MemoryRegion]]:
-        """Post the send of the GPU array ``view`` on ``endpoint``: directly when the
+        """Internal: post the send of the GPU array ``view`` on ``endpoint``: directly when the
         connection reaches it (:meth:`_device_direct`: GPUDirect from its registration, CUDA
         IPC on shm), else staged through the bounce slabs of its device
         (:func:`rdmaxfer.gpu.staging.post_device_send`). Returns the request, the objects that
         must stay alive until it completes and the temporaries to hand back then."""
         from ..gpu.staging import post_device_send
 
-        stager = self._stager(view.device)
-        found = self._device_direct(view, endpoint.transport)
+        stager = self.stager(view.device)
+        found = self.device_direct(view, endpoint.transport)
         direct, temps = (None, []) if found is None else ((found[0], found[1]), found[2])
         try:
             request = post_device_send(
                 stager, endpoint, view, direct, staged_backstop_s(), chunk_size, streams
             )
         except BaseException:
-            self._release_temps(temps, CLOSE_TIMEOUT_S, failed=True)
+            self.release_temps(temps, CLOSE_TIMEOUT_S, failed=True)
             raise
         return request, [view] if direct is None else [view, direct[0]], temps
 
@@ -480,10 +483,10 @@ class MemoryDomain:
             self._add_user_region_locked(region, (region.addr, nbytes, bits))
         return region
 
-    def _local(
+    def host_region(
         self, arr: npt.NDArray[Any], *, writes: bool
     ) -> tuple[MemoryRegion, int, list[MemoryRegion]]:
-        """The registration holding ``arr`` for a local use (``writes``: a READ or receive
+        """Internal: the registration holding ``arr`` for a local use (``writes``: a READ or receive
         lands in it): a live user region with the rights that use needs (one of exactly arr's
         range first, else one containing it), else a temporary one of the allocation holding
         arr with no remote access and local write only for a destination, from the registration
@@ -514,20 +517,21 @@ class MemoryDomain:
         temp, offset = self._temps.acquire(arr, writes, register)
         return temp, offset, [temp]
 
-    def _release_temps(
+    def release_temps(
         self, temps: list[MemoryRegion], timeout_s: float, *, failed: bool = False
     ) -> None:
-        """Hand back the temporaries of a finished operation: cached ones stay registered for
-        the next operation on the same memory unless it ``failed``; the rest are deregistered."""
+        """Internal: hand back the temporaries of a finished operation: cached ones stay registered
+        for the next operation on the same memory unless it ``failed``; the rest are
+        deregistered."""
         for region in temps:
             cache = self._exports if region.device is not None else self._temps
             if not cache.release(region, keep=not failed):
                 with contextlib.suppress(RdmaxferError):
                     region.deregister(timeout_s)
 
-    def _deregister_region(self, region: MemoryRegion, timeout_s: float) -> None:
+    def deregister_region(self, region: MemoryRegion, timeout_s: float) -> None:
         if not region.temporary and region.device is None:
-            self._temps.invalidate(region._host_array())
+            self._temps.invalidate(region.host_array())
         key = region.key
         with self._lock:
             self._regions.pop(key, None)
@@ -545,7 +549,7 @@ class MemoryDomain:
     _core_closed = False
 
     def _check_open(self) -> None:
-        if self._inherited():
+        if self.inherited():
             raise EndpointClosedError(
                 f"this Engine was created by process {self._pid} before os.fork(): engines, "
                 "endpoints and regions inherited through fork are inert in the child (their "
@@ -555,9 +559,9 @@ class MemoryDomain:
         if self._closed:
             raise EndpointClosedError("the engine is closed; create a new Engine")
 
-    def _inherited(self) -> bool:
-        """True in a child of os.fork(): the engine, its endpoints and regions are the parent's
-        and are left alone (no GOODBYE, no deregistration, no QP or socket change)."""
+    def inherited(self) -> bool:
+        """Internal: true in a child of os.fork(): the engine, its endpoints and regions are the
+        parent's and are left alone (no GOODBYE, no deregistration, no QP or socket change)."""
         return self._pid != _pid
 
     def _close_memory(self) -> None:

@@ -8,7 +8,7 @@ the array or check ``out`` before any byte is written.
 Every operation decides the memory kind of its array once (:mod:`rdmaxfer.transport.args`):
 host memory goes through a registration of the engine (its own, or a temporary one), GPU
 memory straight from/into a GPUDirect registration or, on shm, a CUDA IPC export (registered,
-or made on the fly: ``MemoryDomain._device_direct``), else through the engine's staging
+or made on the fly: ``MemoryDomain.device_direct``), else through the engine's staging
 pipeline;
 then one ``_core`` call posts it and one :class:`Transfer` tracks it (blocking calls on host
 ndarrays need one only when something goes wrong: :mod:`.blocking`).
@@ -26,11 +26,10 @@ import numpy.typing as npt
 from .. import _core
 from .._config import resolve_timeout
 from ..errors import EndpointClosedError, RdmaxferError
-from ..memory import meta as _meta
 from ..memory.buffer import Buffer
 from ..memory.region import MemoryRegion
 from . import blocking
-from .args import byte_range, descriptor_of, operand, receivable, remote_offset_of, sendable
+from .args import message_of, one_sided_of, receivable
 from .batch import BatchOps, Notify, no_staged_notify
 from .conninfo import connection_info, connection_text
 from .domain import MemoryDomain, staged_backstop_s
@@ -112,9 +111,9 @@ class Endpoint(BatchOps):
         :mod:`rdmaxfer.transport.conninfo`."""
         info = connection_info(self._core)
         if info["transport"] == "shm":
-            if why := self._engine._cuda_ipc_off():
+            if why := self._engine.cuda_ipc_off():
                 info["cuda_ipc_off"] = why
-            elif why := self._engine._cuda_ipc_export_off():
+            elif why := self._engine.cuda_ipc_export_off():
                 info["cuda_ipc_export_off"] = why
         return info
 
@@ -159,26 +158,25 @@ class Endpoint(BatchOps):
                 fix), object or structured dtype.
             EndpointClosedError: the endpoint is closed.
         """
-        arr = sendable(array, host=checksum)  # a checksum is computed over host memory
+        arr, meta = message_of(array, checksum=checksum)  # a checksum is over host memory
         nbytes = int(arr.nbytes)
         temps: list[MemoryRegion] = []
         if isinstance(arr, np.ndarray):
-            digest = _meta.payload_checksum(arr) if checksum else None
-            meta = _meta.encode(arr.dtype, tuple(arr.shape), digest)
-            region, offset, temps = self._engine._local(arr, writes=False)
+            assert meta is not None  # host memory: message_of made its record
+            region, offset, temps = self._engine.host_region(arr, writes=False)
             keep: list[object] = [arr, region]
             try:
                 request = self._core.post_send(
                     region.core, offset, nbytes, meta, chunk_size, streams
                 )
             except BaseException:
-                self._release(temps)
+                self.release_temps(temps)
                 raise
         else:  # GPU memory: GPUDirect or CUDA IPC when reachable, else staged through slabs
-            request, keep, temps = self._engine._post_device_send(
+            request, keep, temps = self._engine.post_device_send(
                 self._core, arr, chunk_size, streams
             )
-        return self._track(
+        return self.track(
             Transfer(self, "send", nbytes, request, keep=keep, temps=temps, result=None)
         )
 
@@ -227,9 +225,9 @@ class Endpoint(BatchOps):
             result=result,
             on_header=recv_step(self._engine, self._core, dest, gpu),
         )
-        self._track(transfer)
+        self.track(transfer)
         # Place the bytes as soon as the message is announced, even if no one waits yet.
-        self._engine._notifications.call_when_done(request, transfer.done)
+        self._engine.notifications.call_when_done(request, transfer.done)
         return transfer
 
     def send(
@@ -339,18 +337,16 @@ class Endpoint(BatchOps):
         notify: Notify | None = None,
     ) -> Transfer[None]:
         writable = op == "read"
-        what = "destination of the read" if writable else "source of the write"
         _core.check_notify(notify)
-        local_mem = operand(local, writable=writable, what=what)
-        descriptor = descriptor_of(remote)
-        length = byte_range(int(local_mem.nbytes), offset, nbytes, what)
-        remote_at = remote_offset_of(remote_offset)
+        local_mem, descriptor, length, remote_at = one_sided_of(
+            op, local, remote, offset, remote_offset, nbytes
+        )
         temps: list[MemoryRegion] = []
         if isinstance(local_mem, np.ndarray):
-            region, base, temps = self._engine._local(local_mem, writes=writable)
+            region, base, temps = self._engine.host_region(local_mem, writes=writable)
             direct: tuple[MemoryRegion, int] | None = (region, base)
         else:  # GPU memory: straight from/into it (GPUDirect, CUDA IPC on shm), else staged
-            found = self._engine._device_direct(local_mem, self._core.transport)
+            found = self._engine.device_direct(local_mem, self._core.transport)
             direct, temps = (None, []) if found is None else ((found[0], found[1]), found[2])
         if direct is not None:
             region, base = direct
@@ -361,19 +357,19 @@ class Endpoint(BatchOps):
                     notify,
                 )  # fmt: skip
             except BaseException:
-                self._release(temps)
+                self.release_temps(temps)
                 raise
         else:
             assert not isinstance(local_mem, np.ndarray)
             no_staged_notify(notify)
-            stager = self._engine._stager(local_mem.device)
+            stager = self._engine.stager(local_mem.device)
             post_staged = stager.post_read if writable else stager.post_write
             keep = [local_mem]
             request = post_staged(
                 self._core, local_mem.ptr + offset, length, descriptor, remote_at, chunk_size, 0,
                 staged_backstop_s(), streams,
             )  # fmt: skip
-        return self._track(Transfer(self, op, length, request, keep=keep, temps=temps, result=None))
+        return self.track(Transfer(self, op, length, request, keep=keep, temps=temps, result=None))
 
     def post_write(
         self,
@@ -536,21 +532,21 @@ class Endpoint(BatchOps):
         """Close gracefully (idempotent): the peer is told, pending transfers fail with
         EndpointClosedError, their memory is released. (In a child of ``os.fork()`` an
         inherited endpoint is the parent's: closing it does nothing.)"""
-        if self._engine._inherited():
+        if self._engine.inherited():
             return
         with contextlib.suppress(RdmaxferError):
             self._core.close()
         self._settle_all()
         self._closed_now()
 
-    def _begin_close(self) -> None:
-        """Start a graceful close without waiting for it (Engine.close, then close())."""
+    def begin_close(self) -> None:
+        """Internal: start a graceful close, not waiting for it (Engine.close, then close())."""
         with contextlib.suppress(RdmaxferError):
             self._core.begin_close()
 
     def abort(self, reason: str = "aborted by the application") -> None:
         """Tear down at once: pending transfers fail with ``reason``."""
-        self._abort_core(reason, timed_out=False)
+        self.abort_core(reason, timed_out=False)
         self._settle_all()
         self._closed_now()
 
@@ -569,32 +565,36 @@ class Endpoint(BatchOps):
         state = "closed" if self.closed else "open"
         return f"<Endpoint {state} peer={self.peer} streams={self.streams}>"
 
-    # -- internals -------------------------------------------------------------------------
+    # -- internal: for the package's own modules (transfer, blocking), not part of the API -
     @property
-    def _notifications(self) -> Notifications:
-        return self._engine._notifications
+    def notifications(self) -> Notifications:
+        """Internal: the engine's completion notifications."""
+        return self._engine.notifications
 
     def _closed_now(self) -> None:
         if self._on_close is not None:
             self._on_close(self)
 
-    def _abort_core(self, reason: str, *, timed_out: bool) -> None:
+    def abort_core(self, reason: str, *, timed_out: bool) -> None:
+        """Internal: abort the connection (a transfer failed or timed out)."""
         with contextlib.suppress(RdmaxferError):
             self._core.abort(reason, timed_out)
 
     def _settle_all(self) -> None:
         self._inflight.settle_all(EndpointClosedError(f"endpoint to {self.peer} was closed"))
 
-    def _track(self, transfer: Transfer[T]) -> Transfer[T]:
+    def track(self, transfer: Transfer[T]) -> Transfer[T]:
+        """Internal: hold ``transfer`` in flight until it is terminal; returns it."""
         self._inflight.add(transfer)
         return transfer
 
-    def _untrack(self, transfer: Transfer[Any]) -> None:
+    def untrack(self, transfer: Transfer[Any]) -> None:
+        """Internal: forget a terminal transfer."""
         self._inflight.remove(transfer)
 
-    def _release(
+    def release_temps(
         self, temps: list[MemoryRegion], timeout_s: float | None = None, *, failed: bool = True
     ) -> None:
-        """Hand back an operation's temporary registrations (kept cached after a success)."""
+        """Internal: hand back an operation's temporaries (kept cached after a success)."""
         if temps:  # most operations use registered memory: nothing to hand back
-            self._engine._release_temps(temps, resolve_timeout(timeout_s), failed=failed)
+            self._engine.release_temps(temps, resolve_timeout(timeout_s), failed=failed)

@@ -11,14 +11,14 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import _core
 from .._config import ENV_SECRET, ENV_TRANSPORT, format_address, parse_address, resolve_timeout
 from .._warn import warn
 from ..errors import EndpointClosedError, InvalidArgumentError, TransferTimeoutError
+from ..options import EngineOptions, RdmaOptions, ShmOptions, TcpOptions, env_setting
 from .domain import MemoryDomain
 from .endpoint import Endpoint
 from .lifecycle import track_engine
@@ -45,14 +45,9 @@ def resolve_transport(transport: str = "auto") -> str:
             RDMAXFER_TRANSPORT).
     """
     if transport == "auto":
-        env = os.environ.get(ENV_TRANSPORT, "").strip().lower()
-        if env and env != "auto":
-            if env not in _TRANSPORTS:
-                raise InvalidArgumentError(
-                    f"{ENV_TRANSPORT}={env!r} is not 'tcp', 'rdma', 'shm' or 'auto'; fix or "
-                    "unset it"
-                )
-            return env
+        env = env_setting(ENV_TRANSPORT)
+        if env != "auto":
+            return str(env)
         usable = _core.available_transports()
         return "rdma" if usable.get("rdma") == "" else "tcp"
     if transport not in _TRANSPORTS:
@@ -65,8 +60,7 @@ def is_automatic(transport: str = "auto") -> bool:
     without a ``RDMAXFER_TRANSPORT`` that names one. Such an engine connects a peer on this
     host (same kernel, network and PID namespace, user, and CMA allowed) over shm, any other
     over its network transport, and says why when a same-host peer does not get shm."""
-    env = os.environ.get(ENV_TRANSPORT, "").strip().lower()
-    return transport == "auto" and env in ("", "auto")
+    return transport == "auto" and env_setting(ENV_TRANSPORT) == "auto"
 
 
 class Engine(MemoryDomain):
@@ -122,10 +116,18 @@ class Engine(MemoryDomain):
             starts with a mutual HMAC-SHA256 challenge-response and a peer without the same
             secret is refused before any address, key or QP number is revealed; both sides
             need it. Without one, :meth:`listen` warns when bound beyond loopback.
+        options: the settings as typed objects, one per table (:mod:`rdmaxfer.options`):
+            :class:`~rdmaxfer.options.EngineOptions`, and :class:`~rdmaxfer.options.TcpOptions`,
+            :class:`~rdmaxfer.options.RdmaOptions` or :class:`~rdmaxfer.options.ShmOptions`
+            for the transport(s) this engine uses (an ``"auto"`` engine takes any); one object
+            or a list. The keywords above are the same settings (``streams`` is
+            ``TcpOptions.streams`` and ``RdmaOptions.qps``, ``rdma_device`` is
+            ``RdmaOptions.device``...); a setting given both ways is an error.
 
     Raises:
         InvalidArgumentError: an unknown transport or a bad value (a poll_mode other than
-            "adaptive", "busy" or "event").
+            "adaptive", "busy" or "event"), options for a transport this engine does not use,
+            or a setting given twice.
         UnsupportedError: the transport cannot be used here (the message says why).
     """
 
@@ -144,28 +146,32 @@ class Engine(MemoryDomain):
         service_level: int | None = None,
         traffic_class: int | None = None,
         min_rnr_timer: int | None = None,
+        options: AnyOptions | Sequence[AnyOptions] | None = None,
     ) -> None:
+        kind = "auto" if is_automatic(transport) else resolve_transport(transport)
+        core_args: dict[str, Any] = {
+            "io_threads": io_threads,
+            "socket_buffer": socket_buffer,
+            "default_streams": streams,
+            "rdma_device": rdma_device or "",
+            "gid_index": -1 if gid_index is None else gid_index,
+            "poll_mode": poll_mode or "",
+            "secret": secret,
+            "rdma_devices": _device_list(rdma_devices),
+            "service_level": -1 if service_level is None else service_level,
+            "traffic_class": -1 if traffic_class is None else traffic_class,
+            "min_rnr_timer": -1 if min_rnr_timer is None else min_rnr_timer,
+        }
+        if options is not None:
+            _apply_options(core_args, kind, options)
+        secret = core_args["secret"]
         if secret is None:
-            secret = os.environ.get(ENV_SECRET, "")
+            secret = env_setting(ENV_SECRET)
         if isinstance(secret, bytes):
             secret = secret.decode("latin-1")
+        core_args["secret"] = secret
         self._authenticated = bool(secret)
-        super().__init__(
-            _core.Engine(
-                "auto" if is_automatic(transport) else resolve_transport(transport),
-                io_threads,
-                socket_buffer,
-                streams,
-                rdma_device=rdma_device or "",
-                gid_index=-1 if gid_index is None else gid_index,
-                poll_mode=poll_mode or "",
-                secret=secret,
-                rdma_devices=_device_list(rdma_devices),
-                service_level=-1 if service_level is None else service_level,
-                traffic_class=-1 if traffic_class is None else traffic_class,
-                min_rnr_timer=-1 if min_rnr_timer is None else min_rnr_timer,
-            )
-        )
+        super().__init__(_core.Engine(kind, **core_args))
         self._port: int | None = None
         # Endpoints are held until closed: dropping the last handle must not cut a connection
         # that a peer still uses (e.g. for one-sided access to our memory).
@@ -389,7 +395,7 @@ class Engine(MemoryDomain):
 
         In a child of ``os.fork()`` an inherited engine is only marked closed: its connections
         and registrations belong to the parent, which keeps using them."""
-        if self._inherited():
+        if self.inherited():
             self._closed = True
             return
         with self._lock:
@@ -400,16 +406,16 @@ class Engine(MemoryDomain):
         # Every endpoint's teardown starts before any is waited for: on verbs the flushes of
         # 512 connections' QPs then drain together, not one connection after another.
         for endpoint in endpoints:
-            endpoint._begin_close()
+            endpoint.begin_close()
         for endpoint in endpoints:
             endpoint.close()
         self._close_memory()
         self._core.close()
 
-    def _stop_at_exit(self) -> None:
-        """At interpreter exit (lifecycle.py): close the core only (connections aborted, waits
-        failed, threads joined), taking no Python lock; later closes are no-ops."""
-        if self._closed or self._inherited():
+    def stop_at_exit(self) -> None:
+        """Internal: at interpreter exit (lifecycle.py): close the core only (connections aborted,
+        waits failed, threads joined), taking no Python lock; later closes are no-ops."""
+        if self._closed or self.inherited():
             return
         self._closed = True
         self._core_closed = True
@@ -445,6 +451,68 @@ class Engine(MemoryDomain):
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+AnyOptions = EngineOptions | TcpOptions | ShmOptions | RdmaOptions
+
+#: (options class, field) -> the argument of ``_core.Engine`` it sets, and that argument's
+#: value when not given.
+_CORE_ARG: dict[tuple[type, str], tuple[str, object]] = {
+    (EngineOptions, "poll_mode"): ("poll_mode", ""),
+    (EngineOptions, "secret"): ("secret", None),
+    (TcpOptions, "io_threads"): ("io_threads", 0),
+    (TcpOptions, "socket_buffer"): ("socket_buffer", 0),
+    (TcpOptions, "streams"): ("default_streams", 0),
+    (RdmaOptions, "device"): ("rdma_device", ""),
+    (RdmaOptions, "devices"): ("rdma_devices", []),
+    (RdmaOptions, "gid_index"): ("gid_index", -1),
+    (RdmaOptions, "qps"): ("default_streams", 0),
+    (RdmaOptions, "service_level"): ("service_level", -1),
+    (RdmaOptions, "traffic_class"): ("traffic_class", -1),
+    (RdmaOptions, "min_rnr_timer"): ("min_rnr_timer", -1),
+}
+
+
+def _apply_options(
+    core_args: dict[str, Any], kind: str, options: AnyOptions | Sequence[AnyOptions]
+) -> None:
+    """Set ``core_args`` (``_core.Engine``'s keywords, filled from the old keywords) from
+    ``options``, for an engine of transport ``kind`` ("auto", "tcp", "rdma", "shm").
+
+    Raises:
+        InvalidArgumentError: not options objects, two of one class, options of a transport
+            the engine does not use, or a setting given both as a keyword and in options.
+    """
+    given: Sequence[object] = options if isinstance(options, (list, tuple)) else [options]
+    uses = {"auto": ("tcp", "rdma", "shm"), "shm": ("shm",)}.get(kind, (kind,))
+    network = resolve_transport("auto") if kind == "auto" else kind
+    seen: set[type] = set()
+    for option in given:
+        cls = type(option)
+        if not isinstance(option, AnyOptions):
+            raise InvalidArgumentError(
+                f"options={option!r}: give EngineOptions, TcpOptions, RdmaOptions or "
+                "ShmOptions from rdmaxfer (one, or a list of them)"
+            )
+        if cls in seen:
+            raise InvalidArgumentError(f"options: {cls.__name__} given twice; merge them into one")
+        seen.add(cls)
+        if option.TRANSPORT and option.TRANSPORT not in uses:
+            raise InvalidArgumentError(
+                f"options: {cls.__name__} is for transport {option.TRANSPORT!r}, but this "
+                f"engine uses {kind!r}; drop it, or make the engine with "
+                f"transport={option.TRANSPORT!r} (or 'auto')"
+            )
+        if kind == "auto" and option.TRANSPORT in ("tcp", "rdma") and option.TRANSPORT != network:
+            continue  # the network transport this automatic engine did not pick here
+        for field, value in option.given().items():
+            arg, unset = _CORE_ARG[(cls, field)]
+            if core_args[arg] != unset and core_args[arg] != value:
+                raise InvalidArgumentError(
+                    f"{arg} given twice, as a keyword of Engine() and as {cls.__name__}"
+                    f"({field}={value!r}); keep one"
+                )
+            core_args[arg] = value
 
 
 def _device_list(devices: Sequence[str] | str | None) -> list[str]:

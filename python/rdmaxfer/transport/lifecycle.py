@@ -32,7 +32,7 @@ __all__ = ["Stoppable", "at_exit", "track_engine", "track_service"]
 
 
 class Stoppable(Protocol):
-    def _stop_at_exit(self) -> None:
+    def stop_at_exit(self) -> None:
         """Tell the object's threads to end, without waiting for them or taking locks."""
 
 
@@ -41,13 +41,13 @@ _engines: weakref.WeakSet[Stoppable] = weakref.WeakSet()
 
 
 def track_service(service: Stoppable) -> None:
-    """Have ``service._stop_at_exit()`` called at exit, before any engine closes (a weak
+    """Have ``service.stop_at_exit()`` called at exit, before any engine closes (a weak
     reference: tracking does not keep the service alive)."""
     _services.add(service)
 
 
 def track_engine(engine: Stoppable) -> None:
-    """Have ``engine._stop_at_exit()`` (which closes its core) called at exit, after the
+    """Have ``engine.stop_at_exit()`` (which closes its core) called at exit, after the
     services stopped (a weak reference)."""
     _engines.add(engine)
 
@@ -58,7 +58,7 @@ def at_exit() -> None:
     for group in (_services, _engines):
         for item in list(group):
             try:
-                item._stop_at_exit()
+                item.stop_at_exit()
             except Exception:  # the process is ending: nothing more to do about it
                 pass
         group.clear()

@@ -58,7 +58,7 @@ def recv_step(
                 reject(f"receiver could not read the message metadata: {exc}")
                 raise
             target: npt.NDArray[Any] | CudaArray
-            result: object = transfer._result
+            result: object = transfer.current_result()
             if dest is not None:
                 if dest.dtype != dtype or tuple(dest.shape) != shape:
                     kind = "" if isinstance(dest, np.ndarray) else "device array "
@@ -82,8 +82,8 @@ def recv_step(
                 from ..gpu.staging import to_user_array
 
                 buffer = Buffer.empty(shape, dtype, device=f"cuda:{gpu}")
-                target, result = buffer._device_view(), to_user_array(buffer)
-            transfer._set_result(result, length)
+                target, result = buffer.device_array(), to_user_array(buffer)
+            transfer.set_result(result, length)
             expected = _meta.checksum(meta)
             # A checksummed message for GPU memory lands in host memory, is verified there,
             # then copied up: a corrupted message never reaches the device array.
@@ -91,20 +91,20 @@ def recv_step(
             if expected is not None and not isinstance(target, np.ndarray):
                 landing = np.empty(shape, dtype=dtype)
             if isinstance(landing, np.ndarray):
-                region, offset, temps = domain._local(landing, writes=True)
-                transfer._add_resources([landing, region], temps)
+                region, offset, temps = domain.host_region(landing, writes=True)
+                transfer.add_resources([landing, region], temps)
                 if expected is not None:
-                    transfer._on_done = _checksum_verifier(landing, expected, core.peer, target)
+                    transfer.set_on_done(_checksum_verifier(landing, expected, core.peer, target))
                 return core.post_recv(msg_id, region.core, offset, length)
-            stager = domain._stager(landing.device)
-            direct = domain._device_direct(landing, core.transport)
+            stager = domain.stager(landing.device)
+            direct = domain.device_direct(landing, core.transport)
             if direct is not None:  # GPUDirect or CUDA IPC: the bytes go straight into it
                 region, base, temps = direct
-                transfer._add_resources([landing, region], temps)
+                transfer.add_resources([landing, region], temps)
                 return stager.post_recv_direct(
                     core, msg_id, region.core, base, length, staged_backstop_s()
                 )
-            transfer._add_resources([landing], [])
+            transfer.add_resources([landing], [])
             return stager.post_recv(core, msg_id, landing.ptr, length, staged_backstop_s())
         except BaseException as exc:
             if not rejected:

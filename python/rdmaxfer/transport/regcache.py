@@ -47,7 +47,6 @@ region key, by owner and by weak reference; the unused ones in an LRU ``OrderedD
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -58,9 +57,10 @@ from typing import Any
 import numpy.typing as npt
 
 from .._core import address_of
-from ..errors import InvalidArgumentError, RdmaxferError
+from ..errors import RdmaxferError
 from ..memory.allocation import Allocation, allocation_of, owner_of
 from ..memory.region import MemoryRegion
+from ..options import declared, env_setting
 
 __all__ = [
     "BYTES_ENV",
@@ -77,8 +77,8 @@ __all__ = [
 #: pages on verbs); 0 keeps nothing once unused.
 ENTRIES_ENV = "RDMAXFER_REGCACHE_ENTRIES"
 BYTES_ENV = "RDMAXFER_REGCACHE_BYTES"
-DEFAULT_MAX_ENTRIES = 1024
-DEFAULT_MAX_BYTES = 1 << 30
+DEFAULT_MAX_ENTRIES: int = declared(ENTRIES_ENV).default
+DEFAULT_MAX_BYTES: int = declared(BYTES_ENV).default
 
 #: An allocation larger than the byte bound and than this is registered in windows of this
 #: many bytes from its start (the window(s) a view touches), not whole.
@@ -89,18 +89,7 @@ WINDOW_BYTES = 64 << 20
 #: such memory is staged). An export by IPC handle holds nothing; one of VMM memory holds its
 #: POSIX fd, so the allocation lives until the export is dropped.
 EXPORTS_ENV = "RDMAXFER_CUDA_IPC_EXPORTS"
-DEFAULT_MAX_EXPORTS = 64
-
-
-def _env_count(name: str, default: int, meaning: str) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit():
-        raise InvalidArgumentError(
-            f"{name}={raw!r} must be an integer >= 0 ({meaning}, default {default})"
-        )
-    return int(raw)
+DEFAULT_MAX_EXPORTS: int = declared(EXPORTS_ENV).default
 
 
 def exports_max() -> int:
@@ -110,11 +99,7 @@ def exports_max() -> int:
     Raises:
         InvalidArgumentError: not an integer >= 0.
     """
-    return _env_count(
-        EXPORTS_ENV,
-        DEFAULT_MAX_EXPORTS,
-        "the CUDA IPC exports of unregistered GPU memory an engine keeps; 0: stage such memory",
-    )
+    return int(env_setting(EXPORTS_ENV))
 
 
 def cache_bounds() -> tuple[int, int]:
@@ -124,10 +109,7 @@ def cache_bounds() -> tuple[int, int]:
     Raises:
         InvalidArgumentError: either is not an integer >= 0.
     """
-    return (
-        _env_count(ENTRIES_ENV, DEFAULT_MAX_ENTRIES, "cached temporary registrations kept"),
-        _env_count(BYTES_ENV, DEFAULT_MAX_BYTES, "bytes of cached temporary registrations kept"),
-    )
+    return int(env_setting(ENTRIES_ENV)), int(env_setting(BYTES_ENV))
 
 
 #: A function that registers ``[addr, addr + nbytes)`` as a temporary region; ``hold`` is the

@@ -63,13 +63,13 @@ class TransferOwner(Protocol):
     def core(self) -> _core.Endpoint: ...
 
     @property
-    def _notifications(self) -> Notifications: ...
+    def notifications(self) -> Notifications: ...
 
-    def _abort_core(self, reason: str, *, timed_out: bool) -> None: ...
+    def abort_core(self, reason: str, *, timed_out: bool) -> None: ...
 
-    def _untrack(self, transfer: Transfer[Any]) -> None: ...
+    def untrack(self, transfer: Transfer[Any]) -> None: ...
 
-    def _release(
+    def release_temps(
         self, temps: list[MemoryRegion], timeout_s: float | None = ..., *, failed: bool = ...
     ) -> None: ...
 
@@ -165,10 +165,10 @@ class Transfer(Generic[T]):
             KeyboardInterrupt: Ctrl-C (within 0.1 s); the operation is withdrawn or its
                 endpoint aborted first.
         """
-        return self._wait(WaitLimits(resolve_timeout(timeout), resolve_deadline(deadline)))
+        return self.wait_within(WaitLimits(resolve_timeout(timeout), resolve_deadline(deadline)))
 
-    def _wait(self, limits: WaitLimits) -> T:
-        """:meth:`wait` within ``limits`` (a wait that started earlier, on this transfer's
+    def wait_within(self, limits: WaitLimits) -> T:
+        """Internal: :meth:`wait` within ``limits`` (a wait that started earlier, on this transfer's
         current request, goes on under the same bounds)."""
         while not self._advance():
             request = self._req
@@ -180,7 +180,7 @@ class Transfer(Generic[T]):
             try:
                 request.wait(left)
             except BaseException as exc:  # Ctrl-C: the operation cannot be left half-done
-                self._interrupt(request, f"interrupted by {type(exc).__name__}")
+                self.interrupt(request, f"interrupted by {type(exc).__name__}")
                 raise
         return self._outcome()
 
@@ -198,7 +198,7 @@ class Transfer(Generic[T]):
 
         limits = WaitLimits(resolve_timeout(timeout), resolve_deadline(deadline))
         loop = asyncio.get_running_loop()
-        hub = self._endpoint._notifications
+        hub = self._endpoint.notifications
         while not self._finished:
             request = self._req
             if request.done():
@@ -230,14 +230,26 @@ class Transfer(Generic[T]):
             state = "failed" if self._error is not None else "done"
         return f"<Transfer {self._op} {self._nbytes} bytes {state}>"
 
-    # -- internals -------------------------------------------------------------------------
-    def _add_resources(self, keep: list[object], temps: list[MemoryRegion]) -> None:
+    # -- for the package's own modules (receive, batch, blocking): not part of the API --------
+    def add_resources(self, keep: list[object], temps: list[MemoryRegion]) -> None:
+        """Internal: objects to keep alive and temporary registrations to hand back when the
+        transfer ends."""
         self._keep.extend(keep)
         self._temps.extend(temps)
 
-    def _set_result(self, result: T, nbytes: int) -> None:
+    def set_result(self, result: T, nbytes: int) -> None:
+        """Internal: what ``wait()`` returns, and the byte count, once known (a receive)."""
         self._result = result
         self._nbytes = nbytes
+
+    def current_result(self) -> T:
+        """Internal: the result as set so far (a receive's ``out``, before its header)."""
+        return self._result
+
+    def set_on_done(self, callback: Callable[[], None]) -> None:
+        """Internal: run ``callback`` once the last request is done; its raising fails the
+        transfer (a checksum that does not match)."""
+        self._on_done = callback
 
     def _outcome(self) -> T:
         if self._error is not None:
@@ -294,7 +306,7 @@ class Transfer(Generic[T]):
             else:
                 moved = request.moved
                 hint = self._send_hint() if self._op == "send" else ""
-                self._endpoint._abort_core(
+                self._endpoint.abort_core(
                     f"{self._op} of {self._nbytes} bytes timed out: {bound}", timed_out=True
                 )
                 request.wait(CLEANUP_TIMEOUT_S)
@@ -332,7 +344,9 @@ class Transfer(Generic[T]):
             with contextlib.suppress(RdmaxferError):
                 core.reject(msg_id, reason)
 
-    def _interrupt(self, request: _core.Request, reason: str) -> None:
+    def interrupt(self, request: _core.Request, reason: str) -> None:
+        """Internal: a wait on ``request`` was interrupted (Ctrl-C): withdraw a receive still
+        waiting for its header, else abort the operation (it cannot be left half-done)."""
         with self._lock:
             if self._finished:
                 return
@@ -340,7 +354,7 @@ class Transfer(Generic[T]):
                 self._withdraw_header(request, f"the receiver was {reason}")
                 self._finish(RdmaxferError(f"{self._op} was {reason} (endpoint still open)"))
             else:
-                self._endpoint._abort_core(f"{self._op} {reason}", timed_out=False)
+                self._endpoint.abort_core(f"{self._op} {reason}", timed_out=False)
                 request.wait(CLEANUP_TIMEOUT_S)
                 self._finish(EndpointClosedError(f"{self._op} was {reason}; endpoint aborted"))
 
@@ -353,7 +367,7 @@ class Transfer(Generic[T]):
                 self._finish(RdmaxferError("recv was cancelled before a message arrived"))
             else:  # bytes are moving: let it finish in the background, then release its memory
                 with contextlib.suppress(RdmaxferError):
-                    self._endpoint._notifications.call_when_done(request, self.done)
+                    self._endpoint.notifications.call_when_done(request, self.done)
 
     def _settle(self, error: BaseException) -> None:
         """After the endpoint closed: finish with the request's own error or ``error``."""
@@ -371,9 +385,9 @@ class Transfer(Generic[T]):
             self._error = error
             temps, self._temps = self._temps, []
             self._on_header = None
-        self._endpoint._release(temps, CLEANUP_TIMEOUT_S, failed=error is not None)
+        self._endpoint.release_temps(temps, CLEANUP_TIMEOUT_S, failed=error is not None)
         self._keep = []
-        self._endpoint._untrack(self)
+        self._endpoint.untrack(self)
 
 
 async def posted(post: Callable[[], Transfer[T]]) -> Transfer[T]:

@@ -98,7 +98,7 @@ def _entry(ep: Endpoint, op: str, piece: Piece) -> _Entry | None:
     if view is None:
         raw = as_array(local, writable=writes, what="a weights array").reshape(-1).view(np.uint8)
         return raw[offset : offset + nbytes], remote, remote_offset
-    found = ep.engine._device_local(view, ep._core.transport)
+    found = ep.engine.device_local(view, ep.core.transport)
     if found is None:
         return None
     region, base = found

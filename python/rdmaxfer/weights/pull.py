@@ -311,13 +311,13 @@ def _allocate_runs_device(
         start = run[0].offset
         length = run[-1].offset + run[-1].nbytes - start
         buf = Buffer.empty(length, np.uint8, device=device)
-        base = buf._device_view()
+        base = buf.device_array()
         _register_for_gpudirect(ep, buf, device, registrations)
         for t in run:
             view = cuda.CudaArray(
                 base.ptr + t.offset - start, t.shape, DTYPES[t.dtype], device, False, buf
             )
-            result[t.name] = to_user_array(Buffer._from_device(view))
+            result[t.name] = to_user_array(Buffer.from_device(view))
         reads.append((buf, regions[run[0].region], 0, start, length))
     return result
 

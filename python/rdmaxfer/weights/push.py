@@ -122,7 +122,7 @@ class WeightReceiver:
         else:
             dtype, shape = view.dtype, view.shape
             found = None
-            why = self._engine._gpu_links_unreached()
+            why = self._engine.gpu_links_unreached()
             if not why:
                 try:  # GPUDirect RDMA (or CUDA IPC on shm): the pusher WRITEs into it itself
                     found = self._engine.register(obj, access="w")
@@ -247,9 +247,9 @@ class WeightReceiver:
             return int(payload[len(VERSION_PREFIX) :])
         return None
 
-    def _stop_at_exit(self) -> None:
-        """At interpreter exit (:mod:`rdmaxfer.transport.lifecycle`): end the threads' loops
-        (their waits in the core fail as the engine closes next)."""
+    def stop_at_exit(self) -> None:
+        """Internal: at interpreter exit (:mod:`rdmaxfer.transport.lifecycle`): end the threads'
+        loops (their waits in the core fail as the engine closes next)."""
         self._stop.set()
 
     def close(self) -> None:

@@ -184,7 +184,7 @@ class WeightServer:
         """A registered server-owned GPU copy of ``view`` for GPUDirect READs, or None when
         the engine cannot register GPU memory for its peers (the tensor then goes into host
         memory)."""
-        why = self._engine._gpu_links_unreached()
+        why = self._engine.gpu_links_unreached()
         if not why:
             copy = Buffer.empty(view.shape, view.dtype, device=view.device)
             try:  # GPUDirect RDMA (or CUDA IPC on shm): peers READ the GPU memory itself
@@ -192,7 +192,7 @@ class WeightServer:
             except (UnsupportedError, RegistrationError) as exc:
                 why = str(exc)
             else:
-                owned = copy._device_view()
+                owned = copy.device_array()
                 cuda.copy_from_host(owned, cuda.copy_to_host(view))
                 return owned
         log.info("tensor %r: GPU memory published through a host copy (%s)", name, why)
@@ -325,9 +325,9 @@ class WeightServer:
                 raise ProtocolError(f"unknown request op {op!r}")
         return "stopped: the server is closing"
 
-    def _stop_at_exit(self) -> None:
-        """At interpreter exit (:mod:`rdmaxfer.transport.lifecycle`): end the threads' loops
-        (their waits in the core fail as the engine closes next)."""
+    def stop_at_exit(self) -> None:
+        """Internal: at interpreter exit (:mod:`rdmaxfer.transport.lifecycle`): end the threads'
+        loops (their waits in the core fail as the engine closes next)."""
         self._stop.set()
 
     def close(self) -> None:

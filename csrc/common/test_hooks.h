@@ -1,0 +1,56 @@
+// Test hooks: the fault injection of the project's own tests, and the only place in csrc/ that
+// reads a tests-only environment variable (python/rdmaxfer/_test_hooks.py lists them for
+// `rdmaxfer info --config`). The shipped transports ask these functions, once per connection or
+// channel; unset, every hook is off. Nobody outside the tests should set them.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "common/error.h"
+
+namespace rdmaxfer::test_hooks {
+
+// RDMAXFER_RDMA_TEST_QP_ERR="<device>:<bytes>": once the rail on that device has carried `bytes`
+// of one-sided chunks, the QP whose completion crossed it is moved to ERR, as a QP failing
+// mid-transfer would be. Returns (device, bytes); ("", 0) when unset. Throws
+// Error(kInvalidArgument) for a value that is not DEVICE:BYTES.
+inline std::pair<std::string, uint64_t> rdma_qp_error() {
+  const char* env = std::getenv("RDMAXFER_RDMA_TEST_QP_ERR");
+  if (env == nullptr || *env == '\0') return {"", 0};
+  const std::string text = env;
+  const size_t colon = text.rfind(':');
+  char* end = nullptr;
+  const unsigned long long bytes =
+      colon == std::string::npos ? 0 : std::strtoull(text.c_str() + colon + 1, &end, 10);
+  if (colon == std::string::npos || colon == 0 || end == nullptr || *end != '\0' || bytes == 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "RDMAXFER_RDMA_TEST_QP_ERR='" + text + "' is not DEVICE:BYTES (e.g. rxe2:4194304; "
+                "tests only: unset it)");
+  }
+  return {text.substr(0, colon), static_cast<uint64_t>(bytes)};
+}
+
+// RDMAXFER_RDMA_TEST_CTRL_TWICE=1: every control SEND is posted twice. Throws
+// Error(kInvalidArgument) for a value other than 0 or 1.
+inline bool rdma_ctrl_twice() {
+  const char* env = std::getenv("RDMAXFER_RDMA_TEST_CTRL_TWICE");
+  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
+  if (std::string(env) != "1") {
+    throw Error(ErrorKind::kInvalidArgument, "RDMAXFER_RDMA_TEST_CTRL_TWICE='" +
+                                                 std::string(env) +
+                                                 "' is not 0 or 1 (tests only: unset it)");
+  }
+  return true;
+}
+
+// RDMAXFER_LOOPBACK_SWAP_CTS=1: the loopback channel holds the first windowed CTS of each
+// message back and sends it after the next one (as a receiver granting from two threads can).
+inline bool loopback_swap_cts() {
+  const char* env = std::getenv("RDMAXFER_LOOPBACK_SWAP_CTS");
+  return env != nullptr && std::string(env) == "1";
+}
+
+}  // namespace rdmaxfer::test_hooks
