@@ -99,6 +99,17 @@ def _fresh_api() -> Iterator[None]:
     rdmaxfer.shutdown()
 
 
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    """pyproject.toml's addopts give ``-n 4 --dist worksteal`` (pytest-xdist, of the test
+    extra). Where pytest-xdist is not installed or is turned off (``-p no:xdist``), both are
+    accepted and the suite runs in this process."""
+    if not pluginmanager.hasplugin("xdist"):
+        # _addoption: a plugin's way to add a one-letter option (pytest-xdist adds -n so too)
+        group = parser.getgroup("xdist", "without pytest-xdist: accepted, ignored")
+        group._addoption("-n", dest="numprocesses", default=0, help="ignored")
+        group._addoption("--dist", dest="dist", default="no", help="ignored")
+
+
 #: The stand-in's path, when pytest_configure installed it.
 _STANDIN = pytest.StashKey[str]()
 
