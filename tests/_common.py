@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -17,6 +20,16 @@ from rdmaxfer import Endpoint, Engine, _core
 #: (peer death, kill loop) run on each through ``pytest.mark.parametrize("transport", ...,
 #: indirect=True)`` of the ``transport`` fixture.
 WITH_AUTO = ("tcp", "shm", "auto")
+
+
+def bench_module(name: str) -> ModuleType:
+    """The script ``bench/<name>.py`` loaded as a module (bench/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def same_host_transport(transport: str) -> str:

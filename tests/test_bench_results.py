@@ -3,27 +3,16 @@ there, every table marker of the docs names a table, and every table is shown so
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from _common import bench_module
+
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def _results_docs() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "results_docs", ROOT / "bench" / "results_docs.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-docs = _results_docs()
+docs = bench_module("results_docs")
 
 
 @pytest.mark.parametrize("name", sorted(docs.TABLES))

@@ -4,25 +4,11 @@ for GPUDirect Storage where libcufile does not load, FAIL when the step did not 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import bench_module
 
-
-def _table() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "gpu_check_table", ROOT / "bench" / "gpu_check_table.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-table = _table()
+table = bench_module("gpu_check_table")
 
 
 def result(gds: bool) -> dict[str, Any]:
