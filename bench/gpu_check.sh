@@ -30,34 +30,12 @@ IPC_SIZE=${IPC_SIZE:-1G}
 LOAD_SIZE=${LOAD_SIZE:-1G}
 LOAD_DIR=${LOAD_DIR:-/tmp}
 BUDGET=${BUDGET:-470}
-t0=$(date +%s)
-step() { echo; echo "== [$(( $(date +%s) - t0 ))s] $*"; }
-# The timeout of a step: its cap ($1 seconds) or what is left of the budget, at least 1.
-left() {
-  local rest=$(( BUDGET - ($(date +%s) - t0) ))
-  [ "$rest" -lt "$1" ] && echo $(( rest > 1 ? rest : 1 )) || echo "$1"
-}
+. bench/check_common.sh  # step, left, $PY, pip_offline, stage_build
 
 step "machine"
 nvidia-smi -L 2>&1 | head -8 || echo "nvidia-smi not found"
 nvidia-smi topo -m 2>&1 | head -20 || true
 nproc; free -g | head -2
-
-PY=${PYTHON:-}
-if [ -z "$PY" ]; then
-  for cand in "$ROOT/.venv/bin/python" python3; do
-    if command -v "$cand" >/dev/null 2>&1; then PY=$cand; break; fi
-  done
-fi
-echo "python: $PY ($($PY --version 2>&1))"
-
-pip_offline() {
-  if [ -d "$ROOT/.whl" ]; then
-    $PY -m pip install -q --no-index --find-links "$ROOT/.whl" "$@" 2>&1 | tail -2
-  else
-    return 1
-  fi
-}
 
 step "python dependencies (offline)"
 for mod in numpy ml_dtypes safetensors pytest pybind11; do
@@ -71,23 +49,7 @@ fi
 $PY -c "import cupy; print('cupy', cupy.__version__)" 2>/dev/null || true
 
 step "build (cmake, $BUILD)"
-PYBIND11_DIR=$($PY -c "import pybind11; print(pybind11.get_cmake_dir())" 2>/dev/null || true)
-if [ -z "$PYBIND11_DIR" ]; then
-  echo "FAIL: pybind11 is not importable and no .whl/ wheel was found; carry one in .whl/"
-  exit 2
-fi
-GEN=""
-command -v ninja >/dev/null 2>&1 && GEN="-G Ninja"
-timeout "$(left 60)" cmake -S "$ROOT" -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release \
-  -Dpybind11_DIR="$PYBIND11_DIR" -DPython_EXECUTABLE="$(command -v $PY)" >"$OUTDIR/cmake.log" 2>&1 \
-  && timeout "$(left 200)" cmake --build "$BUILD" -j "$(nproc)" >>"$OUTDIR/cmake.log" 2>&1
-rc=$?
-tail -3 "$OUTDIR/cmake.log"
-if [ $rc -ne 0 ]; then echo "FAIL: build (see $OUTDIR/cmake.log)"; exit 2; fi
-rm -rf "$STAGE" && mkdir -p "$STAGE/rdmaxfer"
-cp -r "$ROOT"/python/rdmaxfer/. "$STAGE/rdmaxfer/"  # every subpackage, py.typed, _core.pyi
-cp "$BUILD"/_core*.so "$STAGE/rdmaxfer/"
-export PYTHONPATH="$STAGE"
+stage_build || exit 2
 if [ "${STANDIN:-0}" = 1 ]; then
   RDMAXFER_CUDA_LIBRARY=$(cd "$ROOT/tests" && $PY -c "import _cuda_standin; print(_cuda_standin.library())")
   export RDMAXFER_CUDA_LIBRARY

@@ -23,11 +23,11 @@ A missing file makes its rows FAIL ("not run"). Exit status 0 only when no row f
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
+
+from check_table import Row, load_json, print_table, test_rows
 
 STAGING_TARGET = 0.8
 LOOPBACK_TARGET = 0.8
@@ -43,15 +43,6 @@ TEST_ROWS = (
     ("auto over TCP: same-host CUDA IPC tests", "test_auto_cuda_ipc", ""),
     ("all GPU tests (pytest -m gpu)", "", ""),
 )
-
-Row = tuple[str, str, str, str]  # check, measured, target, verdict
-
-
-def _load(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _size(n: int) -> str:
@@ -90,31 +81,6 @@ def bench_rows(bench: Any) -> list[Row]:
             "PASS" if ok else "FAIL",
         )
     )
-    return rows
-
-
-def gpu_test_rows(junit: Path) -> list[Row]:
-    try:
-        cases = list(ET.parse(junit).getroot().iter("testcase"))
-    except (OSError, ET.ParseError):
-        return [(label, "not run", "passes", "FAIL") for label, _, _ in TEST_ROWS]
-    rows: list[Row] = []
-    for label, module, prefix in TEST_ROWS:
-        chosen = [
-            c
-            for c in cases
-            if module in ("", c.get("classname", "").rsplit(".", 1)[-1])
-            and c.get("name", "").startswith(prefix)
-        ]
-        failed = sum(
-            1 for c in chosen if c.find("failure") is not None or c.find("error") is not None
-        )
-        skipped = sum(1 for c in chosen if c.find("skipped") is not None)
-        passed = len(chosen) - failed - skipped
-        verdict = "FAIL" if failed or not chosen else ("SKIP" if passed == 0 else "PASS")
-        rows.append(
-            (label, f"{passed} passed, {failed} failed, {skipped} skipped", "passes", verdict)
-        )
     return rows
 
 
@@ -178,22 +144,12 @@ def main() -> int:
     parser.add_argument("results", type=Path, help="the folder gpu_check.sh wrote into")
     args = parser.parse_args()
     rows = (
-        bench_rows(_load(args.results / "gpu_bench.json"))
-        + gpu_test_rows(args.results / "gpu-tests.xml")
-        + ipc_rows(_load(args.results / "gpu_ipc.json"))
-        + load_rows(_load(args.results / "load_gpu.json"))
+        bench_rows(load_json(args.results / "gpu_bench.json"))
+        + test_rows(args.results / "gpu-tests.xml", TEST_ROWS)
+        + ipc_rows(load_json(args.results / "gpu_ipc.json"))
+        + load_rows(load_json(args.results / "load_gpu.json"))
     )
-    widths = [
-        max(len(r[i]) for r in [*rows, ("check", "measured", "target", "result")]) for i in range(4)
-    ]
-    line = "  ".join(f"{{:<{w}}}" for w in widths)
-    print(line.format("check", "measured", "target", "result"))
-    print(line.format(*("-" * w for w in widths)))
-    for r in rows:
-        print(line.format(*r))
-    failed = sum(1 for r in rows if r[3] == "FAIL")
-    print(f"\n{len(rows) - failed} of {len(rows)} checks did not fail; {failed} failed")
-    return 1 if failed else 0
+    return print_table(rows)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,21 @@ from rdmaxfer import Endpoint, Engine, _core
 #: indirect=True)`` of the ``transport`` fixture.
 WITH_AUTO = ("tcp", "shm", "auto")
 
+#: The environment of transport="ofi" in the tests: libfabric's tcp;ofi_rxm provider, pinned
+#: to loopback (never another interface).
+OFI_ENV = {
+    "RDMAXFER_OFI_PROVIDER": "tcp;ofi_rxm",
+    "RDMAXFER_OFI_IFACE": "lo",
+    "FI_TCP_IFACE": "lo",
+}
+
 
 def bench_module(name: str) -> ModuleType:
-    """The script ``bench/<name>.py`` loaded as a module (bench/ is not a package)."""
+    """The script ``bench/<name>.py`` loaded as a module (bench/ is not a package; its scripts
+    import their siblings, as when run from there)."""
     path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

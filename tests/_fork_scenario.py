@@ -1,7 +1,8 @@
 """Fork safety, as one process does it: run as a script by tests/test_fork.py (TCP) and
 tests/rdma/test_rdma_fork.py (verbs, in the rxe guest).
 
-Usage: _fork_scenario.py tcp | _fork_scenario.py rdma SERVER_DEVICE CLIENT_DEVICE HOST
+Usage: _fork_scenario.py tcp | _fork_scenario.py ofi |
+       _fork_scenario.py rdma SERVER_DEVICE CLIENT_DEVICE HOST
 
 The process connects two engines, registers a buffer that is not page-aligned and transfers,
 then forks. The child checks that every inherited object refuses use with a clear error, closes
@@ -29,8 +30,8 @@ from rdmaxfer.errors import EndpointClosedError
 
 
 def make_engines(args: list[str]) -> tuple[Engine, Engine, str]:
-    if args[0] == "tcp":
-        return Engine("tcp"), Engine("tcp"), "127.0.0.1"
+    if args[0] in ("tcp", "ofi"):
+        return Engine(args[0]), Engine(args[0]), "127.0.0.1"
     server_dev, client_dev, host = args[1:4]
     return Engine("rdma", rdma_device=server_dev), Engine("rdma", rdma_device=client_dev), host
 

@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from _ports import free_port
+
 #: Seconds to wait for nginx to accept connections.
 START_TIMEOUT_S = 15.0
 
@@ -22,12 +24,6 @@ START_TIMEOUT_S = 15.0
 def nginx_binary() -> str | None:
     """Path of the nginx executable (PATH, then /usr/sbin), or None."""
     return shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/usr/local/sbin")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Nginx:
@@ -55,7 +51,7 @@ class Nginx:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         for _ in range(3):  # the port picked may be taken between picking and binding
-            self.port = _free_port()
+            self.port = free_port()
             conf = self._write_config(extra)
             log = (work / "nginx.out").open("wb")
             self.proc = subprocess.Popen(

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 
 #: Each device copy sleeps this long in the stand-in: a loop blocked by one shows a gap of at
 #: least this, far above the scheduling gaps of a loaded machine (0.3 s seen at load 40).
-DELAY_S = 0.8
+DELAY_S = 1.2
 SCRIPT = Path(__file__).resolve().parent / "_async_ticker.py"
 
 
@@ -43,4 +43,6 @@ def test_async_gpu_transfers_keep_the_loop_ticking() -> None:
     assert got["dlpack_exact"] and got["checksummed_exact"], got
     # ...while the loop kept running: no gap of one copy's delay.
     assert got["max_gap_s"] < 0.9 * DELAY_S, got
-    assert got["ticks_during"] >= got["elapsed_s"] / 0.05, got
+    # A tick every 5 ms asked; at least one per 0.2 s kept on a machine at load 25 (a blocked
+    # loop ticks not once during each copy).
+    assert got["ticks_during"] >= got["elapsed_s"] / 0.2, got

@@ -112,6 +112,26 @@ def test_an_out_of_bounds_entry_fails_alone(pair: Pair, rng: np.random.Generator
         result.check()
 
 
+def test_a_descriptor_of_another_engine_refuses_the_whole_batch(
+    pair: Pair, transport: str, rng: np.random.Generator
+) -> None:
+    """A descriptor passed to the wrong endpoint is a mistake in the program, not a failure of
+    one entry: the batch is refused before any entry is posted, naming both engines."""
+    src = rng.integers(0, 256, 2 * PAGE, dtype=np.uint8)
+    dst = np.zeros(2 * PAGE, dtype=np.uint8)
+    ours = pair.server.register(dst).descriptor()
+    with Engine(transport) as other:
+        theirs = other.register(np.zeros(PAGE, np.uint8)).descriptor()
+        entries = [(src[:PAGE], ours, 0), (src[PAGE:], theirs, 0)]
+        with pytest.raises(InvalidArgumentError, match=f"engine {other.engine_id:016x}"):
+            pair.a.write_batch(entries, timeout=TIMEOUT_S)
+        with pytest.raises(InvalidArgumentError, match=f"engine {other.engine_id:016x}"):
+            pair.a.read_batch([(dst[:PAGE], theirs, 0)], timeout=TIMEOUT_S)
+    assert not dst.any()
+    assert pair.a.write_batch(entries[:1], timeout=TIMEOUT_S).ok
+    assert np.array_equal(dst[:PAGE], src[:PAGE])
+
+
 def test_an_entry_the_peer_refuses_fails_alone(pair: Pair, rng: np.random.Generator) -> None:
     src = rng.integers(0, 256, 3 * PAGE, dtype=np.uint8)
     writable = np.zeros(2 * PAGE, dtype=np.uint8)

@@ -1,4 +1,5 @@
-"""The build keeps the verbs transport on a machine without libibverbs-dev.
+"""The build keeps the verbs and ofi transports on a machine without libibverbs-dev or
+libfabric-dev.
 
 The verbs sources compile against rdma-core's headers vendored in third_party/rdma-core, so a
 build where /usr/include/infiniband and /usr/include/rdma are hidden (a private mount namespace,
@@ -22,7 +23,9 @@ HIDE = ROOT / "tests" / "without-verbs-headers.sh"
 VENDORED = ROOT / "third_party" / "rdma-core" / "include"
 OBJECTS = {
     "verbs_api": "CMakeFiles/rdmaxfer_core.dir/csrc/transport/rdma/verbs_api.cc.o",
-    "registry": "CMakeFiles/rdmaxfer_core.dir/csrc/transport/registry.cc.o",
+    "registration": "CMakeFiles/rdmaxfer_core.dir/csrc/transport/rdma/rdma_registration.cc.o",
+    # libfabric's headers are vendored too (third_party/libfabric), hidden with /usr/include/rdma
+    "ofi_domain": "CMakeFiles/rdmaxfer_core.dir/csrc/transport/ofi/ofi_domain.cc.o",
 }
 
 
@@ -73,18 +76,24 @@ def test_verbs_transport_compiles_without_system_headers(hidden_build: Path) -> 
     assert verbs_h == [str(VENDORED / "infiniband" / "verbs.h")]
 
 
-def test_registry_builds_the_rdma_transport_without_system_headers(hidden_build: Path) -> None:
-    # The registry is what makes 'rdma' constructible: it must have compiled RdmaTransport in.
-    used = _headers_used(hidden_build, OBJECTS["registry"])
+def test_registration_builds_the_rdma_transport_without_system_headers(hidden_build: Path) -> None:
+    # The registration is what makes 'rdma' constructible: it must have compiled RdmaTransport in.
+    used = _headers_used(hidden_build, OBJECTS["registration"])
     assert str(ROOT / "csrc" / "transport" / "rdma" / "rdma_transport.h") in used
     assert str(VENDORED / "rdma" / "ib_user_verbs.h") in used
     symbols = subprocess.run(
-        ["nm", "-C", str(hidden_build / OBJECTS["registry"])],
+        ["nm", "-C", str(hidden_build / OBJECTS["registration"])],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
     assert "rdmaxfer::RdmaTransport::RdmaTransport" in symbols
+
+
+def test_ofi_transport_compiles_against_the_vendored_libfabric_headers(hidden_build: Path) -> None:
+    used = _headers_used(hidden_build, OBJECTS["ofi_domain"])
+    fabric_h = [h for h in used if h.endswith("/rdma/fabric.h")]
+    assert fabric_h == [str(ROOT / "third_party" / "libfabric" / "include" / "rdma" / "fabric.h")]
 
 
 def test_installed_core_has_the_rdma_transport() -> None:

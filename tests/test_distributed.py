@@ -12,7 +12,6 @@ import multiprocessing as mp
 import os
 import queue
 import signal
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch.distributed as dist  # noqa: E402
 import _dist_ranks as R  # noqa: E402
 import rdmaxfer  # noqa: E402
 import rdmaxfer.distributed as rd  # noqa: E402
+from _ports import free_port  # noqa: E402
 
 #: Ranks are forked from one server process that imported these modules once (torch takes
 #: seconds to import): each rank is still a fresh process of its own, started in milliseconds.
@@ -128,12 +128,6 @@ def ranks() -> Iterator[Callable[..., Ranks]]:
         r.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 # -- broadcast -----------------------------------------------------------------------------------
 def test_broadcast_array_to_four_ranks(ranks: Callable[..., Ranks], tcp_store: dict[str, Any]):
     # 24 pieces of 1 MiB and a short last one: every link of the ring pipelines.
@@ -193,7 +187,7 @@ def test_broadcast_weights_dict_of_many_dtypes(
 
 
 def test_gloo_default_group(ranks: Callable[..., Ranks]):
-    port = _free_port()
+    port = free_port()
     got = ranks(R.default_group, 3, {"kind": "tcp", "port": port}, seed=9).ok()
     data = R.ints_as_float32(9, 750_000)
     assert {v["sha"] for v in got.values()} == {R.sha(data)}

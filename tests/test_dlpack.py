@@ -27,6 +27,15 @@ def test_bfloat16_tensor_is_viewed_with_its_bits() -> None:
     assert t[1].item() == 4.0
 
 
+def test_a_tensor_of_no_element_is_contiguous_whatever_its_strides() -> None:
+    """torch gives an empty tensor's DLPack view zero strides: it is still a destination."""
+    t = torch.zeros((0, 512), dtype=torch.int64)
+    arr = as_array(t, writable=True)
+    assert arr.shape == (0, 512) and arr.dtype == np.int64
+    with pytest.raises(InvalidArgumentError, match="not C-contiguous"):
+        as_array(torch.zeros((4, 6)).t(), writable=True)
+
+
 @pytest.mark.parametrize("dtype", list(TORCH_TO_ML), ids=str)
 def test_every_mapped_torch_dtype_keeps_its_bits(dtype: torch.dtype) -> None:
     t = random_tensor(7, (5, 6), dtype)

@@ -14,6 +14,7 @@ import pytest
 from rdmaxfer.gpu.report import gpu_report
 from rdmaxfer.tools import doctor
 from rdmaxfer.tools.doctor import Finding, run_checks
+from rdmaxfer.tools.doctor_fork import check_fork
 
 GPU = "0000:03:00.0"
 NIC = "0000:04:00.0"
@@ -77,6 +78,9 @@ class Tree:
             "version": "1.9",
             "unavailable": "",
         }
+        self.ofi: list[dict[str, Any]] = [
+            {"provider": "verbs;ofi_rxm", "domain": "mlx5_0", "rdma_fabric": True, "refused": ""}
+        ]
         switch = "pci0000:00/0000:00:01.0/0000:01:00.0"
         self.pci(GPU, f"{switch}/0000:02:00.0/{GPU}", "0x10de", "0x030200", numa=0)
         self.pci(NIC, f"{switch}/0000:02:01.0/{NIC}", "0x15b3", "0x020000", numa=0)
@@ -145,6 +149,7 @@ class Tree:
             cuda_status=self.cuda,
             verbs_dmabuf=self.verbs_dmabuf,
             gds_status=self.gds,
+            ofi_providers=self.ofi,
         )
 
     def info(self) -> dict[str, Any]:
@@ -179,7 +184,7 @@ def test_healthy_machine_is_all_ok(tree: Tree) -> None:
         "memlock", "rdma.devices", "rdma.port", "rdma.mtu", "rdma.gid", "gpu.driver",
         "gpu.method", "gpu.dmabuf", "gpu.peermem", "pcie.affinity", "pcie.link", "irq.affinity",
         "sysctl", "shm", "fabric", "gpu.cuda_ipc", "gds.library", "gds.nvidia_fs",
-        "gds.kernel_modules",
+        "gds.kernel_modules", "fork", "ofi.providers",
     }  # fmt: skip
     gds = only(findings, "gds.library").message
     assert gds.startswith("libcufile 1.9 from /usr/local/cuda/") and "cuFileRead" in gds
@@ -429,3 +434,29 @@ def test_cli_json_and_table(tree: Tree) -> None:
 def test_format_table_plain(tree: Tree) -> None:
     text = doctor.format_table(tree.run(), width=200)
     assert "severity" in text and "mlx5_0 port 1" in text and "0 error" in text
+
+
+@pytest.mark.parametrize(
+    ("release", "verbs", "env", "severity", "says"),
+    [
+        ("6.1.0-18-amd64", "unneeded", {}, "ok", "kernel 6.1 copies pinned pages"),
+        ("5.4.0", "disabled", {}, "warn", "predates Linux 5.9"),
+        ("5.4.0", "disabled", {"RDMAV_FORK_SAFE": "1"}, "ok", "RDMAV_FORK_SAFE set"),
+        ("5.4.0", "enabled", {}, "ok", "libibverbs fork support: enabled"),
+        ("6.1.0", "", {}, "ok", "libibverbs not loaded"),
+    ],
+)
+def test_fork_handling_is_reported(
+    tmp_path: Path, release: str, verbs: str, env: dict[str, str], severity: str, says: str
+) -> None:
+    write(tmp_path / "sys/kernel/osrelease", release)
+    (finding,) = check_fork(tmp_path, True, env, verbs)
+    assert (finding.check, finding.severity) == ("fork", severity)
+    assert says in finding.message and "inert in the child" in finding.message
+    assert ("RDMAV_FORK_SAFE=1" in finding.fix) == (severity == "warn")
+
+
+def test_fork_is_not_a_concern_without_rdma_devices(tmp_path: Path) -> None:
+    write(tmp_path / "sys/kernel/osrelease", "4.19.0")
+    (finding,) = check_fork(tmp_path, False, {}, "disabled")
+    assert finding.severity == "ok" and "predates Linux 5.9" in finding.message

@@ -12,7 +12,7 @@ import pytest
 
 from _common import Pair
 from _peers import make_array, same_bytes
-from rdmaxfer import InvalidArgumentError, ProtocolError, RemoteAccessError
+from rdmaxfer import Engine, InvalidArgumentError, ProtocolError, RemoteAccessError
 
 MiB = 1 << 20
 SIZES = [0, 1, 4095, MiB + 3]
@@ -129,6 +129,27 @@ def test_deregistered_key_is_refused(pair: Pair, seed: int) -> None:
     with pytest.raises(RemoteAccessError, match=r"no registered region has this key"):
         pair.a.write(make_array(seed + 1, 512), descriptor, timeout=10)
     assert same_bytes(target, before)
+
+
+def test_a_descriptor_of_another_engine_is_refused(pair: Pair, transport: str, seed: int) -> None:
+    """A descriptor of an engine other than the endpoint's peer (passed to the wrong endpoint)
+    is refused before anything moves, naming both engines."""
+    target = np.zeros(512, np.uint8)
+    ours = pair.server.register(target, "rw").descriptor()
+    with Engine(transport) as other:
+        theirs = other.register(np.zeros(512, np.uint8), "rw").descriptor()
+        for attempt in (
+            lambda: pair.a.write(make_array(seed, 512), theirs, timeout=10),
+            lambda: pair.a.read(np.zeros(512, np.uint8), theirs, timeout=10),
+        ):
+            with pytest.raises(InvalidArgumentError) as caught:
+                attempt()
+            message = str(caught.value)
+            assert f"{other.engine_id:016x}" in message
+            assert f"engine {pair.server.engine_id:016x}" in message
+    assert not target.any()
+    pair.a.write(make_array(seed, 512), ours, timeout=10)
+    assert same_bytes(target, make_array(seed, 512))
 
 
 def test_read_only_memory_is_a_source_only(pair: Pair, seed: int) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from _ports import free_port
 from rdmaxfer.memory import cuda
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,9 +31,12 @@ EXPECTED = {
     "distributed.py": "rank 1: broadcast of 4 tensors exact, received sum 499500",
     "fetch.py": "fetched 90868376 bytes (sha256 53aa51172d142c89...), 104 tensors exact",
     "cli.sh": "pulled model.safetensors: bit-exact",
+    "ray_weight_sync.py": "versions 1..5, inference-1 killed and restarted: 3 actors at 5, exact",
 }
 #: Examples that take no --port (they choose a free one or need none).
-NO_PORT = {"fetch.py"}
+NO_PORT = {"fetch.py", "ray_weight_sync.py"}
+#: Examples run elsewhere: the GPU one below, the Ray one by tests/test_ray.py (the ray extra).
+RUN_ELSEWHERE = {"gpu_memory.py", "ray_weight_sync.py"}
 
 
 def _programs() -> list[str]:
@@ -42,21 +45,6 @@ def _programs() -> list[str]:
         for p in EXAMPLES.iterdir()
         if p.suffix in (".py", ".sh") and not p.name.startswith("_")
     )
-
-
-def _free_port_pair() -> int:
-    """A port P with P and P + 1 free (the examples use both)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two neighbouring free ports")
 
 
 def test_every_example_has_its_line_and_is_shown_in_the_docs() -> None:
@@ -72,13 +60,13 @@ def _run(name: str) -> subprocess.CompletedProcess[str]:
         ["bash", str(path)] if path.suffix == ".sh" else [sys.executable, "-W", "error", str(path)]
     )
     if name not in NO_PORT:
-        port = str(_free_port_pair())
+        port = str(free_port(2))
         cmd += [port] if path.suffix == ".sh" else ["--port", port]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S, cwd=ROOT)
 
 
-@pytest.mark.parametrize("name", sorted(set(EXPECTED) - {"gpu_memory.py"}))
+@pytest.mark.parametrize("name", sorted(set(EXPECTED) - RUN_ELSEWHERE))
 def test_example_runs(name: str) -> None:
     run = _run(name)
     assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout}\n{run.stderr}"

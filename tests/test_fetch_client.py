@@ -238,14 +238,19 @@ def test_range_size_keeps_within_a_factor_of_two_and_shares_the_end() -> None:
 def test_ranges_grow_with_the_rate(pyserver: type[RangeServer]) -> None:
     # 16 MB/s per connection, 2 connections, 16 chunks of 1.5 MiB: a connection moves 8 MB in
     # RANGE_S, so after the first window a range is 2 or 4 chunks (2 even if the rate
-    # measured is 40% of the cap)
+    # measured is 40% of the cap). A host too loaded to run the server at 40% of its cap
+    # measures less and rightly keeps one chunk: up to three downloads, and one must grow.
     data = np.random.default_rng(24).integers(0, 256, 24 * MiB, dtype=np.uint8).tobytes()
-    srv = pyserver(data, cap=16e6)
-    result = fetch(srv.url, connections=2)
-    assert result.array is not None and result.array.tobytes() == data
-    chunk = result.chunk_size
-    assert chunk == 3 * MiB // 2 and result.chunks == 16
-    assert result.range_steps[0]["bytes"] == chunk and result.range_size >= 2 * chunk
+    for _ in range(3):
+        srv = pyserver(data, cap=16e6)
+        result = fetch(srv.url, connections=2)
+        assert result.array is not None and result.array.tobytes() == data
+        chunk = result.chunk_size
+        assert chunk == 3 * MiB // 2 and result.chunks == 16
+        assert result.range_steps[0]["bytes"] == chunk
+        if result.range_size >= 2 * chunk:
+            break
+    assert result.range_size >= 2 * chunk, result.range_steps
     assert srv.requests < 1 + 16  # the probe and fewer requests than chunks
 
 

@@ -24,8 +24,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "rdmaxfer._core",
         "rdmaxfer.errors",
         "rdmaxfer.options",
+        "rdmaxfer._option",
         "rdmaxfer._test_hooks",
         "rdmaxfer._config",
+        "rdmaxfer._transports",
         "rdmaxfer._warn",
     ),
     ("rdmaxfer.memory",),
@@ -33,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rdmaxfer.transport",),
     ("rdmaxfer.metrics",),
     ("rdmaxfer.weights",),
-    ("rdmaxfer.distributed",),
+    ("rdmaxfer.distributed", "rdmaxfer.ray"),
     ("rdmaxfer.tools",),
     ("rdmaxfer",),
 )
@@ -153,12 +155,17 @@ def test_no_module_imports_a_higher_layer() -> None:
 
 
 def test_every_module_sits_in_a_subpackage_of_a_layer() -> None:
-    """Only the floor (errors, options, _test_hooks, _config, _warn, the _core stub) and the
-    package's own entry points stay at the top; everything else lives in a layer's
-    subpackage."""
+    """Only the floor (errors, options and its _option, _test_hooks, _config, _warn, _transports,
+    the _core stub) and the package's own entry points stay at the top; everything else lives
+    in a layer's subpackage."""
     top = {m for m in module_names(PACKAGE_DIR, "rdmaxfer") if m.count(".") == 1}
     floor = {"rdmaxfer._config", "rdmaxfer._core", "rdmaxfer._warn", "rdmaxfer.errors"}
-    floor |= {"rdmaxfer.options", "rdmaxfer._test_hooks"}
+    floor |= {
+        "rdmaxfer.options",
+        "rdmaxfer._option",
+        "rdmaxfer._test_hooks",
+        "rdmaxfer._transports",
+    }
     layers = {prefix for prefixes in LAYERS[1:-1] for prefix in prefixes}
     assert top == floor | layers | {"rdmaxfer.__main__"}
 

@@ -1,5 +1,5 @@
-"""A peer that dies fails every transfer at once, on TCP and shm too: the receiver is killed while a
-256 MiB post_send is under way (its data chunks only referenced by frames queued on the
+"""A peer that dies fails every transfer at once, on TCP, shm and ofi too: the receiver is killed
+while a 256 MiB post_send is under way (its data chunks only referenced by frames queued on the
 streams, in no table). Before, the sender raised TransferTimeoutError at its timeout plus 5 s
 although the connection saw ECONNRESET at once. The verbs twin is in
 tests/rdma/test_rdma_waits.py."""
@@ -29,7 +29,7 @@ def wait_stopped(pid: int, timeout: float) -> None:
     raise AssertionError(f"the receiver did not stop within {timeout} s")
 
 
-@pytest.mark.parametrize("transport", WITH_AUTO, indirect=True)
+@pytest.mark.parametrize("transport", (*WITH_AUTO, "ofi"), indirect=True)
 def test_killing_the_receiver_fails_a_large_send_at_once(transport: str) -> None:
     with (
         server("receive-stop", "127.0.0.1", child_env(RDMAXFER_TRANSPORT=transport)) as (

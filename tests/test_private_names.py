@@ -14,6 +14,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "python" / "rdmaxfer"
 FOREIGN = {
     "_get_default_store",  # torch.distributed: the default store of a process group
     "_getframe",  # sys: the caller's frame, for a warning's stack level
+    # Ray (rdmaxfer.ray): an actor handle's id; the GCS key-value store; registering Ray's own
+    # tensor transports before asking whether ours is registered
+    "_actor_id",
+    "_internal_kv_get",
+    "_internal_kv_put",
+    "_ensure_default_transports_registered",
 }
 
 

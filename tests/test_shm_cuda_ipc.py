@@ -159,7 +159,7 @@ def test_bounds_and_access_are_checked_as_for_host_memory(
 def test_peer_that_dies_frees_what_was_opened(
     server: Engine, spawn: Callable[..., Peer], seed: int
 ) -> None:
-    peer, ep, _ = connect(server, spawn, seed)
+    peer, ep, remote = connect(server, spawn, seed)
     target = Buffer.empty(NBYTES, np.uint8, device="cuda:0")
     region = server.register(target, "rw")
     peer.put(("write", region.descriptor().pack(), NBYTES))
@@ -173,7 +173,7 @@ def test_peer_that_dies_frees_what_was_opened(
     while not ep.closed and time.monotonic() < deadline:
         time.sleep(0.01)
     with pytest.raises(ConnectionFailedError):
-        ep.write(target, region.descriptor(), timeout=5)
+        ep.write(target, remote, timeout=5)  # the dead peer's own region
     deadline = time.monotonic() + 10
     while ep.info["cuda_ipc_opened"] != 0 and time.monotonic() < deadline:
         time.sleep(0.01)

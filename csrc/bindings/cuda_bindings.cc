@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "protocol/staging.h"
 #include "transport/gpu_registration.h"
+#include "transport/rdma/rdma_registration.h"
 
 namespace py = pybind11;
 

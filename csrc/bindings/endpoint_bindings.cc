@@ -175,6 +175,7 @@ void bind_endpoints(py::module_& m) {
            [](const Connection& c) {
              py::dict d;
              for (const auto& [name, value] : c.attributes()) d[py::str(name)] = value;
+             for (const auto& [name, value] : c.names()) d[py::str(name)] = value;
              return d;
            })
       .def("post_write", one_sided_post(&Connection::post_write), py::arg("local"),

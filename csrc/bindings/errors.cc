@@ -52,8 +52,13 @@ void register_error_translator(py::module_& m) {
 bool python_signal_raised() {
   // An exiting interpreter: the wait ends (its thread then parks, bindings/gil.h).
   if (exiting_elsewhere()) return true;
-  py::gil_scoped_acquire gil;
-  return PyErr_CheckSignals() != 0;
+  // Called inside a GilRelease scope of a Python thread: its thread state is saved.
+  PyThreadState* state = PyGILState_GetThisThreadState();
+  if (state == nullptr) return false;  // a thread of the core: signals go to the main thread
+  take_gil_or_park(state);
+  const bool raised = PyErr_CheckSignals() != 0;
+  PyEval_SaveThread();
+  return raised;
 }
 
 }  // namespace rdmaxfer

@@ -25,6 +25,11 @@ bool exiting_elsewhere();
 // holds no lock of the core here (every GilRelease scope ends with the core's locks released).
 [[noreturn]] void park_forever();
 
+// Takes the GIL back for ``state`` (this thread's, saved by PyEval_SaveThread), or parks when
+// the interpreter began exiting on another thread, also when that happened while this thread
+// waited for the GIL (begin_exit() waits for such threads to see it).
+void take_gil_or_park(PyThreadState* state);
+
 // Releases the GIL for the scope (like pybind11's gil_scoped_release), parking instead of
 // taking it back when the interpreter began exiting on another thread (also at construction:
 // such a thread starts no new core call).

@@ -3,10 +3,14 @@
 // release the GIL; errors become Python exceptions in bindings/errors.cc.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "bindings/batch_bindings.h"
 #include "bindings/conversions.h"
 #include "bindings/endpoint_bindings.h"
+#include "bindings/ofi_bindings.h"
 #include "bindings/same_host_bindings.h"
 #include "bindings/cuda_bindings.h"
 #include "bindings/storage_bindings.h"
@@ -23,6 +27,7 @@
 #include "protocol/connection.h"
 #include "transport/gpu_registration.h"
 #include "transport/records.h"
+#include "transport/registry.h"
 
 namespace py = pybind11;
 using rdmaxfer::Connection;
@@ -63,6 +68,25 @@ struct ReleaseGilDelete {
 };
 using EnginePtr = std::unique_ptr<Engine, ReleaseGilDelete>;
 
+// A transport's declared capabilities (transport/transport.h) as Python sees them.
+py::dict capabilities_dict(const rdmaxfer::Capabilities& caps) {
+  py::dict d;
+  d["name"] = caps.name;
+  d["wire_id"] = caps.wire_id;
+  d["listed"] = caps.listed;
+  d["network"] = caps.network;
+  d["auto_rank"] = caps.auto_rank;
+  d["same_host_companion"] = caps.same_host_companion;
+  d["bootstrap"] = caps.bootstrap;
+  d["one_sided"] = caps.one_sided;
+  d["write_with_imm"] = caps.write_with_imm;
+  d["gpu_direct"] = caps.gpu_direct;
+  d["device_ipc"] = caps.device_ipc;
+  d["rails"] = caps.rails;
+  d["max_message"] = caps.max_message;
+  return d;
+}
+
 Descriptor unpack_descriptor(const py::bytes& data) {
   std::string_view view = data;
   return Descriptor::unpack(reinterpret_cast<const uint8_t*>(view.data()), view.size());
@@ -80,6 +104,34 @@ PYBIND11_MODULE(_core, m) {
   m.attr("ACCESS_REMOTE_WRITE") = static_cast<uint32_t>(rdmaxfer::kAccessRemoteWrite);
   m.attr("ACCESS_LOCAL_WRITE") = static_cast<uint32_t>(rdmaxfer::kAccessLocalWrite);
   m.def("available_transports", &rdmaxfer::available_transports);
+  m.def(
+      "transports",
+      [] {
+        py::dict out;
+        for (const rdmaxfer::TransportEntry* e : rdmaxfer::registered_transports()) {
+          py::dict d = capabilities_dict(e->caps);
+          d["unavailable"] = rdmaxfer::unavailable_reason(*e);
+          out[py::str(e->caps.name)] = d;
+        }
+        return out;
+      },
+      "Every transport of this build by name: its declared capabilities and why it cannot run "
+      "here (\"\" when it can).");
+  m.def("automatic_network_transport",
+        [] { return rdmaxfer::automatic_network_transport().name; });
+  m.def(
+      "choose_automatic",
+      [](const std::vector<std::tuple<std::string, int, std::string>>& candidates) {
+        std::vector<rdmaxfer::AutoCandidate> in;
+        for (const auto& [name, rank, refused] : candidates) {
+          in.push_back(
+              rdmaxfer::AutoCandidate{name, rank, [refused = refused] { return refused; }});
+        }
+        const rdmaxfer::AutoChoice c = rdmaxfer::choose_automatic(std::move(in));
+        return std::make_pair(c.name, c.why);
+      },
+      "transport=\"auto\"'s rule over (name, auto_rank, why auto may not take it) triples: "
+      "(the name taken, why).");
   m.def("memlock_limit", &rdmaxfer::memlock_limit_text);
   m.def("begin_exit", &rdmaxfer::begin_exit,
         "Marks the interpreter as exiting (the package's atexit hook, before it closes the "
@@ -112,7 +164,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly_static("SIZE", &Descriptor::kSize)
       .def_property_readonly("transport",
                              [](const Descriptor& d) {
-                               return std::string(rdmaxfer::transport_kind_name(d.transport));
+                               return rdmaxfer::transport_id_name(d.transport);
                              })
       .def_readonly("access", &Descriptor::access)
       .def_readonly("addr", &Descriptor::addr)
@@ -124,7 +176,7 @@ PYBIND11_MODULE(_core, m) {
       .def_static("unpack", &unpack_descriptor, py::arg("data"))
       .def("__eq__", [](const Descriptor& a, const Descriptor& b) { return a.pack() == b.pack(); })
       .def("__repr__", [](const Descriptor& d) {
-        return "Descriptor(transport=" + std::string(rdmaxfer::transport_kind_name(d.transport)) +
+        return "Descriptor(transport=" + rdmaxfer::transport_id_name(d.transport) +
                ", addr=0x" + py::str(py::int_(d.addr).attr("__format__")("x")).cast<std::string>() +
                ", length=" + std::to_string(d.length) + ", key=" + std::to_string(d.key) +
                ", access=" + std::to_string(d.access) + ")";
@@ -162,7 +214,9 @@ PYBIND11_MODULE(_core, m) {
                        int default_streams, const std::string& rdma_device, int gid_index,
                        const std::string& poll_mode, const std::string& secret,
                        const std::vector<std::string>& rdma_devices, int service_level,
-                       int traffic_class, int min_rnr_timer) {
+                       int traffic_class, int min_rnr_timer,
+                       const std::map<std::string, std::string>& settings,
+                       uint64_t max_message_bytes) {
              if (io_threads < 0 || io_threads > 64) {
                throw Error(ErrorKind::kInvalidArgument,
                            "io_threads=" + std::to_string(io_threads) + " must be in 0..64");
@@ -174,25 +228,24 @@ PYBIND11_MODULE(_core, m) {
                throw Error(ErrorKind::kInvalidArgument, "streams must be >= 0");
              }
              rdmaxfer::TransportConfig config;
-             config.tcp.io_threads = io_threads;
-             config.tcp.socket_buffer = socket_buffer;
-             config.tcp.default_streams = default_streams;
-             if (gid_index < -1 || gid_index > 65535) {
-               throw Error(ErrorKind::kInvalidArgument,
-                           "gid_index=" + std::to_string(gid_index) +
-                               " must be -1 (auto) or a GID table index");
+             config.io_threads = io_threads;
+             config.socket_buffer = socket_buffer;
+             config.default_streams = default_streams;
+             config.poll_mode = rdmaxfer::parse_poll_mode(poll_mode);  // checked for all
+             config.secret = secret;
+             // The verbs transport's own settings, as the text it parses and checks.
+             std::string devices;
+             for (const std::string& name : rdma_devices) {
+               devices += (devices.empty() ? "" : ",") + name;
              }
-             config.rdma.device = rdma_device;
-             config.rdma.devices = rdma_devices;
-             config.rdma.gid_index = gid_index;
-             config.tcp.poll_mode = rdmaxfer::parse_poll_mode(poll_mode);  // checked for all
-             config.rdma.poll_mode = rdmaxfer::poll_mode_name(config.tcp.poll_mode);
-             config.tcp.secret = secret;
-             config.rdma.secret = secret;
-             config.rdma.default_qps = default_streams;
-             config.rdma.service_level = service_level;  // checked by the rdma transport
-             config.rdma.traffic_class = traffic_class;
-             config.rdma.min_rnr_timer = min_rnr_timer;
+             config.settings = {{"rdma.device", rdma_device},
+                                {"rdma.devices", devices},
+                                {"rdma.gid_index", std::to_string(gid_index)},
+                                {"rdma.service_level", std::to_string(service_level)},
+                                {"rdma.traffic_class", std::to_string(traffic_class)},
+                                {"rdma.min_rnr_timer", std::to_string(min_rnr_timer)}};
+             for (const auto& [name, value] : settings) config.settings[name] = value;
+             config.max_message_bytes = max_message_bytes;
              rdmaxfer::refresh_log_level();
              GilRelease release;
              return EnginePtr(new Engine(transport, config));
@@ -201,8 +254,11 @@ PYBIND11_MODULE(_core, m) {
            py::arg("default_streams") = 0, py::arg("rdma_device") = "",
            py::arg("gid_index") = -1, py::arg("poll_mode") = "", py::arg("secret") = "",
            py::arg("rdma_devices") = std::vector<std::string>{}, py::arg("service_level") = -1,
-           py::arg("traffic_class") = -1, py::arg("min_rnr_timer") = -1)
+           py::arg("traffic_class") = -1, py::arg("min_rnr_timer") = -1,
+           py::arg("settings") = std::map<std::string, std::string>{},
+           py::arg("max_message_bytes") = 0)
       .def_property_readonly("transport", &Engine::transport_name)
+      .def_property_readonly("auto_why", &Engine::auto_why)
       .def_property_readonly("automatic", &Engine::automatic)
       .def_property_readonly("has_shm_companion", &Engine::has_shm_companion)
       .def_property_readonly("shm_off", [](Engine& e) { return e.wireup().shm_off(); })
@@ -211,15 +267,13 @@ PYBIND11_MODULE(_core, m) {
       .def("capabilities",
            [](Engine& e) {
              auto caps = e.transport().capabilities();
-             py::dict d;
-             d["transport"] = rdmaxfer::transport_kind_name(caps.kind);
-             d["one_sided"] = caps.one_sided;
-             d["write_with_imm"] = caps.write_with_imm;
-             d["gpu_direct"] = caps.gpu_direct;
-             d["max_message"] = caps.max_message;
+             py::dict d = capabilities_dict(caps);
+             d["transport"] = caps.name;
              return d;
            })
       .def("describe", [](Engine& e) { return e.transport().describe(); })
+      .def_property_readonly("gpu_direct_off",
+                             [](Engine& e) { return e.transport().gpu_direct_off(); })
       .def("rails", [](Engine& e) { return e.transport().rails(); })
       .def("stats",
            [](const Engine& e) {
@@ -327,5 +381,6 @@ PYBIND11_MODULE(_core, m) {
   rdmaxfer::bind_cuda(m);
   rdmaxfer::bind_batches(m);
   rdmaxfer::bind_same_host(m);
+  rdmaxfer::bind_ofi(m);
   rdmaxfer::bind_storage(m);
 }

@@ -1,8 +1,10 @@
 #include "core/descriptor.h"
 
-#include "common/bytes.h"
+#include "common/le_codec.h"
 #include "common/error.h"
 #include "core/region.h"
+
+#include <cstdio>
 
 namespace rdmaxfer {
 
@@ -10,29 +12,20 @@ namespace {
 constexpr uint8_t kDescriptorMagic[4] = {'R', 'X', 'M', 'R'};
 }
 
-const char* transport_kind_name(TransportKind kind) {
-  switch (kind) {
-    case TransportKind::kTcp: return "tcp";
-    case TransportKind::kRdma: return "rdma";
-    case TransportKind::kLoopback: return "loopback";
-    case TransportKind::kShm: return "shm";
-  }
-  return "unknown";
-}
-
 std::string Descriptor::pack() const {
   std::string out(kSize + 4 * rail_keys.size(), '\0');
-  auto* p = reinterpret_cast<uint8_t*>(out.data());
-  std::memcpy(p, kDescriptorMagic, 4);
-  store_le<uint16_t>(p + 4, rail_keys.empty() ? kVersion : kVersionRails);
-  p[6] = static_cast<uint8_t>(transport);
-  p[7] = static_cast<uint8_t>(access);
-  store_le<uint64_t>(p + 8, addr);
-  store_le<uint64_t>(p + 16, length);
-  store_le<uint32_t>(p + 24, key);
-  p[28] = static_cast<uint8_t>(rail_keys.size());
-  store_le<uint64_t>(p + 32, engine_id);
-  for (size_t i = 0; i < rail_keys.size(); ++i) store_le<uint32_t>(p + kSize + 4 * i, rail_keys[i]);
+  LeWriter w(reinterpret_cast<uint8_t*>(out.data()), out.size());
+  w.bytes(kDescriptorMagic, 4)
+      .put<uint16_t>(rail_keys.empty() ? kVersion : kVersionRails)
+      .put<uint8_t>(transport)
+      .put<uint8_t>(static_cast<uint8_t>(access))
+      .put<uint64_t>(addr)
+      .put<uint64_t>(length)
+      .put<uint32_t>(key)
+      .put<uint8_t>(static_cast<uint8_t>(rail_keys.size()))
+      .skip(3)
+      .put<uint64_t>(engine_id);
+  for (uint32_t k : rail_keys) w.put<uint32_t>(k);
   return out;
 }
 
@@ -56,8 +49,9 @@ Descriptor Descriptor::unpack(const uint8_t* p, size_t size) {
   if (size < kSize) {
     bad("expected " + std::to_string(kSize) + " bytes, got " + std::to_string(size));
   }
-  if (std::memcmp(p, kDescriptorMagic, 4) != 0) bad("bad magic (not an rdmaxfer descriptor)");
-  const uint16_t version = load_le<uint16_t>(p + 4);
+  LeReader r(p, size);
+  if (!r.matches(kDescriptorMagic, 4)) bad("bad magic (not an rdmaxfer descriptor)");
+  const uint16_t version = r.get<uint16_t>();
   if (version != kVersion && version != kVersionRails) {
     bad("unsupported version " + std::to_string(version) + " (this build reads versions " +
         std::to_string(kVersion) + " and " + std::to_string(kVersionRails) + ")");
@@ -68,29 +62,31 @@ Descriptor Descriptor::unpack(const uint8_t* p, size_t size) {
     bad("expected " + std::to_string(kSize + 4 * extra) + " bytes, got " + std::to_string(size));
   }
   Descriptor d;
-  if (p[6] < static_cast<uint8_t>(TransportKind::kTcp) ||
-      p[6] > static_cast<uint8_t>(TransportKind::kShm)) {
-    bad("unknown transport " + std::to_string(p[6]));
+  d.transport = r.get<uint8_t>();
+  if (!transport_id_known(d.transport)) bad("unknown transport " + std::to_string(d.transport));
+  d.access = r.get<uint8_t>();
+  if ((d.access & ~(kAccessRemoteRead | kAccessRemoteWrite)) != 0) {
+    bad("unknown access bits 0x" + std::to_string(d.access));
   }
-  d.transport = static_cast<TransportKind>(p[6]);
-  if ((p[7] & ~(kAccessRemoteRead | kAccessRemoteWrite)) != 0) {
-    bad("unknown access bits 0x" + std::to_string(p[7]));
-  }
-  d.access = p[7];
-  d.addr = load_le<uint64_t>(p + 8);
-  d.length = load_le<uint64_t>(p + 16);
-  d.key = load_le<uint32_t>(p + 24);
-  if ((version == kVersion && p[28] != 0) || p[29] != 0 || p[30] != 0 || p[31] != 0) {
-    bad("reserved field is not zero");
-  }
+  d.addr = r.get<uint64_t>();
+  d.length = r.get<uint64_t>();
+  d.key = r.get<uint32_t>();
+  const uint8_t n = r.get<uint8_t>();
+  if ((version == kVersion && n != 0) || !r.zeros(3)) bad("reserved field is not zero");
+  d.engine_id = r.get<uint64_t>();
   for (size_t i = 0; i < extra; ++i) {
-    d.rail_keys.push_back(load_le<uint32_t>(p + kSize + 4 * i));
+    d.rail_keys.push_back(r.get<uint32_t>());
     if (d.rail_keys.back() == 0) bad("rail key 0 is never assigned");
   }
-  d.engine_id = load_le<uint64_t>(p + 32);
   if (d.addr + d.length < d.addr) bad("addr + length overflows 64 bits");
   if (d.key == 0) bad("key 0 is never assigned");
   return d;
+}
+
+std::string engine_id_text(uint64_t engine_id) {
+  char text[20];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(engine_id));
+  return text;
 }
 
 }  // namespace rdmaxfer

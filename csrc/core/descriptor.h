@@ -14,10 +14,9 @@
 #include <string>
 #include <vector>
 
-namespace rdmaxfer {
+#include "core/transport_ids.h"
 
-enum class TransportKind : uint8_t { kTcp = 1, kRdma = 2, kLoopback = 3, kShm = 4 };
-const char* transport_kind_name(TransportKind kind);
+namespace rdmaxfer {
 
 struct Descriptor {
   static constexpr size_t kSize = 40;  // version 1; version 2 adds 4 bytes per extra rail
@@ -25,7 +24,7 @@ struct Descriptor {
   static constexpr uint16_t kVersionRails = 2;
   static constexpr size_t kMaxRailKeys = 255;
 
-  TransportKind transport = TransportKind::kTcp;
+  uint8_t transport = 0;  // the registering transport's wire id (core/transport_ids.h)
   uint32_t access = 0;
   uint64_t addr = 0;
   uint64_t length = 0;
@@ -41,6 +40,9 @@ struct Descriptor {
   // Throws Error(kProtocol) naming the first bad field.
   static Descriptor unpack(const uint8_t* data, size_t size);
 };
+
+// An engine id as messages show it: 16 hex digits ("8e9346695a295d62").
+std::string engine_id_text(uint64_t engine_id);
 
 // Throws Error(kInvalidArgument) unless [remote.addr + remote_offset, + length) lies inside the
 // region the descriptor names (overflow-safe). Both transports check a one-sided request with

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/random.h"
 
 namespace rdmaxfer {
 
@@ -192,13 +193,11 @@ const char* access_status_text(AccessStatus status) {
   return "unknown access status";
 }
 
-RegionTable::RegionTable() : rng_(std::random_device{}()) {}
-
 void RegionTable::insert(const std::shared_ptr<MemoryRegion>& region) {
   std::lock_guard<std::mutex> lock(mu_);
   uint32_t key = region->key();
   if (key == 0 || regions_.count(key) != 0) {
-    while (key == 0 || regions_.count(key) != 0) key = static_cast<uint32_t>(rng_());
+    while (key == 0 || regions_.count(key) != 0) key = random_u32();
     region->set_key(key);
   }
   regions_.emplace(key, region);

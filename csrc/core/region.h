@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -157,8 +156,8 @@ const char* access_status_text(AccessStatus status);
 // The engine's registered regions, by key. Thread-safe.
 class RegionTable {
  public:
-  RegionTable();
-  // Assigns a fresh random non-zero key and inserts the region.
+  // Assigns a fresh non-zero key from the kernel's CSPRNG (common/random.h) and inserts the
+  // region.
   void insert(const std::shared_ptr<MemoryRegion>& region);  // keeps a key already set (rkey)
   // Removes the region's key; later remote accesses with it are refused.
   bool erase(uint32_t key);
@@ -171,7 +170,6 @@ class RegionTable {
  private:
   mutable std::mutex mu_;
   std::unordered_map<uint32_t, std::shared_ptr<MemoryRegion>> regions_;
-  std::mt19937 rng_;
 };
 
 }  // namespace rdmaxfer

@@ -1,10 +1,9 @@
 #include "engine/engine.h"
 
-#include <random>
-
 #include "common/error.h"
 #include "common/fork_guard.h"
 #include "common/log.h"
+#include "common/random.h"
 #include "protocol/connection.h"
 
 namespace rdmaxfer {
@@ -12,30 +11,25 @@ namespace rdmaxfer {
 namespace {
 constexpr double kPoolCloseS = 5.0;  // bound on each bounce slab's deregistration at close
 
-uint64_t random_engine_id() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
-
-// "auto": the network transport, verbs when a device is active here.
-std::string network_name(const std::string& transport) {
-  if (transport != "auto") return transport;
-  return available_transports()["rdma"].empty() ? "rdma" : "tcp";
+// "auto": the usable network transport of highest rank (Capabilities::auto_rank).
+AutoChoice network_choice(const std::string& transport) {
+  return transport == "auto" ? automatic_network_transport() : AutoChoice{transport, ""};
 }
 }  // namespace
 
 Engine::Engine(const std::string& transport, const TransportConfig& config)
-    : transport_name_(network_name(transport)),
-      engine_id_(random_engine_id()),
+    : auto_(network_choice(transport)),
+      transport_name_(auto_.name),
+      engine_id_(random_u64()),
       automatic_(transport == "auto"),
       transport_(make_transport(transport_name_, engine_id_, config)),
       stats_(transport_->stats()),
       notifier_(std::make_shared<Notifier>()),
       notifications_(std::make_shared<NotificationQueue>()),
       fork_generation_(fork_generation()) {
-  const ProtocolFactory protocol = [queue = notifications_](
+  const ProtocolFactory protocol = [queue = notifications_, bound = config.max_message_bytes](
                                        const std::shared_ptr<Channel>& channel) {
-    return make_message_protocol(channel, queue);
+    return make_message_protocol(channel, queue, bound);
   };
   transport_->set_protocol(protocol);
   std::string shm_off;  // forced transport: shm is not in question
@@ -77,7 +71,7 @@ Transport& Engine::gpu_registrar(const std::string& method) {
                 "GPU registration by CUDA IPC: this engine has no shm companion (" +
                     wireup_->shm_off() + ")");
   }
-  if (network.capabilities().kind != TransportKind::kTcp) {
+  if (network.capabilities().gpu_direct) {
     throw Error(ErrorKind::kUnsupported,
                 "GPU registration by CUDA IPC: an automatic engine over " + transport_name_ +
                     " registers GPU memory for GPUDirect RDMA (dmabuf or nvidia-peermem)");

@@ -21,8 +21,8 @@ namespace rdmaxfer {
 
 class Engine {
  public:
-  // `transport`: "tcp", "rdma", "shm", or "auto" (rdma when a device is active, else tcp;
-  // shm for same-host peers when it can run here).
+  // `transport`: "tcp", "rdma", "ofi", "shm", or "auto" (rdma where a device offers RC, else
+  // ofi over a hardware RDMA provider, else tcp; shm for same-host peers when it can run here).
   Engine(const std::string& transport, const TransportConfig& config);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -41,6 +41,8 @@ class Engine {
   Wireup& wireup();
   // True for transport="auto".
   bool automatic() const { return automatic_; }
+  // With transport="auto", why it took its network transport (registry.h); else "".
+  const std::string& auto_why() const { return auto_.why; }
   // True when an automatic engine has its same-host shm companion.
   bool has_shm_companion() const { return shm_ != nullptr; }
   uint64_t engine_id() const { return engine_id_; }
@@ -57,6 +59,7 @@ class Engine {
   bool closed() const { return closed_.load(); }
 
  private:
+  AutoChoice auto_;  // the forced transport with no why, or auto's choice
   std::string transport_name_;
   uint64_t engine_id_;
   bool automatic_;

@@ -30,7 +30,7 @@ std::string Wireup::shm_off() const {
 }
 
 Link Wireup::network_link(std::shared_ptr<Channel> channel, std::string note) const {
-  return Link{std::move(channel), transport_kind_name(network_.capabilities().kind),
+  return Link{std::move(channel), network_.capabilities().name,
               std::move(note)};
 }
 
@@ -47,7 +47,7 @@ uint16_t Wireup::listen(const std::string& host, uint16_t port) {
     log::write(log::Level::kInfo, std::string("transport auto: no shm listener on port ") +
                                       std::to_string(bound) + ": " + e.what() +
                                       "; same-host peers connect over " +
-                                      transport_kind_name(network_.capabilities().kind));
+                                      network_.capabilities().name);
     std::lock_guard<std::mutex> lock(mu_);
     shm_off_ = std::string("no shm listener: ") + e.what();
   }
@@ -66,7 +66,7 @@ Link Wireup::accept(double timeout_s) {
   const Deadline deadline(timeout_s);
   for (;;) {
     try {
-      return Link{shm_->accept(kAcceptSliceS), "shm", ""};
+      return Link{shm_->accept(kAcceptSliceS), shm_->capabilities().name, ""};
     } catch (const Error& e) {
       if (!is_timeout(e)) throw;
     }
@@ -95,7 +95,7 @@ Link Wireup::connect(const std::string& host, uint16_t port, const ConnectOption
   };
   std::string why;
   try {
-    return Link{shm_->connect(host, port, probe), "shm", ""};
+    return Link{shm_->connect(host, port, probe), shm_->capabilities().name, ""};
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kInvalidArgument) throw;  // a bad host: the same over TCP
     // EADDRNOTAVAIL: not an address of this machine, an ordinary peer on another host.
@@ -111,7 +111,7 @@ Link Wireup::connect(const std::string& host, uint16_t port, const ConnectOption
                     "was not listening yet)"
               : std::string(e.what());
   }
-  const std::string network = transport_kind_name(network_.capabilities().kind);
+  const std::string network = network_.capabilities().name;
   log::write(log::Level::kInfo, "transport auto: " + host_port(host, port) +
                                     " is on this host but shm is not used (" + why +
                                     "); connecting over " + network);

@@ -59,6 +59,9 @@ std::shared_ptr<BatchRun> BatchRun::start(const std::shared_ptr<Channel>& channe
                                           bool whole) {
   if (window == 0) throw Error(ErrorKind::kInvalidArgument, "a batch window must be >= 1");
   channel->check_open();
+  // Every descriptor names memory of the peer's engine: else nothing of the batch is posted.
+  const char* what = plan->op() == OpKind::kWrite ? "WRITE batch" : "READ batch";
+  for (uint32_t i = 0; i < plan->remote_count(); ++i) channel->check_peer_engine(plan->remote(i), what);
   std::shared_ptr<BatchRun> run(
       new BatchRun(channel, std::move(plan), std::move(notify), window, whole));
   run->pump();

@@ -74,6 +74,7 @@ class BatchPlan {
   const std::shared_ptr<MemoryRegion>& region(uint32_t i) const { return regions_[i]; }
   uint32_t region_count() const { return static_cast<uint32_t>(regions_.size()); }
   const Descriptor& remote(uint32_t i) const { return remotes_[i]; }
+  uint32_t remote_count() const { return static_cast<uint32_t>(remotes_.size()); }
   const TransferOptions& options() const { return options_; }
   // Entries refused at planning, with the reason, in entry order.
   const std::vector<BatchFailure>& invalid() const { return invalid_; }

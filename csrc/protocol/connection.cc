@@ -21,8 +21,8 @@ std::vector<std::pair<std::string, uint64_t>> Connection::attributes() const {
 
 std::shared_ptr<ChannelEvents> make_message_protocol(
     const std::shared_ptr<Channel>& channel,
-    const std::shared_ptr<NotificationQueue>& notifications) {
-  auto protocol = std::make_shared<MessageProtocol>(notifications);
+    const std::shared_ptr<NotificationQueue>& notifications, uint64_t max_message_bytes) {
+  auto protocol = std::make_shared<MessageProtocol>(notifications, max_message_bytes);
   protocol->bind(channel);
   return protocol;
 }

@@ -71,6 +71,7 @@ class Connection {
   std::string describe() const { return channel_->describe(); }
   // The channel's negotiated values, then the protocol's (credit window and queues).
   std::vector<std::pair<std::string, uint64_t>> attributes() const;
+  std::vector<std::pair<std::string, std::string>> names() const { return channel_->names(); }
   Channel& channel() { return *channel_; }
   // The two-sided protocol itself (the staging pipeline's windowed messages).
   MessageProtocol& protocol() { return *protocol_; }
@@ -93,9 +94,9 @@ class Connection {
 };
 
 // The ProtocolFactory (transport.h) every engine gives its transport, bound to the engine's
-// notification queue.
+// notification queue and its bound on the messages peers announce (0: none).
 std::shared_ptr<ChannelEvents> make_message_protocol(
     const std::shared_ptr<Channel>& channel,
-    const std::shared_ptr<NotificationQueue>& notifications);
+    const std::shared_ptr<NotificationQueue>& notifications, uint64_t max_message_bytes);
 
 }  // namespace rdmaxfer

@@ -5,6 +5,7 @@
 
 #include "common/bytes.h"
 #include "common/error.h"
+#include "common/log.h"
 
 namespace rdmaxfer {
 
@@ -277,6 +278,22 @@ void MessageProtocol::reject(uint64_t msg_id, const std::string& reason) {
   ch->send_ctrl(m, CtrlPayload());
 }
 
+void MessageProtocol::refuse_oversize(const CtrlMessage& message) {
+  std::shared_ptr<Channel> ch = channel_.lock();
+  if (!ch) return;
+  const std::string reason =
+      "a message of " + std::to_string(message.size) + " bytes exceeds its max_message_bytes=" +
+      std::to_string(max_message_bytes_) + " (nothing was allocated for it); send smaller "
+      "messages, or raise the bound on the receiver (RDMAXFER_MAX_MESSAGE_BYTES or "
+      "EngineOptions(max_message_bytes=...))";
+  log::write(log::Level::kWarning, "refused a message from " + ch->peer() + ": " + reason);
+  CtrlMessage m;
+  m.type = CtrlType::kReject;
+  m.msg_id = message.msg_id;
+  m.meta = reason.substr(0, std::min<uint64_t>(kMaxReason, ch->limits().ctrl_room));
+  ch->send_ctrl(m, CtrlPayload());
+}
+
 void MessageProtocol::on_ctrl(CtrlMessage message) {
   if (message.type == CtrlType::kCts || message.type == CtrlType::kReject) {
     on_answer(message);
@@ -290,6 +307,10 @@ void MessageProtocol::on_ctrl(CtrlMessage message) {
     NotifyPayload payload = NotifyPayload::of(message);
     std::shared_ptr<Channel> ch = channel_.lock();
     if (notifications_ && ch) notifications_->push(Notification{ch->peer(), std::move(payload)});
+    return;
+  }
+  if (max_message_bytes_ != 0 && message.size > max_message_bytes_) {
+    refuse_oversize(message);
     return;
   }
   RequestPtr waiter;

@@ -54,9 +54,13 @@ namespace rdmaxfer {
 class MessageProtocol : public ChannelEvents,
                         public std::enable_shared_from_this<MessageProtocol> {
  public:
-  // NOTIFY messages from the peer go to `notifications` (the engine's; null: dropped).
-  explicit MessageProtocol(std::shared_ptr<NotificationQueue> notifications = nullptr)
-      : notifications_(std::move(notifications)) {}
+  // NOTIFY messages from the peer go to `notifications` (the engine's; null: dropped). A
+  // message the peer announces beyond `max_message_bytes` (0: no bound) is refused at once
+  // (REJECT naming the bound; the sender's request fails with kProtocol): no receive sees it,
+  // nothing is allocated for it.
+  explicit MessageProtocol(std::shared_ptr<NotificationQueue> notifications = nullptr,
+                           uint64_t max_message_bytes = 0)
+      : notifications_(std::move(notifications)), max_message_bytes_(max_message_bytes) {}
   // Bound to its channel once the channel exists (held weakly: the channel owns the protocol).
   void bind(const std::shared_ptr<Channel>& channel) { channel_ = channel; }
 
@@ -157,7 +161,11 @@ class MessageProtocol : public ChannelEvents,
   void credit_stall(uint64_t msg_id);
   [[noreturn]] void protocol_error(const std::string& what);
 
+  // Answers an announcement beyond max_message_bytes_ with a REJECT (on_ctrl).
+  void refuse_oversize(const CtrlMessage& message);
+
   std::shared_ptr<NotificationQueue> notifications_;
+  const uint64_t max_message_bytes_;
   std::weak_ptr<Channel> channel_;
   mutable std::mutex mu_;
   bool closed_ = false;

@@ -1,13 +1,12 @@
 #include "transport/auth.h"
 
 #include <dlfcn.h>
-#include <sys/random.h>
 
-#include <cerrno>
 #include <cstring>
 #include <vector>
 
 #include "common/error.h"
+#include "common/random.h"
 
 namespace rdmaxfer {
 
@@ -72,15 +71,7 @@ std::string auth_unavailable_reason() { return crypto().missing; }
 
 Nonce make_nonce() {
   Nonce n{};
-  size_t got = 0;
-  while (got < n.size()) {
-    ssize_t r = getrandom(n.data() + got, n.size() - got, 0);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw_errno("getrandom");
-    }
-    got += static_cast<size_t>(r);
-  }
+  random_bytes(n.data(), n.size());
   return n;
 }
 

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "common/bytes.h"
+#include "common/le_codec.h"
 #include "common/error.h"
 #include "common/interrupt.h"
 #include "transport/auth.h"
@@ -17,7 +17,6 @@ namespace rdmaxfer {
 namespace {
 constexpr uint8_t kHelloMagic[4] = {'R', 'X', 'H', 'I'};
 constexpr uint8_t kAckMagic[4] = {'R', 'X', 'O', 'K'};
-constexpr double kHandshakeTimeoutS = 5.0;
 
 std::string hello_status_text(HelloStatus status) {
   switch (status) {
@@ -30,6 +29,13 @@ std::string hello_status_text(HelloStatus status) {
     case HelloStatus::kAuthFailed:
       return "authentication failed: the peer holds a different secret (set the same "
              "RDMAXFER_SECRET / secret= on both sides)";
+    case HelloStatus::kTlsRequired:
+      return "the peer requires TLS (tls on there) and this side speaks plain TCP (tls off): "
+             "turn TLS on here too (Engine(tls=True) / RDMAXFER_TLS=1, with the same secret or "
+             "certificates)";
+    case HelloStatus::kTlsOff:
+      return "this side requires TLS (tls on) and the peer speaks plain TCP (tls off there): "
+             "turn TLS on at the peer too (Engine(tls=True) / RDMAXFER_TLS=1), or off here";
   }
   return "unknown status " + std::to_string(static_cast<int>(status));
 }
@@ -121,36 +127,34 @@ HelloAck receive_ack(int fd, const Deadline& deadline, const std::string& where)
 }  // namespace
 
 void Hello::pack(uint8_t* out) const {
-  std::memset(out, 0, kSize);
-  std::memcpy(out, kHelloMagic, 4);
-  store_le<uint16_t>(out + 4, kVersion);
-  out[6] = static_cast<uint8_t>(transport);
-  out[7] = stream_index;
-  out[8] = n_streams;
-  out[9] = flags;
-  store_le<uint64_t>(out + 16, engine_id);
-  store_le<uint64_t>(out + 24, conn_id);
+  LeWriter(out, kSize)
+      .bytes(kHelloMagic, 4)
+      .put<uint16_t>(kVersion)
+      .put<uint8_t>(transport)
+      .put<uint8_t>(stream_index)
+      .put<uint8_t>(n_streams)
+      .put<uint8_t>(flags)
+      .skip(6)
+      .put<uint64_t>(engine_id)
+      .put<uint64_t>(conn_id);
 }
 
 Hello Hello::unpack(const uint8_t* in) {
   auto bad = [](const std::string& what) {
     throw Error(ErrorKind::kProtocol, "invalid handshake record: " + what);
   };
-  if (std::memcmp(in, kHelloMagic, 4) != 0) bad("bad magic (not an rdmaxfer peer)");
-  const uint16_t version = load_le<uint16_t>(in + 4);
+  LeReader r(in, kSize);
+  if (!r.matches(kHelloMagic, 4)) bad("bad magic (not an rdmaxfer peer)");
+  const uint16_t version = r.get<uint16_t>();
   if (version != kVersion) {
     bad("unsupported version " + std::to_string(version) + " (this build speaks version " +
         std::to_string(kVersion) + "; upgrade both peers to the same rdmaxfer release)");
   }
   Hello h;
-  if (in[6] != static_cast<uint8_t>(TransportKind::kTcp) &&
-      in[6] != static_cast<uint8_t>(TransportKind::kRdma) &&
-      in[6] != static_cast<uint8_t>(TransportKind::kShm)) {
-    bad("unknown transport " + std::to_string(in[6]));
-  }
-  h.transport = static_cast<TransportKind>(in[6]);
-  h.stream_index = in[7];
-  h.n_streams = in[8];
+  h.transport = r.get<uint8_t>();
+  if (!transport_id_known(h.transport)) bad("unknown transport " + std::to_string(h.transport));
+  h.stream_index = r.get<uint8_t>();
+  h.n_streams = r.get<uint8_t>();
   if (h.n_streams == 0 || h.n_streams > kMaxStreams) {
     bad("stream count " + std::to_string(h.n_streams) + " outside 1.." +
         std::to_string(kMaxStreams));
@@ -159,31 +163,31 @@ Hello Hello::unpack(const uint8_t* in) {
     bad("stream index " + std::to_string(h.stream_index) + " >= stream count " +
         std::to_string(h.n_streams));
   }
-  h.flags = in[9];
-  if ((h.flags & ~Hello::kFlagHasSecret) != 0) bad("unknown flags");
-  for (int i = 10; i < 16; ++i) {
-    if (in[i] != 0) bad("reserved bytes are not zero");
-  }
-  h.engine_id = load_le<uint64_t>(in + 16);
-  h.conn_id = load_le<uint64_t>(in + 24);
+  h.flags = r.get<uint8_t>();
+  if ((h.flags & ~(Hello::kFlagHasSecret | Hello::kFlagTls)) != 0) bad("unknown flags");
+  if (!r.zeros(6)) bad("reserved bytes are not zero");
+  h.engine_id = r.get<uint64_t>();
+  h.conn_id = r.get<uint64_t>();
   return h;
 }
 
 void HelloAck::pack(uint8_t* out) const {
-  std::memset(out, 0, kSize);
-  std::memcpy(out, kAckMagic, 4);
-  store_le<uint16_t>(out + 4, Hello::kVersion);
-  store_le<uint16_t>(out + 6, static_cast<uint16_t>(status));
-  store_le<uint64_t>(out + 8, engine_id);
+  LeWriter(out, kSize)
+      .bytes(kAckMagic, 4)
+      .put<uint16_t>(Hello::kVersion)
+      .put<uint16_t>(static_cast<uint16_t>(status))
+      .put<uint64_t>(engine_id);
 }
 
 HelloAck HelloAck::unpack(const uint8_t* in) {
-  if (std::memcmp(in, kAckMagic, 4) != 0) {
+  LeReader r(in, kSize);
+  if (!r.matches(kAckMagic, 4)) {
     throw Error(ErrorKind::kProtocol, "invalid handshake reply: bad magic (not an rdmaxfer peer)");
   }
+  r.get<uint16_t>();  // the version: the hello's, checked there
   HelloAck ack;
-  ack.status = static_cast<HelloStatus>(load_le<uint16_t>(in + 6));
-  ack.engine_id = load_le<uint64_t>(in + 8);
+  ack.status = static_cast<HelloStatus>(r.get<uint16_t>());
+  ack.engine_id = r.get<uint64_t>();
   return ack;
 }
 
@@ -224,13 +228,27 @@ void answer_challenge(int fd, const std::string& secret, const uint8_t* hello,
 
 }  // namespace
 
-void client_handshake(int fd, Hello hello, const std::string& secret, const Deadline& deadline,
-                      const std::string& where) {
-  hello.flags = secret.empty() ? 0 : Hello::kFlagHasSecret;
+uint64_t client_handshake(int fd, Hello hello, const std::string& secret,
+                          const Deadline& deadline, const std::string& where,
+                          const TlsContext* tls, std::unique_ptr<TlsSession>* session) {
+  hello.flags = static_cast<uint8_t>((secret.empty() ? 0 : Hello::kFlagHasSecret) |
+                                     (tls != nullptr ? Hello::kFlagTls : 0));
   uint8_t buf[Hello::kSize];
   hello.pack(buf);
   send_exact(fd, buf, sizeof(buf), deadline, ("handshake with " + where + ": sending hello").c_str());
   const HelloAck ack = receive_ack(fd, deadline, where);
+  if (tls != nullptr) {
+    // kOk: the peer has TLS on too; a challenge: it is a plain engine (of an older build).
+    if (ack.status != HelloStatus::kOk) {
+      throw Error(ErrorKind::kConnection,
+                  "handshake with " + where + " failed: " +
+                      hello_status_text(ack.status == HelloStatus::kAuthChallenge
+                                            ? HelloStatus::kTlsOff
+                                            : ack.status));
+    }
+    *session = tls->handshake(fd, false, deadline, where);
+    return ack.engine_id;
+  }
   if (ack.status == HelloStatus::kAuthChallenge) {
     if (secret.empty()) {
       throw Error(ErrorKind::kConnection,
@@ -248,19 +266,24 @@ void client_handshake(int fd, Hello hello, const std::string& secret, const Dead
                     " refused: a secret is configured here but the peer did not authenticate "
                     "(it has no secret); configure the same secret on both sides");
   }
+  return ack.engine_id;
 }
 
 std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
-                                        TransportKind transport, int n_streams,
+                                        uint8_t transport, int n_streams,
                                         uint64_t engine_id, uint64_t conn_id,
                                         const SocketOptions& options, const Deadline& deadline,
-                                        int* retries) {
+                                        int* retries, uint64_t* peer_engine_id,
+                                        std::vector<std::unique_ptr<TlsSession>>* sessions) {
   if (n_streams < 1 || n_streams > Hello::kMaxStreams) {
     throw Error(ErrorKind::kInvalidArgument,
                 "streams=" + std::to_string(n_streams) + " is outside 1.." +
                     std::to_string(Hello::kMaxStreams));
   }
   check_secret_usable(options);
+  if (options.tls && sessions == nullptr) {
+    throw Error(ErrorKind::kUnsupported, "TLS covers the tcp transport only");
+  }
   std::vector<UniqueFd> fds;
   for (int i = 0; i < n_streams; ++i) {
     UniqueFd fd = connect_tcp(host, port, deadline, options.retry_refused, retries);
@@ -271,13 +294,17 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
     hello.n_streams = static_cast<uint8_t>(n_streams);
     hello.engine_id = engine_id;
     hello.conn_id = conn_id;
-    client_handshake(fd.get(), hello, options.secret, deadline, host_port(host, port));
+    std::unique_ptr<TlsSession> session;
+    const uint64_t peer = client_handshake(fd.get(), hello, options.secret, deadline,
+                                           host_port(host, port), options.tls.get(), &session);
+    if (peer_engine_id != nullptr) *peer_engine_id = peer;
     fds.push_back(std::move(fd));
+    if (session) sessions->push_back(std::move(session));
   }
   return fds;
 }
 
-Acceptor::Acceptor(const std::string& host, uint16_t port, TransportKind transport,
+Acceptor::Acceptor(const std::string& host, uint16_t port, uint8_t transport,
                    uint64_t engine_id, SocketOptions options,
                    std::function<void(const std::string&, const std::string&)> on_refused,
                    std::function<void(AcceptedGroup)> on_group)
@@ -309,41 +336,116 @@ std::optional<AcceptedGroup> Acceptor::accept(double timeout_s) {
 }
 
 void Acceptor::run() {
+  std::vector<pollfd> fds;
+  std::vector<uint64_t> owners;  // the conn id of each fds[i + 1]
   while (!stop_.load()) {
-    if (handshakes_.full()) {
-      // Every handshake slot is taken: leave new clients in the backlog until one ends.
-      poll(nullptr, 0, 10);
-      expire_partial_groups();
-      continue;
+    const bool full = handshakes_.full();
+    fds.clear();
+    owners.clear();
+    // Every handshake slot taken: new clients wait in the backlog until one ends.
+    fds.push_back(pollfd{listen_fd_.get(), static_cast<short>(full ? 0 : POLLIN), 0});
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [conn_id, partial] : partial_) {
+        for (const UniqueFd& fd : partial.group.fds) {
+          if (!fd.valid()) continue;
+          fds.push_back(pollfd{fd.get(), POLLRDHUP, 0});
+          owners.push_back(conn_id);
+        }
+      }
     }
-    pollfd p{listen_fd_.get(), POLLIN, 0};
-    int rc = poll(&p, 1, 100);
+    const int rc = poll(fds.data(), fds.size(), full ? 10 : 100);
     expire_partial_groups();
     if (rc <= 0) continue;
-    while (!handshakes_.full()) {
-      int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) break;
-      const std::string peer = peer_name(fd);
-      try {
-        handshakes_.start(UniqueFd(fd), [this, peer](UniqueFd conn) {
-          try {
-            handshake(std::move(conn));
-          } catch (const Error& e) {
-            // A peer that sends garbage or stalls loses its own connection, nothing else (and
-            // one cut short by the destructor is no refusal).
-            if (!stop_.load()) on_refused_(peer, e.what());
-          }
-        });
-      } catch (const Error& e) {
-        on_refused_(peer, e.what());
+    drop_left_groups(fds, owners);
+    if ((fds[0].revents & POLLIN) != 0) accept_pending();
+  }
+}
+
+void Acceptor::accept_pending() {
+  while (!handshakes_.full()) {
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) break;
+    UniqueFd conn(fd);
+    const std::string peer = peer_name(fd);
+    const std::string address = peer.substr(0, peer.rfind(':'));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      int& running = handshakes_by_address_[address];
+      if (running >= kMaxHandshakesPerAddress) {
+        conn.reset();
+        on_refused_(peer, "closed at once: " + std::to_string(running) +
+                              " handshakes from " + address + " are running already");
+        continue;
+      }
+      ++running;
+    }
+    try {
+      handshakes_.start(std::move(conn), [this, peer, address](UniqueFd accepted) {
+        try {
+          handshake(std::move(accepted), address);
+        } catch (const Error& e) {
+          // A peer that sends garbage or stalls loses its own connection, nothing else (and
+          // one cut short by the destructor is no refusal).
+          if (!stop_.load()) on_refused_(peer, e.what());
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        if (--handshakes_by_address_[address] == 0) handshakes_by_address_.erase(address);
+      });
+    } catch (const Error& e) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (--handshakes_by_address_[address] == 0) handshakes_by_address_.erase(address);
+      }
+      on_refused_(peer, e.what());
+    }
+  }
+}
+
+void Acceptor::drop_left_groups(const std::vector<pollfd>& fds,
+                                const std::vector<uint64_t>& owners) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 1; i < fds.size(); ++i) {
+    if ((fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) continue;
+    auto it = partial_.find(owners[i - 1]);
+    if (it == partial_.end()) continue;
+    // The descriptor may have been closed and reused since the poll: drop only the group that
+    // still holds it.
+    for (const UniqueFd& fd : it->second.group.fds) {
+      if (fd.get() == fds[i].fd) {
+        partial_.erase(it);
+        break;
       }
     }
   }
 }
 
-Hello server_handshake(int fd, TransportKind transport, uint64_t engine_id,
-                       const std::string& secret) {
-  Deadline deadline(kHandshakeTimeoutS);
+void Acceptor::bound_partial_locked(const std::string& address) {
+  for (;;) {
+    size_t mine = 0;
+    auto oldest = partial_.end();
+    auto oldest_mine = partial_.end();
+    for (auto it = partial_.begin(); it != partial_.end(); ++it) {
+      if (oldest == partial_.end() || it->second.order < oldest->second.order) oldest = it;
+      if (it->second.address != address) continue;
+      ++mine;
+      if (oldest_mine == partial_.end() || it->second.order < oldest_mine->second.order) {
+        oldest_mine = it;
+      }
+    }
+    if (mine >= kMaxPartialPerAddress) {
+      partial_.erase(oldest_mine);
+    } else if (partial_.size() >= kMaxPartial) {
+      partial_.erase(oldest);
+    } else {
+      return;
+    }
+  }
+}
+
+Hello server_handshake(int fd, uint8_t transport, uint64_t engine_id, const std::string& secret,
+                       const TlsContext* tls, std::unique_ptr<TlsSession>* session) {
+  Deadline deadline(kPreAuthTimeoutS);
   uint8_t buf[Hello::kSize];
   recv_exact(fd, buf, sizeof(buf), deadline,
              ("handshake with " + peer_name(fd) + ": waiting for hello").c_str());
@@ -358,8 +460,17 @@ Hello server_handshake(int fd, TransportKind transport, uint64_t engine_id,
   if (ack.status == HelloStatus::kOk && hello.transport != transport) {
     ack.status = HelloStatus::kTransportMismatch;
   }
+  const bool peer_tls = (hello.flags & Hello::kFlagTls) != 0;
+  if (ack.status == HelloStatus::kOk && peer_tls != (tls != nullptr)) {
+    ack.status = tls != nullptr ? HelloStatus::kTlsRequired : HelloStatus::kTlsOff;
+  }
   uint8_t ack_buf[HelloAck::kSize];
-  if (ack.status == HelloStatus::kOk && !secret.empty()) {
+  if (ack.status == HelloStatus::kOk && tls != nullptr) {
+    // TLS authenticates (the secret as its pre-shared key, or certificates): no challenge.
+    ack.pack(ack_buf);
+    send_exact(fd, ack_buf, sizeof(ack_buf), deadline, "handshake: replying");
+    *session = tls->handshake(fd, true, deadline, peer_name(fd));
+  } else if (ack.status == HelloStatus::kOk && !secret.empty()) {
     // Challenge before anything else is revealed (transport/auth.h).
     ack.status = HelloStatus::kAuthChallenge;
     ack.pack(ack_buf);
@@ -396,6 +507,16 @@ Hello server_handshake(int fd, TransportKind transport, uint64_t engine_id,
   } else {
     ack.pack(ack_buf);
     send_exact(fd, ack_buf, sizeof(ack_buf), deadline, "handshake: replying");
+    if (ack.status == HelloStatus::kTlsRequired || ack.status == HelloStatus::kTlsOff) {
+      // Said from this side: the statuses' texts speak from the client's.
+      throw Error(ErrorKind::kConnection,
+                  ack.status == HelloStatus::kTlsRequired
+                      ? "this engine requires TLS (tls on) and the peer speaks plain TCP (tls "
+                        "off there): turn TLS on at the peer too (RDMAXFER_TLS=1)"
+                      : "the peer asked for TLS (tls on there) and this engine has tls off: "
+                        "turn TLS on here too (Engine(tls=True) / RDMAXFER_TLS=1), or off at "
+                        "the peer");
+    }
     if (ack.status != HelloStatus::kOk) {
       throw Error(ErrorKind::kConnection, hello_status_text(ack.status));
     }
@@ -403,17 +524,23 @@ Hello server_handshake(int fd, TransportKind transport, uint64_t engine_id,
   return hello;
 }
 
-void Acceptor::handshake(UniqueFd fd) {
-  const Hello hello = server_handshake(fd.get(), transport_, engine_id_, options_.secret);
+void Acceptor::handshake(UniqueFd fd, const std::string& address) {
+  std::unique_ptr<TlsSession> session;
+  const Hello hello = server_handshake(fd.get(), transport_, engine_id_, options_.secret,
+                                       options_.tls.get(), &session);
   tune_socket(fd.get(), options_);
 
   std::string peer = peer_name(fd.get());
   std::unique_lock<std::mutex> lock(mu_);
+  if (hello.n_streams > 1 && partial_.count(hello.conn_id) == 0) bound_partial_locked(address);
   Partial& partial = partial_[hello.conn_id];
   if (partial.group.fds.empty()) {
     partial.group.hello = hello;
     partial.group.fds.resize(hello.n_streams);
+    if (session) partial.group.tls.resize(hello.n_streams);
     partial.group.peer = peer;
+    partial.address = address;
+    partial.order = partial_order_++;
   }
   if (partial.group.hello.n_streams != hello.n_streams ||
       partial.group.fds[hello.stream_index].valid()) {
@@ -421,6 +548,7 @@ void Acceptor::handshake(UniqueFd fd) {
     return;
   }
   partial.group.fds[hello.stream_index] = std::move(fd);
+  if (session) partial.group.tls[hello.stream_index] = std::move(session);
   if (++partial.arrived < hello.n_streams) return;
   AcceptedGroup group = std::move(partial.group);
   partial_.erase(hello.conn_id);

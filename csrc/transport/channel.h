@@ -104,6 +104,8 @@ class Channel {
   virtual std::string describe() const;
   // What was negotiated, by name (verbs: path_mtu in bytes, max_rd_atomic, ...).
   virtual std::vector<std::pair<std::string, uint64_t>> attributes() const { return {}; }
+  // What was negotiated that is a name, not a number (ofi: the provider, fabric and domain).
+  virtual std::vector<std::pair<std::string, std::string>> names() const { return {}; }
 
   // Set once by the transport before the channel starts (transport.h: ProtocolFactory).
   void attach(std::shared_ptr<ChannelEvents> events) { events_ = std::move(events); }
@@ -116,8 +118,16 @@ class Channel {
   void count_retries(int retries) {
     for (int i = 0; i < retries; ++i) stats_->add_retry();
   }
+  // The engine at the other end (its id from the bootstrap's Hello), set by the transport
+  // before the channel is handed out: one-sided requests then take only descriptors of
+  // regions that engine registered (check_peer_engine). 0: not known, not checked.
+  void set_peer_engine(uint64_t id) { peer_engine_ = id; }
+  // Throws Error(kInvalidArgument) when `remote` names a region of another engine than the
+  // peer's (a descriptor passed to the wrong endpoint), before anything is posted.
+  void check_peer_engine(const Descriptor& remote, const char* what) const;
 
  protected:
+
   // Counts `request` (a one-sided operation of `kind`: "write", "read") once it is terminal.
   void count_when_terminal(const RequestPtr& request, const char* kind) {
     request->set_on_terminal(
@@ -129,6 +139,7 @@ class Channel {
 
  private:
   std::shared_ptr<ChannelEvents> events_;
+  uint64_t peer_engine_ = 0;
 };
 
 }  // namespace rdmaxfer

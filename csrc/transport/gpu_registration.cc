@@ -2,7 +2,6 @@
 
 #include "common/error.h"
 #include "cuda/cuda_memory.h"
-#include "transport/rdma/verbs_api.h"
 #include "transport/transport.h"
 
 namespace rdmaxfer {
@@ -16,16 +15,16 @@ std::shared_ptr<MemoryRegion> register_gpu_memory(Transport& transport, uint64_t
   }
   uint8_t* ptr = reinterpret_cast<uint8_t*>(addr);
   if (method == "cuda_ipc") {
-    // The shm transport exports the allocation for CUDA IPC (transport/shm/cuda_ipc.h); as
-    // an automatic engine's companion, into its owner's domain.
-    if (transport.capabilities().kind != TransportKind::kShm) {
+    // A same-host transport exports the allocation for CUDA IPC; as an automatic engine's
+    // companion, into its owner's domain.
+    if (!transport.capabilities().device_ipc) {
       throw Error(ErrorKind::kUnsupported,
                   "GPU registration by CUDA IPC needs an engine with transport='shm' or "
                   "transport='auto' (over TCP, with same-host peers on shm)");
     }
     return transport.domain().register_device_memory(ptr, length, access, -1, 0, &transport);
   }
-  if (transport.capabilities().kind != TransportKind::kRdma) {
+  if (!transport.capabilities().gpu_direct) {
     // No NIC: refuse before touching the memory (the transport refuses device regions).
     return transport.domain().register_device_memory(ptr, length, access, -1, 0);
   }
@@ -39,16 +38,6 @@ std::shared_ptr<MemoryRegion> register_gpu_memory(Transport& transport, uint64_t
   // MR holds its own reference to the dmabuf; our fd is closed on return.
   DmabufFd fd(ctx, addr, length);
   return transport.domain().register_device_memory(ptr, length, access, fd.fd(), fd.offset());
-}
-
-std::string verbs_dmabuf_unavailable() {
-  std::string why;
-  const VerbsApi* api = verbs_api(&why);
-  if (api == nullptr) return why;
-  if (api->reg_dmabuf_mr == nullptr) {
-    return "libibverbs.so.1 lacks ibv_reg_dmabuf_mr@IBVERBS_1.12 (rdma-core >= 34 has it)";
-  }
-  return "";
 }
 
 }  // namespace rdmaxfer

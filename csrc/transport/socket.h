@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "common/deadline.h"
@@ -12,6 +13,8 @@
 namespace rdmaxfer {
 
 // Options of the sockets a transport opens (bootstrap and data streams).
+class TlsContext;
+
 struct SocketOptions {
   // SO_SNDBUF/SO_RCVBUF in bytes; 0 keeps the kernel's autotuning (net.ipv4.tcp_rmem/wmem).
   int buffer_bytes = 0;
@@ -19,6 +22,8 @@ struct SocketOptions {
   std::string secret;
   // connect_tcp: retry a refused connection (nothing listens yet) until the deadline.
   bool retry_refused = true;
+  // TLS on every stream (transport/tls.h); null = plain.
+  std::shared_ptr<const TlsContext> tls;
 };
 
 // Listening socket bound to host:port (port 0 picks a free one). SO_REUSEADDR, non-blocking.

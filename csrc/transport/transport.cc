@@ -2,6 +2,7 @@
 
 #include "common/deadline.h"
 #include "common/error.h"
+#include "core/transport_ids.h"
 
 namespace rdmaxfer {
 
@@ -38,7 +39,7 @@ std::shared_ptr<Channel> Transport::counted_connect(
   conn->count_retries(retries);
   if (log::enabled(log::Level::kDebug)) {
     log::write(log::Level::kDebug, std::string("endpoint connected over ") +
-                                       transport_kind_name(capabilities().kind) + ": " +
+                                       capabilities().name + ": " +
                                        conn->describe() + ", after " +
                                        std::to_string(retries) + " retried attempt(s)");
   }
@@ -56,7 +57,7 @@ void Transport::log_accepted(const Channel& conn) const {
   }
   if (log::enabled(log::Level::kDebug)) {
     log::write(log::Level::kDebug, std::string("endpoint accepted over ") +
-                                       transport_kind_name(capabilities().kind) + ": " +
+                                       capabilities().name + ": " +
                                        conn.describe());
   }
 }
@@ -96,9 +97,19 @@ std::string Transport::accept_timeout_text(double timeout_s, uint16_t port) cons
 std::shared_ptr<MemoryRegion> Transport::make_device_region(uint8_t*, uint64_t, uint32_t, int,
                                                             uint64_t) {
   throw Error(ErrorKind::kUnsupported,
-              std::string("the ") + transport_kind_name(capabilities().kind) +
+              std::string("the ") + capabilities().name +
                   " transport moves bytes with the CPU and cannot register GPU memory; device "
                   "memory goes through staging (host bounce buffers)");
+}
+
+void Channel::check_peer_engine(const Descriptor& remote, const char* what) const {
+  if (peer_engine_ == 0 || remote.engine_id == peer_engine_) return;
+  throw Error(ErrorKind::kInvalidArgument,
+              std::string(what) + ": the descriptor was made by the " +
+                  transport_id_name(remote.transport) + " engine " +
+                  engine_id_text(remote.engine_id) + ", but this endpoint connects to the engine " +
+                  engine_id_text(peer_engine_) + " at " +
+                  peer() + "; use a descriptor that engine made (its region.descriptor())");
 }
 
 std::string Channel::describe() const {
@@ -115,7 +126,7 @@ void Transport::attach_protocol(const std::shared_ptr<Channel>& channel) const {
 
 Descriptor Transport::describe_region(const MemoryRegion& region) const {
   Descriptor d;
-  d.transport = capabilities().kind;
+  d.transport = capabilities().wire_id;
   d.access = region.access() & kAccessRemoteMask;
   d.addr = reinterpret_cast<uint64_t>(region.addr());
   d.length = region.length();

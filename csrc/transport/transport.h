@@ -31,12 +31,25 @@ namespace rdmaxfer {
 // or a timeout at WARNING, anything else (transport or protocol error) at ERROR.
 log::Level connection_end_level(ErrorKind kind);
 
+// What a transport declares about itself. Every choice that differs between transports (the
+// descriptor's and hello's id, automatic selection, the same-host companion, how GPU memory
+// registers or stages, what info/doctor list) is made from these, never from a name.
 struct Capabilities {
-  TransportKind kind = TransportKind::kTcp;
-  bool one_sided = true;         // WRITE/READ into a peer's registered memory
-  bool write_with_imm = false;   // WRITE that also notifies the target in hardware
-  bool gpu_direct = false;       // registers device memory directly
-  uint64_t max_message = 0;      // largest single transfer in bytes (0: unlimited)
+  std::string name;            // what Engine(transport=...) takes ("tcp")
+  uint8_t wire_id = 0;         // in descriptors and hellos (core/transport_ids.h); never reused
+  bool listed = true;          // offered to users (available_transports); false: internal
+  bool network = true;         // reaches other hosts; false: processes on this host only
+  int auto_rank = 0;           // transport="auto" takes the usable network transport of highest
+                               // rank; 0: never picked automatically
+  bool same_host_companion = false;  // serves a network transport's registrations for
+                                     // same-host peers (transport="auto", engine/wireup.h)
+  bool bootstrap = true;       // connections start with the socket bootstrap's Hello
+  bool one_sided = true;       // WRITE/READ into a peer's registered memory
+  bool write_with_imm = false; // WRITE that also notifies the target in hardware
+  bool gpu_direct = false;     // the NIC reads and writes device memory (dmabuf or peermem MRs)
+  bool device_ipc = false;     // exports device memory to same-host peers (CUDA IPC)
+  bool rails = false;          // runs on named devices, one per rail (Transport::rails)
+  uint64_t max_message = 0;    // largest single transfer in bytes (0: unlimited)
 };
 
 // Makes the events target (the protocol) of a new channel, before the channel starts.
@@ -71,6 +84,9 @@ class Transport : public RegistrationBackend {
   // Levels of what the transport holds now, by name (Engine.stats adds them to its counters):
   // on verbs the receive buffers posted and allocated; none elsewhere.
   virtual std::vector<std::pair<std::string, uint64_t>> gauges() const { return {}; }
+  // Why this engine's transport does not register GPU memory with its NIC although its kind
+  // may (ofi: the provider granted no FI_HMEM); "" where capabilities() say why (gpu_direct).
+  virtual std::string gpu_direct_off() const { return ""; }
 
   // Every registration of this transport (register, alloc_pinned, device memory, deregister).
   MemoryDomain& domain() { return owner_ != nullptr ? owner_->domain() : domain_; }

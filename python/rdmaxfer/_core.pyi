@@ -19,6 +19,40 @@ ACCESS_LOCAL_WRITE: int  # local operations may write the region (READ/RECV dest
 def available_transports() -> dict[str, str]:
     """Transport name -> "" when usable here, else the reason it is not."""
 
+def transports() -> dict[str, dict[str, Any]]:
+    """Every transport of this build by name: its declared capabilities (``name``,
+    ``wire_id``, ``listed``, ``network``, ``auto_rank``, ``same_host_companion``,
+    ``bootstrap``, ``one_sided``, ``write_with_imm``, ``gpu_direct``, ``device_ipc``, ``rails``,
+    ``max_message``) and ``unavailable`` ("" when it can run here)."""
+
+def automatic_network_transport() -> str:
+    """The network transport ``transport="auto"`` picks here (the usable one of highest
+    ``auto_rank``); UnsupportedError when none can run."""
+
+def choose_automatic(candidates: list[tuple[str, int, str]]) -> tuple[str, str]:
+    """``transport="auto"``'s rule over ``(name, auto_rank, why auto may not take it)``
+    triples ("" when it may): ``(the name taken, why)``; UnsupportedError with every refusal
+    when none may be taken."""
+
+def ofi_providers(with_emulated: bool = False) -> list[dict[str, Any]]:
+    """libfabric's FI_EP_RDM providers as the ofi transport decides them."""
+
+def ofi_decide_settings(
+    provider: str,
+    domain: str = "",
+    caps: int = 0,
+    ep_type: int = ...,
+    mr_mode: int = 0,
+    cq_data_size: int = 0,
+    mr_key_size: int = 0,
+    max_msg_size: int = 0,
+    inject_size: int = 0,
+    tx_op_flags: int = 0,
+) -> dict[str, Any]:
+    """What the ofi transport decides from an fi_info with these fields."""
+
+OFI_BITS: dict[str, int]
+
 def host_identity() -> dict[str, str | int]:
     """This process as the shm handshake announces it: ``boot_id``
     (/proc/sys/kernel/random/boot_id), ``netns`` (readlink /proc/self/ns/net), ``uid``
@@ -150,8 +184,9 @@ class Endpoint:
     def error(self) -> str: ...
     def describe(self) -> str:
         """One line: the peer, the streams/QPs and what was negotiated with the peer."""
-    def attributes(self) -> dict[str, int]:
-        """Negotiated numbers by name (verbs: path_mtu, max_rd_atomic, max_dest_rd_atomic...)."""
+    def attributes(self) -> dict[str, int | str]:
+        """Negotiated numbers by name (verbs: path_mtu, max_rd_atomic, max_dest_rd_atomic...)
+        and names (ofi: provider, fabric, domain)."""
     def stats(self) -> dict[str, int]:
         """This connection's counters by name (keys in rdmaxfer/transport/stats.py)."""
     def post_write(
@@ -268,10 +303,15 @@ class Engine:
         service_level: int = -1,
         traffic_class: int = -1,
         min_rnr_timer: int = -1,
+        settings: dict[str, str] = ...,
+        max_message_bytes: int = 0,
     ) -> None:
-        """``transport``: "tcp", "rdma" or "shm" (or "loopback": the internal in-process test
-        transport, csrc/transport/loopback/, not listed by ``rdmaxfer info``), or "auto": rdma
-        when a device is active, else tcp, plus shm for same-host peers (csrc/engine/wireup.h).
+        """``transport``: a name of :func:`transports` (listed ones, or "loopback": the
+        internal in-process test transport), or "auto": the usable network transport of
+        highest ``auto_rank``, plus the same-host companion for peers on this host
+        (csrc/engine/wireup.h). ``settings``: a transport's own settings as text by
+        "<transport>.<name>" (each transport parses and checks its own; the rdma keywords below
+        fill "rdma.*").
         ``default_streams``: TCP streams or RC QPs per connection (0: 4 on TCP, 1 on rdma).
         ``secret``: shared secret for the bootstrap's HMAC-SHA256 challenge-response ("" =
         none; see csrc/transport/auth.h).
@@ -293,6 +333,9 @@ class Engine:
     @property
     def automatic(self) -> bool: ...
     @property
+    def auto_why(self) -> str:
+        """With ``transport="auto"``, why it took its network transport; else ""."""
+    @property
     def has_shm_companion(self) -> bool:
         """With "auto": the engine has a same-host shm companion (GPU memory registered on it
         over TCP is exported for CUDA IPC)."""
@@ -305,6 +348,10 @@ class Engine:
     def notify_fd(self) -> int: ...
     def capabilities(self) -> dict[str, int | bool | str]: ...
     def describe(self) -> str: ...
+    @property
+    def gpu_direct_off(self) -> str:
+        """Why this engine's transport does not register GPU memory with its NIC although its
+        kind may (ofi: the provider granted no FI_HMEM); "" otherwise."""
     def rails(self) -> list[str]:
         """The devices of an rdma engine, in rail order ([] on other transports)."""
     def stats(self) -> dict[str, int]:

@@ -24,6 +24,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from ._option import Option
 from .errors import InvalidArgumentError
 
 __all__ = [
@@ -45,156 +46,6 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 60.0
-_OFF = ("0", "off", "no", "false")
-_ON = ("1", "on", "yes", "true")
-
-
-class Option:
-    """One setting: ``name`` (the options field, or the row's name when environment-only),
-    ``kind`` ("int", "float", "bool", "str", "choice", "names" or "secret"), ``default``,
-    ``env`` (its environment variable, or None), ``help``, ``unit`` ("" when none), an
-    inclusive range ``low``..``high`` for numbers, ``choices`` for "choice", ``field``
-    (False: environment-only) and ``read_by`` ("python" or "core": who reads the variable)."""
-
-    __slots__ = (
-        "choices", "default", "env", "field", "help", "high", "kind", "low", "name", "read_by",
-        "unit",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        name: str,
-        kind: str,
-        default: Any,
-        env: str | None,
-        help: str,
-        *,
-        unit: str = "",
-        low: float | None = None,
-        high: float | None = None,
-        choices: tuple[str, ...] = (),
-        field: bool = True,
-        read_by: str = "python",
-    ) -> None:
-        self.name, self.kind, self.default, self.env, self.help = name, kind, default, env, help
-        self.unit, self.low, self.high, self.choices = unit, low, high, choices
-        self.field, self.read_by = field, read_by
-
-    def __repr__(self) -> str:
-        return f"Option({self.name!r}, env={self.env!r}, default={self.default!r})"
-
-    def expects(self) -> str:
-        """What a valid value is, in words (used in error messages)."""
-        if self.kind == "choice":
-            return " or ".join(repr(c) for c in self.choices)
-        if self.kind in ("int", "float"):
-            what = "an integer" if self.kind == "int" else "a number"
-            low, high = (
-                (None if b is None else int(b) if self.kind == "int" else f"{b:g}")
-                for b in (self.low, self.high)
-            )
-            if low is not None and high is not None:
-                return f"{what} in {low}..{high}"
-            return f"{what} >= {low}" if low is not None else what
-        if self.kind == "bool":
-            return "True or False (in the environment: 1/0, on/off, yes/no, true/false)"
-        if self.kind == "names":
-            return "device names (a list, or a string separated by commas or spaces; 'auto')"
-        return "a string"
-
-    def check(self, value: Any, where: str) -> Any:
-        """``value`` (not None) validated and normalised for this row; ``where`` (the options
-        class, "RdmaOptions") names it in the error.
-
-        Raises:
-            InvalidArgumentError: the value's type or range is wrong; the message names the
-                option and what it must be.
-        """
-        kind = self.kind
-        ok = True
-        if kind in ("int", "float"):
-            number = (int,) if kind == "int" else (int, float)
-            ok = isinstance(value, number) and not isinstance(value, bool)
-            ok = ok and math.isfinite(value)
-            ok = ok and (self.low is None or value >= self.low)
-            ok = ok and (self.high is None or value <= self.high)
-        elif kind == "bool":
-            ok = isinstance(value, bool)
-        elif kind == "choice":
-            ok = value in self.choices
-        elif kind == "names":
-            if isinstance(value, str):
-                value = value.replace(",", " ").split()
-            ok = isinstance(value, Sequence) and len(value) > 0
-            ok = ok and all(isinstance(n, str) and n for n in value)
-            value = list(value) if ok else value
-        elif kind == "secret":
-            ok = isinstance(value, (str, bytes))
-        else:
-            ok = isinstance(value, str)
-        if not ok:
-            raise InvalidArgumentError(
-                f"{where}({self.name}={value!r}): {self.name} must be "
-                f"{self.expects()}{self._unit_words()}, or None for the default "
-                f"({self.describe_default()})"
-            )
-        return value
-
-    def parse(self, text: str) -> Any:
-        """The value of the environment text ``text`` (not empty; stripped but for a secret).
-
-        Raises:
-            InvalidArgumentError: not a valid value; the message names the variable and says
-                to fix or unset it.
-        """
-        value: Any = text
-        try:
-            if self.kind == "int":
-                value = int(text)
-            elif self.kind == "float":
-                value = float(text)
-            elif self.kind == "bool":
-                low = text.lower()
-                if low not in _ON + _OFF:
-                    raise ValueError(text)
-                value = low in _ON
-            elif self.kind == "choice":
-                value = text.lower()
-            return self.check(value, f"{self.env}")
-        except (ValueError, InvalidArgumentError):
-            raise InvalidArgumentError(
-                f"{self.env}={text!r} must be {self.expects()}{self._unit_words()} "
-                f"({self.name}, default {self.describe_default()}); fix it or unset it"
-            ) from None
-
-    def from_env(self, environ: Mapping[str, str] | None = None) -> Any:
-        """The variable's value in ``environ`` (default ``os.environ``) parsed, or None when
-        the row has no variable or it is unset or empty.
-
-        Raises:
-            InvalidArgumentError: the variable holds an invalid value.
-        """
-        if self.env is None:
-            return None
-        text = (os.environ if environ is None else environ).get(self.env, "")
-        if self.kind != "secret":  # a secret is taken as it is, spaces included
-            text = text.strip()
-        return self.parse(text) if text else None
-
-    def describe_default(self) -> str:
-        """The default in words (None: decided at run time, as the help says)."""
-        if self.default is None:
-            return "automatic"
-        if self.kind == "bool":
-            return "on" if self.default else "off"
-        return (
-            f"{self.default!r}{self._unit_words()}"
-            if self.kind != "int"
-            else (f"{self.default}{self._unit_words()}")
-        )
-
-    def _unit_words(self) -> str:
-        return f" {self.unit}" if self.unit else ""
 
 
 # -- the tables --------------------------------------------------------------------------------
@@ -203,8 +54,8 @@ class Option:
 PROCESS: tuple[Option, ...] = (
     Option("transport", "choice", "auto", "RDMAXFER_TRANSPORT",
            "the transport Engine(transport='auto') uses; 'auto': shm for same-host peers, "
-           "else rdma when a device is active, else tcp",
-           choices=("auto", "tcp", "rdma", "shm"), field=False),
+           "else rdma where a device offers RC, else ofi over a hardware RDMA provider, else tcp",
+           choices=("auto", "tcp", "rdma", "shm", "ofi"), field=False),
     Option("timeout", "float", DEFAULT_TIMEOUT_S, "RDMAXFER_TIMEOUT",
            "default timeout of every blocking call: a fixed bound for connect, accept and "
            "handshakes, an inactivity bound (no progress for that long) for transfers",
@@ -227,6 +78,9 @@ PROCESS: tuple[Option, ...] = (
     Option("cufile_library", "str", "libcufile.so.0", "RDMAXFER_CUFILE_LIBRARY",
            "the GPUDirect Storage library loaded at run time (a path or a name for dlopen)",
            field=False, read_by="core"),
+    Option("ray_host", "str", "", "RDMAXFER_RAY_HOST",
+           "the address rdmaxfer.ray listens on in each Ray process ('': Ray's address of "
+           "the node)", field=False),
 )  # fmt: skip
 
 #: Settings every transport of an engine shares.
@@ -239,6 +93,11 @@ ENGINE: tuple[Option, ...] = (
     Option("secret", "secret", "", "RDMAXFER_SECRET",
            "shared secret: every connection starts with a mutual HMAC-SHA256 "
            "challenge-response, and a peer without it is refused (both sides need it)"),
+    Option("max_message_bytes", "int", 1 << 34, "RDMAXFER_MAX_MESSAGE_BYTES",
+           "the largest two-sided message a peer may announce to this engine: a larger one "
+           "is refused (the sender's send raises ProtocolError) before anything is allocated "
+           "('rdmaxfer serve' takes 64 KiB: --max-message-bytes)",
+           unit="bytes", low=1, high=2**62),
 )  # fmt: skip
 
 #: Settings of the TCP transport.
@@ -250,6 +109,16 @@ TCP: tuple[Option, ...] = (
            unit="bytes", low=0, high=2**31 - 1),
     Option("streams", "int", 0, None,
            "parallel TCP streams per connection (0: 4)", low=0, high=64),
+    Option("tls", "bool", False, "RDMAXFER_TLS",
+           "TLS 1.3 (AES-128-GCM) on every stream of every connection, authenticated by the "
+           "shared secret as a pre-shared key or by tls_cert/tls_key/tls_ca; a peer without "
+           "it is refused (both sides need it; tcp only)"),
+    Option("tls_cert", "str", "", "RDMAXFER_TLS_CERT",
+           "with tls and no secret: this side's PEM certificate chain file"),
+    Option("tls_key", "str", "", "RDMAXFER_TLS_KEY",
+           "with tls_cert: its PEM private key file"),
+    Option("tls_ca", "str", "", "RDMAXFER_TLS_CA",
+           "with tls_cert: the PEM file of the CAs a peer's certificate must chain to"),
 )  # fmt: skip
 
 #: Settings of the shm transport.
@@ -290,6 +159,24 @@ RDMA: tuple[Option, ...] = (
            low=1, high=8192, field=False, read_by="core"),
 )  # fmt: skip
 
+#: Settings of the ofi (libfabric) transport, read from the environment when an engine opens it.
+OFI: tuple[Option, ...] = (
+    Option("provider", "str", None, "RDMAXFER_OFI_PROVIDER",
+           "the libfabric provider ('efa', 'verbs;ofi_rxm', 'tcp;ofi_rxm'; default: the "
+           "first hardware RDMA provider fi_getinfo lists; tcp, udp, sockets and shm only "
+           "when named)", field=False, read_by="core"),
+    Option("iface", "str", None, "RDMAXFER_OFI_IFACE",
+           "the libfabric domain: a NIC ('rdmap0s6-rdm', 'rxe0'), or the network interface "
+           "for the tcp provider ('lo'); default: any", field=False, read_by="core"),
+    Option("hmem", "bool", True, "RDMAXFER_OFI_HMEM",
+           "ask the provider for FI_HMEM where CUDA loads, so that GPU memory registers with "
+           "the NIC (0: never; GPU memory is then staged through host memory)",
+           field=False, read_by="core"),
+    Option("library", "str", "libfabric.so.1", "RDMAXFER_OFI_LIBRARY",
+           "the libfabric library loaded at run time (a path or a name for dlopen)",
+           field=False, read_by="core"),
+)  # fmt: skip
+
 #: Every table by its name, in the order ``rdmaxfer info --config`` lists them.
 TABLES: dict[str, tuple[Option, ...]] = {
     "process": PROCESS,
@@ -297,6 +184,7 @@ TABLES: dict[str, tuple[Option, ...]] = {
     "tcp": TCP,
     "shm": SHM,
     "rdma": RDMA,
+    "ofi": OFI,
 }
 
 _BY_ENV: dict[str, Option] = {o.env: o for t in TABLES.values() for o in t if o.env}
@@ -381,6 +269,10 @@ class EngineOptions(_Options):
         poll_mode: "adaptive", "busy" or "event" (default: ``RDMAXFER_POLL_MODE``, else
             "adaptive"); see the poll modes page.
         secret: a shared secret, str or bytes (default: ``RDMAXFER_SECRET``, else none).
+        max_message_bytes: the largest two-sided message a peer may announce, in bytes,
+            1..2**62 (default: ``RDMAXFER_MAX_MESSAGE_BYTES``, else 16 GiB); a larger one is
+            refused before anything is allocated and the sender's send raises
+            :class:`~rdmaxfer.errors.ProtocolError` naming the bound.
 
     Raises:
         InvalidArgumentError: an unknown option or a value of the wrong type or range.
@@ -389,15 +281,19 @@ class EngineOptions(_Options):
     TABLE = ENGINE
     poll_mode: str | None
     secret: str | bytes | None
+    max_message_bytes: int | None
 
     def __init__(
         self,
         *,
         poll_mode: str | None = None,
         secret: str | bytes | None = None,
+        max_message_bytes: int | None = None,
         **unknown: object,
     ) -> None:
-        super().__init__(poll_mode=poll_mode, secret=secret, **unknown)
+        super().__init__(
+            poll_mode=poll_mode, secret=secret, max_message_bytes=max_message_bytes, **unknown
+        )
 
 
 class TcpOptions(_Options):
@@ -407,6 +303,11 @@ class TcpOptions(_Options):
         io_threads: I/O threads, 0..64 (default 0: min(2, cores)).
         socket_buffer: SO_SNDBUF/SO_RCVBUF in bytes (default 0: the kernel's autotuning).
         streams: parallel streams per connection, 0..64 (default 0: 4).
+        tls: TLS 1.3 on every stream (default: ``RDMAXFER_TLS``, else off); both sides need
+            it, with the same secret (the pre-shared key) or with certificates.
+        tls_cert, tls_key, tls_ca: PEM files: this side's certificate chain, its private key,
+            and the CAs a peer's certificate must chain to (default: ``RDMAXFER_TLS_CERT``,
+            ``_KEY``, ``_CA``); for TLS without a secret.
 
     Raises:
         InvalidArgumentError: a value of the wrong type or out of range.
@@ -417,6 +318,10 @@ class TcpOptions(_Options):
     io_threads: int | None
     socket_buffer: int | None
     streams: int | None
+    tls: bool | None
+    tls_cert: str | None
+    tls_key: str | None
+    tls_ca: str | None
 
     def __init__(
         self,
@@ -424,11 +329,16 @@ class TcpOptions(_Options):
         io_threads: int | None = None,
         socket_buffer: int | None = None,
         streams: int | None = None,
+        tls: bool | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_ca: str | None = None,
         **unknown: object,
     ) -> None:
         super().__init__(
-            io_threads=io_threads, socket_buffer=socket_buffer, streams=streams, **unknown
-        )
+            io_threads=io_threads, socket_buffer=socket_buffer, streams=streams, tls=tls,
+            tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, **unknown
+        )  # fmt: skip
 
 
 class ShmOptions(_Options):

@@ -131,6 +131,7 @@ def main() -> None:
         mtu,
         _port,
         _gidx,
+        extra_rails,
         peer_gid,
         _max_msg,
         peer_ctrl_size,
@@ -139,9 +140,13 @@ def main() -> None:
         peer_initiator,
         _engine2,
         _res,
-    ) = struct.unpack("<4sHBBHBBB3x16sIIIBB2xQQ", head)
+    ) = struct.unpack("<4sHBBHBBBB2x16sIIIBB2xQQ", head)
     assert magic == b"RXEP" and version == 2 and link == 2 and n_qps == 1, head
-    peer_qpn, peer_psn = struct.unpack("<II", recv_exact(sock, 8))
+    qp_word, psn_word = struct.unpack("<II", recv_exact(sock, 8))
+    # The QP's rail (bits 24-31) is one of rdmaxfer's that reaches ours; its other rails'
+    # records (32 bytes each) follow the QP list.
+    peer_qpn, peer_psn = qp_word & 0xFFFFFF, psn_word & 0xFFFFFF
+    recv_exact(sock, 32 * extra_rails)
 
     attr = QPAttr(port_num=1)
     attr.path_mtu = min(mtu, port_attr.active_mtu)
@@ -173,7 +178,13 @@ def main() -> None:
     wr.set_wr_rdma(rkey, raddr)
     qp.post_send(wr)
     poll_one(cq, "RDMA WRITE into rdmaxfer")
-    emit(step="wrote", hex=payload.hex(), mr_addr=data_mr.buf, mr_rkey=data_mr.rkey)
+    emit(
+        step="wrote",
+        hex=payload.hex(),
+        mr_addr=data_mr.buf,
+        mr_rkey=data_mr.rkey,
+        engine_id=ENGINE_ID,
+    )
 
     # 2. rdmaxfer WRITEs into data_mr; the test tells us what to expect.
     cmd = json.loads(sys.stdin.readline())

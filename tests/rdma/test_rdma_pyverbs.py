@@ -116,6 +116,8 @@ def test_pyverbs_peer_interop(rng: np.random.Generator) -> None:
             packed[8:16] = int(wrote["mr_addr"]).to_bytes(8, "little")  # type: ignore[call-overload]
             packed[16:24] = length.to_bytes(8, "little")
             packed[24:28] = int(wrote["mr_rkey"]).to_bytes(4, "little")  # type: ignore[call-overload]
+            # ... of the peer's engine (its Hello's id): an endpoint takes only its peer's.
+            packed[32:40] = int(wrote["engine_id"]).to_bytes(8, "little")  # type: ignore[call-overload]
             theirs = _core.Descriptor.unpack(bytes(packed))
             src = engine.alloc_pinned(length, 0)
             data = random_bytes(rng, length)

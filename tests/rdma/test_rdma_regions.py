@@ -8,9 +8,19 @@ import time
 import numpy as np
 import pytest
 
+from rdmaxfer import Engine
 from rdmaxfer.errors import InvalidArgumentError, RemoteAccessError
 
-from .rdma_helpers import RW, WAIT_S, RdmaPair, api_pair, random_bytes, region_array, wait_ok
+from .rdma_helpers import (
+    RW,
+    WAIT_S,
+    RdmaPair,
+    api_pair,
+    rails,
+    random_bytes,
+    region_array,
+    wait_ok,
+)
 
 pytestmark = pytest.mark.rdma
 
@@ -61,6 +71,28 @@ def test_out_of_bounds_is_refused_before_posting(
     assert not rdma_pair.a.closed and not rdma_pair.b.closed
     wait_ok(rdma_pair.a.post_write(src, 0, desc, 0, 8192, 1024))  # the same endpoint works
     np.testing.assert_array_equal(region_array(dst), region_array(src)[:8192])
+
+
+def test_a_descriptor_of_another_engine_is_refused(rng: np.random.Generator) -> None:
+    """A descriptor of an engine other than the endpoint's peer is refused before anything is
+    posted, naming both engines; the endpoint then works with the peer's own descriptor."""
+    with api_pair() as (server, _, ep, _), Engine("rdma", rdma_devices=rails(1)) as other:
+        target = np.zeros(4096, np.uint8)
+        ours = server.register(target, access="rw").descriptor()
+        theirs = other.register(np.zeros(4096, np.uint8), access="rw").descriptor()
+        data = random_bytes(rng, 4096)
+        for attempt in (
+            lambda: ep.write(data, theirs, timeout=WAIT_S),
+            lambda: ep.read(np.zeros(4096, np.uint8), theirs, timeout=WAIT_S),
+        ):
+            with pytest.raises(InvalidArgumentError) as caught:
+                attempt()
+            message = str(caught.value)
+            assert f"rdma engine {other.engine_id:016x}" in message
+            assert f"connects to the engine {server.engine_id:016x}" in message
+        assert not target.any()
+        ep.write(data, ours, timeout=WAIT_S)
+        np.testing.assert_array_equal(target, data)
 
 
 def test_repeated_writes_reuse_one_temporary_mr(rng: np.random.Generator) -> None:

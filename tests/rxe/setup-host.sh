@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what tests/rxe/run-in-vm.sh needs on a Debian 12 (bookworm) x86_64 host, as root:
-# QEMU, Debian's stock kernel (it ships rdma_rxe), rdma-core/perftest/pyverbs, and
+# QEMU, Debian's stock kernel (it ships rdma_rxe), rdma-core/perftest/pyverbs, libfabric (the ofi
+# transport's tests, host and guest; fi_info/fi_pingpong for bench/ofi_bench.py), and
 # virtme-ng in its own venv. Idempotent: when everything is present it returns in about a second.
 #
 #   tests/rxe/setup-host.sh            # install what is missing
@@ -13,7 +14,7 @@ VNG_VERSION=1.42
 PKGS=(
     qemu-system-x86 busybox-static kmod iproute2 udev util-linux procps
     rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev
-    perftest rdmacm-utils python3-pyverbs python3-venv
+    perftest rdmacm-utils python3-pyverbs python3-venv libfabric1 libfabric-bin
     linux-image-amd64
 )
 

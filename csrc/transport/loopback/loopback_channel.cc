@@ -10,7 +10,7 @@
 namespace rdmaxfer {
 
 LoopbackChannel::LoopbackChannel(LoopbackTransport& transport, int lanes, std::string peer)
-    : Channel(transport.stats()),
+    : OneSidedChannel(transport.stats()),
       transport_(transport),
       lanes_(lanes),
       peer_name_(std::move(peer)),
@@ -30,17 +30,14 @@ ChannelLimits LoopbackChannel::limits() const {
 
 void LoopbackChannel::check_open() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) {
-    throw Error(ErrorKind::kClosed, "endpoint to " + peer_name_ + " is closed (" + error_ +
-                                        "); connect again to open a new endpoint");
-  }
+  state_.check_open(peer_name_);
 }
 
 void LoopbackChannel::to_peer(std::function<void(LoopbackChannel&)> fn) {
   std::shared_ptr<LoopbackChannel> peer = peer_.lock();
   if (!peer) return;
   std::lock_guard<std::mutex> lock(peer->mu_);
-  if (peer->closed_) return;
+  if (peer->state_.closed()) return;
   std::weak_ptr<LoopbackChannel> weak = peer;
   peer->transport_.deliver([weak, fn = std::move(fn)] {
     if (auto p = weak.lock()) {
@@ -53,24 +50,19 @@ void LoopbackChannel::to_peer(std::function<void(LoopbackChannel&)> fn) {
   });
 }
 
-RequestPtr LoopbackChannel::one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
+void LoopbackChannel::start_one_sided(OpKind op, const RequestPtr& req,
+                                      const std::shared_ptr<MemoryRegion>& local,
                                       uint64_t local_offset, const Descriptor& remote,
-                                      uint64_t remote_offset, uint64_t length) {
+                                      uint64_t remote_offset, uint64_t length,
+                                      const TransferOptions& /*options*/) {
   const bool write = op == OpKind::kWrite;
-  const char* what = write ? "WRITE" : "READ";
-  check_local_range(local, local_offset, length, what,
-                    write ? LocalUse::kSource : LocalUse::kDestination);
-  check_remote_range(remote, remote_offset, length, what);
-  check_open();
-  RequestPtr req = new_request(op, length);
-  count_when_terminal(req, write ? "write" : "read");
   std::shared_ptr<LoopbackChannel> peer = peer_.lock();
   bool open = false;
   AccessStatus status = AccessStatus::kOk;
   RegionUse use;
   if (peer) {
     std::lock_guard<std::mutex> lock(peer->mu_);
-    open = !peer->closed_;
+    open = !peer->state_.closed();
     if (open) {
       status = peer->transport_.domain().regions().acquire(
           remote.key, remote.addr + remote_offset, length,
@@ -79,14 +71,14 @@ RequestPtr LoopbackChannel::one_sided(OpKind op, const std::shared_ptr<MemoryReg
   }
   if (!open) {
     req->fail(ErrorKind::kConnection, "connection to " + peer_name_ + " is closed");
-    return req;
+    return;
   }
   if (status != AccessStatus::kOk) {
     req->fail(ErrorKind::kRemoteAccess,
               "peer " + peer_name_ + " refused access to " + std::to_string(length) +
                   " bytes: " + access_status_text(status) +
                   " (check the descriptor, remote_offset and length)");
-    return req;
+    return;
   }
   auto* remote_bytes = reinterpret_cast<uint8_t*>(remote.addr + remote_offset);
   uint8_t* local_bytes = local->addr() + local_offset;
@@ -95,21 +87,6 @@ RequestPtr LoopbackChannel::one_sided(OpKind op, const std::shared_ptr<MemoryReg
   }
   stats_->add_lane(0, length);
   req->complete();
-  return req;
-}
-
-RequestPtr LoopbackChannel::post_write(const std::shared_ptr<MemoryRegion>& local,
-                                       uint64_t local_offset, const Descriptor& remote,
-                                       uint64_t remote_offset, uint64_t length,
-                                       const TransferOptions& /*options*/) {
-  return one_sided(OpKind::kWrite, local, local_offset, remote, remote_offset, length);
-}
-
-RequestPtr LoopbackChannel::post_read(const std::shared_ptr<MemoryRegion>& local,
-                                      uint64_t local_offset, const Descriptor& remote,
-                                      uint64_t remote_offset, uint64_t length,
-                                      const TransferOptions& /*options*/) {
-  return one_sided(OpKind::kRead, local, local_offset, remote, remote_offset, length);
 }
 
 void LoopbackChannel::send_ctrl(const CtrlMessage& message, CtrlPayload payload) {
@@ -140,27 +117,23 @@ void LoopbackChannel::send_ctrl(const CtrlMessage& message, CtrlPayload payload)
 }
 
 Grant LoopbackChannel::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                             uint64_t length, uint32_t value, const RequestPtr& /*progress*/) {
+                             uint64_t length, uint32_t value, const RequestPtr& progress) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) throw Error(ErrorKind::kClosed, "endpoint to " + peer_name_ + " is closed");
-  uint32_t key = next_grant_++;
-  while (key == 0 || grants_.count(key) != 0) key = next_grant_++;
-  uint8_t* base = local->addr() + offset;
-  grants_[key] = GrantEntry{local, base, length, value};
-  return Grant{key, reinterpret_cast<uint64_t>(base), key};
+  state_.check_open(peer_name_);
+  return grants_.add(local, offset, length, value, progress);
 }
 
 void LoopbackChannel::release_grant(uint64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  grants_.erase(static_cast<uint32_t>(id));
+  grants_.release(id);
 }
 
 bool LoopbackChannel::land(uint32_t key, uint64_t addr, uint32_t value, const uint8_t* data,
                            uint64_t length) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = grants_.find(key);
-  if (it == grants_.end()) return false;
-  const GrantEntry& g = it->second;
+  const GrantEntry* found = grants_.find(key);
+  if (found == nullptr) return false;
+  const GrantEntry& g = *found;
   if (addr != reinterpret_cast<uint64_t>(g.base) || length != g.length || value != g.value) {
     return false;
   }
@@ -199,9 +172,7 @@ void LoopbackChannel::abort(ErrorKind kind, const std::string& reason) {
 void LoopbackChannel::shut(ErrorKind kind, const std::string& reason, bool tell_peer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return;
-    closed_ = true;
-    error_ = reason;
+    if (!state_.close(reason)) return;
     grants_.clear();
   }
   if (tell_peer) {
@@ -214,12 +185,12 @@ void LoopbackChannel::shut(ErrorKind kind, const std::string& reason, bool tell_
 
 bool LoopbackChannel::is_closed() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return closed_;
+  return state_.closed();
 }
 
 std::string LoopbackChannel::error() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return error_;
+  return state_.reason();
 }
 
 }  // namespace rdmaxfer

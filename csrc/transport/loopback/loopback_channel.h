@@ -9,22 +9,20 @@
 #include <unordered_map>
 
 #include "transport/channel.h"
+#include "transport/closed_state.h"
+#include "transport/one_sided_channel.h"
+#include "transport/grant_table.h"
 
 namespace rdmaxfer {
 
 class LoopbackTransport;
 
-class LoopbackChannel : public Channel, public std::enable_shared_from_this<LoopbackChannel> {
+class LoopbackChannel : public OneSidedChannel,
+                        public std::enable_shared_from_this<LoopbackChannel> {
  public:
   LoopbackChannel(LoopbackTransport& transport, int lanes, std::string peer);
   void pair(const std::shared_ptr<LoopbackChannel>& peer) { peer_ = peer; }
 
-  RequestPtr post_write(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
-                        const Descriptor& remote, uint64_t remote_offset, uint64_t length,
-                        const TransferOptions& options) override;
-  RequestPtr post_read(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
-                       const Descriptor& remote, uint64_t remote_offset, uint64_t length,
-                       const TransferOptions& options) override;
   void send_ctrl(const CtrlMessage& message, CtrlPayload payload) override;
   Grant grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset, uint64_t length,
               uint32_t value, const RequestPtr& progress) override;
@@ -47,19 +45,14 @@ class LoopbackChannel : public Channel, public std::enable_shared_from_this<Loop
   static constexpr uint32_t kCreditWindow = 4;
 
  private:
-  struct GrantEntry {
-    std::shared_ptr<MemoryRegion> region;
-    uint8_t* base = nullptr;
-    uint64_t length = 0;
-    uint32_t value = 0;
-  };
   // Copies into this side's grant `key` for the peer; false when the write is outside it.
   bool land(uint32_t key, uint64_t addr, uint32_t value, const uint8_t* data, uint64_t length);
   // Runs `fn(peer)` on the peer's delivery thread, if the peer is still there.
   void to_peer(std::function<void(LoopbackChannel&)> fn);
-  RequestPtr one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
-                       uint64_t local_offset, const Descriptor& remote, uint64_t remote_offset,
-                       uint64_t length);
+  void start_one_sided(OpKind op, const RequestPtr& req,
+                       const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
+                       const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                       const TransferOptions& options) override;
   void shut(ErrorKind kind, const std::string& reason, bool tell_peer);
 
   LoopbackTransport& transport_;
@@ -67,10 +60,8 @@ class LoopbackChannel : public Channel, public std::enable_shared_from_this<Loop
   const std::string peer_name_;
   std::weak_ptr<LoopbackChannel> peer_;
   mutable std::mutex mu_;
-  bool closed_ = false;
-  std::string error_;
-  std::unordered_map<uint32_t, GrantEntry> grants_;
-  uint32_t next_grant_ = 1;
+  ClosedState state_;
+  GrantTable grants_;
   // RDMAXFER_LOOPBACK_SWAP_CTS=1 (tests only): the first windowed CTS of each message is held
   // and delivered after the message's second, as a receiver granting from two threads may send
   // them. A message granted in one window then never gets its CTS.

@@ -23,9 +23,13 @@ LoopbackTransport::LoopbackTransport(uint64_t engine_id)
 
 LoopbackTransport::~LoopbackTransport() { shutdown(); }
 
-Capabilities LoopbackTransport::capabilities() const {
+Capabilities LoopbackTransport::declared() {
   Capabilities c;
-  c.kind = TransportKind::kLoopback;
+  c.name = "loopback";
+  c.wire_id = 3;
+  c.listed = false;  // tests only
+  c.network = false;
+  c.bootstrap = false;
   c.one_sided = true;
   return c;
 }
@@ -104,6 +108,8 @@ std::shared_ptr<Channel> LoopbackTransport::connect(const std::string& host, uin
   auto theirs = listener.make_channel(lanes, "loopback:client");
   ours->pair(theirs);
   theirs->pair(ours);
+  ours->set_peer_engine(listener.engine_id());
+  theirs->set_peer_engine(engine_id());
   std::lock_guard<std::mutex> lock(listener.mu_);
   listener.accepted_.push_back(theirs);
   listener.cv_.notify_all();

@@ -35,7 +35,8 @@ class LoopbackTransport : public Transport {
   explicit LoopbackTransport(uint64_t engine_id);
   ~LoopbackTransport() override;
 
-  Capabilities capabilities() const override;
+  static Capabilities declared();
+  Capabilities capabilities() const override { return declared(); }
   std::string describe() const override;
   uint16_t listen(const std::string& host, uint16_t port) override;
   std::shared_ptr<Channel> accept(double timeout_s) override;

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "common/bytes.h"
+#include "common/le_codec.h"
 #include "common/error.h"
 
 namespace rdmaxfer {
@@ -40,17 +40,17 @@ CtrlMessage CtrlHeader::message(const uint8_t* body) const {
 }
 
 void CtrlHeader::encode(uint8_t* out) const {
-  std::memset(out, 0, kSize);
-  store_le<uint16_t>(out, kControlMagic);
-  out[2] = kVersion;
-  out[3] = static_cast<uint8_t>(type);
-  store_le<uint32_t>(out + 4, meta_len);
-  store_le<uint64_t>(out + 8, msg_id);
-  store_le<uint64_t>(out + 16, size);
-  store_le<uint64_t>(out + 24, addr);
-  store_le<uint32_t>(out + 32, rkey);
-  store_le<uint32_t>(out + 36, payload_len);
-  store_le<uint64_t>(out + 40, (seq & kSeqMask) | static_cast<uint64_t>(grant_rail) << 48);
+  LeWriter(out, kSize)
+      .put<uint16_t>(kControlMagic)
+      .put<uint8_t>(kVersion)
+      .put<uint8_t>(static_cast<uint8_t>(type))
+      .put<uint32_t>(meta_len)
+      .put<uint64_t>(msg_id)
+      .put<uint64_t>(size)
+      .put<uint64_t>(addr)
+      .put<uint32_t>(rkey)
+      .put<uint32_t>(payload_len)
+      .put<uint64_t>((seq & kSeqMask) | static_cast<uint64_t>(grant_rail) << 48);
 }
 
 CtrlHeader CtrlHeader::decode(const uint8_t* in, size_t available) {
@@ -58,21 +58,24 @@ CtrlHeader CtrlHeader::decode(const uint8_t* in, size_t available) {
     throw Error(ErrorKind::kProtocol, "invalid control message from the peer: " + what);
   };
   if (available < kSize) bad("only " + std::to_string(available) + " bytes");
-  if (load_le<uint16_t>(in) != kControlMagic) bad("bad magic");
-  if (in[2] != kVersion) bad("unsupported version " + std::to_string(in[2]));
+  LeReader r(in, kSize);
+  if (r.get<uint16_t>() != kControlMagic) bad("bad magic");
+  const uint8_t version = r.get<uint8_t>();
+  if (version != kVersion) bad("unsupported version " + std::to_string(version));
   CtrlHeader h;
-  if ((in[3] < 1 || in[3] > static_cast<uint8_t>(CtrlType::kAbort)) &&
-      in[3] != static_cast<uint8_t>(kCtrlRailDown)) {
-    bad("unknown type " + std::to_string(in[3]));
+  const uint8_t type = r.get<uint8_t>();
+  if ((type < 1 || type > static_cast<uint8_t>(CtrlType::kAbort)) &&
+      type != static_cast<uint8_t>(kCtrlRailDown)) {
+    bad("unknown type " + std::to_string(type));
   }
-  h.type = static_cast<CtrlType>(in[3]);
-  h.meta_len = load_le<uint32_t>(in + 4);
-  h.msg_id = load_le<uint64_t>(in + 8);
-  h.size = load_le<uint64_t>(in + 16);
-  h.addr = load_le<uint64_t>(in + 24);
-  h.rkey = load_le<uint32_t>(in + 32);
-  h.payload_len = load_le<uint32_t>(in + 36);
-  const uint64_t tail = load_le<uint64_t>(in + 40);
+  h.type = static_cast<CtrlType>(type);
+  h.meta_len = r.get<uint32_t>();
+  h.msg_id = r.get<uint64_t>();
+  h.size = r.get<uint64_t>();
+  h.addr = r.get<uint64_t>();
+  h.rkey = r.get<uint32_t>();
+  h.payload_len = r.get<uint32_t>();
+  const uint64_t tail = r.get<uint64_t>();
   h.seq = tail & kSeqMask;
   h.grant_rail = static_cast<uint8_t>(tail >> 48);
   if (static_cast<uint64_t>(h.meta_len) + h.payload_len > available - kSize) {

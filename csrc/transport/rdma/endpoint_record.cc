@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common/bytes.h"
+#include "common/le_codec.h"
 #include "common/error.h"
 
 namespace rdmaxfer {
@@ -57,58 +57,62 @@ bool rails_reach(const EndpointRecord::Rail& a, const EndpointRecord::Rail& b) {
 std::string EndpointRecord::pack() const {
   const int n_rails = static_cast<int>(rails.size());
   std::string out(size_for(static_cast<int>(qps.size()), n_rails), '\0');
-  auto* p = reinterpret_cast<uint8_t*>(out.data());
   const Rail& r0 = rails.at(0);
-  std::memcpy(p, kPeerRecordMagic, 4);
-  store_le<uint16_t>(p + 4, kVersion);
-  p[6] = r0.link_layer;
-  p[7] = static_cast<uint8_t>(qps.size());
-  store_le<uint16_t>(p + 8, r0.lid);
-  p[10] = r0.active_mtu;
-  p[11] = r0.port;
-  p[12] = r0.gid_index;
-  p[13] = static_cast<uint8_t>(n_rails - 1);
-  p[14] = r0.prefix_len;
-  std::memcpy(p + 16, r0.gid, 16);
-  store_le<uint32_t>(p + 32, max_message);
-  store_le<uint32_t>(p + 36, ctrl_size);
-  store_le<uint32_t>(p + 40, ctrl_depth);
-  p[44] = responder_resources;
-  p[45] = initiator_depth;
-  store_le<uint64_t>(p + 48, engine_id);
-  store_le<uint32_t>(p + 56, r0.speed_mbps);
-  uint8_t* q = p + kHeaderSize;
+  LeWriter w(reinterpret_cast<uint8_t*>(out.data()), out.size());
+  w.bytes(kPeerRecordMagic, 4)
+      .put<uint16_t>(kVersion)
+      .put<uint8_t>(r0.link_layer)
+      .put<uint8_t>(static_cast<uint8_t>(qps.size()))
+      .put<uint16_t>(r0.lid)
+      .put<uint8_t>(r0.active_mtu)
+      .put<uint8_t>(r0.port)
+      .put<uint8_t>(r0.gid_index)
+      .put<uint8_t>(static_cast<uint8_t>(n_rails - 1))
+      .put<uint8_t>(r0.prefix_len)
+      .skip(1)
+      .bytes(r0.gid, 16)
+      .put<uint32_t>(max_message)
+      .put<uint32_t>(ctrl_size)
+      .put<uint32_t>(ctrl_depth)
+      .put<uint8_t>(responder_resources)
+      .put<uint8_t>(initiator_depth)
+      .skip(2)
+      .put<uint64_t>(engine_id)
+      .put<uint32_t>(r0.speed_mbps)
+      .skip(4);
   for (const Qp& qp : qps) {
-    store_le<uint32_t>(q, qp.qpn | static_cast<uint32_t>(qp.rail) << 24);
-    store_le<uint32_t>(q + 4, qp.psn | static_cast<uint32_t>(qp.peer_rail) << 24);
-    q += 8;
+    w.put<uint32_t>(qp.qpn | static_cast<uint32_t>(qp.rail) << 24)
+        .put<uint32_t>(qp.psn | static_cast<uint32_t>(qp.peer_rail) << 24);
   }
-  for (size_t i = 1; i < rails.size(); ++i, q += kRailSize) {
+  for (size_t i = 1; i < rails.size(); ++i) {
     const Rail& r = rails[i];
-    q[0] = r.link_layer;
-    q[1] = r.active_mtu;
-    q[2] = r.port;
-    q[3] = r.gid_index;
-    store_le<uint16_t>(q + 4, r.lid);
-    q[6] = r.prefix_len;
-    store_le<uint32_t>(q + 8, r.speed_mbps);
-    std::memcpy(q + 16, r.gid, 16);
+    w.put<uint8_t>(r.link_layer)
+        .put<uint8_t>(r.active_mtu)
+        .put<uint8_t>(r.port)
+        .put<uint8_t>(r.gid_index)
+        .put<uint16_t>(r.lid)
+        .put<uint8_t>(r.prefix_len)
+        .skip(1)
+        .put<uint32_t>(r.speed_mbps)
+        .skip(4)
+        .bytes(r.gid, 16);
   }
   return out;
 }
 
 size_t EndpointRecord::peek_size(const uint8_t* in) {
-  if (std::memcmp(in, kPeerRecordMagic, 4) != 0) bad("bad magic (not an rdmaxfer verbs peer)");
-  const uint16_t version = load_le<uint16_t>(in + 4);
+  LeReader r(in, kHeaderSize);
+  if (!r.matches(kPeerRecordMagic, 4)) bad("bad magic (not an rdmaxfer verbs peer)");
+  const uint16_t version = r.get<uint16_t>();
   if (version != kVersion) {
     bad("unsupported version " + std::to_string(version) + " (this build speaks version " +
         std::to_string(kVersion) + "; use the same rdmaxfer release on both peers)");
   }
-  const int n = in[7];  // 0: an acceptor none of whose rails reaches the connector's
+  const int n = r.skip(1).get<uint8_t>();  // 0: an acceptor none of whose rails reaches ours
   if (n > kMaxQps) {
     bad("QP count " + std::to_string(n) + " outside 0.." + std::to_string(kMaxQps));
   }
-  const int rails = in[13] + 1;
+  const int rails = r.skip(5).get<uint8_t>() + 1;
   if (rails > kMaxRails) {
     bad("rail count " + std::to_string(rails) + " outside 1.." + std::to_string(kMaxRails));
   }
@@ -118,34 +122,34 @@ size_t EndpointRecord::peek_size(const uint8_t* in) {
 EndpointRecord EndpointRecord::unpack(const uint8_t* in, size_t size) {
   if (size < kHeaderSize) bad("only " + std::to_string(size) + " bytes");
   if (size != peek_size(in)) bad("size " + std::to_string(size) + " does not match its counts");
-  const int n = in[7];
-  const int n_rails = in[13] + 1;
+  LeReader p(in, size);
+  p.skip(6);  // magic and version: peek_size checked them
   EndpointRecord r;
   Rail r0;
-  r0.link_layer = in[6];
-  r0.lid = load_le<uint16_t>(in + 8);
-  r0.active_mtu = in[10];
-  r0.port = in[11];
-  r0.gid_index = in[12];
-  r0.prefix_len = in[14];
-  for (int i : {15, 46, 47}) {
-    if (in[i] != 0) bad("reserved bytes are not zero");
-  }
-  if (load_le<uint32_t>(in + 60) != 0) bad("reserved bytes are not zero");
-  std::memcpy(r0.gid, in + 16, 16);
-  r0.speed_mbps = load_le<uint32_t>(in + 56);
+  r0.link_layer = p.get<uint8_t>();
+  const int n = p.get<uint8_t>();
+  r0.lid = p.get<uint16_t>();
+  r0.active_mtu = p.get<uint8_t>();
+  r0.port = p.get<uint8_t>();
+  r0.gid_index = p.get<uint8_t>();
+  const int n_rails = p.get<uint8_t>() + 1;
+  r0.prefix_len = p.get<uint8_t>();
+  if (!p.zeros(1)) bad("reserved bytes are not zero");
+  p.copy(r0.gid, 16);
+  r.max_message = p.get<uint32_t>();
+  r.ctrl_size = p.get<uint32_t>();
+  r.ctrl_depth = p.get<uint32_t>();
+  r.responder_resources = p.get<uint8_t>();
+  r.initiator_depth = p.get<uint8_t>();
+  if (!p.zeros(2)) bad("reserved bytes are not zero");
+  r.engine_id = p.get<uint64_t>();
+  r0.speed_mbps = p.get<uint32_t>();
+  if (!p.zeros(4)) bad("reserved bytes are not zero");
   r.rails.push_back(r0);
-  r.max_message = load_le<uint32_t>(in + 32);
-  r.ctrl_size = load_le<uint32_t>(in + 36);
-  r.ctrl_depth = load_le<uint32_t>(in + 40);
-  r.responder_resources = in[44];
-  r.initiator_depth = in[45];
-  r.engine_id = load_le<uint64_t>(in + 48);
-  const uint8_t* q = in + kHeaderSize;
-  for (int i = 0; i < n; ++i, q += 8) {
+  for (int i = 0; i < n; ++i) {
     Qp qp;
-    const uint32_t a = load_le<uint32_t>(q);
-    const uint32_t b = load_le<uint32_t>(q + 4);
+    const uint32_t a = p.get<uint32_t>();
+    const uint32_t b = p.get<uint32_t>();
     qp.qpn = a & 0xffffff;
     qp.rail = static_cast<uint8_t>(a >> 24);
     qp.psn = b & 0xffffff;
@@ -155,17 +159,18 @@ EndpointRecord EndpointRecord::unpack(const uint8_t* in, size_t size) {
                                 std::to_string(n_rails));
     r.qps.push_back(qp);
   }
-  for (int i = 1; i < n_rails; ++i, q += kRailSize) {
+  for (int i = 1; i < n_rails; ++i) {
     Rail x;
-    x.link_layer = q[0];
-    x.active_mtu = q[1];
-    x.port = q[2];
-    x.gid_index = q[3];
-    x.lid = load_le<uint16_t>(q + 4);
-    x.prefix_len = q[6];
-    if (q[7] != 0 || load_le<uint32_t>(q + 12) != 0) bad("reserved bytes are not zero");
-    x.speed_mbps = load_le<uint32_t>(q + 8);
-    std::memcpy(x.gid, q + 16, 16);
+    x.link_layer = p.get<uint8_t>();
+    x.active_mtu = p.get<uint8_t>();
+    x.port = p.get<uint8_t>();
+    x.gid_index = p.get<uint8_t>();
+    x.lid = p.get<uint16_t>();
+    x.prefix_len = p.get<uint8_t>();
+    if (!p.zeros(1)) bad("reserved bytes are not zero");
+    x.speed_mbps = p.get<uint32_t>();
+    if (!p.zeros(4)) bad("reserved bytes are not zero");
+    p.copy(x.gid, 16);
     r.rails.push_back(x);
   }
   for (size_t i = 0; i < r.rails.size(); ++i) check_rail(r.rails[i], i);

@@ -321,13 +321,14 @@ void RdmaConnection::check_open_locked() const {
 
 void RdmaConnection::check_remote(const Descriptor& remote, uint64_t remote_offset,
                                   uint64_t length, const char* what) const {
-  if (remote.transport != TransportKind::kRdma) {
+  if (remote.transport != transport_.capabilities().wire_id) {
     throw Error(ErrorKind::kInvalidArgument,
                 std::string(what) + ": the descriptor comes from a " +
-                    transport_kind_name(remote.transport) +
+                    transport_id_name(remote.transport) +
                     " engine; one-sided RDMA needs a descriptor from an rdma engine");
   }
   check_remote_range(remote, remote_offset, length, what);
+  check_peer_engine(remote, what);
 }
 
 uint64_t RdmaConnection::max_chunk() const { return max_chunk_; }

@@ -120,6 +120,13 @@ void RdmaTransport::remove_rail(int rail, const std::string& cause) {
   // None of its handlers runs again (nor a caller's progress() on it) before its connections
   // let go of the rail.
   poller->stop();
+  poller.reset();
+  release_handles(rail, cause, conns);
+}
+
+void RdmaTransport::release_handles(int rail, const std::string& cause,
+                                    const std::vector<std::shared_ptr<RdmaConnection>>& conns) {
+  const size_t r = static_cast<size_t>(rail);
   for (const auto& c : conns) c->release_rail(rail, cause);
   {
     std::lock_guard<std::mutex> lock(regions_mu_);
@@ -135,7 +142,6 @@ void RdmaTransport::remove_rail(int rail, const std::string& cause) {
   }
   const std::weak_ptr<DeviceContext> context = dropped.context;
   dropped = Rail{};
-  poller.reset();
   if (context.expired()) {
     log::write(log::Level::kInfo, "rdma: released every handle on " + rails_[r].name);
   } else {

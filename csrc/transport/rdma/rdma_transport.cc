@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <random>
 
 #include "common/error.h"
 #include "common/interrupt.h"
 #include "common/log.h"
+#include "common/random.h"
 #include "core/poll_mode.h"
 #include "transport/rdma/fabric_settings.h"
 #include "transport/rdma/rdma_rails.h"
@@ -140,12 +140,20 @@ void RdmaTransport::open_srq(Rail& rail) {
   }
 }
 
-Capabilities RdmaTransport::capabilities() const {
+Capabilities RdmaTransport::declared() {
   Capabilities caps;
-  caps.kind = TransportKind::kRdma;
+  caps.name = "rdma";
+  caps.wire_id = 2;
+  caps.auto_rank = 3;  // first wherever a device with an active port offers RC
   caps.one_sided = true;
   caps.write_with_imm = true;
-  caps.gpu_direct = false;
+  caps.gpu_direct = true;
+  caps.rails = true;
+  return caps;
+}
+
+Capabilities RdmaTransport::capabilities() const {
+  Capabilities caps = declared();
   caps.max_message = settings_.max_message;
   return caps;
 }
@@ -249,7 +257,7 @@ uint16_t RdmaTransport::listen(const std::string& host, uint16_t port) {
                     "; use one engine per listening port");
   }
   acceptor_ = std::make_unique<Acceptor>(
-      host, port, TransportKind::kRdma, engine_id(), bootstrap_options(),
+      host, port, declared().wire_id, engine_id(), bootstrap_options(),
       [this](const std::string& peer, const std::string& cause) { accept_failed(peer, cause); },
       [this](AcceptedGroup group) { accept_group(std::move(group)); });
   return acceptor_->port();
@@ -371,6 +379,7 @@ std::shared_ptr<RdmaConnection> RdmaTransport::accept_one(AcceptedGroup group) {
   }
   auto conn = prepare(lanes);
   handshake(*conn, fd.get(), &peer, deadline);
+  conn->set_peer_engine(group.hello.engine_id);
   conn->start(std::move(fd), group.peer);
   return conn;
 }
@@ -418,14 +427,15 @@ std::shared_ptr<Channel> RdmaTransport::connect(const std::string& host, uint16_
                     " rail(s) exceeds " + std::to_string(EndpointRecord::kMaxQps) +
                     " QPs per connection");
   }
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
   Deadline deadline(options.timeout_s);
   SocketOptions sockets = bootstrap_options();
   sockets.retry_refused = options.retry_refused;
   const std::string peer = host_port(host, port);
   return counted_connect(peer, [&](int* retries) {
-    std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kRdma, 1,
-                                                  engine_id(), rng(), sockets, deadline, retries);
+    uint64_t peer_engine = 0;
+    std::vector<UniqueFd> fds =
+        bootstrap_connect(host, port, declared().wire_id, 1, engine_id(), random_u64(), sockets,
+                          deadline, retries, &peer_engine);
     std::vector<LaneSpec> lanes;
     std::string removed;
     {
@@ -444,6 +454,7 @@ std::shared_ptr<Channel> RdmaTransport::connect(const std::string& host, uint16_
     }
     auto conn = prepare(lanes);
     handshake(*conn, fds[0].get(), nullptr, deadline);
+    conn->set_peer_engine(peer_engine);
     conn->start(std::move(fds[0]), peer);
     return std::static_pointer_cast<Channel>(conn);
   });
@@ -521,6 +532,12 @@ void RdmaTransport::shutdown() {
   for (const auto& c : conns) c->close();  // closed already: waits (bounded) for the drain
   for (Rail& rail : rails_) {
     if (rail.poller) rail.poller->stop();
+  }
+  // A closed engine holds no device: its handles go now, not when the object is destroyed
+  // (a reference left in a traceback or a cycle would otherwise keep the device, and the
+  // kernel's unregistration of it, e.g. rdma link delete, waits for every handle).
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    if (!rail_removed(r)) release_handles(static_cast<int>(r), "the engine was closed", conns);
   }
 }
 

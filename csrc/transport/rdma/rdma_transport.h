@@ -6,11 +6,11 @@
 // acceptor: every peer's Hello and then its verbs handshake run on a thread of their own,
 // bounded by the handshake timeout, so a connect() completes before accept() is called, as on
 // TCP, and a stalled peer delays nobody) -> connections by accept()/connect(): the TCP
-// bootstrap (one stream, TransportKind::kRdma) carries the endpoint records
+// bootstrap (one stream, its wire id) carries the endpoint records
 // (endpoint_record.h), then stays open as the connection's liveness/close channel ->
 // shutdown(): handshakes in progress cut, every connection aborted, the completion threads
-// stopped. Verbs objects are freed when their last holder goes (regions and connections keep
-// the PDs, CQs and contexts alive).
+// stopped, then every handle on every device let go of at once (as for a removed device, see
+// below), so a closed engine that something still references holds no device.
 //
 // A connection's QPs on one rail complete on one CQ of that rail's CqSet (cq_set.h: CQs
 // created on demand, all on the rail's channel and poller); a completion finds its connection
@@ -55,6 +55,9 @@ class RdmaTransport : public Transport {
   RdmaTransport(uint64_t engine_id, const RdmaConfig& config);
   ~RdmaTransport() override;
 
+  // What every verbs transport can do (registered in rdma_registration.cc); an instance adds
+  // its devices' largest message.
+  static Capabilities declared();
   Capabilities capabilities() const override;
   std::string describe() const override;
   std::vector<std::string> rails() const override;
@@ -93,6 +96,11 @@ class RdmaTransport : public Transport {
   void device_fatal(int rail, const std::string& cause);
   // Fails `rail` over everywhere and releases every handle on its device. On the watch thread.
   void remove_rail(int rail, const std::string& cause);
+  // Lets go of every handle on `rail`'s device: `conns`' QPs and buffers there, the
+  // registrations' MRs, then the rail's CQs, SRQ, PD and context. Its completion thread is
+  // stopped already.
+  void release_handles(int rail, const std::string& cause,
+                       const std::vector<std::shared_ptr<RdmaConnection>>& conns);
   bool rail_removed(size_t rail) const;
   // The PDs new registrations get an MR in (null: a removed rail), and the registrations to
   // drop a removed rail's MR from.
@@ -121,7 +129,11 @@ class RdmaTransport : public Transport {
   void accept_group(AcceptedGroup group);
   std::shared_ptr<RdmaConnection> accept_one(AcceptedGroup group);
 
-  SocketOptions bootstrap_options() const { return SocketOptions{0, config_.secret}; }
+  SocketOptions bootstrap_options() const {
+    SocketOptions o;
+    o.secret = config_.secret;
+    return o;
+  }
   RdmaConfig config_;
   bool busy_poll_ = false;
   RdmaConnSettings settings_;

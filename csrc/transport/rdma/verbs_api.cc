@@ -19,7 +19,7 @@ struct LoadedVerbs {
 };
 
 template <typename Fn>
-bool lookup(void* handle, const char* name, const char* version, Fn* out, std::string* why) {
+bool verbs_symbol(void* handle, const char* name, const char* version, Fn* out, std::string* why) {
   void* sym = dlvsym(handle, name, version);
   if (sym == nullptr) {
     if (why != nullptr) {
@@ -46,41 +46,41 @@ LoadedVerbs load_verbs() {
   VerbsApi& a = l.api;
   std::string* why = &l.why;
   const char* v = "IBVERBS_1.1";
-  bool ok = lookup(l.handle, "ibv_get_device_list", v, &a.get_device_list, why) &&
-            lookup(l.handle, "ibv_free_device_list", v, &a.free_device_list, why) &&
-            lookup(l.handle, "ibv_get_device_name", v, &a.get_device_name, why) &&
-            lookup(l.handle, "ibv_open_device", v, &a.open_device, why) &&
-            lookup(l.handle, "ibv_close_device", v, &a.close_device, why) &&
-            lookup(l.handle, "ibv_query_device", v, &a.query_device, why) &&
-            lookup(l.handle, "ibv_query_port", v, &a.query_port_compat, why) &&
-            lookup(l.handle, "ibv_query_gid", v, &a.query_gid, why) &&
-            lookup(l.handle, "ibv_alloc_pd", v, &a.alloc_pd, why) &&
-            lookup(l.handle, "ibv_dealloc_pd", v, &a.dealloc_pd, why) &&
-            lookup(l.handle, "ibv_reg_mr", v, &a.reg_mr_v11, why) &&
-            lookup(l.handle, "ibv_dereg_mr", v, &a.dereg_mr, why) &&
-            lookup(l.handle, "ibv_create_comp_channel", "IBVERBS_1.0", &a.create_comp_channel,
-                   why) &&
-            lookup(l.handle, "ibv_destroy_comp_channel", "IBVERBS_1.0", &a.destroy_comp_channel,
-                   why) &&
-            lookup(l.handle, "ibv_create_cq", v, &a.create_cq, why) &&
-            lookup(l.handle, "ibv_destroy_cq", v, &a.destroy_cq, why) &&
-            lookup(l.handle, "ibv_get_cq_event", v, &a.get_cq_event, why) &&
-            lookup(l.handle, "ibv_ack_cq_events", v, &a.ack_cq_events, why) &&
-            lookup(l.handle, "ibv_create_qp", v, &a.create_qp, why) &&
-            lookup(l.handle, "ibv_modify_qp", v, &a.modify_qp, why) &&
-            lookup(l.handle, "ibv_query_qp", v, &a.query_qp, why) &&
-            lookup(l.handle, "ibv_destroy_qp", v, &a.destroy_qp, why) &&
-            lookup(l.handle, "ibv_create_srq", v, &a.create_srq, why) &&
-            lookup(l.handle, "ibv_modify_srq", v, &a.modify_srq, why) &&
-            lookup(l.handle, "ibv_destroy_srq", v, &a.destroy_srq, why) &&
-            lookup(l.handle, "ibv_get_async_event", v, &a.get_async_event, why) &&
-            lookup(l.handle, "ibv_ack_async_event", v, &a.ack_async_event, why) &&
-            lookup(l.handle, "ibv_wc_status_str", v, &a.wc_status_str, why) &&
-            lookup(l.handle, "ibv_event_type_str", v, &a.event_type_str, why);
+  bool ok = verbs_symbol(l.handle, "ibv_get_device_list", v, &a.get_device_list, why) &&
+            verbs_symbol(l.handle, "ibv_free_device_list", v, &a.free_device_list, why) &&
+            verbs_symbol(l.handle, "ibv_get_device_name", v, &a.get_device_name, why) &&
+            verbs_symbol(l.handle, "ibv_open_device", v, &a.open_device, why) &&
+            verbs_symbol(l.handle, "ibv_close_device", v, &a.close_device, why) &&
+            verbs_symbol(l.handle, "ibv_query_device", v, &a.query_device, why) &&
+            verbs_symbol(l.handle, "ibv_query_port", v, &a.query_port_compat, why) &&
+            verbs_symbol(l.handle, "ibv_query_gid", v, &a.query_gid, why) &&
+            verbs_symbol(l.handle, "ibv_alloc_pd", v, &a.alloc_pd, why) &&
+            verbs_symbol(l.handle, "ibv_dealloc_pd", v, &a.dealloc_pd, why) &&
+            verbs_symbol(l.handle, "ibv_reg_mr", v, &a.reg_mr_v11, why) &&
+            verbs_symbol(l.handle, "ibv_dereg_mr", v, &a.dereg_mr, why) &&
+            verbs_symbol(l.handle, "ibv_create_comp_channel", "IBVERBS_1.0",
+                         &a.create_comp_channel, why) &&
+            verbs_symbol(l.handle, "ibv_destroy_comp_channel", "IBVERBS_1.0",
+                         &a.destroy_comp_channel, why) &&
+            verbs_symbol(l.handle, "ibv_create_cq", v, &a.create_cq, why) &&
+            verbs_symbol(l.handle, "ibv_destroy_cq", v, &a.destroy_cq, why) &&
+            verbs_symbol(l.handle, "ibv_get_cq_event", v, &a.get_cq_event, why) &&
+            verbs_symbol(l.handle, "ibv_ack_cq_events", v, &a.ack_cq_events, why) &&
+            verbs_symbol(l.handle, "ibv_create_qp", v, &a.create_qp, why) &&
+            verbs_symbol(l.handle, "ibv_modify_qp", v, &a.modify_qp, why) &&
+            verbs_symbol(l.handle, "ibv_query_qp", v, &a.query_qp, why) &&
+            verbs_symbol(l.handle, "ibv_destroy_qp", v, &a.destroy_qp, why) &&
+            verbs_symbol(l.handle, "ibv_create_srq", v, &a.create_srq, why) &&
+            verbs_symbol(l.handle, "ibv_modify_srq", v, &a.modify_srq, why) &&
+            verbs_symbol(l.handle, "ibv_destroy_srq", v, &a.destroy_srq, why) &&
+            verbs_symbol(l.handle, "ibv_get_async_event", v, &a.get_async_event, why) &&
+            verbs_symbol(l.handle, "ibv_ack_async_event", v, &a.ack_async_event, why) &&
+            verbs_symbol(l.handle, "ibv_wc_status_str", v, &a.wc_status_str, why) &&
+            verbs_symbol(l.handle, "ibv_event_type_str", v, &a.event_type_str, why);
   if (!ok) return l;
   // Optional: absent on old rdma-core; not an error.
-  lookup(l.handle, "ibv_reg_mr_iova2", "IBVERBS_1.8", &a.reg_mr_iova2, nullptr);
-  lookup(l.handle, "ibv_reg_dmabuf_mr", "IBVERBS_1.12", &a.reg_dmabuf_mr, nullptr);
+  verbs_symbol(l.handle, "ibv_reg_mr_iova2", "IBVERBS_1.8", &a.reg_mr_iova2, nullptr);
+  verbs_symbol(l.handle, "ibv_reg_dmabuf_mr", "IBVERBS_1.12", &a.reg_dmabuf_mr, nullptr);
   dlerror();
   return l;
 }

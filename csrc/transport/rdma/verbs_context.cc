@@ -100,10 +100,23 @@ std::shared_ptr<DeviceContext> DeviceContext::open(const std::string& device_in,
   }
   std::shared_ptr<DeviceContext> dc(new DeviceContext());
   std::string names;
+  std::string no_rc;  // devices without RC queue pairs
   for (int i = 0; i < list.size(); ++i) {
     const std::string name = api.get_device_name(list[i]);
     names += (names.empty() ? "" : ", ") + name;
     if (!device.empty() && name != device) continue;
+    const ibv_transport_type type = list[i]->transport_type;
+    if (type != IBV_TRANSPORT_IB && type != IBV_TRANSPORT_IWARP) {
+      // EFA's verbs device, say: SRD and UD queue pairs only.
+      no_rc += (no_rc.empty() ? "" : ", ") + name;
+      if (!device.empty()) {
+        throw Error(ErrorKind::kUnsupported,
+                    "RDMA device " + name + " offers no RC queue pairs (verbs transport type " +
+                        std::to_string(static_cast<int>(type)) +
+                        "); use transport='ofi' (libfabric's provider for it, efa on EFA)");
+      }
+      continue;
+    }
     ibv_context* ctx = api.open_device(list[i]);
     if (ctx == nullptr) {
       if (!device.empty()) throw_verbs("ibv_open_device(" + name + ")", errno);
@@ -135,7 +148,8 @@ std::shared_ptr<DeviceContext> DeviceContext::open(const std::string& device_in,
                   "no RDMA device named '" + device + "' (found: " + names + ")");
     }
     throw Error(ErrorKind::kUnsupported,
-                "no RDMA device with an active port (found: " + names + ")");
+                "no RDMA device with an active port and RC queue pairs (found: " + names +
+                    (no_rc.empty() ? std::string() : "; without RC: " + no_rc) + ")");
   }
   int rc = api.query_port(dc->ctx_, dc->port_, &dc->port_attr_);
   if (rc != 0) throw_verbs("ibv_query_port(" + dc->name_ + ")", rc);

@@ -17,9 +17,6 @@ namespace {
 
 // Below this a copy runs on the calling thread alone (thread start-up costs tens of us).
 constexpr uint64_t kSplitBytes = 8ull << 20;
-// A gathered group's pieces (8 MiB of 4 KiB pages at most on shm) split from this many bytes a
-// thread on: pinning scattered pages costs more per byte than a contiguous copy.
-constexpr uint64_t kSplitPieceBytes = 4ull << 20;
 constexpr int kMaxThreads = 4;
 
 int threads_for(uint64_t length, uint64_t per_thread) {
@@ -123,43 +120,7 @@ size_t copy_pieces(pid_t pid, CmaDirection direction, const std::vector<CmaPiece
 size_t cma_copy_pieces(pid_t pid, CmaDirection direction, const std::vector<CmaPiece>& pieces,
                        std::vector<int>* errors) {
   errors->assign(pieces.size(), 0);
-  uint64_t total = 0;
-  for (const CmaPiece& p : pieces) total += p.length;
-  const size_t n =
-      std::min<size_t>(static_cast<size_t>(threads_for(total, kSplitPieceBytes)), pieces.size());
-  if (n <= 1) return copy_pieces(pid, direction, pieces, 0, pieces.size(), errors->data());
-  // Runs of neighbouring pieces of about total / n bytes each, one per thread.
-  std::vector<size_t> bounds{0};
-  uint64_t sum = 0;
-  for (size_t i = 0; i + 1 < pieces.size() && bounds.size() < n; ++i) {
-    sum += pieces[i].length;
-    if (sum * n >= total * bounds.size()) bounds.push_back(i + 1);
-  }
-  bounds.push_back(pieces.size());
-  const size_t runs = bounds.size() - 1;
-  std::vector<size_t> failed(runs, 0);
-  int* errs = errors->data();
-  std::vector<std::thread> helpers;
-  helpers.reserve(runs - 1);
-  size_t mine = runs;  // runs from here on go on this thread (no thread for them)
-  for (size_t k = 1; k < runs; ++k) {
-    try {
-      helpers.emplace_back([&, k] {
-        failed[k] = copy_pieces(pid, direction, pieces, bounds[k], bounds[k + 1], errs);
-      });
-    } catch (const std::system_error&) {
-      mine = k;
-      break;
-    }
-  }
-  failed[0] = copy_pieces(pid, direction, pieces, 0, bounds[1], errs);
-  for (size_t k = mine; k < runs; ++k) {
-    failed[k] = copy_pieces(pid, direction, pieces, bounds[k], bounds[k + 1], errs);
-  }
-  for (auto& t : helpers) t.join();
-  size_t all = 0;
-  for (size_t f : failed) all += f;
-  return all;
+  return copy_pieces(pid, direction, pieces, 0, pieces.size(), errors->data());
 }
 
 std::string cma_failure(const char* what, int err, const std::string& peer) {

@@ -29,9 +29,9 @@ struct CmaPiece {
 };
 
 // Copies every piece with one process_vm_readv/writev per IOV_MAX pieces (both iovec lists),
-// resuming after a partial transfer; pieces of many bytes in all are split into runs of
-// neighbours copied on a few threads (at most one per core), the calling thread's included. `errors` gets, per piece, 0 or
-// the errno of its failed copy: a piece that fails fails alone and the ones after it are still
+// resuming after a partial transfer, on the calling thread (the shm transport copies several
+// gathered groups at once, one per worker: shm_gather.cc). `errors` gets, per piece, 0 or the
+// errno of its failed copy: a piece that fails fails alone and the ones after it are still
 // copied (all of them fail at once when the peer is gone, ESRCH). Returns the failed pieces.
 size_t cma_copy_pieces(pid_t pid, CmaDirection direction, const std::vector<CmaPiece>& pieces,
                        std::vector<int>* errors);

@@ -30,7 +30,7 @@ constexpr double kFullRingTimeoutS = 30.0;
 }  // namespace
 
 ShmChannel::ShmChannel(ShmTransport& transport, UniqueFd sock, std::string peer, pid_t peer_pid)
-    : Channel(transport.stats()),
+    : OneSidedChannel(transport.stats()),
       transport_(transport),
       sock_(std::move(sock)),
       peer_(std::move(peer)),
@@ -62,10 +62,7 @@ std::vector<std::pair<std::string, uint64_t>> ShmChannel::attributes() const {
 
 void ShmChannel::check_open() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) {
-    throw Error(ErrorKind::kClosed, "endpoint to " + peer_ + " is closed (" + error_ +
-                                        "); connect again to open a new endpoint");
-  }
+  state_.check_open(peer_);
 }
 
 void ShmChannel::start_reader() {
@@ -104,28 +101,23 @@ void ShmChannel::push(const FrameHeader& h, const std::string& meta, const uint8
 
 void ShmChannel::track(uint64_t op, Pending pending) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) {
+  if (state_.closed()) {
     pending.request->fail(ErrorKind::kConnection,
-                          "connection to " + peer_ + " is closed (" + error_ + ")");
+                          "connection to " + peer_ + " is closed (" + state_.reason() + ")");
     return;
   }
   pending_.emplace(op, std::move(pending));
 }
 
-RequestPtr ShmChannel::one_sided(FrameType type, const std::shared_ptr<MemoryRegion>& local,
+void ShmChannel::start_one_sided(OpKind op_kind, const RequestPtr& req,
+                                 const std::shared_ptr<MemoryRegion>& local,
                                  uint64_t local_offset, const Descriptor& remote,
-                                 uint64_t remote_offset, uint64_t length) {
-  const bool write = type == FrameType::kWrite;
-  const char* what = write ? "WRITE" : "READ";
-  check_local_range(local, local_offset, length, what,
-                    write ? LocalUse::kSource : LocalUse::kDestination);
-  check_remote_range(remote, remote_offset, length, what);
-  check_open();
-  RequestPtr req = new_request(write ? OpKind::kWrite : OpKind::kRead, length);
-  count_when_terminal(req, write ? "write" : "read");
+                                 uint64_t remote_offset, uint64_t length,
+                                 const TransferOptions& /*options*/) {
+  const FrameType type = op_kind == OpKind::kWrite ? FrameType::kWrite : FrameType::kReadReq;
   if (length == 0) {
     req->complete();
-    return req;
+    return;
   }
   const uint64_t op = next_op_.fetch_add(1);
   const std::string meta = name_of(*local, local->addr() + local_offset);
@@ -145,21 +137,6 @@ RequestPtr ShmChannel::one_sided(FrameType type, const std::shared_ptr<MemoryReg
   } catch (const Error& e) {
     abort(e.kind(), "connection to " + peer_ + " failed: " + e.what());
   }
-  return req;
-}
-
-RequestPtr ShmChannel::post_write(const std::shared_ptr<MemoryRegion>& local,
-                                  uint64_t local_offset, const Descriptor& remote,
-                                  uint64_t remote_offset, uint64_t length,
-                                  const TransferOptions& /*options*/) {
-  return one_sided(FrameType::kWrite, local, local_offset, remote, remote_offset, length);
-}
-
-RequestPtr ShmChannel::post_read(const std::shared_ptr<MemoryRegion>& local,
-                                 uint64_t local_offset, const Descriptor& remote,
-                                 uint64_t remote_offset, uint64_t length,
-                                 const TransferOptions& /*options*/) {
-  return one_sided(FrameType::kReadReq, local, local_offset, remote, remote_offset, length);
 }
 
 void ShmChannel::send_ctrl(const CtrlMessage& message, CtrlPayload payload) {
@@ -181,17 +158,13 @@ void ShmChannel::send_ctrl(const CtrlMessage& message, CtrlPayload payload) {
 Grant ShmChannel::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
                         uint64_t length, uint32_t value, const RequestPtr& progress) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) throw Error(ErrorKind::kClosed, "endpoint to " + peer_ + " is closed");
-  uint32_t key = next_grant_++;
-  while (key == 0 || grants_.count(key) != 0) key = next_grant_++;
-  uint8_t* base = local->addr() + offset;
-  grants_[key] = GrantEntry{local, base, length, value, progress};
-  return Grant{key, reinterpret_cast<uint64_t>(base), key};
+  state_.check_open(peer_);
+  return grants_.add(local, offset, length, value, progress);
 }
 
 void ShmChannel::release_grant(uint64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  grants_.erase(static_cast<uint32_t>(id));
+  grants_.release(id);
 }
 
 void ShmChannel::post_write_notify(const RequestPtr& request,
@@ -365,6 +338,12 @@ void ShmChannel::on_record(const std::string& record) {
     throw Error(ErrorKind::kProtocol, "shm record length differs from its header");
   }
   const std::string meta = record.substr(FrameHeader::kSize, h.meta_len);
+  // Acknowledgements complete this side's requests; anything else the peer sent is handled
+  // after the groups before it (or with them, for groups of the same kind).
+  if (h.type != FrameType::kWriteAck && h.type != FrameType::kReadResp &&
+      h.type != FrameType::kWriteGatherAck) {
+    wait_gathers(h.type);
+  }
   switch (h.type) {
     case FrameType::kWrite:
     case FrameType::kReadReq: serve_copy(h, meta); return;
@@ -448,11 +427,11 @@ void ShmChannel::serve_notified_write(const FrameHeader& h, const std::string& m
   GrantEntry g;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = grants_.find(h.key);
-    if (it == grants_.end()) {
+    const GrantEntry* found = grants_.find(h.key);
+    if (found == nullptr) {
       throw Error(ErrorKind::kProtocol, "a write with notification for no grant");
     }
-    g = it->second;
+    g = *found;
   }
   if (h.addr != reinterpret_cast<uint64_t>(g.base) || h.size != g.length || h.status != g.value) {
     throw Error(ErrorKind::kProtocol, "a write with notification outside the grant it names");
@@ -526,9 +505,7 @@ void ShmChannel::shut(ErrorKind kind, const std::string& reason) {
   std::unordered_map<uint64_t, Pending> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return;
-    closed_ = true;
-    error_ = reason;
+    if (!state_.close(reason)) return;
     grants_.clear();
     pending.swap(pending_);
     // The peer sees end-of-file at once; our reader wakes from its poll (and then exits).
@@ -555,12 +532,12 @@ void ShmChannel::release_fds() {
 
 bool ShmChannel::is_closed() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return closed_;
+  return state_.closed();
 }
 
 std::string ShmChannel::error() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return error_;
+  return state_.reason();
 }
 
 }  // namespace rdmaxfer

@@ -34,6 +34,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,16 +46,19 @@
 #include "core/poll_mode.h"
 #include "core/request.h"
 #include "transport/channel.h"
+#include "transport/closed_state.h"
 #include "transport/gather.h"
+#include "transport/one_sided_channel.h"
+#include "transport/grant_table.h"
 #include "transport/shm/cuda_ipc.h"
 #include "transport/shm/shm_ring.h"
-#include "transport/tcp/wire.h"
+#include "transport/wire.h"
 
 namespace rdmaxfer {
 
 class ShmTransport;
 
-class ShmChannel : public Channel,
+class ShmChannel : public OneSidedChannel,
                    public GatherWrites,
                    public GatherReads,
                    public Progress,
@@ -77,12 +81,6 @@ class ShmChannel : public Channel,
   // Starts the reader thread (it holds the channel until the connection ends).
   void start_reader();
 
-  RequestPtr post_write(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
-                        const Descriptor& remote, uint64_t remote_offset, uint64_t length,
-                        const TransferOptions& options) override;
-  RequestPtr post_read(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
-                       const Descriptor& remote, uint64_t remote_offset, uint64_t length,
-                       const TransferOptions& options) override;
   // Gathered WRITEs and READs of host memory: at most 2048 pieces (two system calls) of at
   // most 1 MiB each, 16 MiB in all (shm_gather.cc); none for device memory.
   Limits gather_limits(const MemoryRegion& local) const override;
@@ -129,13 +127,6 @@ class ShmChannel : public Channel,
     PieceFailed failed;  // a gathered group's: told of each piece that failed
     size_t pieces = 0;   // and how many it has (0: one operation)
   };
-  struct GrantEntry {
-    std::shared_ptr<MemoryRegion> region;
-    uint8_t* base = nullptr;
-    uint64_t length = 0;
-    uint32_t value = 0;
-    RequestPtr progress;
-  };
 
   void run_reader();
   // Takes every record the inbound ring holds now and handles it, unless another thread is
@@ -170,6 +161,15 @@ class ShmChannel : public Channel,
   RequestPtr post_gather(FrameType type, const std::shared_ptr<MemoryRegion>& local,
                          const std::vector<GatherPiece>& pieces, PieceFailed failed);
   void serve_gather(const FrameHeader& h, const std::string& record);
+  // A served group whose pieces were checked, with its copy and acknowledgement still to do
+  // (shm_gather.cc): run by one of the transport's gather workers, so that the next group is
+  // copied while this one is, or by the consuming thread when no worker starts.
+  struct GatherWork;
+  void finish_gather(GatherWork& work);
+  // Waits until no group of another kind than `type` is being copied (of any kind, for a
+  // record that is not a group): a record sees the bytes of the groups before it, as it would
+  // had they been copied in ring order. Returns early when the channel closes.
+  void wait_gathers(FrameType type);
   void on_gather_ack(const FrameHeader& h, const std::string& meta);
   // Moves `length` bytes between `local` (in `region`, this process) and the initiator's range
   // (named by `meta` for CUDA IPC, else at host address `remote`): into `local` when `pull`.
@@ -181,9 +181,10 @@ class ShmChannel : public Channel,
   static std::string name_of(const MemoryRegion& local, const uint8_t* addr);
   // Appends a record for the peer; waits (bounded) while the ring is full.
   void push(const FrameHeader& h, const std::string& meta, const uint8_t* data, uint64_t len);
-  RequestPtr one_sided(FrameType type, const std::shared_ptr<MemoryRegion>& local,
-                       uint64_t local_offset, const Descriptor& remote, uint64_t remote_offset,
-                       uint64_t length);
+  void start_one_sided(OpKind op, const RequestPtr& req,
+                       const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
+                       const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                       const TransferOptions& options) override;
   void track(uint64_t op, Pending pending);
   // Takes operation `op` off the books into `out`; false when it is not there (a close failed
   // it meanwhile).
@@ -203,12 +204,14 @@ class ShmChannel : public Channel,
   std::unique_ptr<ShmRing> out_;  // we write, the peer reads
   std::mutex out_mu_;
   mutable std::mutex mu_;
-  bool closed_ = false;
-  std::string error_;
+  ClosedState state_;
   std::unordered_map<uint64_t, Pending> pending_;
-  std::unordered_map<uint32_t, GrantEntry> grants_;
-  uint32_t next_grant_ = 1;
+  GrantTable grants_;
   std::atomic<uint64_t> next_op_{1};
+  std::mutex gather_mu_;
+  std::condition_variable gather_cv_;
+  uint32_t gathers_running_ = 0;  // groups served and not yet acknowledged (gather_mu_)
+  FrameType gathers_type_ = FrameType::kWriteGather;  // their kind
   std::mutex sock_mu_;                             // reads and writes of sock_ after set-up
   std::unordered_map<uint64_t, UniqueFd> vmm_in_;  // fds of the peer's VMM allocations, by id
   std::unordered_set<uint64_t> vmm_out_;           // ids of ours sent to the peer

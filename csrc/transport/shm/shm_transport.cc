@@ -5,9 +5,11 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "common/deadline.h"
 #include "common/error.h"
@@ -66,19 +68,24 @@ UniqueFd unix_socket() {
   return fd;
 }
 
+int gather_threads() {
+  return static_cast<int>(std::min(4u, std::max(1u, std::thread::hardware_concurrency())));
+}
 }  // namespace
 
-ShmTransport::ShmTransport(uint64_t engine_id, const TcpConfig& config)
+ShmTransport::ShmTransport(uint64_t engine_id, const TransportConfig& config)
     : Transport(engine_id),
       config_(config),
-      wait_budget_(config.poll_mode, SpinBudget::Kind::kWait) {
+      wait_budget_(config.poll_mode, SpinBudget::Kind::kWait),
+      gather_workers_(gather_threads()) {
   check_usable();
 }
 
-ShmTransport::ShmTransport(Transport& owner, const TcpConfig& config)
+ShmTransport::ShmTransport(Transport& owner, const TransportConfig& config)
     : Transport(owner),
       config_(config),
-      wait_budget_(config.poll_mode, SpinBudget::Kind::kWait) {
+      wait_budget_(config.poll_mode, SpinBudget::Kind::kWait),
+      gather_workers_(gather_threads()) {
   check_usable();
 }
 
@@ -92,10 +99,14 @@ void ShmTransport::check_usable() const {
 
 ShmTransport::~ShmTransport() { shutdown(); }
 
-Capabilities ShmTransport::capabilities() const {
+Capabilities ShmTransport::declared() {
   Capabilities c;
-  c.kind = TransportKind::kShm;
+  c.name = "shm";
+  c.wire_id = 4;
+  c.network = false;
+  c.same_host_companion = true;
   c.one_sided = true;
+  c.device_ipc = true;
   return c;
 }
 
@@ -179,9 +190,10 @@ void ShmTransport::run_acceptor() {
 
 void ShmTransport::accept_client(UniqueFd fd, const std::string& peer) {
   try {
-    server_handshake(fd.get(), TransportKind::kShm, engine_id(), config_.secret);
+    const Hello hello = server_handshake(fd.get(), declared().wire_id, engine_id(), config_.secret);
     auto channel =
         ShmChannel::establish(*this, std::move(fd), peer, Deadline(kShmHandshakeTimeoutS));
+    channel->set_peer_engine(hello.engine_id);
     adopt(channel);
     log_accepted(*channel);
     std::lock_guard<std::mutex> lock(mu_);
@@ -242,9 +254,11 @@ std::shared_ptr<Channel> ShmTransport::connect(const std::string& host, uint16_t
       UniqueFd fd = unix_socket();
       if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) == 0 ||
           errno == EINPROGRESS) {
-        client_handshake(fd.get(), Hello{TransportKind::kShm, 0, 1, 0, engine_id(), 0},
-                         config_.secret, deadline, where);
+        const uint64_t peer_engine =
+            client_handshake(fd.get(), Hello{declared().wire_id, 0, 1, 0, engine_id(), 0},
+                             config_.secret, deadline, where);
         auto channel = ShmChannel::establish(*this, std::move(fd), where, deadline);
+        channel->set_peer_engine(peer_engine);
         adopt(channel);
         return channel;
       }
@@ -296,6 +310,7 @@ void ShmTransport::shutdown() {
   for (auto& w : channels) {
     if (auto c = w.lock()) c->abort(ErrorKind::kClosed, "the engine was closed");
   }
+  gather_workers_.stop();
   // The readers touch this transport until they exit; they do so once their socket is shut.
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return readers_ == 0; });

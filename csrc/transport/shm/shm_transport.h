@@ -24,9 +24,10 @@
 #include <vector>
 
 #include "common/unique_fd.h"
+#include "common/work_queue.h"
 #include "transport/bootstrap.h"
 #include "transport/handshake_pool.h"
-#include "transport/tcp/tcp_connection.h"
+#include "transport/registry.h"
 #include "transport/transport.h"
 
 namespace rdmaxfer {
@@ -35,13 +36,14 @@ class ShmChannel;
 
 class ShmTransport : public Transport {
  public:
-  // `config`: its secret guards the handshake; the rest is TCP's and unused.
-  ShmTransport(uint64_t engine_id, const TcpConfig& config);
+  // `config`: its secret guards the handshake, its poll mode drives the waits.
+  ShmTransport(uint64_t engine_id, const TransportConfig& config);
   // The same-host companion of `owner` (transport.h).
-  ShmTransport(Transport& owner, const TcpConfig& config);
+  ShmTransport(Transport& owner, const TransportConfig& config);
   ~ShmTransport() override;
 
-  Capabilities capabilities() const override;
+  static Capabilities declared();
+  Capabilities capabilities() const override { return declared(); }
   std::string describe() const override;
   uint16_t listen(const std::string& host, uint16_t port) override;
   std::shared_ptr<Channel> accept(double timeout_s) override;
@@ -53,6 +55,9 @@ class ShmTransport : public Transport {
   PollMode poll_mode() const { return config_.poll_mode; }
   // The spin budget of a caller's wait that reads a channel's ring (ShmChannel::drive).
   SpinBudget& wait_budget() { return wait_budget_; }
+  // The threads that copy the channels' gathered groups (shm_gather.cc), one per core up to 4,
+  // started with the first group: several groups are copied at once, each on one thread.
+  WorkQueue& gather_workers() { return gather_workers_; }
   // Reader threads of the channels (shm_channel.h) count themselves in and out.
   void reader_started();
   void reader_finished();
@@ -72,7 +77,7 @@ class ShmTransport : public Transport {
   void accept_client(UniqueFd fd, const std::string& peer);
   void adopt(const std::shared_ptr<ShmChannel>& channel);
 
-  const TcpConfig config_;
+  const TransportConfig config_;
   SpinBudget wait_budget_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -84,6 +89,8 @@ class ShmTransport : public Transport {
   std::deque<std::shared_ptr<ShmChannel>> accepted_;
   std::vector<std::weak_ptr<ShmChannel>> channels_;
   int readers_ = 0;
+  // Last: stopped (queued groups dropped, running ones finished) before the rest goes.
+  WorkQueue gather_workers_;
 };
 
 }  // namespace rdmaxfer

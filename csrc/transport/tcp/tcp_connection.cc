@@ -3,6 +3,7 @@
 #include "common/bytes.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "core/transport_ids.h"
 #include "transport/chunking.h"
 
 namespace rdmaxfer {
@@ -20,23 +21,41 @@ void TcpConnection::check_cpu_addressable(const MemoryRegion& local, const char*
                                   "through host memory)");
 }
 
-TcpConnection::TcpConnection(Transport& transport, const TcpConfig& config, std::string peer)
-    : Channel(transport.stats()), transport_(transport), config_(config), peer_(std::move(peer)) {}
+TcpConnection::TcpConnection(Transport& transport, const TcpConfig& config, std::string peer,
+                             uint64_t peer_engine)
+    : Channel(transport.stats()),
+      transport_(transport),
+      config_(config),
+      peer_(std::move(peer)),
+      peer_engine_(peer_engine) {}
 
-void TcpConnection::start(std::vector<UniqueFd> fds, const std::vector<IoLoop*>& loops) {
+void TcpConnection::check_remote(const Descriptor& remote, uint64_t remote_offset,
+                                 uint64_t length, const char* what) const {
+  if (remote.transport != kTcpWireId || remote.engine_id != peer_engine_) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + ": the descriptor was made by a " +
+                    transport_id_name(remote.transport) + " engine (id " +
+                    engine_id_text(remote.engine_id) +
+                    "), but this endpoint connects to the tcp engine " +
+                    engine_id_text(peer_engine_) + " at " + peer_ +
+                    "; use a descriptor that engine made (its region.descriptor())");
+  }
+  check_remote_range(remote, remote_offset, length, what);
+}
+
+void TcpConnection::start(std::vector<UniqueFd> fds, std::vector<std::unique_ptr<TlsSession>> tls,
+                          const std::vector<IoLoop*>& loops) {
   for (size_t i = 0; i < fds.size(); ++i) {
     IoLoop* loop = loops[i % loops.size()];
-    streams_.push_back(std::make_shared<TcpStream>(std::move(fds[i]), static_cast<int>(i), loop,
-                                                   weak_from_this(), stats_));
+    streams_.push_back(std::make_shared<TcpStream>(
+        std::move(fds[i]), i < tls.size() ? std::move(tls[i]) : nullptr, static_cast<int>(i),
+        loop, weak_from_this(), stats_));
   }
   for (auto& s : streams_) s->loop()->add(s);
 }
 
 void TcpConnection::check_open_locked() const {
-  if (closed_) {
-    throw Error(ErrorKind::kClosed, "endpoint to " + peer_ + " is closed (" + error_ +
-                                        "); connect again to open a new endpoint");
-  }
+  state_.check_open(peer_);
 }
 
 TcpStream& TcpConnection::least_loaded(int among) const {
@@ -66,7 +85,7 @@ RequestPtr TcpConnection::post_write(const std::shared_ptr<MemoryRegion>& local,
                                      const TransferOptions& options) {
   check_local_range(local, local_offset, length, "WRITE");
   check_cpu_addressable(*local, "WRITE");
-  check_remote_range(remote, remote_offset, length, "WRITE");
+  check_remote(remote, remote_offset, length, "WRITE");
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kWrite, length);
   count_when_terminal(req, "write");
   const ChunkPlan plan = plan_chunks(length, streams(), options);
@@ -109,7 +128,7 @@ RequestPtr TcpConnection::post_read(const std::shared_ptr<MemoryRegion>& local,
                                     const TransferOptions& options) {
   check_local_range(local, local_offset, length, "READ", LocalUse::kDestination);
   check_cpu_addressable(*local, "READ");
-  check_remote_range(remote, remote_offset, length, "READ");
+  check_remote(remote, remote_offset, length, "READ");
   auto req = std::make_shared<Request>(transport_.next_request_id(), OpKind::kRead, length);
   count_when_terminal(req, "read");
   const ChunkPlan plan = plan_chunks(length, streams(), options);
@@ -179,16 +198,12 @@ Grant TcpConnection::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t 
                            uint64_t length, uint32_t value, const RequestPtr& progress) {
   std::lock_guard<std::mutex> lock(mu_);
   check_open_locked();
-  uint32_t key = next_grant_++;
-  while (key == 0 || grants_.count(key) != 0) key = next_grant_++;
-  uint8_t* base = local->addr() + offset;
-  grants_[key] = PendingGrant{local, base, length, 0, value, progress};
-  return Grant{key, reinterpret_cast<uint64_t>(base), key};
+  return grants_.add(local, offset, length, value, progress);
 }
 
 void TcpConnection::release_grant(uint64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  grants_.erase(static_cast<uint32_t>(id));
+  grants_.release(id);
 }
 
 void TcpConnection::post_write_notify(const RequestPtr& request,
@@ -284,9 +299,9 @@ void TcpConnection::choose_sink(TcpStream& /*stream*/, const FrameHeader& h,
       return;
     case FrameType::kMsgData: {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = grants_.find(h.key);
-      if (it == grants_.end()) protocol("data for a message that is not being received");
-      const PendingGrant& g = it->second;
+      const GrantEntry* found = grants_.find(h.key);
+      if (found == nullptr) protocol("data for a message that is not being received");
+      const GrantEntry& g = *found;
       if (h.aux > g.length || h.payload_len > g.length - h.aux || h.total != g.length ||
           h.addr != reinterpret_cast<uint64_t>(g.base) + h.aux) {
         protocol("data outside the message");
@@ -417,11 +432,11 @@ void TcpConnection::on_frame(TcpStream& stream, const FrameHeader& h, std::strin
       bool landed = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        auto it = grants_.find(h.key);
-        if (it == grants_.end()) return;
-        it->second.received += h.payload_len;
+        GrantEntry* g = grants_.find(h.key);
+        if (g == nullptr) return;
+        g->received += h.payload_len;
         stats_->add_lane(stream.index(), h.payload_len);
-        landed = it->second.received == it->second.length;
+        landed = g->received == g->length;
       }
       sink.hold = RegionUse();
       if (landed) events()->on_notify(static_cast<uint32_t>(h.req_id));
@@ -449,9 +464,7 @@ void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye
   std::vector<RequestPtr> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return;
-    closed_ = true;
-    error_ = reason;
+    if (!state_.close(reason)) return;
     for (auto& [id, r] : writes_) failed.push_back(r);
     for (auto& [id, r] : reads_) failed.push_back(r.request);
     for (auto& [id, g] : gathers_) failed.push_back(g.request);
@@ -482,12 +495,12 @@ void TcpConnection::shut(ErrorKind kind, const std::string& reason, bool goodbye
 
 bool TcpConnection::is_closed() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return closed_;
+  return state_.closed();
 }
 
 std::string TcpConnection::error() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return error_;
+  return state_.reason();
 }
 
 }  // namespace rdmaxfer

@@ -22,11 +22,16 @@
 #include <vector>
 
 #include "core/poll_mode.h"
+#include "transport/closed_state.h"
 #include "transport/gather.h"
+#include "transport/grant_table.h"
 #include "transport/tcp/tcp_stream.h"
 #include "transport/transport.h"
 
 namespace rdmaxfer {
+
+// The TCP transport's id in descriptors and hellos (core/transport_ids.h).
+constexpr uint8_t kTcpWireId = 1;
 
 struct TcpConfig {
   int io_threads = 0;             // 0: min(2, cores)
@@ -35,6 +40,8 @@ struct TcpConfig {
   uint64_t eager_limit = 16384;   // messages up to this size travel with their header
   std::string secret;             // shared secret for the bootstrap (transport/auth.h)
   PollMode poll_mode = PollMode::kAdaptive;  // how waits spend their time (core/poll_mode.h)
+  bool tls = false;               // TLS 1.3 on every stream (transport/tls.h)
+  std::string tls_cert, tls_key, tls_ca;  // PEM files; "" with the secret as the TLS PSK
 };
 
 class TcpConnection : public Channel,
@@ -42,9 +49,14 @@ class TcpConnection : public Channel,
                       public GatherReads,
                       public std::enable_shared_from_this<TcpConnection> {
  public:
-  TcpConnection(Transport& transport, const TcpConfig& config, std::string peer);
-  // Creates the streams and adds them to the loops (one fd per stream, in index order).
-  void start(std::vector<UniqueFd> fds, const std::vector<IoLoop*>& loops);
+  // `peer_engine`: the peer's engine id; a one-sided request with a descriptor of another
+  // engine, or of another transport, is refused before anything is sent.
+  TcpConnection(Transport& transport, const TcpConfig& config, std::string peer,
+                uint64_t peer_engine);
+  // Creates the streams and adds them to the loops (one fd per stream, in index order, with
+  // its TLS session when TLS is on: `tls` empty or as long as `fds`).
+  void start(std::vector<UniqueFd> fds, std::vector<std::unique_ptr<TlsSession>> tls,
+             const std::vector<IoLoop*>& loops);
 
   RequestPtr post_write(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
                         const Descriptor& remote, uint64_t remote_offset, uint64_t length,
@@ -89,15 +101,6 @@ class TcpConnection : public Channel,
     std::shared_ptr<MemoryRegion> region;
     uint8_t* base = nullptr;
     uint64_t length = 0;
-  };
-  // A destination the peer may write one message into (MSG_DATA frames naming its key).
-  struct PendingGrant {
-    std::shared_ptr<MemoryRegion> region;
-    uint8_t* base = nullptr;
-    uint64_t length = 0;
-    uint64_t received = 0;
-    uint32_t value = 0;  // the notification every chunk must carry
-    RequestPtr progress;
   };
 
   // A gathered group in flight (WRITEs, or READs landing in `into` of `region`).
@@ -146,16 +149,19 @@ class TcpConnection : public Channel,
   Transport& transport_;
   const TcpConfig config_;
   const std::string peer_;
+  const uint64_t peer_engine_;
+  // Throws Error(kInvalidArgument) naming both when `remote` was not made by the peer's tcp
+  // engine, then checks its range (check_remote_range).
+  void check_remote(const Descriptor& remote, uint64_t remote_offset, uint64_t length,
+                    const char* what) const;
   std::vector<std::shared_ptr<TcpStream>> streams_;
 
   mutable std::mutex mu_;
-  bool closed_ = false;
-  std::string error_;
+  ClosedState state_;
   std::unordered_map<uint64_t, RequestPtr> writes_;
   std::unordered_map<uint64_t, PendingRead> reads_;
   std::unordered_map<uint64_t, PendingGather> gathers_;
-  std::unordered_map<uint32_t, PendingGrant> grants_;
-  uint32_t next_grant_ = 1;
+  GrantTable grants_;  // destinations the peer writes one message into (MSG_DATA frames)
 };
 
 }  // namespace rdmaxfer

@@ -14,9 +14,9 @@ namespace rdmaxfer {
 namespace {
 // A group: enough small operations that their frame and acknowledgement cost little per
 // byte, few enough that a batch's window holds several groups in flight.
-constexpr size_t kGatherPieces = 64;
-constexpr uint64_t kGatherPieceBytes = 64 * 1024;
-constexpr uint64_t kGatherBytes = 512 * 1024;
+constexpr size_t kTcpGatherPieces = 64;
+constexpr uint64_t kTcpGatherPieceBytes = 64 * 1024;
+constexpr uint64_t kTcpGatherBytes = 512 * 1024;
 
 // The pieces' list (kGatherPieceMeta bytes each: target address, length, key) and their
 // bytes; `into`: the local pieces, in order.
@@ -39,11 +39,11 @@ std::string piece_list(const MemoryRegion& local, const std::vector<GatherPiece>
 }  // namespace
 
 GatherWrites::Limits TcpConnection::gather_limits(const MemoryRegion& /*local*/) const {
-  return Limits{kGatherPieces, kGatherPieceBytes, kGatherBytes};
+  return Limits{kTcpGatherPieces, kTcpGatherPieceBytes, kTcpGatherBytes};
 }
 
 GatherLimits TcpConnection::read_gather_limits(const MemoryRegion& /*local*/) const {
-  return GatherLimits{kGatherPieces, kGatherPieceBytes, kGatherBytes};
+  return GatherLimits{kTcpGatherPieces, kTcpGatherPieceBytes, kTcpGatherBytes};
 }
 
 RequestPtr TcpConnection::post_write_gather(const std::shared_ptr<MemoryRegion>& local,

@@ -41,9 +41,9 @@ OutFrame make_frame(const FrameHeader& header, std::string meta) {
   return f;
 }
 
-TcpStream::TcpStream(UniqueFd fd, int index, IoLoop* loop, std::weak_ptr<TcpConnection> conn,
-                     std::shared_ptr<Stats> stats)
-    : fd_(std::move(fd)), index_(index), loop_(loop), conn_(std::move(conn)),
+TcpStream::TcpStream(UniqueFd fd, std::unique_ptr<TlsSession> tls, int index, IoLoop* loop,
+                     std::weak_ptr<TcpConnection> conn, std::shared_ptr<Stats> stats)
+    : fd_(std::move(fd)), tls_(std::move(tls)), index_(index), loop_(loop), conn_(std::move(conn)),
       stats_(std::move(stats)) {}
 
 namespace {
@@ -132,7 +132,13 @@ void TcpStream::flush_locked(std::vector<RequestPtr>* completed) {
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(n_iov);
-    ssize_t n = sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = 0;
+    try {
+      n = tls_ ? tls_->writev(iov, n_iov) : sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } catch (const Error& e) {
+      loop_->post([self = shared_from_this(), why = std::string(e.what())] { self->fail(why, 0); });
+      return;
+    }
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -333,7 +339,9 @@ void TcpStream::receive() {
   // bytes or an EOF that arrive later are reported again.
   bool drained = false;
   try {
-    while (!dead_.load() && budget > 0) {
+    // With TLS, bytes decrypted ahead (a record read in part) are invisible to poll(): read on
+    // past the budget until the session holds none.
+    while (!dead_.load() && (budget > 0 || (tls_ && tls_->pending()))) {
       if (stage_pos_ < stage_len_) {
         stage_pos_ += consume(stage_.data() + stage_pos_, stage_len_ - stage_pos_);
         continue;
@@ -348,15 +356,17 @@ void TcpStream::receive() {
                           header_.payload_len - data_got_ >= kDirectMin;
       iovec iov[kScatterIov];
       size_t n_iov = 1;
+      // Past the budget (TLS bytes pending), a record's worth.
+      const uint64_t room = budget > 0 ? budget : kStageRead;
       if (pieces) {
-        n_iov = scatter_iov(iov, budget);
+        n_iov = scatter_iov(iov, room);
       } else if (direct) {
         const uint64_t rest = header_.payload_len - data_got_;
         iov[0].iov_base =
             (sink_.into_owned ? reinterpret_cast<uint8_t*>(sink_.owned.data()) : sink_.dst) +
             data_got_;
-        iov[0].iov_len = static_cast<size_t>(std::min(rest, budget));
-        if (rest <= budget) {
+        iov[0].iov_len = static_cast<size_t>(std::min(rest, room));
+        if (rest <= room) {
           // The frame ends in this read: what follows it (the next frames) goes into the
           // staging buffer by the same recvmsg, and a short read tells the socket is empty.
           iov[1].iov_base = stage_.data();
@@ -372,7 +382,10 @@ void TcpStream::receive() {
       msg.msg_iovlen = n_iov;
       size_t asked = 0;
       for (size_t i = 0; i < n_iov; ++i) asked += iov[i].iov_len;
-      ssize_t n = recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
+      // TLS reads one record at a time into the first iovec (the rest of a frame's data, or the
+      // staging buffer), and never drains the socket by a short read.
+      ssize_t n = tls_ ? tls_->read(iov[0].iov_base, iov[0].iov_len)
+                       : recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
       if (n == 0) {
         // A closing peer shuts all its streams down after its last frames; those frames may
         // still be unread on stream 0 (a CTS, a GOODBYE). So only EOF on stream 0 ends the
@@ -392,7 +405,7 @@ void TcpStream::receive() {
         fail("recv", errno);
         return;
       }
-      drained = static_cast<size_t>(n) < asked;
+      drained = !tls_ && static_cast<size_t>(n) < asked;
       budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
       if (pieces) {
         data_got_ += static_cast<uint64_t>(n);

@@ -30,7 +30,8 @@
 #include "core/request.h"
 #include "core/stats.h"
 #include "transport/tcp/io_loop.h"
-#include "transport/tcp/wire.h"
+#include "transport/tls.h"
+#include "transport/wire.h"
 
 namespace rdmaxfer {
 
@@ -95,8 +96,9 @@ class TcpStream : public IoHandler, public Progress, public std::enable_shared_f
  public:
   // `stats`: the connection's counters; the stream counts the data it sends (lane = its
   // index) and every time the socket refuses more bytes (a credit stall).
-  TcpStream(UniqueFd fd, int index, IoLoop* loop, std::weak_ptr<TcpConnection> conn,
-            std::shared_ptr<Stats> stats);
+  // `tls`: the stream's TLS session (every byte goes through it), or null for plain TCP.
+  TcpStream(UniqueFd fd, std::unique_ptr<TlsSession> tls, int index, IoLoop* loop,
+            std::weak_ptr<TcpConnection> conn, std::shared_ptr<Stats> stats);
   int fd() const override { return fd_.get(); }
   int index() const { return index_; }
   IoLoop* loop() const { return loop_; }
@@ -150,6 +152,7 @@ class TcpStream : public IoHandler, public Progress, public std::enable_shared_f
   void retire(const std::string& why);
 
   UniqueFd fd_;
+  const std::unique_ptr<TlsSession> tls_;
   const int index_;
   IoLoop* const loop_;
   std::weak_ptr<TcpConnection> conn_;

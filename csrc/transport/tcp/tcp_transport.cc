@@ -1,9 +1,9 @@
 #include "transport/tcp/tcp_transport.h"
 
-#include <random>
 #include <thread>
 
 #include "common/error.h"
+#include "common/random.h"
 #include "transport/socket.h"
 
 namespace rdmaxfer {
@@ -22,18 +22,21 @@ TcpTransport::TcpTransport(uint64_t engine_id, const TcpConfig& config)
   if (config_.eager_limit > (1u << 20)) {
     throw Error(ErrorKind::kInvalidArgument, "eager_limit above 1 MiB is not supported");
   }
+  if (config_.tls) {
+    tls_ = std::make_shared<const TlsContext>(
+        TlsSettings{config_.secret, config_.tls_cert, config_.tls_key, config_.tls_ca});
+  }
   for (int i = 0; i < config_.io_threads; ++i) loops_.push_back(std::make_unique<IoLoop>(config_.poll_mode));
 }
 
 TcpTransport::~TcpTransport() { shutdown(); }
 
-Capabilities TcpTransport::capabilities() const {
+Capabilities TcpTransport::declared() {
   Capabilities caps;
-  caps.kind = TransportKind::kTcp;
+  caps.name = "tcp";
+  caps.wire_id = kTcpWireId;
+  caps.auto_rank = 1;  // everywhere, behind any fabric
   caps.one_sided = true;
-  caps.write_with_imm = false;
-  caps.gpu_direct = false;
-  caps.max_message = 0;
   return caps;
 }
 
@@ -44,13 +47,16 @@ std::string TcpTransport::describe() const {
                                     : std::string("autotuned")) +
          ", eager limit " + std::to_string(config_.eager_limit) + " bytes, poll mode " +
          poll_mode_name(config_.poll_mode) +
-         (config_.secret.empty() ? ", no shared secret" : ", authenticated (shared secret)");
+         (tls_                     ? ", " + tls_->describe()
+          : config_.secret.empty() ? std::string(", no shared secret")
+                                   : std::string(", authenticated (shared secret)"));
 }
 
 SocketOptions TcpTransport::socket_options() const {
   SocketOptions o;
   o.buffer_bytes = config_.socket_buffer;
   o.secret = config_.secret;
+  o.tls = tls_;
   return o;
 }
 
@@ -63,7 +69,7 @@ uint16_t TcpTransport::listen(const std::string& host, uint16_t port) {
                     "; use one engine per listening port");
   }
   acceptor_ = std::make_unique<Acceptor>(
-      host, port, TransportKind::kTcp, engine_id(), socket_options(),
+      host, port, declared().wire_id, engine_id(), socket_options(),
       [this](const std::string& peer, const std::string& cause) { accept_failed(peer, cause); });
   return acceptor_->port();
 }
@@ -79,7 +85,8 @@ std::shared_ptr<Channel> TcpTransport::accept(double timeout_s) {
   }
   std::optional<AcceptedGroup> group = acceptor->accept(timeout_s);
   if (!group) throw Error(ErrorKind::kTimeout, accept_timeout_text(timeout_s, acceptor->port()));
-  auto conn = adopt(std::move(group->fds), group->peer);
+  auto conn = adopt(std::move(group->fds), std::move(group->tls), group->peer,
+                    group->hello.engine_id);
   log_accepted(*conn);
   return conn;
 }
@@ -87,21 +94,25 @@ std::shared_ptr<Channel> TcpTransport::accept(double timeout_s) {
 std::shared_ptr<Channel> TcpTransport::connect(const std::string& host, uint16_t port,
                                                   const ConnectOptions& options) {
   const int streams = options.streams > 0 ? options.streams : config_.default_streams;
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
   Deadline deadline(options.timeout_s);
   SocketOptions sockets = socket_options();
   sockets.retry_refused = options.retry_refused;
   const std::string peer = host_port(host, port);
   return counted_connect(peer, [&](int* retries) {
-    std::vector<UniqueFd> fds = bootstrap_connect(host, port, TransportKind::kTcp, streams,
-                                                  engine_id(), rng(), sockets, deadline, retries);
-    return adopt(std::move(fds), peer);
+    uint64_t peer_engine = 0;
+    std::vector<std::unique_ptr<TlsSession>> tls;
+    std::vector<UniqueFd> fds =
+        bootstrap_connect(host, port, declared().wire_id, streams, engine_id(), random_u64(),
+                          sockets, deadline, retries, &peer_engine, &tls);
+    return adopt(std::move(fds), std::move(tls), peer, peer_engine);
   });
 }
 
 std::shared_ptr<Channel> TcpTransport::adopt(std::vector<UniqueFd> fds,
-                                                const std::string& peer) {
-  auto conn = std::make_shared<TcpConnection>(*this, config_, peer);
+                                             std::vector<std::unique_ptr<TlsSession>> tls,
+                                             const std::string& peer, uint64_t peer_engine) {
+  auto conn = std::make_shared<TcpConnection>(*this, config_, peer, peer_engine);
+  conn->set_peer_engine(peer_engine);
   attach_protocol(conn);
   std::vector<IoLoop*> loops;
   std::lock_guard<std::mutex> lock(mu_);
@@ -109,7 +120,7 @@ std::shared_ptr<Channel> TcpTransport::adopt(std::vector<UniqueFd> fds,
   for (size_t i = 0; i < fds.size(); ++i) {
     loops.push_back(loops_[next_loop_++ % loops_.size()].get());
   }
-  conn->start(std::move(fds), loops);
+  conn->start(std::move(fds), std::move(tls), loops);
   // Forget connections that are gone, so the list does not grow without bound.
   std::vector<std::weak_ptr<TcpConnection>> live;
   for (auto& w : connections_) {

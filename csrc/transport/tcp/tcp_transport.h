@@ -20,7 +20,9 @@ class TcpTransport : public Transport {
   TcpTransport(uint64_t engine_id, const TcpConfig& config);
   ~TcpTransport() override;
 
-  Capabilities capabilities() const override;
+  // What every TCP transport can do (registered in tcp_registration.cc).
+  static Capabilities declared();
+  Capabilities capabilities() const override { return declared(); }
   std::string describe() const override;
   uint16_t listen(const std::string& host, uint16_t port) override;
   std::shared_ptr<Channel> accept(double timeout_s) override;
@@ -33,10 +35,14 @@ class TcpTransport : public Transport {
                                             std::unique_ptr<PinnedAllocation> owned) override;
 
  private:
-  std::shared_ptr<Channel> adopt(std::vector<UniqueFd> fds, const std::string& peer);
+  // `peer_engine`: the peer's engine id from the handshake (descriptors are checked against it).
+  std::shared_ptr<Channel> adopt(std::vector<UniqueFd> fds,
+                                 std::vector<std::unique_ptr<TlsSession>> tls,
+                                 const std::string& peer, uint64_t peer_engine);
   SocketOptions socket_options() const;
 
   TcpConfig config_;
+  std::shared_ptr<const TlsContext> tls_;  // null: plain TCP
   std::vector<std::unique_ptr<IoLoop>> loops_;
   size_t next_loop_ = 0;
   std::unique_ptr<Acceptor> acceptor_;

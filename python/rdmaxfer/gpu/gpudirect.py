@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import _transports
 from .topology import is_software_rdma
 
 __all__ = ["METHODS", "GpuDirectPreflight", "kernel_version", "open_kernel_modules", "preflight"]
@@ -71,6 +72,8 @@ class GpuDirectPreflight:
 def preflight(
     transport: str,
     *,
+    gpu_direct: bool | None = None,
+    gpu_direct_off: str = "",
     rdma_device: str | None = None,
     cuda_status: dict[str, Any] | None = None,
     gpu: int = 0,
@@ -82,7 +85,14 @@ def preflight(
     """Decide how GPU memory of GPU ``gpu`` is registered on ``transport``.
 
     Args:
-        transport: ``"tcp"`` or ``"rdma"`` (the engine's transport).
+        transport: the engine's transport (``"tcp"``, ``"rdma"``...): GPUDirect RDMA needs
+            one that declares ``gpu_direct`` (:mod:`rdmaxfer._transports`).
+        gpu_direct: whether the engine's transport registers GPU memory with its NIC (its
+            ``capabilities()``: on ``"ofi"``, when the libfabric provider granted FI_HMEM);
+            None: what ``transport`` declares.
+        gpu_direct_off: why the engine's transport does not, in its own words
+            (``Engine.gpu_direct_off``: a provider without FI_HMEM); "": it moves bytes with
+            the CPU.
         rdma_device: the RDMA device in use (``"mlx5_0"``, ``"rxe0"``); None: unknown.
         cuda_status: ``_core.cuda_status()`` (driver version, GPUs and their dmabuf support).
         gpu: the GPU's ordinal.
@@ -98,10 +108,15 @@ def preflight(
     reasons: dict[str, str] = {"staging": ""}
     status = cuda_status or {}
     common = ""
-    if transport != "rdma":
+    if not (_transports.capabilities(transport).gpu_direct if gpu_direct is None else gpu_direct):
+        nic = [n for n in _transports.listed() if _transports.capabilities(n).gpu_direct]
+        use = " or ".join(map(repr, nic)) or "an RDMA transport"
         common = (
-            f"the {transport} transport moves bytes with the CPU; GPUDirect RDMA needs an RDMA "
-            "NIC (use transport='rdma')"
+            f"{gpu_direct_off}, so GPU memory is staged through host memory; GPUDirect RDMA "
+            f"needs a provider with FI_HMEM or transport={use}"
+            if gpu_direct_off
+            else f"the {transport} transport moves bytes with the CPU; GPUDirect RDMA needs an "
+            f"RDMA NIC (use transport={use})"
         )
     elif status.get("unavailable"):
         common = str(status["unavailable"])

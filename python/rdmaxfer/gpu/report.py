@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .. import _core
+from .. import _core, _transports
 from ..memory import cuda
 from . import gpudirect, topology
 
@@ -30,7 +30,7 @@ def gpu_report(
     Args:
         transports: ``_core.available_transports()`` (name -> "" when usable).
         sysfs_root, procfs_root: sysfs and procfs (tests pass fake trees).
-        rdma_device: the RDMA device the rdma transport uses, when known.
+        rdma_device: the RDMA device the transport on named devices (rails) uses, when known.
         cuda_status: the CUDA driver's facts (default: :func:`rdmaxfer.memory.cuda.status`).
         verbs_dmabuf: why libibverbs has no ``ibv_reg_dmabuf_mr`` ("" when it has; default:
             ``_core.verbs_dmabuf_unavailable()``).
@@ -60,7 +60,7 @@ def gpu_report(
             continue
         check = gpudirect.preflight(
             name,
-            rdma_device=rdma_device if name == "rdma" else None,
+            rdma_device=rdma_device if _transports.capabilities(name).rails else None,
             cuda_status=s,
             sysfs_root=sysfs_root,
             procfs_root=procfs_root,

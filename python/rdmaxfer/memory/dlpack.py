@@ -193,12 +193,13 @@ def contiguous_fix(writable: bool | None) -> str:
 def check_contiguous(
     shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int, what: str
 ) -> None:
-    """Raise unless ``strides`` (bytes; None means C order) are C order for ``shape``.
+    """Raise unless ``strides`` (bytes; None means C order) are C order for ``shape``; an
+    array of no element is contiguous whatever its strides (PyTorch gives zeros).
 
     Raises:
         InvalidArgumentError: other strides (the message names them and the fix).
     """
-    if strides is None:
+    if strides is None or 0 in shape:
         return
     expected = _c_strides(shape, itemsize)
     if len(strides) != len(shape) or any(

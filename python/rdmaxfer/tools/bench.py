@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import _core
+from .. import _core, _transports
 from .._config import format_address
 from .._test_hooks import rxe_guest
 from ..errors import InvalidArgumentError
@@ -195,8 +195,8 @@ PEER_START_S = 60.0
 
 
 def _engine(transport: str, streams: int, device: str | None, secret: str) -> Engine:
-    if transport == "rdma":
-        return Engine("rdma", streams=streams, rdma_devices=device, secret=secret)
+    if _transports.capabilities(transport).rails:  # runs on named devices
+        return Engine(transport, streams=streams, rdma_devices=device, secret=secret)
     return Engine(transport, streams=streams, secret=secret)
 
 
@@ -408,7 +408,8 @@ def run_bench(
         raise InvalidArgumentError(f"qd={qd!r}: the queue depth is an integer from 1 to 4096")
     if duration is not None and not (duration > 0 and math.isfinite(duration)):
         raise InvalidArgumentError(f"duration={duration!r}: give a number of seconds > 0")
-    setup = (rdma or RdmaSetup.resolve()) if transport == "rdma" else RdmaSetup()
+    on_rails = _transports.capabilities(transport).rails
+    setup = (rdma or RdmaSetup.resolve()) if on_rails else RdmaSetup()
     secret = secrets.token_hex(16)  # the peer may listen beyond loopback (rdma bind address)
     top = max(sizes)
     results: list[BenchResult] = []

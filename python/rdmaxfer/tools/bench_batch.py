@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _transports
 from .._config import format_address
 from ..errors import InvalidArgumentError
 from ..transport.engine import resolve_transport
@@ -106,7 +107,8 @@ def run_batch_bench(
         raise InvalidArgumentError(f"op={op!r}: a batch benchmark is 'write' or 'read'")
     if not cases or iters < 1 or min(min(c.entries, c.size) for c in cases) < 1:
         raise InvalidArgumentError("need at least one case of >= 1 entry of >= 1 byte, iters >= 1")
-    setup = (rdma or RdmaSetup.resolve()) if transport == "rdma" else RdmaSetup()
+    on_rails = _transports.capabilities(transport).rails
+    setup = (rdma or RdmaSetup.resolve()) if on_rails else RdmaSetup()
     secret = secrets.token_hex(16)
     remote_bytes = max(2 * c.entries * c.size for c in cases)
     rows: list[BatchRow] = []

@@ -21,7 +21,13 @@ from ..errors import RdmaxferError
 from . import bench
 from .cli_bench import cmd_bench
 from .cli_load import add_load_parser
-from .cli_weights import EXIT_INTERRUPTED, cmd_demo, cmd_pull, cmd_serve
+from .cli_weights import (
+    EXIT_INTERRUPTED,
+    SERVE_MAX_MESSAGE_BYTES,
+    cmd_demo,
+    cmd_pull,
+    cmd_serve,
+)
 from .info import cmd_info
 
 __all__ = ["EXIT_INTERRUPTED", "build_parser", "main", "transport_choices"]
@@ -181,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser, transport: str = "auto") -> None:
         p.add_argument(
             "--transport", choices=transports, default=transport,
-            help="auto: rdma when a device is active here, else tcp, and shm for a peer on "
-            "this host",
+            help="auto: rdma where a device offers RC, else ofi over a hardware RDMA provider, "
+            "else tcp, and shm for a peer on this host",
         )  # fmt: skip
         p.add_argument(
             "--timeout", type=_seconds, default=None,
@@ -216,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-clients", type=_int_in(1), default=None, metavar="N",
         help="exit after serving N clients (default: serve until stopped)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-message-bytes", type=_int_in(1, 2**62), default=SERVE_MAX_MESSAGE_BYTES,
+        metavar="N",
+        help="refuse client requests larger than N bytes before allocating anything (requests "
+        "are a few hundred bytes)",
     )  # fmt: skip
     p.add_argument(
         "--metrics-port", type=_int_in(0, 65535), default=None, metavar="N",

@@ -9,6 +9,7 @@ import json
 import sys
 from typing import Any
 
+from .. import _transports
 from ..transport.engine import resolve_transport
 from . import bench
 
@@ -29,16 +30,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         return cmd_bench_fetch(args)
     transport = resolve_transport(args.transport)
-    if args.reference and transport == "shm":
+    caps = _transports.capabilities(transport)
+    if args.reference and not caps.network:
         print(
-            "--reference: shm's reference is a single-process memcpy; run bench/shm_vs_memcpy.py",
+            f"--reference: {transport}'s reference (same host) is a single-process memcpy; run "
+            "bench/shm_vs_memcpy.py",
             file=sys.stderr,
         )
         return 2
     sizes = bench.parse_sizes(args.size)
     rdma = (
         bench.RdmaSetup.resolve(args.device, args.peer_device, args.bind, args.rails)
-        if transport == "rdma"
+        if caps.rails
         else None
     )
     if args.batch or args.kv_cache:
@@ -50,10 +53,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.reference:
             from . import bench_reference
 
-            if transport == "tcp":
-                ref = bench_reference.iperf3_reference([row.bytes], row.iters)
-            else:
+            if caps.rails:  # a verbs device: perftest; sockets: iperf3
                 ref = bench_reference.perftest_reference([row.bytes], row.iters)
+            else:
+                ref = bench_reference.iperf3_reference([row.bytes], row.iters)
             row.attach_reference(ref[row.bytes])
         if args.json:
             _emit(row.as_dict())

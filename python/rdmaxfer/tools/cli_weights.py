@@ -9,24 +9,29 @@ file with the ``safetensors`` library.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .. import _core, weights
-from .._config import format_address
-from ..transport.engine import Engine, is_automatic, resolve_transport
+from .. import _transports, weights
+from .._config import ENV_SECRET, format_address
+from .._warn import warn
+from ..options import EngineOptions
+from ..transport.engine import Engine, is_automatic, is_loopback, resolve_transport
 
 __all__ = [
     "EXIT_INTERRUPTED",
+    "SERVE_MAX_MESSAGE_BYTES",
     "cmd_demo",
     "cmd_pull",
     "cmd_serve",
@@ -119,6 +124,34 @@ def _stop_serving(signum: int, frame: object) -> None:
     raise _Stopped(signum)
 
 
+def _no_listen_warning() -> contextlib.AbstractContextManager[None]:
+    """Within the caller's ``warnings.catch_warnings()``: the engine's own warning about
+    listening beyond loopback without a secret is dropped (``serve`` warns for every address,
+    :func:`_warn_unauthenticated`)."""
+    warnings.filterwarnings("ignore", message="rdmaxfer engine listening on .* without a")
+    return contextlib.nullcontext()
+
+
+def _warn_unauthenticated(host: str, server: weights.WeightServer) -> None:
+    """``serve`` without a shared secret, on any address: who can read what (a
+    ``UserWarning``, one line on stderr)."""
+    where = format_address(host, server.port)
+    who = (
+        "every user and process of this host"
+        if is_loopback(host)
+        else f"any host that reaches {where}, and every user of this one,"
+    )
+    warn(
+        f"serving without a shared secret on {where}: {who} can connect and READ the "
+        f"{len(server.tensors)} tensors ({server.nbytes} bytes) published; set {ENV_SECRET} "
+        "(the same value) for serve and for every client"
+    )
+
+
+#: The largest request ``serve`` takes by default (catalog requests are a few hundred bytes).
+SERVE_MAX_MESSAGE_BYTES = 64 << 10
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     # As a container's main process (PID 1) serve gets no default action for SIGTERM from the
     # kernel, so `docker stop` would wait and then SIGKILL it: handle it like Ctrl-C. A signal
@@ -129,7 +162,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             signal.signal(sig, _stop_serving)
     try:
         with (
-            Engine(args.transport) as engine,
+            warnings.catch_warnings(),  # serve says it itself, for every address
+            Engine(
+                args.transport, options=EngineOptions(max_message_bytes=args.max_message_bytes)
+            ) as engine,
+            _no_listen_warning(),
             weights.WeightServer(
                 args.path,
                 host=args.host,
@@ -145,6 +182,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
                 url = serve_metrics(engine, args.metrics_port, host=args.metrics_host)
                 where += f", metrics on {url}"
+            if not engine.authenticated:
+                _warn_unauthenticated(args.host, server)
             print(
                 f"serving {len(server.tensors)} tensors ({server.nbytes} bytes) from "
                 f"{args.path} on {where}",
@@ -275,13 +314,17 @@ def demo_transport(requested: str) -> str:
     "auto" takes shm when it is usable here (else its network transport, with shm's reason)."""
     if not is_automatic(requested):
         return f"transport {resolve_transport(requested)} (asked for)"
-    why = _core.available_transports().get("shm", "unknown")
+    companion = _transports.same_host_companion()
+    network = resolve_transport("auto")
+    if companion is None:
+        return f"this build has no same-host transport: transport auto uses {network}"
+    why = _transports.unavailable(companion)
     if why == "":
         return (
-            "both ends run on this host: transport auto picks shm for this peer "
-            "(--transport tcp to compare)"
+            f"both ends run on this host: transport auto picks {companion} for this peer "
+            f"(--transport {network} to compare)"
         )
-    return f"shm is unavailable here ({why}): transport auto uses {resolve_transport('auto')}"
+    return f"{companion} is unavailable here ({why}): transport auto uses {network}"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ _WHERE = {
     "tcp": "the tcp transport: TcpOptions",
     "shm": "the shm transport: ShmOptions",
     "rdma": "the rdma (verbs) transport: RdmaOptions",
+    "ofi": "the ofi (libfabric) transport (environment only)",
 }
 
 

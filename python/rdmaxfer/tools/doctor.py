@@ -13,7 +13,9 @@ staging: the decision of :mod:`rdmaxfer.gpu.gpudirect`, which ``rdmaxfer info`` 
 CUDA IPC between processes of this host and GPU peer access (the decision of
 :func:`rdmaxfer.gpu.report.cuda_ipc_report`, also in ``rdmaxfer info``); GPUDirect Storage
 for loads from disk (libcufile, nvidia-fs, open kernel modules: :mod:`.doctor_gds`);
-GPU-NIC PCIe affinity; the same-host shm transport (Yama ptrace_scope); TCP buffer sysctls,
+GPU-NIC PCIe affinity; the same-host shm transport (Yama ptrace_scope); fork() and registered
+memory (the kernel's copy of pinned pages, libibverbs' fork state: :mod:`.doctor_fork`); TCP
+buffer sysctls,
 window scaling,
 vm.swappiness; IRQ affinity of the NICs' queues; PCIe link width/speed of GPUs and NICs.
 """
@@ -33,7 +35,9 @@ from ..gpu.topology import list_rdma_devices
 from ..memory import cuda
 from .doctor_fabric import check_fabric
 from .doctor_facts import SEVERITIES, Finding, read, read_int, size_text, worst
+from .doctor_fork import check_fork
 from .doctor_gds import check_gds
+from .doctor_ofi import check_ofi
 from .doctor_pci import check_affinity, check_irqs, check_pcie_links
 
 __all__ = [
@@ -288,7 +292,7 @@ def _gpu_findings(subject: str, check: gpudirect.GpuDirectPreflight) -> list[Fin
 
 def check_shm(procfs: Path, unavailable: str | None = None) -> list[Finding]:
     """The same-host transport: usable here (``unavailable``: the core's reason, "" when
-    usable; default: ``_core.available_transports()["shm"]``), and Yama's ptrace_scope, which
+    usable; default: the core's reason for shm), and Yama's ptrace_scope, which
     decides whether two sibling processes may copy between each other (process_vm_readv)."""
     why = _core.available_transports().get("shm", "") if unavailable is None else unavailable
     if why:
@@ -461,6 +465,7 @@ def run_checks(
     cuda_status: dict[str, Any] | None = None,
     verbs_dmabuf: str | None = None,
     gds_status: dict[str, str] | None = None,
+    ofi_providers: list[dict[str, Any]] | str | None = None,
 ) -> list[Finding]:
     """Run every check; nothing is modified.
 
@@ -473,6 +478,9 @@ def run_checks(
             checks (see :func:`check_gpu_memory`; default: this machine's).
         gds_status: what loading libcufile found (see :func:`.doctor_gds.check_gds`; default:
             this machine's).
+        ofi_providers: libfabric's providers as the ofi transport decides them, or why
+            libfabric cannot be loaded (see :func:`.doctor_ofi.check_ofi`; default: this
+            machine's).
 
     Returns:
         Findings in check order.
@@ -491,6 +499,8 @@ def run_checks(
         lambda: check_irqs(sys_root, proc_root),
         lambda: check_sysctls(proc_root),
         lambda: check_shm(proc_root),
+        lambda: check_fork(proc_root, rdma),
+        lambda: check_ofi(sys_root, ofi_providers),
     ]
     out: list[Finding] = []
     for check in checks:

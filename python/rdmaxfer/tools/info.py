@@ -10,7 +10,8 @@ import argparse
 import json
 from typing import Any
 
-from .. import _core
+from .. import _core, _transports
+from ..errors import RdmaxferError
 from ..gpu.gds import gds_report
 from ..gpu.report import gpu_report
 from ..transport.engine import Engine, is_automatic, resolve_transport
@@ -21,11 +22,14 @@ def auto_same_host(available: dict[str, str]) -> str:
     network = resolve_transport("auto")
     if not is_automatic("auto"):
         return f"{network} (RDMAXFER_TRANSPORT forces it)"
-    if available.get("shm"):
-        return f"{network} (shm unavailable: {available['shm']})"
+    companion = _transports.same_host_companion()
+    if companion is None:
+        return f"{network} (this build has no same-host transport)"
+    if available.get(companion):
+        return f"{network} ({companion} unavailable: {available[companion]})"
     return (
-        "shm when the peer runs as the same user in the same network and PID namespace and "
-        f"CMA is allowed; else {network}, saying why"
+        f"{companion} when the peer runs as the same user in the same network and PID namespace "
+        f"and CMA is allowed; else {network}, saying why"
     )
 
 
@@ -36,6 +40,13 @@ def cmd_info(args: argparse.Namespace) -> int:
         print_config(args.json)
         return 0
     available = _core.available_transports()
+    opened: dict[str, Engine] = {}
+    for name, reason in available.items():
+        if not reason:  # usable as far as its check goes; opening an engine tells the rest
+            try:
+                opened[name] = Engine(name)
+            except RdmaxferError as e:
+                available[name] = str(e)
     info: dict[str, Any] = {
         "transports": {name: (reason or "available") for name, reason in available.items()},
         "auto_selects": resolve_transport("auto"),
@@ -43,16 +54,17 @@ def cmd_info(args: argparse.Namespace) -> int:
         "memlock_limit": _core.memlock_limit(),
     }
     details = {}
-    for name, reason in available.items():
-        if not reason:
-            with Engine(name) as engine:
-                details[name] = engine.describe()
-                if name == "rdma":
-                    info["rdma_rails"] = engine.core.rails()
+    rdma_device = None
+    for name, opened_engine in opened.items():
+        with opened_engine as engine:
+            details[name] = engine.describe()
+            if _transports.capabilities(name).rails:  # runs on named devices
+                info["rdma_rails"] = engine.core.rails()
+                words = details[name].split()  # "rdma: device mlx5_0 port 1, ..."
+                if "device" in words[:-1]:
+                    rdma_device = words[words.index("device") + 1]
     info["details"] = details
     info.setdefault("rdma_rails", [])
-    words = details.get("rdma", "").split()  # "rdma: device mlx5_0 port 1, ..."
-    rdma_device = words[words.index("device") + 1] if "device" in words[:-1] else None
     info["gpu"] = gpu_report(available, rdma_device=rdma_device)
     for g in info["gpu"]["gpus"]:  # the engine's rail nearest each GPU (its small transfers)
         near = [n["name"] for n in g["nics"] if n["link"] and n["name"] in info["rdma_rails"]]

@@ -36,7 +36,7 @@ from ..errors import InvalidArgumentError, RdmaxferError
 from ..memory import meta as _meta
 from .args import message_of, one_sided_of, receivable
 from .domain import MemoryDomain
-from .receive import recv_step
+from .receive import host_array, recv_step
 from .transfer import CLEANUP_TIMEOUT_S, MIN_WAIT_S, Transfer, TransferOwner, WaitLimits
 
 
@@ -259,9 +259,9 @@ def recv(
     facts = _message_facts(meta, length)
     if facts is None or (dest is not None and (dest.dtype != facts[0] or dest.shape != facts[1])):
         return ep.track(general()).wait_within(WaitLimits(*wait, started))  # type: ignore[no-any-return]
-    target = np.empty(facts[1], dtype=facts[0]) if dest is None else dest
     temps: list[Any] = []
     try:
+        target = host_array(facts[1], facts[0], length, core.peer) if dest is None else dest
         region, offset, temps = ep.engine.host_region(target, writes=True)
         keep: list[object] = [target, region]
         left = _fresh(wait, started)

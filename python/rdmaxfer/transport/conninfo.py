@@ -9,6 +9,20 @@ the peer. Keys:
 ``shm_not_used``
     When an automatic engine passed shm over: why (another host, user or namespace, CMA
     refused).
+``auto``
+    On an automatic engine: why this connection's transport (shm: the peer is on this host;
+    else the network transport ``transport="auto"`` took, after the refusals of those ranked
+    above it, e.g. ``"ofi: rdma not usable (no RDMA device with an active port and RC queue
+    pairs ...)"``).
+``provider``, ``fabric``, ``domain``, ``max_message``, ``notify_chunk``, ``inject_size``,
+``cq_data_size``, ``hmem``
+    On ofi: the libfabric provider that carries the connection (``"verbs;ofi_rxm"``,
+    ``"tcp;ofi_rxm"``, ``"efa"``), its fabric and domain (a NIC, or an interface for tcp), as
+    ``fi_getinfo`` named them; the largest RMA a request is cut into (bytes), the chunk size
+    of notified writes (bytes), the provider's inject size (bytes) and bytes of remote CQ data;
+    ``hmem`` 1 when the provider registers GPU memory with the NIC (FI_HMEM, asked for when
+    CUDA loads and ``RDMAXFER_OFI_HMEM`` is not 0), 0 when GPU memory is staged through host
+    memory.
 ``peer_pid``, ``ring_bytes``, ``cuda_ipc_bytes``, ``cuda_ipc_opened``, ``cuda_ipc_closed_stale``
     On shm: the peer's pid, the bytes of each ring; the bytes moved GPU to GPU by CUDA IPC
     (GPU memory at either end, registered or exported on the fly), the peer's GPU allocations
@@ -52,11 +66,11 @@ the peer. Keys:
 
 from __future__ import annotations
 
-from .. import _core
+from .. import _core, _transports
 
 
-def connection_info(core: _core.Endpoint) -> dict[str, int | str]:
-    """The ``info`` dict of the connection ``core`` (keys above)."""
+def connection_info(core: _core.Endpoint, engine: _core.Engine) -> dict[str, int | str]:
+    """The ``info`` dict of the connection ``core`` of ``engine`` (keys above)."""
     info: dict[str, int | str] = {
         "transport": core.transport,
         "peer": core.peer,
@@ -64,6 +78,11 @@ def connection_info(core: _core.Endpoint) -> dict[str, int | str]:
     }
     if core.transport_note:
         info["shm_not_used"] = core.transport_note.removeprefix("shm not used: ")
+    if engine.automatic:
+        same_host = not _transports.capabilities(core.transport).network
+        info["auto"] = (
+            f"{core.transport}: the peer is on this host" if same_host else engine.auto_why
+        )
     info.update(core.attributes())
     return info
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from .. import _core
+from .. import _core, _transports
 from .._config import resolve_timeout
 from ..errors import (
     EndpointClosedError,
@@ -229,11 +229,13 @@ class MemoryDomain:
         if cached is not None:
             return cached
         rdma_device = None
-        if self.transport == "rdma":
+        if _transports.capabilities(self.transport).rails:
             words = self._core.describe().split()  # "rdma: device mlx5_0 port 1, ..."
             rdma_device = words[words.index("device") + 1] if "device" in words[:-1] else None
         result = gpudirect.preflight(
             self.transport,
+            gpu_direct=bool(self._core.capabilities()["gpu_direct"]),
+            gpu_direct_off=self._core.gpu_direct_off,
             rdma_device=rdma_device,
             cuda_status=cuda.status(),
             gpu=ordinal,
@@ -250,7 +252,7 @@ class MemoryDomain:
             raise InvalidArgumentError(
                 f"read-only GPU memory cannot be registered with access={access!r}"
             )
-        if self.transport == "shm" or self._ipc_companion():
+        if self._exports_device_memory():
             # processes of one host: CUDA IPC (csrc/transport/shm/cuda_ipc.h)
             methods: tuple[str, ...] = ("cuda_ipc",)
         else:
@@ -284,11 +286,18 @@ class MemoryDomain:
         raise RegistrationError("GPU memory registration failed: " + "; ".join(errors))
 
     def _ipc_companion(self) -> bool:
-        """True for an automatic engine over TCP with a same-host shm companion: its GPU
-        registrations are exported for CUDA IPC (by the companion, into this engine's keys), so
-        shm connections move them GPU to GPU; its TCP connections stage them."""
+        """True for an automatic engine whose network transport does not register GPU memory
+        for the NIC (TCP) and that has a same-host companion: its GPU registrations are exported
+        for CUDA IPC (by the companion, into this engine's keys), so same-host connections move
+        them GPU to GPU; its network connections stage them."""
         core = self._core
-        return core.automatic and core.transport == "tcp" and core.has_shm_companion
+        direct = _transports.capabilities(core.transport).gpu_direct
+        return core.automatic and not direct and core.has_shm_companion
+
+    def _exports_device_memory(self) -> bool:
+        """True when this engine's GPU memory is exported for CUDA IPC: its transport declares
+        ``device_ipc`` (shm), or its companion does (:meth:`_ipc_companion`)."""
+        return _transports.capabilities(self.transport).device_ipc or self._ipc_companion()
 
     def gpu_links_unreached(self) -> str:
         """Internal: "" when every connection of this engine can reach its GPU registrations, else
@@ -327,11 +336,11 @@ class MemoryDomain:
         calls = cuda_ipc_report(status)["calls"]
         if calls != "available":
             return str(calls)
-        if self.transport == "rdma":
+        if _transports.capabilities(self.transport).gpu_direct:
             return (
                 "GPU memory on this engine is registered for GPUDirect RDMA (its network "
-                "transport is rdma), so it is staged through host memory to peers on this host; "
-                "use transport='shm' for same-host GPU peers"
+                f"transport is {self.transport}), so it is staged through host memory to peers on "
+                "this host; use transport='shm' for same-host GPU peers"
             )
         return ""
 
@@ -357,9 +366,8 @@ class MemoryDomain:
         over ``transport`` moves directly (CUDA IPC exports on ``"shm"``, GPUDirect RDMA MRs on the
         others): (region, byte offset of the view in it), else None."""
         with self._lock:
-            region = self._covers["ipc" if transport == "shm" else "direct"].find(
-                view.ptr, view.nbytes
-            )
+            ipc = _transports.capabilities(transport).device_ipc
+            region = self._covers["ipc" if ipc else "direct"].find(view.ptr, view.nbytes)
         if region is None or not region.registered:
             return None
         return region, view.ptr - region.addr
@@ -375,7 +383,7 @@ class MemoryDomain:
         found = self.device_local(view, transport)
         if found is not None:
             return found[0], found[1], []
-        return self._export(view) if transport == "shm" else None
+        return self._export(view) if _transports.capabilities(transport).device_ipc else None
 
     def _export(self, view: cuda.CudaArray) -> tuple[MemoryRegion, int, list[MemoryRegion]] | None:
         """The implicit CUDA IPC export of the allocation holding ``view`` (unregistered GPU
@@ -387,7 +395,7 @@ class MemoryDomain:
         automatic engine over rdma), the driver lacks the IPC calls or does not report the
         buffer id, or the memory cannot be exported (managed memory, VMM memory without a
         POSIX fd handle type)."""
-        if self._exports_unsupported or not (self.transport == "shm" or self._ipc_companion()):
+        if self._exports_unsupported or not self._exports_device_memory():
             return None
         try:
             base, size, identity = _core.cuda_allocation(view.ptr)

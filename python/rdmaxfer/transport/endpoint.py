@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from .. import _core
+from .. import _core, _transports
 from .._config import resolve_timeout
 from ..errors import EndpointClosedError, RdmaxferError
 from ..memory.buffer import Buffer
@@ -109,8 +109,8 @@ class Endpoint(BatchOps):
         ``peer``, ``streams`` and, per transport, its settings (on rdma the path MTU, the READ
         depths, the rails and the fabric settings); every key and unit is listed in
         :mod:`rdmaxfer.transport.conninfo`."""
-        info = connection_info(self._core)
-        if info["transport"] == "shm":
+        info = connection_info(self._core, self._engine.core)
+        if _transports.capabilities(str(info["transport"])).device_ipc:
             if why := self._engine.cuda_ipc_off():
                 info["cuda_ipc_off"] = why
             elif why := self._engine.cuda_ipc_export_off():

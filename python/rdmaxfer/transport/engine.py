@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .. import _core
+from .. import _core, _transports
 from .._config import ENV_SECRET, ENV_TRANSPORT, format_address, parse_address, resolve_timeout
 from .._warn import warn
 from ..errors import EndpointClosedError, InvalidArgumentError, TransferTimeoutError
@@ -22,15 +22,14 @@ from ..options import EngineOptions, RdmaOptions, ShmOptions, TcpOptions, env_se
 from .domain import MemoryDomain
 from .endpoint import Endpoint
 from .lifecycle import track_engine
+from .tls import TLS_ARGS, TLS_ROW, tls_settings
 from .transfer import Transfer
 
 if TYPE_CHECKING:
     import asyncio
     from types import TracebackType
 
-__all__ = ["Endpoint", "Engine", "Transfer", "is_automatic", "resolve_transport"]
-
-_TRANSPORTS = ("tcp", "rdma", "shm")
+__all__ = ["Endpoint", "Engine", "Transfer", "is_automatic", "is_loopback", "resolve_transport"]
 
 
 def resolve_transport(transport: str = "auto") -> str:
@@ -46,12 +45,10 @@ def resolve_transport(transport: str = "auto") -> str:
     """
     if transport == "auto":
         env = env_setting(ENV_TRANSPORT)
-        if env != "auto":
-            return str(env)
-        usable = _core.available_transports()
-        return "rdma" if usable.get("rdma") == "" else "tcp"
-    if transport not in _TRANSPORTS:
-        raise InvalidArgumentError(f"transport={transport!r} is not 'auto', 'tcp', 'rdma' or 'shm'")
+        return _transports.automatic_network() if env == "auto" else str(env)
+    if transport not in _transports.listed():
+        _transports.capabilities(transport)  # raises, naming the transports of this build
+        raise InvalidArgumentError(f"transport={transport!r} is internal; pick a listed one")
     return transport
 
 
@@ -112,10 +109,17 @@ class Engine(MemoryDomain):
             SL; the priority on RoCE), the GRH traffic class 0..255 (RoCE: the IP TOS byte,
             DSCP << 2, e.g. 104 for DSCP 26) and the IB RNR timer code 0..31 (18 = 5.12 ms).
             ``rdmaxfer doctor`` says when the traffic class misses the NIC's PFC/ECN setting.
+        tls: TLS 1.3 on every stream of every tcp connection (default: env ``RDMAXFER_TLS``,
+            else off), authenticated by the shared secret as a pre-shared key or by
+            ``TcpOptions(tls_cert=, tls_key=, tls_ca=)``; a peer without TLS is refused, and a
+            peer with it is refused by an engine without. tcp only (UnsupportedError else).
         secret: a shared secret (default: env ``RDMAXFER_SECRET``). With one, every connection
             starts with a mutual HMAC-SHA256 challenge-response and a peer without the same
             secret is refused before any address, key or QP number is revealed; both sides
             need it. Without one, :meth:`listen` warns when bound beyond loopback.
+            A peer's two-sided message beyond ``EngineOptions(max_message_bytes=...)`` (env
+            ``RDMAXFER_MAX_MESSAGE_BYTES``, else 16 GiB) is refused before anything is
+            allocated; the sender's send raises :class:`~rdmaxfer.errors.ProtocolError`.
         options: the settings as typed objects, one per table (:mod:`rdmaxfer.options`):
             :class:`~rdmaxfer.options.EngineOptions`, and :class:`~rdmaxfer.options.TcpOptions`,
             :class:`~rdmaxfer.options.RdmaOptions` or :class:`~rdmaxfer.options.ShmOptions`
@@ -146,6 +150,7 @@ class Engine(MemoryDomain):
         service_level: int | None = None,
         traffic_class: int | None = None,
         min_rnr_timer: int | None = None,
+        tls: bool | None = None,
         options: AnyOptions | Sequence[AnyOptions] | None = None,
     ) -> None:
         kind = "auto" if is_automatic(transport) else resolve_transport(transport)
@@ -161,7 +166,11 @@ class Engine(MemoryDomain):
             "service_level": -1 if service_level is None else service_level,
             "traffic_class": -1 if traffic_class is None else traffic_class,
             "min_rnr_timer": -1 if min_rnr_timer is None else min_rnr_timer,
+            "max_message_bytes": None,
+            **dict.fromkeys(TLS_ARGS),
         }
+        if tls is not None:
+            core_args["tls"] = TLS_ROW.check(tls, "Engine")
         if options is not None:
             _apply_options(core_args, kind, options)
         secret = core_args["secret"]
@@ -170,7 +179,11 @@ class Engine(MemoryDomain):
         if isinstance(secret, bytes):
             secret = secret.decode("latin-1")
         core_args["secret"] = secret
-        self._authenticated = bool(secret)
+        if core_args["max_message_bytes"] is None:
+            core_args["max_message_bytes"] = env_setting("RDMAXFER_MAX_MESSAGE_BYTES")
+        network = resolve_transport("auto") if kind == "auto" else kind
+        tls_on = tls_settings(core_args, kind, network)
+        self._authenticated = bool(secret) or tls_on
         super().__init__(_core.Engine(kind, **core_args))
         self._port: int | None = None
         # Endpoints are held until closed: dropping the last handle must not cut a connection
@@ -293,6 +306,11 @@ class Engine(MemoryDomain):
             "write(..., notify=payload) or write_batch(..., notify=payload)"
         )
 
+    @property
+    def authenticated(self) -> bool:
+        """True when the engine holds a shared secret (its peers must prove the same one)."""
+        return self._authenticated
+
     # -- connections -----------------------------------------------------------------------
     def listen(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Start accepting connections on ``host:port`` (port 0: any free port).
@@ -310,7 +328,7 @@ class Engine(MemoryDomain):
         """
         self._check_open()
         host, port = parse_address(host, port, default_host="127.0.0.1")
-        if not self._authenticated and not _is_loopback(host):
+        if not self._authenticated and not is_loopback(host):
             warn(
                 f"rdmaxfer engine listening on {format_address(host, port)} without a shared "
                 f"secret: any host that reaches it can connect; set {ENV_SECRET} (or "
@@ -460,9 +478,11 @@ AnyOptions = EngineOptions | TcpOptions | ShmOptions | RdmaOptions
 _CORE_ARG: dict[tuple[type, str], tuple[str, object]] = {
     (EngineOptions, "poll_mode"): ("poll_mode", ""),
     (EngineOptions, "secret"): ("secret", None),
+    (EngineOptions, "max_message_bytes"): ("max_message_bytes", None),
     (TcpOptions, "io_threads"): ("io_threads", 0),
     (TcpOptions, "socket_buffer"): ("socket_buffer", 0),
     (TcpOptions, "streams"): ("default_streams", 0),
+    **{(TcpOptions, name): (name, None) for name in TLS_ARGS},
     (RdmaOptions, "device"): ("rdma_device", ""),
     (RdmaOptions, "devices"): ("rdma_devices", []),
     (RdmaOptions, "gid_index"): ("gid_index", -1),
@@ -484,7 +504,7 @@ def _apply_options(
             the engine does not use, or a setting given both as a keyword and in options.
     """
     given: Sequence[object] = options if isinstance(options, (list, tuple)) else [options]
-    uses = {"auto": ("tcp", "rdma", "shm"), "shm": ("shm",)}.get(kind, (kind,))
+    uses = _transports.listed() if kind == "auto" else (kind,)
     network = resolve_transport("auto") if kind == "auto" else kind
     seen: set[type] = set()
     for option in given:
@@ -503,7 +523,12 @@ def _apply_options(
                 f"engine uses {kind!r}; drop it, or make the engine with "
                 f"transport={option.TRANSPORT!r} (or 'auto')"
             )
-        if kind == "auto" and option.TRANSPORT in ("tcp", "rdma") and option.TRANSPORT != network:
+        if (
+            kind == "auto"
+            and option.TRANSPORT
+            and _transports.capabilities(option.TRANSPORT).network
+            and option.TRANSPORT != network
+        ):
             continue  # the network transport this automatic engine did not pick here
         for field, value in option.given().items():
             arg, unset = _CORE_ARG[(cls, field)]
@@ -528,7 +553,8 @@ def _device_list(devices: Sequence[str] | str | None) -> list[str]:
     return names
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """True for "localhost" and loopback addresses (127.0.0.0/8, ::1)."""
     if host == "localhost":
         return True
     import ipaddress  # only when listening (and not imported by `import rdmaxfer`)

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _core
-from ..errors import ChecksumError, InvalidArgumentError, RdmaxferError
+from ..errors import ChecksumError, InvalidArgumentError, ProtocolError, RdmaxferError
 from ..memory import meta as _meta
 from ..memory.buffer import Buffer
 from .domain import MemoryDomain, staged_backstop_s
@@ -26,7 +26,24 @@ from .transfer import HeaderStep, Transfer
 if TYPE_CHECKING:
     from ..memory.cuda import CudaArray
 
-__all__ = ["recv_step"]
+__all__ = ["host_array", "recv_step"]
+
+
+def host_array(shape: tuple[int, ...], dtype: np.dtype[Any], length: int, peer: str) -> Any:
+    """A new host array for a message of ``length`` bytes from ``peer``.
+
+    Raises:
+        ProtocolError: the memory cannot be had (NumPy's MemoryError); the caller rejects
+            the message.
+    """
+    try:
+        return np.empty(shape, dtype=dtype)
+    except MemoryError as exc:
+        raise ProtocolError(
+            f"recv from {peer}: a message of {length} bytes does not fit in this process's "
+            f"memory ({exc}); the message was rejected: lower the engine's max_message_bytes "
+            "(RDMAXFER_MAX_MESSAGE_BYTES) so that peers are refused such messages at once"
+        ) from None
 
 
 def recv_step(
@@ -77,7 +94,7 @@ def recv_step(
                 if isinstance(dest, np.ndarray):
                     result = dest
             elif gpu is None:
-                target = result = np.empty(shape, dtype=dtype)
+                target = result = host_array(shape, dtype, length, core.peer)
             else:
                 from ..gpu.staging import to_user_array
 
@@ -89,7 +106,7 @@ def recv_step(
             # then copied up: a corrupted message never reaches the device array.
             landing = target
             if expected is not None and not isinstance(target, np.ndarray):
-                landing = np.empty(shape, dtype=dtype)
+                landing = host_array(shape, dtype, length, core.peer)
             if isinstance(landing, np.ndarray):
                 region, offset, temps = domain.host_region(landing, writes=True)
                 transfer.add_resources([landing, region], temps)

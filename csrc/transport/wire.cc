@@ -1,6 +1,6 @@
-#include "transport/tcp/wire.h"
+#include "transport/wire.h"
 
-#include "common/bytes.h"
+#include "common/le_codec.h"
 #include "common/error.h"
 
 namespace rdmaxfer {
@@ -55,42 +55,46 @@ const char* frame_type_name(FrameType type) {
 }
 
 void FrameHeader::encode(uint8_t* out) const {
-  store_le<uint16_t>(out, kFrameMagic);
-  out[2] = kVersion;
-  out[3] = static_cast<uint8_t>(type);
-  store_le<uint32_t>(out + 4, status);
-  store_le<uint64_t>(out + 8, req_id);
-  store_le<uint64_t>(out + 16, addr);
-  store_le<uint64_t>(out + 24, size);
-  store_le<uint64_t>(out + 32, aux);
-  store_le<uint32_t>(out + 40, key);
-  store_le<uint32_t>(out + 44, meta_len);
-  store_le<uint64_t>(out + 48, payload_len);
-  store_le<uint64_t>(out + 56, total);
+  LeWriter(out, kSize)
+      .put<uint16_t>(kFrameMagic)
+      .put<uint8_t>(kVersion)
+      .put<uint8_t>(static_cast<uint8_t>(type))
+      .put<uint32_t>(status)
+      .put<uint64_t>(req_id)
+      .put<uint64_t>(addr)
+      .put<uint64_t>(size)
+      .put<uint64_t>(aux)
+      .put<uint32_t>(key)
+      .put<uint32_t>(meta_len)
+      .put<uint64_t>(payload_len)
+      .put<uint64_t>(total);
 }
 
 FrameHeader FrameHeader::decode(const uint8_t* in) {
-  if (load_le<uint16_t>(in) != kFrameMagic) {
+  LeReader r(in, kSize);
+  if (r.get<uint16_t>() != kFrameMagic) {
     throw Error(ErrorKind::kProtocol, "bad frame magic: the stream is corrupt or not rdmaxfer");
   }
-  if (in[2] != kVersion) {
-    throw Error(ErrorKind::kProtocol, "unsupported frame version " + std::to_string(in[2]));
+  const uint8_t version = r.get<uint8_t>();
+  if (version != kVersion) {
+    throw Error(ErrorKind::kProtocol, "unsupported frame version " + std::to_string(version));
   }
   FrameHeader h;
-  if (in[3] < static_cast<uint8_t>(FrameType::kWrite) ||
-      in[3] > static_cast<uint8_t>(FrameType::kReadGatherResp)) {
-    throw Error(ErrorKind::kProtocol, "unknown frame type " + std::to_string(in[3]));
+  const uint8_t type = r.get<uint8_t>();
+  if (type < static_cast<uint8_t>(FrameType::kWrite) ||
+      type > static_cast<uint8_t>(FrameType::kReadGatherResp)) {
+    throw Error(ErrorKind::kProtocol, "unknown frame type " + std::to_string(type));
   }
-  h.type = static_cast<FrameType>(in[3]);
-  h.status = load_le<uint32_t>(in + 4);
-  h.req_id = load_le<uint64_t>(in + 8);
-  h.addr = load_le<uint64_t>(in + 16);
-  h.size = load_le<uint64_t>(in + 24);
-  h.aux = load_le<uint64_t>(in + 32);
-  h.key = load_le<uint32_t>(in + 40);
-  h.meta_len = load_le<uint32_t>(in + 44);
-  h.payload_len = load_le<uint64_t>(in + 48);
-  h.total = load_le<uint64_t>(in + 56);
+  h.type = static_cast<FrameType>(type);
+  h.status = r.get<uint32_t>();
+  h.req_id = r.get<uint64_t>();
+  h.addr = r.get<uint64_t>();
+  h.size = r.get<uint64_t>();
+  h.aux = r.get<uint64_t>();
+  h.key = r.get<uint32_t>();
+  h.meta_len = r.get<uint32_t>();
+  h.payload_len = r.get<uint64_t>();
+  h.total = r.get<uint64_t>();
   if (h.meta_len > kMaxMeta) {
     throw Error(ErrorKind::kProtocol, "frame metadata of " + std::to_string(h.meta_len) +
                                           " bytes exceeds the limit of " +

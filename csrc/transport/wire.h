@@ -1,5 +1,6 @@
-// TCP wire framing. Every frame is a 64-byte header, then `meta_len` bytes of metadata, then
-// `payload_len` bytes of data. Little-endian, version 1:
+// The frames of the stream transports, shared by every transport that uses them (tcp over its
+// sockets, shm over its rings). Every frame is a 64-byte header, then `meta_len` bytes of
+// metadata, then `payload_len` bytes of data. Little-endian, version 1:
 //   0 magic u16 0x5852 ("RX")  2 version u8  3 type u8  4 status u32  8 req_id u64
 //  16 addr u64  24 size u64  32 aux u64  40 key u32  44 meta_len u32  48 payload_len u64
 //  56 total u64

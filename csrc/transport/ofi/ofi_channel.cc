@@ -1,0 +1,479 @@
+#include "transport/ofi/ofi_channel.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "transport/chunking.h"
+#include "transport/ofi/ofi_transport.h"
+#include "transport/socket.h"
+
+namespace rdmaxfer {
+
+namespace {
+
+constexpr int kSendTimeoutS = 30;  // a peer that stops reading its control stream
+
+// Reads exactly `size` bytes from a blocking socket; false on EOF or an error (why in *why).
+bool read_exact(int fd, void* data, size_t size, std::string* why) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (size > 0) {
+    const ssize_t n = ::recv(fd, p, size, 0);
+    if (n > 0) {
+      p += n;
+      size -= static_cast<size_t>(n);
+    } else if (n == 0) {
+      *why = "closed its connection";
+      return false;
+    } else if (errno != EINTR) {
+      *why = errno_text("recv", errno);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool write_all(int fd, const void* data, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (size > 0) {
+    const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
+    if (n > 0) {
+      p += n;
+      size -= static_cast<size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+OfiChannel::OfiChannel(OfiTransport& transport, std::shared_ptr<OfiDomain> domain, UniqueFd fd,
+                       fi_addr_t peer_addr, uint64_t peer_max_msg, std::string peer)
+    : Channel(transport.stats()),
+      transport_(transport),
+      domain_(std::move(domain)),
+      fd_(std::make_shared<UniqueFd>(std::move(fd))),
+      peer_addr_(peer_addr),
+      max_chunk_(std::min(domain_->settings().max_msg_size, peer_max_msg)),
+      notify_chunk_(std::min(kNotifyChunk, max_chunk_)),
+      peer_(std::move(peer)) {
+  set_nonblocking(fd_->get(), false);
+  timeval tv{kSendTimeoutS, 0};
+  if (::setsockopt(fd_->get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+    throw_errno("setsockopt(SO_SNDTIMEO)");
+  }
+}
+
+OfiChannel::~OfiChannel() {
+  shut(ErrorKind::kClosed, "endpoint dropped", true);
+  if (reader_.joinable()) {
+    if (reader_.get_id() == std::this_thread::get_id()) {
+      reader_.detach();  // the last holder let go in an upcall: the thread ends by itself
+    } else {
+      reader_.join();
+    }
+  }
+}
+
+void OfiChannel::start() {
+  reader_ = std::thread(read_loop, weak_from_this(), fd_, peer_);
+}
+
+void OfiChannel::read_loop(std::weak_ptr<OfiChannel> weak, std::shared_ptr<UniqueFd> fd,
+                           std::string peer) {
+  std::string why;
+  for (;;) {
+    uint8_t raw[OfiFrameHeader::kSize];
+    if (!read_exact(fd->get(), raw, sizeof(raw), &why)) break;
+    OfiFrameHeader h;
+    std::string meta;
+    std::string data;
+    try {
+      h = OfiFrameHeader::unpack(raw);
+      meta.resize(h.meta_len);
+      data.resize(h.data_len);
+      if (!read_exact(fd->get(), meta.data(), meta.size(), &why) ||
+          !read_exact(fd->get(), data.data(), data.size(), &why)) {
+        break;
+      }
+    } catch (const Error& e) {
+      if (auto self = weak.lock()) self->shut(ErrorKind::kProtocol, e.what(), true);
+      return;
+    }
+    auto self = weak.lock();
+    if (!self) return;
+    if (h.kind == OfiFrameKind::kGoodbye) {
+      self->shut(ErrorKind::kConnection, "peer " + peer + " closed the endpoint", false);
+      return;
+    }
+    CtrlMessage message = h.message;
+    message.meta = std::move(meta);
+    message.data = std::move(data);
+    if (self->is_closed()) return;
+    if (auto events = self->events()) events->on_ctrl(std::move(message));
+  }
+  if (auto self = weak.lock()) {
+    self->shut(ErrorKind::kConnection, "connection to " + peer + " lost: the peer " + why, false);
+  }
+}
+
+const OfiRegion& OfiChannel::ofi_region(const std::shared_ptr<MemoryRegion>& local,
+                                        const char* what) const {
+  const auto* region = dynamic_cast<const OfiRegion*>(local.get());
+  if (region == nullptr) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + ": the local memory is not registered with this ofi engine");
+  }
+  return *region;
+}
+
+RequestPtr OfiChannel::new_request(OpKind op, uint64_t bytes) {
+  return std::make_shared<Request>(transport_.next_request_id(), op, bytes);
+}
+
+ChannelLimits OfiChannel::limits() const {
+  ChannelLimits l;
+  l.eager_limit = kEagerLimit;
+  l.ctrl_room = OfiFrameHeader::kMaxMeta;
+  l.credit_window = 0;  // the bootstrap stream's own flow control bounds the peer
+  return l;
+}
+
+void OfiChannel::check_open_locked() const {
+  if (closed_) {
+    throw Error(ErrorKind::kClosed, "endpoint to " + peer_ + " is closed (" + error_ +
+                                        "); connect again to open a new endpoint");
+  }
+}
+
+void OfiChannel::check_open() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open_locked();
+}
+
+bool OfiChannel::is_closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+std::string OfiChannel::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+std::string OfiChannel::describe() const {
+  return "to " + peer_ + " over libfabric " + domain_->settings().provider + " (" +
+         domain_->settings().domain + ")";
+}
+
+std::vector<std::pair<std::string, uint64_t>> OfiChannel::attributes() const {
+  return {{"max_message", max_chunk_}, {"notify_chunk", notify_chunk_},
+          {"inject_size", domain_->settings().inject_size},
+          {"cq_data_size", domain_->settings().cq_data_size},
+          {"hmem", domain_->settings().hmem ? 1 : 0}};
+}
+
+std::vector<std::pair<std::string, std::string>> OfiChannel::names() const {
+  const OfiSettings& s = domain_->settings();
+  return {{"provider", s.provider}, {"fabric", s.fabric}, {"domain", s.domain}};
+}
+
+void OfiChannel::track(const RequestPtr& request) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_open_locked();
+    inflight_[request->id()] = request;
+  }
+  std::weak_ptr<OfiChannel> weak = weak_from_this();
+  request->then([weak](const Request& done) {
+    if (auto self = weak.lock()) {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      self->inflight_.erase(done.id());
+    }
+  });
+}
+
+void OfiChannel::post_part(OpKind op, const RequestPtr& request,
+                           const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                           uint64_t length, uint64_t remote, uint32_t key, const uint32_t* data) {
+  auto part = std::make_unique<OfiOp>();
+  part->hold = RegionUse(local);
+  const char* what = op == OpKind::kRead ? "READ" : "WRITE";
+  const std::string to = peer_;
+  std::weak_ptr<OfiChannel> channel = weak_from_this();
+  part->done = [request, length, what, to, channel](int err, int prov_errno,
+                                                    const std::string& text) {
+    if (err == 0) {
+      request->note_progress(length);
+      request->part_done();
+    } else if (err == kOfiEngineClosed) {
+      request->fail(ErrorKind::kClosed, std::string(what) + " with " + to + ": " + text);
+    } else {
+      const ErrorKind kind = ofi_completion_kind(err, prov_errno);
+      const std::string why =
+          kind == ErrorKind::kRemoteAccess
+              ? ": the peer refused the access (no registered region has this key, or the "
+                "range or the rights do not fit it)"
+              : "";
+      const std::string message = std::string(what) + " with " + to + ": " + text + why;
+      request->fail(kind, message);
+      // The peer is gone: the endpoint with it (its stream tells the same, perhaps later).
+      if (kind == ErrorKind::kConnection) {
+        if (auto self = channel.lock()) self->abort(kind, "connection to " + to + " lost: " + message);
+      }
+    }
+  };
+  void* desc = ofi_region(local, what).desc();
+  uint8_t* buf = local->addr() + offset;
+  std::weak_ptr<OfiChannel> weak = weak_from_this();
+  // While the provider's queue is full: stop when the endpoint closed, or when the peer hung up
+  // (this may run on the stream's reader thread, which would otherwise see the EOF only later).
+  auto give_up = [weak] {
+    auto self = weak.lock();
+    if (!self || self->is_closed()) return true;
+    pollfd p{self->fd_->get(), POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  };
+  if (op == OpKind::kRead) {
+    domain_->post_read(std::move(part), buf, length, desc, peer_addr_, remote, key, give_up);
+  } else {
+    domain_->post_write(std::move(part), buf, length, desc, peer_addr_, remote, key, data,
+                        give_up);
+  }
+}
+
+RequestPtr OfiChannel::one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
+                                 uint64_t local_offset, const Descriptor& remote,
+                                 uint64_t remote_offset, uint64_t length,
+                                 const TransferOptions& options) {
+  const bool write = op == OpKind::kWrite;
+  const char* what = write ? "WRITE" : "READ";
+  check_local_range(local, local_offset, length, what,
+                    write ? LocalUse::kSource : LocalUse::kDestination);
+  check_remote_range(remote, remote_offset, length, what);
+  if (remote.transport != transport_.capabilities().wire_id) {
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + ": the descriptor names memory of a " +
+                    transport_id_name(remote.transport) +
+                    " engine; an ofi endpoint reaches memory registered with an ofi engine");
+  }
+  check_peer_engine(remote, what);
+  ofi_region(local, what);
+  const uint32_t right = write ? kAccessRemoteWrite : kAccessRemoteRead;
+  if ((remote.access & right) == 0) {
+    // The descriptor says so (and the peer's MR would refuse it): nothing is posted.
+    throw Error(ErrorKind::kRemoteAccess,
+                std::string(what) + " refused: the remote region does not allow remote " + what +
+                    " (registered without '" + (write ? "w" : "r") + "')");
+  }
+  auto request = new_request(op, length);
+  count_when_terminal(request, write ? "write" : "read");
+  track(request);
+  if (length == 0) {
+    request->complete();
+    return request;
+  }
+  const ChunkPlan plan = plan_chunks(length, 1, options, max_chunk_);
+  request->set_parts(plan.count);
+  // Without FI_MR_VIRT_ADDR a remote address is the offset from the region's start (the
+  // descriptor's address).
+  const uint64_t base = domain_->settings().mr_virt_addr ? remote.addr + remote_offset
+                                                         : remote_offset;
+  try {
+    for (uint64_t i = 0; i < plan.count; ++i) {
+      const uint64_t off = i * plan.chunk;
+      const uint64_t n = std::min(plan.chunk, length - off);
+      post_part(op, request, local, local_offset + off, n, base + off, remote.key, nullptr);
+    }
+  } catch (const Error& e) {
+    request->fail(e);
+  }
+  return request;
+}
+
+RequestPtr OfiChannel::post_write(const std::shared_ptr<MemoryRegion>& local,
+                                  uint64_t local_offset, const Descriptor& remote,
+                                  uint64_t remote_offset, uint64_t length,
+                                  const TransferOptions& options) {
+  return one_sided(OpKind::kWrite, local, local_offset, remote, remote_offset, length, options);
+}
+
+RequestPtr OfiChannel::post_read(const std::shared_ptr<MemoryRegion>& local,
+                                 uint64_t local_offset, const Descriptor& remote,
+                                 uint64_t remote_offset, uint64_t length,
+                                 const TransferOptions& options) {
+  return one_sided(OpKind::kRead, local, local_offset, remote, remote_offset, length, options);
+}
+
+uint64_t OfiChannel::parts_of(uint64_t length) const {
+  return length == 0 ? 1 : (length + notify_chunk_ - 1) / notify_chunk_;
+}
+
+Grant OfiChannel::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                        uint64_t length, uint32_t value, const RequestPtr& progress) {
+  ofi_region(local, "RECV");
+  uint8_t* dst = local->addr() + offset;
+  GrantHold g;
+  g.hold = RegionUse(local);
+  g.value = value;
+  g.length = length;
+  g.parts = parts_of(length);
+  g.progress = progress;
+  uint32_t key = local->key();
+  uint64_t base = reinterpret_cast<uint64_t>(local->addr());
+  if ((local->access() & kAccessRemoteWrite) == 0 && length > 0) {
+    // The peer writes straight into dst: register the window alone for remote write.
+    g.temp = transport_.register_mr(dst, length, kAccessLocalWrite | kAccessRemoteWrite, &key);
+    base = reinterpret_cast<uint64_t>(dst);
+  }
+  const uint32_t token = transport_.add_grant(weak_from_this());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) {
+      transport_.drop_grant(token);
+      check_open_locked();
+    }
+    grants_[token] = std::move(g);
+  }
+  const uint64_t addr = domain_->settings().mr_virt_addr ? reinterpret_cast<uint64_t>(dst)
+                                                         : reinterpret_cast<uint64_t>(dst) - base;
+  return Grant{token, addr, key, token};
+}
+
+void OfiChannel::release_grant(uint64_t id) {
+  GrantHold released;  // its MR closes outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = grants_.find(static_cast<uint32_t>(id));
+    if (it == grants_.end()) return;
+    released = std::move(it->second);
+    grants_.erase(it);
+  }
+  transport_.drop_grant(static_cast<uint32_t>(id));
+}
+
+void OfiChannel::on_landed(uint32_t token) {
+  uint32_t value = 0;
+  bool whole = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = grants_.find(token);
+    if (it == grants_.end() || closed_) return;
+    GrantHold& g = it->second;
+    if (g.landed >= g.parts) return;  // more parts than the grant has: ignored
+    ++g.landed;
+    const uint64_t off = (g.landed - 1) * notify_chunk_;
+    if (g.progress) g.progress->note_progress(std::min(notify_chunk_, g.length - std::min(g.length, off)));
+    whole = g.landed == g.parts;
+    value = g.value;
+  }
+  if (whole) {
+    if (auto events = this->events()) events->on_notify(value);
+  }
+}
+
+void OfiChannel::post_write_notify(const RequestPtr& request,
+                                   const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                                   uint64_t length, uint64_t addr, uint32_t key, uint32_t route,
+                                   uint32_t /*value: the target's grant holds it*/,
+                                   const TransferOptions& /*options: parts of notify_chunk*/) {
+  check_local_range(local, offset, length, "WRITE");
+  ofi_region(local, "WRITE");
+  check_open();
+  const uint64_t parts = parts_of(length);
+  request->set_parts(parts);
+  const uint32_t token = route;
+  try {
+    for (uint64_t i = 0; i < parts; ++i) {
+      const uint64_t off = i * notify_chunk_;
+      const uint64_t n = std::min(notify_chunk_, length - std::min(length, off));
+      post_part(OpKind::kWrite, request, local, offset + off, n, addr + off, key, &token);
+    }
+  } catch (const Error& e) {
+    request->fail(e);
+  }
+}
+
+void OfiChannel::send_frame(const OfiFrameHeader& header, const std::string& meta,
+                            const uint8_t* data) {
+  uint8_t raw[OfiFrameHeader::kSize];
+  header.pack(raw);
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (!write_all(fd_->get(), raw, sizeof(raw)) ||
+      !write_all(fd_->get(), meta.data(), meta.size()) ||
+      !write_all(fd_->get(), data, header.data_len)) {
+    throw Error(ErrorKind::kConnection,
+                errno_text("sending a control message to " + peer_, errno));
+  }
+}
+
+void OfiChannel::send_ctrl(const CtrlMessage& message, CtrlPayload payload) {
+  check_open();
+  if (message.meta.size() > OfiFrameHeader::kMaxMeta ||
+      payload.length > OfiFrameHeader::kMaxData) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "control message of " + std::to_string(message.meta.size()) +
+                    " bytes of metadata and " + std::to_string(payload.length) +
+                    " bytes of data exceeds the ofi channel's room");
+  }
+  OfiFrameHeader h;
+  h.kind = OfiFrameKind::kCtrl;
+  h.message = message;
+  h.meta_len = static_cast<uint32_t>(message.meta.size());
+  h.data_len = static_cast<uint32_t>(payload.length);
+  try {
+    send_frame(h, message.meta, payload.data);
+  } catch (const Error& e) {
+    shut(ErrorKind::kConnection, e.what(), false);
+    throw;
+  }
+}
+
+void OfiChannel::close() { shut(ErrorKind::kClosed, "closed locally", true); }
+
+void OfiChannel::abort(ErrorKind kind, const std::string& reason) { shut(kind, reason, false); }
+
+void OfiChannel::shut(ErrorKind kind, const std::string& reason, bool goodbye) {
+  std::vector<RequestPtr> pending;
+  std::unordered_map<uint32_t, GrantHold> grants;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    error_ = reason;
+    for (auto& [id, weak] : inflight_) {
+      if (auto r = weak.lock()) pending.push_back(std::move(r));
+    }
+    inflight_.clear();
+    grants.swap(grants_);
+  }
+  for (const auto& [token, g] : grants) transport_.drop_grant(token);
+  if (goodbye) {
+    OfiFrameHeader h;
+    h.kind = OfiFrameKind::kGoodbye;
+    try {
+      send_frame(h, "", nullptr);
+    } catch (const Error&) {
+      // The peer is gone already: nothing to tell.
+    }
+  }
+  ::shutdown(fd_->get(), SHUT_RDWR);
+  const log::Level level = connection_end_level(kind);
+  if (log::enabled(level)) {
+    log::write(level, "ofi endpoint to " + peer_ + " closed (" + error_kind_name(kind) +
+                          "): " + reason);
+  }
+  for (const auto& r : pending) r->fail(kind, "endpoint to " + peer_ + " closed: " + reason);
+  if (auto events = this->events()) events->on_closed(Error(kind, reason));
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,131 @@
+// One libfabric domain as the ofi transport uses it: fabric, domain, address vector, one
+// completion queue and one FI_EP_RDM endpoint serving every peer, plus the completion thread.
+//
+// Lifecycle: open() (fi_getinfo with the hints of ofi_settings.h; the first usable answer) ->
+// start() (the completion thread) -> posts and registrations -> stop() (the thread joined, the
+// endpoint closed; every operation still outstanding fails with kClosed) -> destroyed (AV, CQ,
+// domain, fabric closed, children first).
+//
+// Completions are read by the completion thread: blocked on the CQ's wait object
+// (fi_cq_sread, which also drives a manual-progress provider) unless poll_mode is "busy", which
+// spins on fi_cq_read. An operation's completion runs its OfiOp's callback there; a remote
+// write carrying CQ data (a notification's part) goes to the remote-data handler with its
+// 32-bit value. Nothing assumes an order between completions.
+#pragma once
+
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+
+#include "core/poll_mode.h"
+#include "core/region.h"
+#include "transport/ofi/ofi_api.h"
+#include "transport/ofi/ofi_settings.h"
+
+namespace rdmaxfer {
+
+// The err an OfiOp's callback gets when the domain stopped before the operation completed.
+constexpr int kOfiEngineClosed = -1;
+
+// One posted operation; libfabric holds it (by its context) until it completes.
+struct OfiOp {
+  fi_context2 context;  // first: the provider's per-operation room (FI_CONTEXT2)
+  RegionUse hold;       // the local memory, held until the operation completes
+  // err 0: success, kOfiEngineClosed, else the completion's errno, the provider's own errno
+  // (prov_errno) and text.
+  std::function<void(int err, int prov_errno, const std::string& text)> done;
+};
+
+// A registration in the domain (fi_mr_regattr), bound to the endpoint where FI_MR_ENDPOINT.
+class OfiDomain;
+// The region keeps its domain alive (a parent outlives its children): the MR closes first.
+class OfiRegion : public MemoryRegion {
+ public:
+  OfiRegion(uint8_t* addr, uint64_t length, uint32_t access,
+            std::unique_ptr<PinnedAllocation> owned, std::shared_ptr<OfiDomain> domain,
+            OfiHandle<fid_mr> mr);
+  void* desc() const;  // fi_mr_desc: the local descriptor (FI_MR_LOCAL)
+
+ protected:
+  void release_handle() override { mr_.reset(); }
+
+ private:
+  std::shared_ptr<OfiDomain> domain_;
+  OfiHandle<fid_mr> mr_;
+};
+
+class OfiDomain {
+ public:
+  // Opens the first provider answer that decide_settings accepts; throws Error(kUnsupported)
+  // naming each refusal when none does. `ask_hmem`: prefer an answer with FI_HMEM (GPU memory
+  // registered with the NIC; settings().hmem says whether it came).
+  static std::shared_ptr<OfiDomain> open(const std::string& provider, const std::string& domain,
+                                         PollMode poll_mode, bool ask_hmem);
+  // The settings open() would use, without opening anything; throws like open().
+  static OfiSettings probe(const std::string& provider, const std::string& domain);
+  ~OfiDomain();
+  OfiDomain(const OfiDomain&) = delete;
+  OfiDomain& operator=(const OfiDomain&) = delete;
+
+  const OfiSettings& settings() const { return settings_; }
+  // This endpoint's address (fi_getname), for the peer's address vector.
+  std::string address() const;
+  // Inserts a peer's address into the AV (throws on a malformed address).
+  fi_addr_t insert_peer(const std::string& address);
+
+  // Registers [addr, addr+length) for `access` (Access bits); `key` is the key asked for when
+  // the provider does not choose keys (FI_MR_PROV_KEY unset). `cuda_device` >= 0: the range is
+  // memory of that CUDA device (FI_HMEM_CUDA; only with settings().hmem). Returns the MR and
+  // sets *key to the key peers use. Throws Error(kRegistration) with the provider's reason.
+  OfiHandle<fid_mr> register_memory(uint8_t* addr, uint64_t length, uint32_t access,
+                                    uint32_t* key, int cuda_device = -1);
+
+  // Posts one RMA (fi_writemsg / fi_readmsg; `data` set: a write with remote CQ data), retrying
+  // while the provider answers FI_EAGAIN until `give_up()` says to stop (then throws
+  // Error(kConnection)). The op's callback runs on completion (or on stop()). Takes ownership.
+  void post_write(std::unique_ptr<OfiOp> op, void* local, uint64_t length, void* desc,
+                  fi_addr_t peer, uint64_t remote, uint64_t key, const uint32_t* data,
+                  const std::function<bool()>& give_up);
+  void post_read(std::unique_ptr<OfiOp> op, void* local, uint64_t length, void* desc,
+                 fi_addr_t peer, uint64_t remote, uint64_t key,
+                 const std::function<bool()>& give_up);
+
+  // The handler of remote writes that carried CQ data (set before start()).
+  void set_remote_data_handler(std::function<void(uint32_t)> handler) {
+    on_remote_data_ = std::move(handler);
+  }
+  void start();
+  void stop();
+
+ private:
+  OfiDomain(OfiInfo info, OfiSettings settings, PollMode poll_mode);
+  void run();
+  void complete(void* context, int err, int prov_errno, const std::string& text);
+  void post(std::unique_ptr<OfiOp> op, const char* what, const std::function<bool()>& give_up,
+            const std::function<ssize_t(void*)>& attempt);
+
+  OfiInfo info_;
+  const OfiSettings settings_;
+  const PollMode poll_mode_;
+  OfiHandle<fid_fabric> fabric_;
+  OfiHandle<fid_domain> domain_;
+  OfiHandle<fid_cq> cq_;
+  OfiHandle<fid_av> av_;
+  OfiHandle<fid_ep> ep_;
+  std::function<void(uint32_t)> on_remote_data_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex ops_mu_;
+  std::unordered_set<OfiOp*> outstanding_;
+  std::mutex av_mu_;
+};
+
+}  // namespace rdmaxfer

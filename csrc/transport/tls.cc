@@ -1,0 +1,386 @@
+#include "transport/tls.h"
+
+#include <dlfcn.h>
+#include <poll.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "common/error.h"
+
+namespace rdmaxfer {
+
+namespace {
+
+// The few OpenSSL 3.0 declarations used (ssl.h, prov_ssl.h, bio.h, err.h), vendored so the
+// build needs no OpenSSL headers; the types stay opaque.
+using SslCtx = void;
+using Ssl = void;
+using SslSession = void;
+using Md = void;
+constexpr long kCtrlMode = 33;                 // SSL_CTRL_MODE
+constexpr long kCtrlSetReadAhead = 41;         // SSL_CTRL_SET_READ_AHEAD
+constexpr long kCtrlSetMinProto = 123;         // SSL_CTRL_SET_MIN_PROTO_VERSION
+constexpr long kCtrlSetMaxProto = 124;         // SSL_CTRL_SET_MAX_PROTO_VERSION
+constexpr long kTls13 = 0x0304;                // TLS1_3_VERSION
+constexpr long kModePartialWrite = 0x1;        // SSL_MODE_ENABLE_PARTIAL_WRITE
+constexpr long kModeMovingBuffer = 0x2;        // SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER
+constexpr uint64_t kOpEnableKtls = 1ull << 3;  // SSL_OP_ENABLE_KTLS
+constexpr uint64_t kOpIgnoreEof = 1ull << 7;   // SSL_OP_IGNORE_UNEXPECTED_EOF
+constexpr int kVerifyPeer = 0x1;               // SSL_VERIFY_PEER
+constexpr int kVerifyFailIfNoCert = 0x2;       // SSL_VERIFY_FAIL_IF_NO_PEER_CERT
+constexpr int kFiletypePem = 1;                // SSL_FILETYPE_PEM
+constexpr int kErrorWantRead = 2;              // SSL_ERROR_WANT_READ
+constexpr int kErrorWantWrite = 3;             // SSL_ERROR_WANT_WRITE
+constexpr int kErrorSyscall = 5;               // SSL_ERROR_SYSCALL
+constexpr int kErrorZeroReturn = 6;            // SSL_ERROR_ZERO_RETURN
+constexpr int kBioCtrlGetKtlsSend = 73;        // BIO_CTRL_GET_KTLS_SEND
+constexpr unsigned char kAes128GcmSha256[2] = {0x13, 0x01};
+constexpr const char* kCipherSuites = "TLS_AES_128_GCM_SHA256";
+constexpr unsigned char kPskIdentity[] = "rdmaxfer";
+constexpr size_t kPskIdentityLen = sizeof(kPskIdentity) - 1;
+constexpr size_t kRecordBytes = 16384;  // the largest TLS record's plaintext
+// Ciphertext read from the socket at once (read-ahead): several records per recv().
+constexpr size_t kReadBufferBytes = 128 * 1024;
+
+using UseSessionCb = int (*)(Ssl*, const Md*, const unsigned char**, size_t*, SslSession**);
+using FindSessionCb = int (*)(Ssl*, const unsigned char*, size_t, SslSession**);
+
+// One table of libssl's (and, through it, libcrypto's) entry points.
+#define RDMAXFER_SSL_CALLS(X)                                                             \
+  X(TLS_method, const void*())                                                        \
+  X(SSL_CTX_new, SslCtx*(const void*))                                                \
+  X(SSL_CTX_free, void(SslCtx*))                                                      \
+  X(SSL_CTX_ctrl, long(SslCtx*, int, long, void*))                                    \
+  X(SSL_CTX_set_options, uint64_t(SslCtx*, uint64_t))                                 \
+  X(SSL_CTX_set_num_tickets, int(SslCtx*, size_t))                                    \
+  X(SSL_CTX_set_ciphersuites, int(SslCtx*, const char*))                              \
+  X(SSL_CTX_set_psk_use_session_callback, void(SslCtx*, UseSessionCb))                \
+  X(SSL_CTX_set_psk_find_session_callback, void(SslCtx*, FindSessionCb))              \
+  X(SSL_CTX_set_ex_data, int(SslCtx*, int, void*))                                    \
+  X(SSL_CTX_get_ex_data, void*(const SslCtx*, int))                                   \
+  X(SSL_CTX_use_certificate_chain_file, int(SslCtx*, const char*))                    \
+  X(SSL_CTX_use_PrivateKey_file, int(SslCtx*, const char*, int))                      \
+  X(SSL_CTX_check_private_key, int(const SslCtx*))                                    \
+  X(SSL_CTX_load_verify_locations, int(SslCtx*, const char*, const char*))            \
+  X(SSL_CTX_set_verify, void(SslCtx*, int, void*))                                    \
+  X(SSL_new, Ssl*(SslCtx*))                                                           \
+  X(SSL_ctrl, long(Ssl*, int, long, void*))                                           \
+  X(SSL_free, void(Ssl*))                                                             \
+  X(SSL_set_fd, int(Ssl*, int))                                                       \
+  X(SSL_set_connect_state, void(Ssl*))                                                \
+  X(SSL_set_accept_state, void(Ssl*))                                                 \
+  X(SSL_do_handshake, int(Ssl*))                                                      \
+  X(SSL_read, int(Ssl*, void*, int))                                                  \
+  X(SSL_write, int(Ssl*, const void*, int))                                           \
+  X(SSL_get_error, int(const Ssl*, int))                                              \
+  X(SSL_has_pending, int(const Ssl*))                                                 \
+  X(SSL_CTX_set_default_read_buffer_len, void(SslCtx*, size_t))                       \
+  X(SSL_get_SSL_CTX, SslCtx*(const Ssl*))                                             \
+  X(SSL_get_wbio, void*(const Ssl*))                                                  \
+  X(SSL_CIPHER_find, const void*(Ssl*, const unsigned char*))                         \
+  X(SSL_SESSION_new, SslSession*())                                                   \
+  X(SSL_SESSION_free, void(SslSession*))                                              \
+  X(SSL_SESSION_set1_master_key, int(SslSession*, const unsigned char*, size_t))      \
+  X(SSL_SESSION_set_cipher, int(SslSession*, const void*))                            \
+  X(SSL_SESSION_set_protocol_version, int(SslSession*, int))                          \
+  X(BIO_ctrl, long(void*, int, long, void*))                                          \
+  X(ERR_get_error, unsigned long())                                                   \
+  X(ERR_error_string_n, void(unsigned long, char*, size_t))                           \
+  X(ERR_clear_error, void())                                                          \
+  X(EVP_sha256, const void*())                                                        \
+  X(HMAC, unsigned char*(const void*, const void*, int, const unsigned char*, size_t, \
+                             unsigned char*, unsigned int*))
+
+struct SslApi {
+#define RDMAXFER_SSL_FIELD(name, ...) std::add_pointer_t<__VA_ARGS__> name = nullptr;
+  RDMAXFER_SSL_CALLS(RDMAXFER_SSL_FIELD)
+#undef RDMAXFER_SSL_FIELD
+  std::string missing;
+};
+
+const SslApi& ssl() {
+  static const SslApi api = [] {
+    SslApi out;
+    void* lib = nullptr;
+    for (const char* name : {"libssl.so.3", "libssl.so"}) {
+      lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (lib != nullptr) break;
+    }
+    if (lib == nullptr) {
+      out.missing = std::string("libssl.so.3 (OpenSSL 3) not found: ") + dlerror() +
+                    "; install libssl3 (Debian) to use TLS";
+      return out;
+    }
+#define RDMAXFER_SSL_LOOKUP(name, ...)                                    \
+  out.name = reinterpret_cast<std::add_pointer_t<__VA_ARGS__>>(dlsym(lib, #name)); \
+  if (out.name == nullptr && out.missing.empty()) {                       \
+    out.missing = "libssl lacks " #name " (OpenSSL 3.0 or newer needed)"; \
+  }
+    RDMAXFER_SSL_CALLS(RDMAXFER_SSL_LOOKUP)
+#undef RDMAXFER_SSL_LOOKUP
+    return out;
+  }();
+  return api;
+}
+
+// OpenSSL's queued errors as one line ("" when none), the queue emptied.
+std::string ssl_errors() {
+  std::string text;
+  while (const unsigned long e = ssl().ERR_get_error()) {
+    char buf[256];
+    ssl().ERR_error_string_n(e, buf, sizeof(buf));
+    text += (text.empty() ? "" : "; ") + std::string(buf);
+  }
+  return text;
+}
+
+// A fresh session holding the PSK (OpenSSL takes ownership of what the callbacks return).
+SslSession* psk_session(Ssl* s) {
+  const SslApi& api = ssl();
+  const auto* ctx = static_cast<const TlsContext*>(api.SSL_CTX_get_ex_data(api.SSL_get_SSL_CTX(s), 0));
+  const void* cipher = api.SSL_CIPHER_find(s, kAes128GcmSha256);
+  SslSession* session = api.SSL_SESSION_new();
+  if (ctx == nullptr || cipher == nullptr || session == nullptr) {
+    if (session != nullptr) api.SSL_SESSION_free(session);
+    return nullptr;
+  }
+  if (api.SSL_SESSION_set1_master_key(session, ctx->psk(), 32) != 1 ||
+      api.SSL_SESSION_set_cipher(session, cipher) != 1 ||
+      api.SSL_SESSION_set_protocol_version(session, static_cast<int>(kTls13)) != 1) {
+    api.SSL_SESSION_free(session);
+    return nullptr;
+  }
+  return session;
+}
+
+int use_session(Ssl* s, const Md*, const unsigned char** id, size_t* id_len,
+                SslSession** session) {
+  *session = psk_session(s);
+  if (*session == nullptr) return 0;
+  *id = kPskIdentity;
+  *id_len = kPskIdentityLen;
+  return 1;
+}
+
+int find_session(Ssl* s, const unsigned char* id, size_t id_len, SslSession** session) {
+  *session = nullptr;  // an unknown identity: no PSK, and without a certificate no handshake
+  if (id_len == kPskIdentityLen && std::memcmp(id, kPskIdentity, id_len) == 0) {
+    *session = psk_session(s);
+    if (*session == nullptr) return 0;
+  }
+  return 1;
+}
+
+}  // namespace
+
+std::string tls_unavailable_reason() { return ssl().missing; }
+
+TlsContext::TlsContext(const TlsSettings& settings) {
+  const SslApi& api = ssl();
+  if (!api.missing.empty()) throw Error(ErrorKind::kUnsupported, "cannot use TLS: " + api.missing);
+  const bool certs = !settings.cert.empty() || !settings.key.empty() || !settings.ca.empty();
+  if (settings.secret.empty() && !certs) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "tls needs a way to authenticate the peer: a shared secret (secret= / "
+                "RDMAXFER_SECRET, used as the TLS 1.3 pre-shared key) or certificates "
+                "(tls_cert=, tls_key=, tls_ca= / RDMAXFER_TLS_CERT, _KEY, _CA)");
+  }
+  if (!settings.secret.empty() && certs) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "tls takes a shared secret (the pre-shared key) or certificates, not both: "
+                "drop secret= / RDMAXFER_SECRET, or tls_cert/tls_key/tls_ca");
+  }
+  if (certs && (settings.cert.empty() || settings.key.empty() || settings.ca.empty())) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "tls with certificates needs all three of tls_cert= (this side's PEM chain), "
+                "tls_key= (its private key) and tls_ca= (the CAs a peer's certificate must "
+                "chain to)");
+  }
+  if (!settings.secret.empty()) {
+    static const unsigned char kLabel[] = "rdmaxfer-tls-psk-v1";
+    unsigned int len = 0;
+    if (api.HMAC(api.EVP_sha256(), settings.secret.data(), static_cast<int>(settings.secret.size()),
+                 kLabel, sizeof(kLabel) - 1, psk_, &len) == nullptr ||
+        len != sizeof(psk_)) {
+      throw Error(ErrorKind::kTransport, "deriving the TLS pre-shared key failed: " + ssl_errors());
+    }
+    description_ = "TLS 1.3 (AES-128-GCM), pre-shared key from the shared secret";
+  } else {
+    description_ = "TLS 1.3 (AES-128-GCM), certificates (CA file " + settings.ca + ")";
+  }
+  for (void** slot : {&client_, &server_}) {
+    const bool server = slot == &server_;
+    SslCtx* ctx = api.SSL_CTX_new(api.TLS_method());
+    if (ctx == nullptr) throw Error(ErrorKind::kTransport, "SSL_CTX_new failed: " + ssl_errors());
+    *slot = ctx;
+    auto fail = [&](const std::string& what) {
+      throw Error(ErrorKind::kInvalidArgument, what + ": " + ssl_errors());
+    };
+    if (api.SSL_CTX_ctrl(ctx, kCtrlSetMinProto, kTls13, nullptr) != 1 ||
+        api.SSL_CTX_ctrl(ctx, kCtrlSetMaxProto, kTls13, nullptr) != 1 ||
+        api.SSL_CTX_set_ciphersuites(ctx, kCipherSuites) != 1 ||
+        api.SSL_CTX_set_num_tickets(ctx, 0) != 1 || api.SSL_CTX_set_ex_data(ctx, 0, this) != 1) {
+      fail("setting up TLS 1.3 failed");
+    }
+    api.SSL_CTX_set_options(ctx, kOpEnableKtls | kOpIgnoreEof);
+    api.SSL_CTX_ctrl(ctx, kCtrlMode, kModePartialWrite | kModeMovingBuffer, nullptr);
+    api.SSL_CTX_set_default_read_buffer_len(ctx, kReadBufferBytes);
+    if (!settings.secret.empty()) {
+      if (server) {
+        api.SSL_CTX_set_psk_find_session_callback(ctx, find_session);
+      } else {
+        api.SSL_CTX_set_psk_use_session_callback(ctx, use_session);
+        // No CA is loaded: a server that answers with a certificate instead of the PSK fails.
+        api.SSL_CTX_set_verify(ctx, kVerifyPeer, nullptr);
+      }
+      continue;
+    }
+    if (api.SSL_CTX_use_certificate_chain_file(ctx, settings.cert.c_str()) != 1) {
+      fail("tls_cert=" + settings.cert + " does not load as a PEM certificate chain");
+    }
+    if (api.SSL_CTX_use_PrivateKey_file(ctx, settings.key.c_str(), kFiletypePem) != 1 ||
+        api.SSL_CTX_check_private_key(ctx) != 1) {
+      fail("tls_key=" + settings.key + " does not load as the PEM private key of tls_cert=" +
+           settings.cert);
+    }
+    if (api.SSL_CTX_load_verify_locations(ctx, settings.ca.c_str(), nullptr) != 1) {
+      fail("tls_ca=" + settings.ca + " does not load as a PEM CA file");
+    }
+    api.SSL_CTX_set_verify(ctx, kVerifyPeer | kVerifyFailIfNoCert, nullptr);
+  }
+}
+
+TlsContext::~TlsContext() {
+  if (client_ != nullptr) ssl().SSL_CTX_free(client_);
+  if (server_ != nullptr) ssl().SSL_CTX_free(server_);
+}
+
+std::unique_ptr<TlsSession> TlsContext::handshake(int fd, bool server, const Deadline& deadline,
+                                                  const std::string& where) const {
+  const SslApi& api = ssl();
+  Ssl* s = api.SSL_new(server ? server_ : client_);
+  if (s == nullptr) throw Error(ErrorKind::kTransport, "SSL_new failed: " + ssl_errors());
+  auto session = std::make_unique<TlsSession>(s);
+  if (api.SSL_set_fd(s, fd) != 1) throw Error(ErrorKind::kTransport, "SSL_set_fd failed");
+  if (server) {
+    api.SSL_set_accept_state(s);
+  } else {
+    api.SSL_set_connect_state(s);
+  }
+  // The handshake, then (TLS 1.3 ends the client's half before the server has checked the
+  // client's certificate) the server's one-byte verdict, so a refused client learns it here.
+  // Read-ahead only then: nothing the peer sends later waits unseen in the session meanwhile.
+  int phase = 0;  // 0: handshake, 1: the verdict
+  for (;;) {
+    api.ERR_clear_error();
+    errno = 0;
+    unsigned char verdict = 1;
+    const int rc = phase == 0 ? api.SSL_do_handshake(s)
+                   : server   ? api.SSL_write(s, &verdict, 1)
+                              : api.SSL_read(s, &verdict, 1);
+    if (rc == 1 && phase == 1 && verdict == 1) break;
+    if (rc == 1 && phase == 0) {
+      phase = 1;
+      continue;
+    }
+    const int err = rc == 1 ? 0 : api.SSL_get_error(s, rc);
+    const int saved = errno;
+    if (err != kErrorWantRead && err != kErrorWantWrite) {
+      std::string why = ssl_errors();
+      if (why.empty()) {
+        why = saved != 0 ? errno_text("socket", saved) : "the peer closed the connection";
+      }
+      throw Error(ErrorKind::kConnection,
+                  "TLS handshake with " + where + " failed: " + why +
+                      " (both sides need tls on with the same secret, or certificates from a "
+                      "CA the other side's tls_ca trusts)");
+    }
+    pollfd p{fd, static_cast<short>(err == kErrorWantRead ? POLLIN : POLLOUT), 0};
+    if (deadline.expired() || poll(&p, 1, deadline.remaining_ms()) == 0) {
+      throw Error(ErrorKind::kTimeout, "TLS handshake with " + where + ": no answer within " +
+                                           seconds_text(deadline.timeout_s()) + " s");
+    }
+  }
+  api.SSL_ctrl(s, kCtrlSetReadAhead, 1, nullptr);
+  return session;
+}
+
+TlsSession::~TlsSession() { ssl().SSL_free(ssl_); }
+
+ssize_t TlsSession::read(void* buf, size_t len) {
+  const SslApi& api = ssl();
+  std::lock_guard<std::mutex> lock(mu_);
+  api.ERR_clear_error();
+  errno = 0;
+  const int n = api.SSL_read(ssl_, buf, static_cast<int>(std::min<size_t>(len, INT_MAX)));
+  if (n > 0) return n;
+  const int err = api.SSL_get_error(ssl_, n);
+  const int saved = errno;
+  if (err == kErrorWantRead || err == kErrorWantWrite) {
+    errno = EAGAIN;
+    return -1;
+  }
+  if (err == kErrorZeroReturn) return 0;
+  std::string why = ssl_errors();
+  if (err == kErrorSyscall && why.empty()) {
+    if (saved == 0) return 0;
+    errno = saved;
+    return -1;
+  }
+  throw Error(ErrorKind::kConnection,
+              "TLS record rejected (" + why +
+                  "): the bytes were altered, injected or cut between the peers");
+}
+
+ssize_t TlsSession::writev(const iovec* iov, int n_iov) {
+  const SslApi& api = ssl();
+  std::lock_guard<std::mutex> lock(mu_);
+  // A large first piece goes as it is (records of 16 KiB); small pieces are copied into one
+  // record, so a header and its metadata do not each cost a record and a syscall. A retry after
+  // EAGAIN presents the same bytes from the same start (the send queue only grows at its end).
+  const void* data = iov[0].iov_base;
+  size_t len = iov[0].iov_len;
+  if (len < kRecordBytes && n_iov > 1) {
+    len = 0;
+    for (int i = 0; i < n_iov && len < kRecordBytes; ++i) {
+      const size_t take = std::min(iov[i].iov_len, kRecordBytes - len);
+      std::memcpy(coalesce_ + len, iov[i].iov_base, take);
+      len += take;
+    }
+    data = coalesce_;
+  }
+  api.ERR_clear_error();
+  errno = 0;
+  const int n = api.SSL_write(ssl_, data, static_cast<int>(std::min<size_t>(len, INT_MAX)));
+  if (n > 0) return n;
+  const int err = api.SSL_get_error(ssl_, n);
+  const int saved = errno;
+  if (err == kErrorWantRead || err == kErrorWantWrite) {
+    errno = EAGAIN;
+    return -1;
+  }
+  const std::string why = ssl_errors();
+  if (err == kErrorSyscall && why.empty()) {
+    errno = saved != 0 ? saved : EPIPE;
+    return -1;
+  }
+  throw Error(ErrorKind::kConnection, "TLS write failed: " + why);
+}
+
+bool TlsSession::pending() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ssl().SSL_has_pending(ssl_) == 1;
+}
+
+bool TlsSession::ktls_active() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ssl().BIO_ctrl(ssl().SSL_get_wbio(ssl_), kBioCtrlGetKtlsSend, 0, nullptr) > 0;
+}
+
+}  // namespace rdmaxfer

@@ -1,0 +1,334 @@
+"""TLS 1.3 on the tcp transport: bit-exact transfers on every stream under a pre-shared key
+(the shared secret) or certificates; a plain peer and a TLS peer refuse each other, naming the
+setting; a wrong key is refused; a relay between TLS peers can neither read the payload nor
+alter a frame (the connection fails and nothing altered is delivered)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rdmaxfer import (
+    ConnectionFailedError,
+    Engine,
+    InvalidArgumentError,
+    RdmaxferError,
+    TransferTimeoutError,
+    UnsupportedError,
+)
+from rdmaxfer.options import TcpOptions
+
+SECRET = "tls-test-secret"
+
+
+def _tls_usable() -> str:
+    try:
+        Engine("tcp", tls=True, secret="probe").close()
+    except UnsupportedError as e:
+        return str(e)
+    return ""
+
+
+_WHY_NOT = _tls_usable()
+needs_tls = pytest.mark.skipif(bool(_WHY_NOT), reason=f"TLS unusable here: {_WHY_NOT}")
+
+
+def _pair(server: Engine, client: Engine, streams: int = 0) -> tuple[object, object]:
+    port = server.listen("127.0.0.1", 0)
+    ep = client.connect("127.0.0.1", port, timeout=20, **({"streams": streams} if streams else {}))
+    return ep, server.accept(timeout=20)
+
+
+def _transfers(ep: object, peer: object, server: Engine, client: Engine, n: int) -> None:
+    """WRITE, READ and send/recv of n random bytes, each checked bit for bit."""
+    rng = np.random.default_rng(n)
+    data = rng.integers(0, 256, n, dtype=np.uint8)
+    # WRITE into the server's buffer.
+    dst = np.zeros(n, dtype=np.uint8)
+    region = server.register(dst, access="rw")
+    ep.write(data, region.descriptor(), timeout=60)  # type: ignore[attr-defined]
+    assert dst.tobytes() == data.tobytes()
+    # READ it back into a fresh buffer.
+    back = np.zeros(n, dtype=np.uint8)
+    ep.read(back, region.descriptor(), timeout=60)  # type: ignore[attr-defined]
+    assert back.tobytes() == data.tobytes()
+    # send/recv both ways (a rendezvous message: larger than the eager limit).
+    sending = ep.post_send(data)  # type: ignore[attr-defined]
+    got = peer.recv(timeout=60)  # type: ignore[attr-defined]
+    sending.wait(60)
+    assert got.tobytes() == data.tobytes()
+    small = rng.standard_normal(37)
+    sending = peer.post_send(small)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(ep.recv(timeout=60), small)  # type: ignore[attr-defined]
+    sending.wait(60)
+
+
+@needs_tls
+def test_psk_transfers_are_bit_exact_on_every_stream() -> None:
+    with (
+        Engine("tcp", tls=True, secret=SECRET) as server,
+        Engine("tcp", options=TcpOptions(tls=True), secret=SECRET.encode()) as client,
+    ):
+        assert "TLS 1.3" in server.describe() and "pre-shared key" in client.describe()
+        ep, peer = _pair(server, client, streams=4)
+        for n in (1, 100_003, 24 << 20):
+            _transfers(ep, peer, server, client, n)
+
+
+@needs_tls
+def test_tls_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RDMAXFER_TLS", "1")
+    monkeypatch.setenv("RDMAXFER_SECRET", SECRET)
+    with Engine("tcp") as server, Engine("tcp") as client:
+        assert "TLS 1.3" in server.describe()
+        ep, peer = _pair(server, client, streams=2)
+        _transfers(ep, peer, server, client, 3 << 20)
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
+
+
+def _make_ca(d: Path, name: str) -> tuple[Path, Path]:
+    key, crt = d / f"{name}.key", d / f"{name}.crt"
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", key, "-out", crt, "-days", "2", "-subj", f"/CN={name}")  # fmt: skip
+    return key, crt
+
+
+def _make_leaf(d: Path, name: str, ca_key: Path, ca_crt: Path) -> tuple[Path, Path]:
+    key, csr, crt = d / f"{name}.key", d / f"{name}.csr", d / f"{name}.crt"
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", key, "-out", csr, "-subj", f"/CN={name}")  # fmt: skip
+    _openssl("x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key, "-CAcreateserial",
+             "-out", crt, "-days", "2")  # fmt: skip
+    return key, crt
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make certificates")
+    d = tmp_path_factory.mktemp("pki")
+    ca_key, ca = _make_ca(d, "ca")
+    other_key, other_ca = _make_ca(d, "other-ca")
+    s_key, s_crt = _make_leaf(d, "server", ca_key, ca)
+    c_key, c_crt = _make_leaf(d, "client", ca_key, ca)
+    x_key, x_crt = _make_leaf(d, "stranger", other_key, other_ca)
+    return {"ca": ca, "s_key": s_key, "s_crt": s_crt, "c_key": c_key, "c_crt": c_crt,
+            "x_key": x_key, "x_crt": x_crt, "other_ca": other_ca}  # fmt: skip
+
+
+def _cert_options(pki: dict[str, Path], who: str, ca: str = "ca") -> TcpOptions:
+    return TcpOptions(tls=True, tls_cert=str(pki[f"{who}_crt"]), tls_key=str(pki[f"{who}_key"]),
+                      tls_ca=str(pki[ca]))  # fmt: skip
+
+
+@needs_tls
+def test_certificates_authenticate_both_sides(pki: dict[str, Path]) -> None:
+    with (
+        Engine("tcp", options=_cert_options(pki, "s")) as server,
+        Engine("tcp", options=_cert_options(pki, "c")) as client,
+    ):
+        assert "certificates" in server.describe()
+        ep, peer = _pair(server, client, streams=3)
+        _transfers(ep, peer, server, client, 5 << 20)
+        port = server.port
+        assert port is not None
+        # A client whose certificate another CA signed is refused, and the server stays usable.
+        with Engine("tcp", options=_cert_options(pki, "x", ca="ca")) as stranger:
+            with pytest.raises(ConnectionFailedError, match=r"TLS handshake with .* failed"):
+                stranger.connect("127.0.0.1", port, timeout=20)
+        with pytest.raises(TransferTimeoutError, match="certificate"):
+            server.accept(timeout=1)
+        # A client that does not trust the server's CA refuses it.
+        with Engine("tcp", options=_cert_options(pki, "c", ca="other_ca")) as wary:
+            with pytest.raises(ConnectionFailedError, match="certificate verify failed"):
+                wary.connect("127.0.0.1", port, timeout=20)
+
+
+@needs_tls
+def test_settings_that_cannot_work_are_refused(pki: dict[str, Path]) -> None:
+    with pytest.raises(InvalidArgumentError, match="tls needs a way to authenticate"):
+        Engine("tcp", tls=True)
+    with pytest.raises(InvalidArgumentError, match="not both"):
+        Engine("tcp", secret="x", options=_cert_options(pki, "s"))
+    with pytest.raises(InvalidArgumentError, match="tls_key="):
+        mismatched = TcpOptions(
+            tls=True, tls_cert=str(pki["s_crt"]), tls_key=str(pki["c_key"]), tls_ca=str(pki["ca"])
+        )
+        Engine("tcp", options=mismatched)
+    with pytest.raises(InvalidArgumentError, match="Engine\\(tls=1\\)"):
+        Engine("tcp", tls=1, secret="x")  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedError, match="TLS covers the tcp transport only"):
+        Engine("shm", tls=True, secret="x")
+
+
+@needs_tls
+def test_plain_to_tls_and_tls_to_plain_are_refused_naming_the_setting() -> None:
+    with Engine("tcp", tls=True, secret=SECRET) as tls_server:
+        port = tls_server.listen("127.0.0.1", 0)
+        with Engine("tcp", secret=SECRET) as plain:
+            with pytest.raises(ConnectionFailedError, match="requires TLS \\(tls on there\\)"):
+                plain.connect("127.0.0.1", port, timeout=20)
+        with pytest.raises(TransferTimeoutError, match=r"requires TLS .* speaks plain TCP"):
+            tls_server.accept(timeout=1)
+    with Engine("tcp", secret=SECRET) as plain_server:
+        port = plain_server.listen("127.0.0.1", 0)
+        with Engine("tcp", tls=True, secret=SECRET) as tls_client:
+            with pytest.raises(ConnectionFailedError, match="peer speaks plain TCP \\(tls off"):
+                tls_client.connect("127.0.0.1", port, timeout=20)
+        with pytest.raises(TransferTimeoutError, match=r"asked for TLS .* has tls off"):
+            plain_server.accept(timeout=1)
+
+
+@needs_tls
+def test_wrong_psk_is_refused_and_the_server_stays_usable() -> None:
+    with Engine("tcp", tls=True, secret="right") as server:
+        port = server.listen("127.0.0.1", 0)
+        with Engine("tcp", tls=True, secret="wrong") as bad:
+            with pytest.raises(ConnectionFailedError, match=r"TLS handshake with .* failed"):
+                bad.connect("127.0.0.1", port, timeout=20)
+        with Engine("tcp", tls=True, secret="right") as good:
+            ep = good.connect("127.0.0.1", port, timeout=20)
+            peer = server.accept(timeout=20)
+            _transfers(ep, peer, server, good, 4096)
+
+
+class Relay:
+    """A TCP relay on loopback: each accepted connection is forwarded to ``target``, both ways,
+    and every byte from the client is recorded. With ``tamper_at``, the byte at that offset of
+    each client-to-server stream is flipped (``mode="flip"``) or 64 bytes are inserted there
+    (``mode="inject"``)."""
+
+    def __init__(self, target: int, tamper_at: int | None = None, mode: str = "flip") -> None:
+        self.target, self.tamper_at, self.mode = target, tamper_at, mode
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.seen = bytearray()
+        self.tampered = 0
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.socks: list[socket.socket] = []
+        self._start(self._accept_loop)
+
+    def _start(self, target: object, *args: object) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+        t.start()
+        self.threads.append(t)
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target), timeout=20)
+            server.settimeout(None)
+            self.socks += [client, server]
+            self._start(self._pump, client, server, True)
+            self._start(self._pump, server, client, False)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        offset = 0
+        try:
+            while data := src.recv(1 << 16):
+                if upstream:
+                    with self.lock:
+                        self.seen += data
+                    at = self.tamper_at
+                    if at is not None and offset <= at < offset + len(data):
+                        i = at - offset
+                        if self.mode == "flip":
+                            data = data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1 :]
+                        else:
+                            data = data[:i] + bytes(range(64)) + data[i:]
+                        with self.lock:
+                            self.tampered += 1
+                    offset += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.socks:
+            s.close()
+        for t in self.threads:
+            t.join(timeout=10)
+
+
+@pytest.fixture
+def relay_to() -> Iterator[list[Relay]]:
+    made: list[Relay] = []
+    yield made
+    for r in made:
+        r.close()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_relay_reads_the_payload_only_without_tls(tls: bool, relay_to: list[Relay]) -> None:
+    if tls and _WHY_NOT:
+        pytest.skip(f"TLS unusable here: {_WHY_NOT}")
+    payload = np.random.default_rng(7).integers(0, 256, 1 << 20, dtype=np.uint8)
+    with (
+        Engine("tcp", tls=tls, secret=SECRET) as server,
+        Engine("tcp", tls=tls, secret=SECRET) as client,
+    ):
+        relay = Relay(server.listen("127.0.0.1", 0))
+        relay_to.append(relay)
+        ep = client.connect("127.0.0.1", relay.port, timeout=20, streams=2)
+        peer = server.accept(timeout=20)
+        dst = np.zeros_like(payload)
+        region = server.register(dst, access="rw")
+        ep.write(payload, region.descriptor(), timeout=60)
+        assert dst.tobytes() == payload.tobytes()
+        ep.close()
+        peer.close()
+    with relay.lock:
+        seen = bytes(relay.seen)
+    assert len(seen) > len(payload)  # the payload did pass through the relay
+    # Any 32-byte window of the random payload: found in the plain stream, never under TLS.
+    windows = [payload[i : i + 32].tobytes() for i in range(0, len(payload), 65_536)]
+    found = sum(w in seen for w in windows)
+    assert found == (0 if tls else len(windows))
+
+
+@needs_tls
+@pytest.mark.parametrize("mode", ["flip", "inject"])
+def test_relay_cannot_alter_a_frame(mode: str, relay_to: list[Relay]) -> None:
+    n = 8 << 20
+    payload = np.random.default_rng(11).integers(1, 256, n, dtype=np.uint8)  # no zero byte
+    with (
+        Engine("tcp", tls=True, secret=SECRET) as server,
+        Engine("tcp", tls=True, secret=SECRET) as client,
+    ):
+        relay = Relay(server.listen("127.0.0.1", 0), tamper_at=200_000, mode=mode)
+        relay_to.append(relay)
+        ep = client.connect("127.0.0.1", relay.port, timeout=20, streams=2)
+        peer = server.accept(timeout=20)
+        out = np.zeros(n, dtype=np.uint8)
+        receiving = peer.post_recv(out=out)
+        sending = ep.post_send(payload)
+        with pytest.raises(ConnectionFailedError, match="TLS record rejected"):
+            receiving.wait(60)
+        # The sender sees the connection fail too, unless all its bytes had left by then.
+        with contextlib.suppress(RdmaxferError):
+            sending.wait(60)
+        assert relay.tampered >= 1
+        # Nothing altered was delivered: every byte is still 0 or the sender's.
+        assert bool(np.all((out == 0) | (out == payload)))
