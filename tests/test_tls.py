@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from _tls_common import SECRET, Relay, pair, tls_unusable, transfers
 from rdmaxfer import (
     ConnectionFailedError,
     Engine,
@@ -26,49 +25,8 @@ from rdmaxfer import (
 )
 from rdmaxfer.options import TcpOptions
 
-SECRET = "tls-test-secret"
-
-
-def _tls_usable() -> str:
-    try:
-        Engine("tcp", tls=True, secret="probe").close()
-    except UnsupportedError as e:
-        return str(e)
-    return ""
-
-
-_WHY_NOT = _tls_usable()
+_WHY_NOT = tls_unusable()
 needs_tls = pytest.mark.skipif(bool(_WHY_NOT), reason=f"TLS unusable here: {_WHY_NOT}")
-
-
-def _pair(server: Engine, client: Engine, streams: int = 0) -> tuple[object, object]:
-    port = server.listen("127.0.0.1", 0)
-    ep = client.connect("127.0.0.1", port, timeout=20, **({"streams": streams} if streams else {}))
-    return ep, server.accept(timeout=20)
-
-
-def _transfers(ep: object, peer: object, server: Engine, client: Engine, n: int) -> None:
-    """WRITE, READ and send/recv of n random bytes, each checked bit for bit."""
-    rng = np.random.default_rng(n)
-    data = rng.integers(0, 256, n, dtype=np.uint8)
-    # WRITE into the server's buffer.
-    dst = np.zeros(n, dtype=np.uint8)
-    region = server.register(dst, access="rw")
-    ep.write(data, region.descriptor(), timeout=60)  # type: ignore[attr-defined]
-    assert dst.tobytes() == data.tobytes()
-    # READ it back into a fresh buffer.
-    back = np.zeros(n, dtype=np.uint8)
-    ep.read(back, region.descriptor(), timeout=60)  # type: ignore[attr-defined]
-    assert back.tobytes() == data.tobytes()
-    # send/recv both ways (a rendezvous message: larger than the eager limit).
-    sending = ep.post_send(data)  # type: ignore[attr-defined]
-    got = peer.recv(timeout=60)  # type: ignore[attr-defined]
-    sending.wait(60)
-    assert got.tobytes() == data.tobytes()
-    small = rng.standard_normal(37)
-    sending = peer.post_send(small)  # type: ignore[attr-defined]
-    np.testing.assert_array_equal(ep.recv(timeout=60), small)  # type: ignore[attr-defined]
-    sending.wait(60)
 
 
 @needs_tls
@@ -78,9 +36,9 @@ def test_psk_transfers_are_bit_exact_on_every_stream() -> None:
         Engine("tcp", options=TcpOptions(tls=True), secret=SECRET.encode()) as client,
     ):
         assert "TLS 1.3" in server.describe() and "pre-shared key" in client.describe()
-        ep, peer = _pair(server, client, streams=4)
+        ep, peer = pair(server, client, streams=4)
         for n in (1, 100_003, 24 << 20):
-            _transfers(ep, peer, server, client, n)
+            transfers(ep, peer, server, client, n)
 
 
 @needs_tls
@@ -89,8 +47,8 @@ def test_tls_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RDMAXFER_SECRET", SECRET)
     with Engine("tcp") as server, Engine("tcp") as client:
         assert "TLS 1.3" in server.describe()
-        ep, peer = _pair(server, client, streams=2)
-        _transfers(ep, peer, server, client, 3 << 20)
+        ep, peer = pair(server, client, streams=2)
+        transfers(ep, peer, server, client, 3 << 20)
 
 
 def _openssl(*args: str | Path) -> None:
@@ -139,8 +97,8 @@ def test_certificates_authenticate_both_sides(pki: dict[str, Path]) -> None:
         Engine("tcp", options=_cert_options(pki, "c")) as client,
     ):
         assert "certificates" in server.describe()
-        ep, peer = _pair(server, client, streams=3)
-        _transfers(ep, peer, server, client, 5 << 20)
+        ep, peer = pair(server, client, streams=3)
+        transfers(ep, peer, server, client, 5 << 20)
         port = server.port
         assert port is not None
         # A client whose certificate another CA signed is refused, and the server stays usable.
@@ -168,7 +126,9 @@ def test_settings_that_cannot_work_are_refused(pki: dict[str, Path]) -> None:
         Engine("tcp", options=mismatched)
     with pytest.raises(InvalidArgumentError, match="Engine\\(tls=1\\)"):
         Engine("tcp", tls=1, secret="x")  # type: ignore[arg-type]
-    with pytest.raises(UnsupportedError, match="TLS covers the tcp transport only"):
+    with pytest.raises(
+        UnsupportedError, match=r"TLS covers the .*tcp transports only, and this engine uses 'shm'"
+    ):
         Engine("shm", tls=True, secret="x")
 
 
@@ -200,76 +160,7 @@ def test_wrong_psk_is_refused_and_the_server_stays_usable() -> None:
         with Engine("tcp", tls=True, secret="right") as good:
             ep = good.connect("127.0.0.1", port, timeout=20)
             peer = server.accept(timeout=20)
-            _transfers(ep, peer, server, good, 4096)
-
-
-class Relay:
-    """A TCP relay on loopback: each accepted connection is forwarded to ``target``, both ways,
-    and every byte from the client is recorded. With ``tamper_at``, the byte at that offset of
-    each client-to-server stream is flipped (``mode="flip"``) or 64 bytes are inserted there
-    (``mode="inject"``)."""
-
-    def __init__(self, target: int, tamper_at: int | None = None, mode: str = "flip") -> None:
-        self.target, self.tamper_at, self.mode = target, tamper_at, mode
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.seen = bytearray()
-        self.tampered = 0
-        self.lock = threading.Lock()
-        self.threads: list[threading.Thread] = []
-        self.socks: list[socket.socket] = []
-        self._start(self._accept_loop)
-
-    def _start(self, target: object, *args: object) -> None:
-        t = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
-        t.start()
-        self.threads.append(t)
-
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target), timeout=20)
-            server.settimeout(None)
-            self.socks += [client, server]
-            self._start(self._pump, client, server, True)
-            self._start(self._pump, server, client, False)
-
-    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
-        offset = 0
-        try:
-            while data := src.recv(1 << 16):
-                if upstream:
-                    with self.lock:
-                        self.seen += data
-                    at = self.tamper_at
-                    if at is not None and offset <= at < offset + len(data):
-                        i = at - offset
-                        if self.mode == "flip":
-                            data = data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1 :]
-                        else:
-                            data = data[:i] + bytes(range(64)) + data[i:]
-                        with self.lock:
-                            self.tampered += 1
-                    offset += len(data)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.socks:
-            s.close()
-        for t in self.threads:
-            t.join(timeout=10)
+            transfers(ep, peer, server, good, 4096)
 
 
 @pytest.fixture

@@ -77,6 +77,7 @@ py::dict capabilities_dict(const rdmaxfer::Capabilities& caps) {
   d["network"] = caps.network;
   d["auto_rank"] = caps.auto_rank;
   d["same_host_companion"] = caps.same_host_companion;
+  d["tls"] = caps.tls;
   d["bootstrap"] = caps.bootstrap;
   d["one_sided"] = caps.one_sided;
   d["write_with_imm"] = caps.write_with_imm;

@@ -35,6 +35,16 @@ std::string TransportConfig::setting(const std::string& transport, const std::st
   return it == settings.end() ? fallback : it->second;
 }
 
+bool TransportConfig::tls(const std::string& transport, TlsSettings* out) const {
+  const std::string on = setting(transport, "tls", "0");
+  if (on != "0" && on != "1") {
+    throw Error(ErrorKind::kInvalidArgument, transport + ".tls=" + on + " must be 0 or 1");
+  }
+  *out = TlsSettings{secret, setting(transport, "tls_cert", ""), setting(transport, "tls_key", ""),
+                     setting(transport, "tls_ca", "")};
+  return on == "1";
+}
+
 int TransportConfig::int_setting(const std::string& transport, const std::string& name,
                                  int fallback) const {
   auto it = settings.find(transport + "." + name);

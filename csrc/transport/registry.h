@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/poll_mode.h"
+#include "transport/tls.h"
 #include "transport/transport.h"
 
 namespace rdmaxfer {
@@ -38,6 +39,10 @@ struct TransportConfig {
                       const std::string& fallback) const;
   // The same as an int; throws Error(kInvalidArgument) naming the setting when not one.
   int int_setting(const std::string& transport, const std::string& name, int fallback) const;
+  // Whether settings["<transport>.tls"] ("0" or "1", default "0") turns TLS on for the
+  // transport's bootstrap streams; *out gets the shared secret and its tls_cert, tls_key and
+  // tls_ca. Throws Error(kInvalidArgument) naming the setting for another value.
+  bool tls(const std::string& transport, TlsSettings* out) const;
   // The largest two-sided message a peer may announce to this engine (0: no bound).
   uint64_t max_message_bytes = 0;
 };

@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/interrupt.h"
 #include "common/log.h"
+#include "transport/tls.h"
 
 namespace rdmaxfer {
 
@@ -196,11 +197,25 @@ void set_nonblocking(int fd, bool on) {
   if (fcntl(fd, F_SETFL, flags) != 0) throw_errno("fcntl(F_SETFL)");
 }
 
+namespace {
+// One non-blocking send or receive, through `tls` when not null (like send/recv with
+// MSG_DONTWAIT; a TLS error throws Error(kConnection)).
+ssize_t send_some(int fd, TlsSession* tls, const uint8_t* p, size_t size) {
+  if (tls == nullptr) return send(fd, p, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+  iovec iov{const_cast<uint8_t*>(p), size};
+  return tls->writev(&iov, 1);
+}
+
+ssize_t recv_some(int fd, TlsSession* tls, uint8_t* p, size_t size) {
+  return tls == nullptr ? recv(fd, p, size, MSG_DONTWAIT) : tls->read(p, size);
+}
+}  // namespace
+
 void send_exact(int fd, const void* data, size_t size, const Deadline& deadline,
-                const char* what) {
+                const char* what, TlsSession* tls) {
   const auto* p = static_cast<const uint8_t*>(data);
   while (size > 0) {
-    ssize_t n = send(fd, p, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = send_some(fd, tls, p, size);
     if (n > 0) {
       p += n;
       size -= static_cast<size_t>(n);
@@ -212,10 +227,11 @@ void send_exact(int fd, const void* data, size_t size, const Deadline& deadline,
   }
 }
 
-void recv_exact(int fd, void* data, size_t size, const Deadline& deadline, const char* what) {
+void recv_exact(int fd, void* data, size_t size, const Deadline& deadline, const char* what,
+                TlsSession* tls) {
   auto* p = static_cast<uint8_t*>(data);
   while (size > 0) {
-    ssize_t n = recv(fd, p, size, MSG_DONTWAIT);
+    ssize_t n = recv_some(fd, tls, p, size);
     if (n > 0) {
       p += n;
       size -= static_cast<size_t>(n);
@@ -227,6 +243,35 @@ void recv_exact(int fd, void* data, size_t size, const Deadline& deadline, const
       throw_errno(ErrorKind::kConnection, what, errno);
     }
   }
+}
+
+bool read_stream(int fd, TlsSession* tls, void* data, size_t size, std::string* why) {
+  auto* p = static_cast<uint8_t*>(data);
+  try {
+    while (size > 0) {
+      const ssize_t n = recv_some(fd, tls, p, size);
+      if (n > 0) {
+        p += n;
+        size -= static_cast<size_t>(n);
+      } else if (n == 0) {
+        *why = "closed its connection";
+        return false;
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        pollfd w{fd, POLLIN, 0};
+        if (poll(&w, 1, -1) < 0 && errno != EINTR) {
+          *why = errno_text("poll", errno);
+          return false;
+        }
+      } else if (errno != EINTR) {
+        *why = errno_text("recv", errno);
+        return false;
+      }
+    }
+  } catch (const Error& e) {  // a TLS record that failed authentication, or a TLS alert
+    *why = std::string("sent what TLS refused: ") + e.what();
+    return false;
+  }
+  return true;
 }
 
 }  // namespace rdmaxfer

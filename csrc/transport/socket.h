@@ -14,6 +14,7 @@ namespace rdmaxfer {
 
 // Options of the sockets a transport opens (bootstrap and data streams).
 class TlsContext;
+class TlsSession;
 
 struct SocketOptions {
   // SO_SNDBUF/SO_RCVBUF in bytes; 0 keeps the kernel's autotuning (net.ipv4.tcp_rmem/wmem).
@@ -45,10 +46,16 @@ UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& dea
 void tune_socket(int fd, const SocketOptions& options);
 void set_nonblocking(int fd, bool on);
 
-// Exact-size blocking I/O on a non-blocking socket, bounded by the deadline. `what` names the
-// step for the error message.
+// Exact-size blocking I/O on a non-blocking socket, bounded by the deadline, through `tls`
+// (transport/tls.h) when not null. `what` names the step for the error message; throws
+// Error(kConnection) or Error(kTimeout).
 void send_exact(int fd, const void* data, size_t size, const Deadline& deadline,
-                const char* what);
-void recv_exact(int fd, void* data, size_t size, const Deadline& deadline, const char* what);
+                const char* what, TlsSession* tls = nullptr);
+void recv_exact(int fd, void* data, size_t size, const Deadline& deadline, const char* what,
+                TlsSession* tls = nullptr);
+// Exact-size read without a deadline, for a core thread that reads a control stream until the
+// connection ends (shutdown(2) of the socket wakes it): false at the end of the stream or on an
+// error, TLS errors included, with the reason in *why.
+bool read_stream(int fd, TlsSession* tls, void* data, size_t size, std::string* why);
 
 }  // namespace rdmaxfer

@@ -49,6 +49,8 @@ struct Capabilities {
   bool gpu_direct = false;     // the NIC reads and writes device memory (dmabuf or peermem MRs)
   bool device_ipc = false;     // exports device memory to same-host peers (CUDA IPC)
   bool rails = false;          // runs on named devices, one per rail (Transport::rails)
+  bool tls = false;            // its bootstrap streams, and whatever it sends over them, can
+                               // run under TLS 1.3 (transport/tls.h; settings "<name>.tls")
   uint64_t max_message = 0;    // largest single transfer in bytes (0: unlimited)
 };
 

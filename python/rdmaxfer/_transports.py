@@ -44,6 +44,8 @@ class Capabilities:
         gpu_direct: the NIC reads and writes GPU memory (dmabuf or nvidia-peermem MRs).
         device_ipc: GPU memory is exported to same-host peers (CUDA IPC).
         rails: runs on named devices, one per rail (``rdma_devices``).
+        tls: its bootstrap streams, and whatever it sends over them, can run under TLS 1.3
+            (``Engine(tls=True)``).
         max_message: the largest single transfer in bytes (0: unlimited; an engine may
             report its devices' limit).
     """
@@ -60,6 +62,7 @@ class Capabilities:
     gpu_direct: bool
     device_ipc: bool
     rails: bool
+    tls: bool
     max_message: int
 
 

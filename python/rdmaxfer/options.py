@@ -112,7 +112,8 @@ TCP: tuple[Option, ...] = (
     Option("tls", "bool", False, "RDMAXFER_TLS",
            "TLS 1.3 (AES-128-GCM) on every stream of every connection, authenticated by the "
            "shared secret as a pre-shared key or by tls_cert/tls_key/tls_ca; a peer without "
-           "it is refused (both sides need it; tcp only)"),
+           "it is refused (both sides need it); on rdma and ofi the bootstrap stream and the "
+           "control messages over it (the fabric's bytes stay as they are)"),
     Option("tls_cert", "str", "", "RDMAXFER_TLS_CERT",
            "with tls and no secret: this side's PEM certificate chain file"),
     Option("tls_key", "str", "", "RDMAXFER_TLS_KEY",

@@ -19,58 +19,24 @@ namespace rdmaxfer {
 
 namespace {
 
-constexpr int kSendTimeoutS = 30;  // a peer that stops reading its control stream
+constexpr double kSendTimeoutS = 30.0;
 
-// Reads exactly `size` bytes from a blocking socket; false on EOF or an error (why in *why).
-bool read_exact(int fd, void* data, size_t size, std::string* why) {
-  auto* p = static_cast<uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = ::recv(fd, p, size, 0);
-    if (n > 0) {
-      p += n;
-      size -= static_cast<size_t>(n);
-    } else if (n == 0) {
-      *why = "closed its connection";
-      return false;
-    } else if (errno != EINTR) {
-      *why = errno_text("recv", errno);
-      return false;
-    }
-  }
-  return true;
-}
-
-bool write_all(int fd, const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
-    if (n > 0) {
-      p += n;
-      size -= static_cast<size_t>(n);
-    } else if (n < 0 && errno != EINTR) {
-      return false;
-    }
-  }
-  return true;
-}
 
 }  // namespace
 
 OfiChannel::OfiChannel(OfiTransport& transport, std::shared_ptr<OfiDomain> domain, UniqueFd fd,
-                       fi_addr_t peer_addr, uint64_t peer_max_msg, std::string peer)
+                       std::unique_ptr<TlsSession> tls, fi_addr_t peer_addr,
+                       uint64_t peer_max_msg, std::string peer)
     : Channel(transport.stats()),
       transport_(transport),
       domain_(std::move(domain)),
       fd_(std::make_shared<UniqueFd>(std::move(fd))),
+      tls_(std::move(tls)),
       peer_addr_(peer_addr),
       max_chunk_(std::min(domain_->settings().max_msg_size, peer_max_msg)),
       notify_chunk_(std::min(kNotifyChunk, max_chunk_)),
       peer_(std::move(peer)) {
-  set_nonblocking(fd_->get(), false);
-  timeval tv{kSendTimeoutS, 0};
-  if (::setsockopt(fd_->get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
-    throw_errno("setsockopt(SO_SNDTIMEO)");
-  }
+  set_nonblocking(fd_->get(), true);
 }
 
 OfiChannel::~OfiChannel() {
@@ -85,15 +51,15 @@ OfiChannel::~OfiChannel() {
 }
 
 void OfiChannel::start() {
-  reader_ = std::thread(read_loop, weak_from_this(), fd_, peer_);
+  reader_ = std::thread(read_loop, weak_from_this(), fd_, tls_, peer_);
 }
 
 void OfiChannel::read_loop(std::weak_ptr<OfiChannel> weak, std::shared_ptr<UniqueFd> fd,
-                           std::string peer) {
+                           std::shared_ptr<TlsSession> tls, std::string peer) {
   std::string why;
   for (;;) {
     uint8_t raw[OfiFrameHeader::kSize];
-    if (!read_exact(fd->get(), raw, sizeof(raw), &why)) break;
+    if (!read_stream(fd->get(), tls.get(), raw, sizeof(raw), &why)) break;
     OfiFrameHeader h;
     std::string meta;
     std::string data;
@@ -101,8 +67,8 @@ void OfiChannel::read_loop(std::weak_ptr<OfiChannel> weak, std::shared_ptr<Uniqu
       h = OfiFrameHeader::unpack(raw);
       meta.resize(h.meta_len);
       data.resize(h.data_len);
-      if (!read_exact(fd->get(), meta.data(), meta.size(), &why) ||
-          !read_exact(fd->get(), data.data(), data.size(), &why)) {
+      if (!read_stream(fd->get(), tls.get(), meta.data(), meta.size(), &why) ||
+          !read_stream(fd->get(), tls.get(), data.data(), data.size(), &why)) {
         break;
       }
     } catch (const Error& e) {
@@ -407,13 +373,12 @@ void OfiChannel::send_frame(const OfiFrameHeader& header, const std::string& met
                             const uint8_t* data) {
   uint8_t raw[OfiFrameHeader::kSize];
   header.pack(raw);
+  const std::string what = "sending a control message to " + peer_;
+  const Deadline deadline(kSendTimeoutS);  // a peer that stops reading its control stream
   std::lock_guard<std::mutex> lock(send_mu_);
-  if (!write_all(fd_->get(), raw, sizeof(raw)) ||
-      !write_all(fd_->get(), meta.data(), meta.size()) ||
-      !write_all(fd_->get(), data, header.data_len)) {
-    throw Error(ErrorKind::kConnection,
-                errno_text("sending a control message to " + peer_, errno));
-  }
+  send_exact(fd_->get(), raw, sizeof(raw), deadline, what.c_str(), tls_.get());
+  send_exact(fd_->get(), meta.data(), meta.size(), deadline, what.c_str(), tls_.get());
+  send_exact(fd_->get(), data, header.data_len, deadline, what.c_str(), tls_.get());
 }
 
 void OfiChannel::send_ctrl(const CtrlMessage& message, CtrlPayload payload) {

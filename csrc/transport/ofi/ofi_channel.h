@@ -26,6 +26,7 @@
 #include "transport/channel.h"
 #include "transport/ofi/ofi_domain.h"
 #include "transport/ofi/ofi_wire.h"
+#include "transport/tls.h"
 
 namespace rdmaxfer {
 
@@ -36,8 +37,10 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   static constexpr uint64_t kEagerLimit = 16384;
   static constexpr uint64_t kNotifyChunk = 4ull << 20;  // largest part of a notified write
 
+  // `fd`: the bootstrap stream (made non-blocking), `tls` its TLS session or null.
   OfiChannel(OfiTransport& transport, std::shared_ptr<OfiDomain> domain, UniqueFd fd,
-             fi_addr_t peer_addr, uint64_t peer_max_msg, std::string peer);
+             std::unique_ptr<TlsSession> tls, fi_addr_t peer_addr, uint64_t peer_max_msg,
+             std::string peer);
   ~OfiChannel() override;
   // Starts the reader thread of the bootstrap stream.
   void start();
@@ -83,7 +86,7 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   };
 
   static void read_loop(std::weak_ptr<OfiChannel> self, std::shared_ptr<UniqueFd> fd,
-                        std::string peer);
+                        std::shared_ptr<TlsSession> tls, std::string peer);
   const OfiRegion& ofi_region(const std::shared_ptr<MemoryRegion>& local, const char* what) const;
   RequestPtr one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
                        uint64_t local_offset, const Descriptor& remote, uint64_t remote_offset,
@@ -101,6 +104,7 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   OfiTransport& transport_;
   const std::shared_ptr<OfiDomain> domain_;
   const std::shared_ptr<UniqueFd> fd_;
+  const std::shared_ptr<TlsSession> tls_;  // null: a plain stream
   const fi_addr_t peer_addr_;
   const uint64_t max_chunk_;     // the largest RMA both endpoints take
   const uint64_t notify_chunk_;  // the part size of notified writes (the same on both sides)

@@ -24,14 +24,14 @@ std::string env_or_empty(const char* name) {
   return v != nullptr ? v : "";
 }
 
-OfiEndpointRecord read_record(int fd, const Deadline& deadline) {
+OfiEndpointRecord read_record(int fd, TlsSession* tls, const Deadline& deadline) {
   std::string buf(OfiEndpointRecord::kHeaderSize, '\0');
   recv_exact(fd, buf.data(), buf.size(), deadline,
-             "ofi handshake: waiting for the peer's endpoint record");
+             "ofi handshake: waiting for the peer's endpoint record", tls);
   buf.resize(OfiEndpointRecord::peek_size(reinterpret_cast<const uint8_t*>(buf.data())));
   recv_exact(fd, buf.data() + OfiEndpointRecord::kHeaderSize,
              buf.size() - OfiEndpointRecord::kHeaderSize, deadline,
-             "ofi handshake: reading the peer's address");
+             "ofi handshake: reading the peer's address", tls);
   return OfiEndpointRecord::unpack(reinterpret_cast<const uint8_t*>(buf.data()), buf.size());
 }
 
@@ -45,6 +45,7 @@ OfiConfig OfiConfig::from(const TransportConfig& config) {
   c.poll_mode = config.poll_mode;
   const std::string hmem = config.setting("ofi", "hmem", env_or_empty("RDMAXFER_OFI_HMEM"));
   c.hmem = !(hmem == "0" || hmem == "off" || hmem == "no" || hmem == "false");
+  c.tls = config.tls("ofi", &c.tls_settings);
   return c;
 }
 
@@ -100,6 +101,7 @@ std::string ofi_auto_unavailable_reason(const OfiConfig& config) {
 
 OfiTransport::OfiTransport(uint64_t engine_id, OfiConfig config)
     : Transport(engine_id), config_(std::move(config)) {
+  if (config_.tls) tls_ = std::make_shared<const TlsContext>(config_.tls_settings);
   std::string no_cuda;
   const bool ask_hmem = config_.hmem && cuda_api(&no_cuda) != nullptr;
   domain_ = OfiDomain::open(config_.provider, config_.iface, config_.poll_mode, ask_hmem);
@@ -119,6 +121,7 @@ Capabilities OfiTransport::declared() {
   c.auto_rank = 2;
   c.one_sided = true;
   c.write_with_imm = true;
+  c.tls = true;
   c.max_message = 0;  // cut into parts of at most max_msg_size
   return c;
 }
@@ -138,12 +141,14 @@ std::string OfiTransport::gpu_direct_off() const {
 std::vector<std::string> OfiTransport::rails() const { return {domain_->settings().domain}; }
 
 std::string OfiTransport::describe() const {
-  return "ofi: " + describe_settings(domain_->settings());
+  return "ofi: " + describe_settings(domain_->settings()) +
+         (tls_ ? ", bootstrap and control stream under " + tls_->describe() : std::string());
 }
 
 SocketOptions OfiTransport::bootstrap_options() const {
   SocketOptions o;
   o.secret = config_.secret;
+  o.tls = tls_;
   return o;
 }
 
@@ -223,7 +228,8 @@ void OfiTransport::on_remote_data(uint32_t token) {
   if (channel) channel->on_landed(token);
 }
 
-std::shared_ptr<OfiChannel> OfiTransport::handshake(UniqueFd fd, const std::string& peer,
+std::shared_ptr<OfiChannel> OfiTransport::handshake(UniqueFd fd, std::unique_ptr<TlsSession> tls,
+                                                    const std::string& peer,
                                                     const Deadline& deadline) {
   OfiEndpointRecord ours;
   ours.address = domain_->address();
@@ -231,8 +237,8 @@ std::shared_ptr<OfiChannel> OfiTransport::handshake(UniqueFd fd, const std::stri
   ours.provider = domain_->settings().provider;
   const std::string rec = ours.pack();
   send_exact(fd.get(), rec.data(), rec.size(), deadline,
-             "ofi handshake: sending the endpoint record");
-  const OfiEndpointRecord theirs = read_record(fd.get(), deadline);
+             "ofi handshake: sending the endpoint record", tls.get());
+  const OfiEndpointRecord theirs = read_record(fd.get(), tls.get(), deadline);
   if (theirs.provider != ours.provider) {
     throw Error(ErrorKind::kConnection,
                 "ofi handshake: the peer uses provider " + theirs.provider + ", this engine " +
@@ -240,14 +246,15 @@ std::shared_ptr<OfiChannel> OfiTransport::handshake(UniqueFd fd, const std::stri
   }
   const fi_addr_t addr = domain_->insert_peer(theirs.address);
   const uint8_t ready = OfiEndpointRecord::kReadyByte;
-  send_exact(fd.get(), &ready, 1, deadline, "ofi handshake: sending READY");
+  send_exact(fd.get(), &ready, 1, deadline, "ofi handshake: sending READY", tls.get());
   uint8_t got = 0;
-  recv_exact(fd.get(), &got, 1, deadline, "ofi handshake: waiting for the peer's READY");
+  recv_exact(fd.get(), &got, 1, deadline, "ofi handshake: waiting for the peer's READY",
+             tls.get());
   if (got != OfiEndpointRecord::kReadyByte) {
     throw Error(ErrorKind::kProtocol,
                 "ofi handshake: the peer sent " + std::to_string(got) + " instead of READY");
   }
-  auto channel = std::make_shared<OfiChannel>(*this, domain_, std::move(fd), addr,
+  auto channel = std::make_shared<OfiChannel>(*this, domain_, std::move(fd), std::move(tls), addr,
                                               theirs.max_msg, peer);
   attach_protocol(channel);
   {
@@ -280,7 +287,9 @@ uint16_t OfiTransport::listen(const std::string& host, uint16_t port) {
 void OfiTransport::accept_group(AcceptedGroup group) {
   const std::string peer = group.peer;
   try {
-    auto channel = handshake(std::move(group.fds[0]), peer, Deadline(kOfiAcceptHandshakeS));
+    std::unique_ptr<TlsSession> tls = group.tls.empty() ? nullptr : std::move(group.tls[0]);
+    auto channel = handshake(std::move(group.fds[0]), std::move(tls), peer,
+                             Deadline(kOfiAcceptHandshakeS));
     channel->set_peer_engine(group.hello.engine_id);
     log_accepted(*channel);
     std::lock_guard<std::mutex> lock(mu_);
@@ -324,10 +333,12 @@ std::shared_ptr<Channel> OfiTransport::connect(const std::string& host, uint16_t
       peer,
       [&](int* retries) {
         uint64_t peer_engine = 0;
-        std::vector<UniqueFd> fds = bootstrap_connect(host, port, declared().wire_id, 1,
-                                                      engine_id(), random_u64(), sockets, deadline,
-                                                      retries, &peer_engine);
-        auto channel = handshake(std::move(fds[0]), peer, deadline);
+        std::vector<std::unique_ptr<TlsSession>> tls;
+        std::vector<UniqueFd> fds =
+            bootstrap_connect(host, port, declared().wire_id, 1, engine_id(), random_u64(),
+                              sockets, deadline, retries, &peer_engine, &tls);
+        auto channel = handshake(std::move(fds[0]), tls.empty() ? nullptr : std::move(tls[0]),
+                                 peer, deadline);
         channel->set_peer_engine(peer_engine);
         return std::static_pointer_cast<Channel>(channel);
       },

@@ -41,9 +41,12 @@ struct OfiConfig {
   // Ask the provider for FI_HMEM (GPU memory registered with the NIC) when CUDA loads here;
   // false: GPU memory is staged through host memory.
   bool hmem = true;
-  // From the engine's settings ("ofi.provider", "ofi.iface", "ofi.hmem"), else the environment
-  // (RDMAXFER_OFI_PROVIDER, RDMAXFER_OFI_IFACE, RDMAXFER_OFI_HMEM=0 turns FI_HMEM off), and
-  // those every transport shares (secret, poll_mode).
+  // TLS 1.3 on the bootstrap stream, and so on every control message after it (transport/tls.h).
+  bool tls = false;
+  TlsSettings tls_settings;
+  // From the engine's settings ("ofi.provider", "ofi.iface", "ofi.hmem", "ofi.tls"...), else
+  // the environment (RDMAXFER_OFI_PROVIDER, RDMAXFER_OFI_IFACE, RDMAXFER_OFI_HMEM=0 turns
+  // FI_HMEM off), and those every transport shares (secret, poll_mode).
   static OfiConfig from(const TransportConfig& config);
 };
 
@@ -93,14 +96,16 @@ class OfiTransport : public Transport {
 
  private:
   SocketOptions bootstrap_options() const;
-  // The endpoint-record exchange on a bootstrapped stream; returns the started channel.
-  std::shared_ptr<OfiChannel> handshake(UniqueFd fd, const std::string& peer,
-                                        const Deadline& deadline);
+  // The endpoint-record exchange on a bootstrapped stream (through its TLS session when TLS is
+  // on); returns the started channel, which keeps both.
+  std::shared_ptr<OfiChannel> handshake(UniqueFd fd, std::unique_ptr<TlsSession> tls,
+                                        const std::string& peer, const Deadline& deadline);
   void accept_group(AcceptedGroup group);
   void on_remote_data(uint32_t token);
   static uint32_t random_key();  // from the kernel CSPRNG, never 0
 
   const OfiConfig config_;
+  std::shared_ptr<const TlsContext> tls_;  // null: plain bootstrap and control stream
   std::shared_ptr<OfiDomain> domain_;
   mutable std::mutex mu_;
   std::condition_variable accepted_cv_;

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "transport/tls.h"
+
 namespace rdmaxfer {
 
 struct RdmaConfig {
@@ -20,6 +22,8 @@ struct RdmaConfig {
   uint64_t eager_limit = 0; // bytes sent inside the SEND with the header; 0 -> 8 KiB
   int sq_depth = 0;         // send-queue WRs per QP; 0 -> min(device max_qp_wr, 256)
   std::string secret;       // shared secret for the bootstrap (transport/auth.h); "" = none
+  bool tls = false;         // TLS 1.3 on the bootstrap stream (transport/tls.h)
+  TlsSettings tls_settings;
   // Fabric settings (fabric_settings.h): -1 -> the environment variable -> the default.
   int service_level = -1;   // SL 0..15; env RDMAXFER_SERVICE_LEVEL; default 0
   int traffic_class = -1;   // GRH traffic class 0..255 (DSCP << 2); env RDMAXFER_TRAFFIC_CLASS; 0

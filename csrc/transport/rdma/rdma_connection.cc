@@ -185,13 +185,14 @@ void RdmaConnection::connect_qps(const EndpointRecord& peer, bool acceptor) {
   state_ = State::kConnected;
 }
 
-void RdmaConnection::start(UniqueFd socket, std::string peer) {
+void RdmaConnection::start(UniqueFd socket, std::unique_ptr<TlsSession> tls, std::string peer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     peer_ = std::move(peer);
   }
   std::lock_guard<std::mutex> lock(socket_mu_);
   socket_ = std::move(socket);
+  socket_tls_ = std::move(tls);
   socket_poller_ = poller_of(ctrl_rail());
   socket_poller_->watch_socket(socket_.get(), tag_);
 }
@@ -337,11 +338,20 @@ void RdmaConnection::on_socket_ready() {
   uint8_t buf[64];
   ssize_t n = 0;
   int err = 0;
-  {
+  try {
     std::lock_guard<std::mutex> lock(socket_mu_);
     if (!socket_.valid()) return;  // closed meanwhile
-    n = recv(socket_.get(), buf, sizeof(buf), MSG_DONTWAIT);
-    err = errno;
+    // Under TLS a record may hold more than one read takes (none is visible to epoll then):
+    // read until the session has nothing left or the GOODBYE is seen.
+    do {
+      n = socket_tls_ ? socket_tls_->read(buf, sizeof(buf))
+                      : recv(socket_.get(), buf, sizeof(buf), MSG_DONTWAIT);
+      err = errno;
+    } while (n > 0 && std::memchr(buf, kGoodbyeByte, static_cast<size_t>(n)) == nullptr &&
+             socket_tls_ && socket_tls_->pending());
+  } catch (const Error& e) {  // a TLS record that fails authentication
+    abort(ErrorKind::kConnection, "bootstrap connection to " + peer() + ": " + e.what());
+    return;
   }
   errno = err;
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
@@ -432,8 +442,14 @@ void RdmaConnection::begin_close() {
       std::lock_guard<std::mutex> lock(socket_mu_);
       if (socket_.valid()) {
         const uint8_t bye = kGoodbyeByte;
-        if (send(socket_.get(), &bye, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-          // Best effort: the peer notices the EOF instead.
+        try {
+          iovec iov{const_cast<uint8_t*>(&bye), 1};
+          if ((socket_tls_ ? socket_tls_->writev(&iov, 1)
+                           : send(socket_.get(), &bye, 1, MSG_DONTWAIT | MSG_NOSIGNAL)) < 0) {
+            // Best effort: the peer notices the EOF instead.
+          }
+        } catch (const Error&) {
+          // The same: a TLS error on a stream already broken.
         }
       }
     }
@@ -493,6 +509,7 @@ void RdmaConnection::teardown(const Error& why, const RequestPtr& culprit,
     if (socket_.valid()) {
       if (socket_poller_) socket_poller_->unwatch_socket(socket_.get());
       ::shutdown(socket_.get(), SHUT_WR);
+      socket_tls_.reset();
       socket_.reset();
     }
     socket_poller_.reset();

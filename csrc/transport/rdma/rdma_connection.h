@@ -103,6 +103,7 @@
 #include "transport/rdma/verbs_mr.h"
 #include "transport/gather.h"
 #include "transport/rdma/verbs_qp.h"
+#include "transport/tls.h"
 #include "transport/transport.h"
 
 namespace rdmaxfer {
@@ -156,7 +157,9 @@ class RdmaConnection : public Channel,
   // Pairs every QP with one of the peer's (the connector drops those the acceptor left
   // unpaired), posts the control receives and brings the QPs to RTS.
   void connect_qps(const EndpointRecord& peer, bool acceptor);
-  void start(UniqueFd socket, std::string peer);
+  // Watches the bootstrap stream (`tls`: its TLS session, or null) for the peer's GOODBYE or
+  // its end.
+  void start(UniqueFd socket, std::unique_ptr<TlsSession> tls, std::string peer);
   uint32_t tag() const { return tag_; }
 
   RequestPtr post_write(const std::shared_ptr<MemoryRegion>& local, uint64_t local_offset,
@@ -330,6 +333,7 @@ class RdmaConnection : public Channel,
   // socket_mu_ orders that close against the poller thread's recv on it.
   std::mutex socket_mu_;
   UniqueFd socket_;
+  std::unique_ptr<TlsSession> socket_tls_;  // socket_'s TLS session (TLS on), else null
   std::shared_ptr<CqPoller> socket_poller_;  // the one watching socket_ (the control rail's)
   uint64_t max_chunk_ = 0;
   uint32_t peer_ctrl_size_ = 0;

@@ -35,6 +35,7 @@ RdmaConfig rdma_config(const TransportConfig& c) {
   }
   r.poll_mode = poll_mode_name(c.poll_mode);
   r.secret = c.secret;
+  r.tls = c.tls("rdma", &r.tls_settings);
   r.default_qps = c.default_streams;
   r.service_level = c.int_setting("rdma", "service_level", -1);  // checked by the transport
   r.traffic_class = c.int_setting("rdma", "traffic_class", -1);

@@ -49,6 +49,7 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
   busy_poll_ = parse_poll_mode(config_.poll_mode) == PollMode::kBusy;
   config_.poll_mode = busy_poll_ ? "busy" : "event";
   if (config_.default_qps <= 0) config_.default_qps = 1;
+  if (config_.tls) tls_ = std::make_shared<const TlsContext>(config_.tls_settings);
   if (config_.default_qps > EndpointRecord::kMaxQps) {
     throw Error(ErrorKind::kInvalidArgument,
                 "streams=" + std::to_string(config_.default_qps) + " exceeds " +
@@ -149,6 +150,7 @@ Capabilities RdmaTransport::declared() {
   caps.write_with_imm = true;
   caps.gpu_direct = true;
   caps.rails = true;
+  caps.tls = true;
   return caps;
 }
 
@@ -183,8 +185,9 @@ std::string RdmaTransport::describe() const {
        std::to_string(config_.default_qps) + " QP(s) per connection and rail, send queue " +
        std::to_string(settings_.limits.sq_depth) + " WRs, eager limit " +
        std::to_string(settings_.eager_limit) + " bytes, " +
-       describe_fabric_settings(settings_.limits.fabric) + ", " + std::to_string(rails_.size()) +
-       " rail(s):";
+       describe_fabric_settings(settings_.limits.fabric) +
+       (tls_ ? ", bootstrap under " + tls_->describe() : std::string()) + ", " +
+       std::to_string(rails_.size()) + " rail(s):";
   for (size_t i = 0; i < rails_.size(); ++i) {
     s += (i == 0 ? " " : ", ") + rail_text(rails_[i].name, rails_[i].record);
     if (!rails_[i].removed.empty()) s += " removed (" + rails_[i].removed + ")";
@@ -334,27 +337,29 @@ void RdmaTransport::release_cqs_locked(uint32_t tag) {
   }
 }
 
-EndpointRecord RdmaTransport::read_record(int fd, const Deadline& deadline) {
+EndpointRecord RdmaTransport::read_record(int fd, TlsSession* tls, const Deadline& deadline) {
   std::string buf(EndpointRecord::kHeaderSize, '\0');
   recv_exact(fd, buf.data(), buf.size(), deadline,
-             "rdma handshake: waiting for the peer's endpoint record");
+             "rdma handshake: waiting for the peer's endpoint record", tls);
   buf.resize(EndpointRecord::peek_size(reinterpret_cast<const uint8_t*>(buf.data())));
   recv_exact(fd, buf.data() + EndpointRecord::kHeaderSize,
              buf.size() - EndpointRecord::kHeaderSize, deadline,
-             "rdma handshake: reading the peer's QP list");
+             "rdma handshake: reading the peer's QP list", tls);
   return EndpointRecord::unpack(reinterpret_cast<const uint8_t*>(buf.data()), buf.size());
 }
 
-void RdmaTransport::handshake(RdmaConnection& conn, int fd, const EndpointRecord* peer_record,
-                              const Deadline& deadline) {
+void RdmaTransport::handshake(RdmaConnection& conn, int fd, TlsSession* tls,
+                              const EndpointRecord* peer_record, const Deadline& deadline) {
   const std::string rec = conn.local_record().pack();
-  send_exact(fd, rec.data(), rec.size(), deadline, "rdma handshake: sending the endpoint record");
-  const EndpointRecord peer = peer_record != nullptr ? *peer_record : read_record(fd, deadline);
+  send_exact(fd, rec.data(), rec.size(), deadline, "rdma handshake: sending the endpoint record",
+             tls);
+  const EndpointRecord peer =
+      peer_record != nullptr ? *peer_record : read_record(fd, tls, deadline);
   conn.connect_qps(peer, peer_record != nullptr);
   const uint8_t ready = EndpointRecord::kReadyByte;
-  send_exact(fd, &ready, 1, deadline, "rdma handshake: sending READY");
+  send_exact(fd, &ready, 1, deadline, "rdma handshake: sending READY", tls);
   uint8_t got = 0;
-  recv_exact(fd, &got, 1, deadline, "rdma handshake: waiting for the peer's READY");
+  recv_exact(fd, &got, 1, deadline, "rdma handshake: waiting for the peer's READY", tls);
   if (got != EndpointRecord::kReadyByte) {
     throw Error(ErrorKind::kProtocol, "rdma handshake: the peer sent " + std::to_string(got) +
                                           " instead of READY");
@@ -363,9 +368,10 @@ void RdmaTransport::handshake(RdmaConnection& conn, int fd, const EndpointRecord
 
 std::shared_ptr<RdmaConnection> RdmaTransport::accept_one(AcceptedGroup group) {
   UniqueFd fd = std::move(group.fds[0]);
+  std::unique_ptr<TlsSession> tls = group.tls.empty() ? nullptr : std::move(group.tls[0]);
   Deadline deadline(kAcceptHandshakeS);
   // The connector offers QPs on each of its rails: read its record before creating ours.
-  const EndpointRecord peer = read_record(fd.get(), deadline);
+  const EndpointRecord peer = read_record(fd.get(), tls.get(), deadline);
   const std::vector<LaneSpec> lanes = pair_rails(peer);
   if (lanes.empty()) {
     // Our rails alone (no QP): the connector reports the same error.
@@ -374,13 +380,13 @@ std::shared_ptr<RdmaConnection> RdmaTransport::accept_one(AcceptedGroup group) {
     ours.engine_id = engine_id();
     const std::string rec = ours.pack();
     send_exact(fd.get(), rec.data(), rec.size(), deadline,
-               "rdma handshake: sending the endpoint record");
+               "rdma handshake: sending the endpoint record", tls.get());
     throw Error(ErrorKind::kConnection, no_rail_pair(rails_, peer));
   }
   auto conn = prepare(lanes);
-  handshake(*conn, fd.get(), &peer, deadline);
+  handshake(*conn, fd.get(), tls.get(), &peer, deadline);
   conn->set_peer_engine(group.hello.engine_id);
-  conn->start(std::move(fd), group.peer);
+  conn->start(std::move(fd), std::move(tls), group.peer);
   return conn;
 }
 
@@ -433,9 +439,11 @@ std::shared_ptr<Channel> RdmaTransport::connect(const std::string& host, uint16_
   const std::string peer = host_port(host, port);
   return counted_connect(peer, [&](int* retries) {
     uint64_t peer_engine = 0;
+    std::vector<std::unique_ptr<TlsSession>> sessions;
     std::vector<UniqueFd> fds =
         bootstrap_connect(host, port, declared().wire_id, 1, engine_id(), random_u64(), sockets,
-                          deadline, retries, &peer_engine);
+                          deadline, retries, &peer_engine, &sessions);
+    std::unique_ptr<TlsSession> tls = sessions.empty() ? nullptr : std::move(sessions[0]);
     std::vector<LaneSpec> lanes;
     std::string removed;
     {
@@ -453,9 +461,9 @@ std::shared_ptr<Channel> RdmaTransport::connect(const std::string& host, uint16_
                   "every rail of this engine was removed (" + removed + "); open a new engine");
     }
     auto conn = prepare(lanes);
-    handshake(*conn, fds[0].get(), nullptr, deadline);
+    handshake(*conn, fds[0].get(), tls.get(), nullptr, deadline);
     conn->set_peer_engine(peer_engine);
-    conn->start(std::move(fds[0]), peer);
+    conn->start(std::move(fds[0]), std::move(tls), peer);
     return std::static_pointer_cast<Channel>(conn);
   });
 }

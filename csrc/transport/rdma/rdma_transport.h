@@ -106,10 +106,10 @@ class RdmaTransport : public Transport {
   // drop a removed rail's MR from.
   PdList current_pds() const;
   void track(const std::shared_ptr<RdmaRegion>& region);
-  static EndpointRecord read_record(int fd, const Deadline& deadline);
+  static EndpointRecord read_record(int fd, TlsSession* tls, const Deadline& deadline);
   // Sends our record, reads the peer's (unless the acceptor already has it), brings the QPs to
-  // RTS, then the READY exchange.
-  void handshake(RdmaConnection& conn, int fd, const EndpointRecord* peer_record,
+  // RTS, then the READY exchange; through `tls` when not null.
+  void handshake(RdmaConnection& conn, int fd, TlsSession* tls, const EndpointRecord* peer_record,
                  const Deadline& deadline);
   std::shared_ptr<RdmaConnection> find(uint32_t tag);
   // The connection holding QP `qp_num` of `rail` (SRQ receives name no connection in wr_id).
@@ -132,9 +132,11 @@ class RdmaTransport : public Transport {
   SocketOptions bootstrap_options() const {
     SocketOptions o;
     o.secret = config_.secret;
+    o.tls = tls_;
     return o;
   }
   RdmaConfig config_;
+  std::shared_ptr<const TlsContext> tls_;  // null: a plain bootstrap stream
   bool busy_poll_ = false;
   RdmaConnSettings settings_;
   std::vector<Rail> rails_;  // rdma_rails.h; rail 0 first. A removed rail's handles: mu_

@@ -41,7 +41,7 @@ struct TcpConfig {
   std::string secret;             // shared secret for the bootstrap (transport/auth.h)
   PollMode poll_mode = PollMode::kAdaptive;  // how waits spend their time (core/poll_mode.h)
   bool tls = false;               // TLS 1.3 on every stream (transport/tls.h)
-  std::string tls_cert, tls_key, tls_ca;  // PEM files; "" with the secret as the TLS PSK
+  TlsSettings tls_settings;       // its secret (the PSK) or PEM files
 };
 
 class TcpConnection : public Channel,

@@ -1,5 +1,4 @@
 // The tcp transport's one line in the registry (transport/registry.h).
-#include "common/error.h"
 #include "transport/registry.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -13,14 +12,7 @@ TcpConfig tcp_config(const TransportConfig& c) {
   t.default_streams = c.default_streams;
   t.secret = c.secret;
   t.poll_mode = c.poll_mode;
-  const std::string tls = c.setting("tcp", "tls", "0");
-  if (tls != "0" && tls != "1") {
-    throw Error(ErrorKind::kInvalidArgument, "tcp.tls=" + tls + " must be 0 or 1");
-  }
-  t.tls = tls == "1";
-  t.tls_cert = c.setting("tcp", "tls_cert", "");
-  t.tls_key = c.setting("tcp", "tls_key", "");
-  t.tls_ca = c.setting("tcp", "tls_ca", "");
+  t.tls = c.tls("tcp", &t.tls_settings);
   return t;
 }
 

@@ -23,8 +23,7 @@ TcpTransport::TcpTransport(uint64_t engine_id, const TcpConfig& config)
     throw Error(ErrorKind::kInvalidArgument, "eager_limit above 1 MiB is not supported");
   }
   if (config_.tls) {
-    tls_ = std::make_shared<const TlsContext>(
-        TlsSettings{config_.secret, config_.tls_cert, config_.tls_key, config_.tls_ca});
+    tls_ = std::make_shared<const TlsContext>(config_.tls_settings);
   }
   for (int i = 0; i < config_.io_threads; ++i) loops_.push_back(std::make_unique<IoLoop>(config_.poll_mode));
 }
@@ -37,6 +36,7 @@ Capabilities TcpTransport::declared() {
   caps.wire_id = kTcpWireId;
   caps.auto_rank = 1;  // everywhere, behind any fabric
   caps.one_sided = true;
+  caps.tls = true;
   return caps;
 }
 

@@ -109,10 +109,13 @@ class Engine(MemoryDomain):
             SL; the priority on RoCE), the GRH traffic class 0..255 (RoCE: the IP TOS byte,
             DSCP << 2, e.g. 104 for DSCP 26) and the IB RNR timer code 0..31 (18 = 5.12 ms).
             ``rdmaxfer doctor`` says when the traffic class misses the NIC's PFC/ECN setting.
-        tls: TLS 1.3 on every stream of every tcp connection (default: env ``RDMAXFER_TLS``,
-            else off), authenticated by the shared secret as a pre-shared key or by
-            ``TcpOptions(tls_cert=, tls_key=, tls_ca=)``; a peer without TLS is refused, and a
-            peer with it is refused by an engine without. tcp only (UnsupportedError else).
+        tls: TLS 1.3 (default: env ``RDMAXFER_TLS``, else off) on every stream of every tcp
+            connection, and on rdma and ofi on the bootstrap stream with everything sent over
+            it (endpoint records, ofi's control messages; the fabric's bytes stay as they
+            are), authenticated by the shared secret as a pre-shared key or by certificates
+            (``TcpOptions(tls_cert=, tls_key=, tls_ca=)``, or ``RDMAXFER_TLS_CERT``...); a peer
+            without TLS is refused, and a peer with it is refused by an engine without.
+            UnsupportedError on shm, which never leaves the host.
         secret: a shared secret (default: env ``RDMAXFER_SECRET``). With one, every connection
             starts with a mutual HMAC-SHA256 challenge-response and a peer without the same
             secret is refused before any address, key or QP number is revealed; both sides
