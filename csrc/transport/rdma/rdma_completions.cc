@@ -95,14 +95,21 @@ void RdmaConnection::complete(int lane, bool is_recv, const ibv_wc& wc, const ui
     return;
   }
   if (wc.status != IBV_WC_SUCCESS) {
+    // A failure on a port that is down is the link's, whatever the status (rxe gives a WR it
+    // could not transmit IBV_WC_LOC_QP_OP_ERR), and it may come before the port's event.
+    const std::string port_down =
+        wc.status == IBV_WC_REM_ACCESS_ERR ? std::string() : port_not_active(rail);
     if (wc.status != IBV_WC_REM_ACCESS_ERR &&
-        (rail != ctrl_rail() ||
+        (rail != ctrl_rail() || !port_down.empty() ||
          (wc.status != IBV_WC_RNR_RETRY_EXC_ERR && other_rail_up(rail)))) {
       // A rail failed: its chunks, the failed one included, move (a bad descriptor fails the
       // transfer instead: it would on every rail; so does a peer that stopped reposting its
-      // receive buffers, and a failure on the only live rail keeps its precise error).
-      rail_down(rail, std::string(is_recv ? "a receive" : "a WR") + " failed: " +
-                          wc_status_text(wc.status) + " (QP " + std::to_string(wc.qp_num) + ")");
+      // receive buffers, and a failure on the only live rail keeps its precise error unless
+      // its port went down: the connection then lost every rail).
+      const std::string failed = std::string(is_recv ? "a receive" : "a WR") + " failed: " +
+                                 wc_status_text(wc.status) + " (QP " +
+                                 std::to_string(wc.qp_num) + ")";
+      rail_down(rail, port_down.empty() ? failed : port_down + ", " + failed);
       return;
     }
     if (is_recv) {

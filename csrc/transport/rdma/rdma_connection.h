@@ -284,6 +284,8 @@ class RdmaConnection : public Channel,
   void fail_over(int rail, int peer_rail, const std::string& cause, bool tell_peer);
   // Whether a lane on a rail other than `rail` is live (a failure on `rail` can then fail over).
   bool other_rail_up(int rail) const;
+  // Why `rail`'s port is not ACTIVE now ("" when it is, or its device was released).
+  std::string port_not_active(int rail) const;
   // Live lanes whose peer rail has a key in `keys` (null: the live lanes paired with the
   // peer's rail `peer_rail`).
   std::vector<int> usable_lanes(const std::vector<uint32_t>* keys, int peer_rail = -1) const;

@@ -415,6 +415,15 @@ void RdmaConnection::follow_ctrl_lane(int lane) {
   }
 }
 
+std::string RdmaConnection::port_not_active(int rail) const {
+  std::shared_ptr<DeviceContext> context;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    context = shared_.rails.at(static_cast<size_t>(rail)).context;
+  }
+  return context ? context->port_not_active() : std::string();
+}
+
 bool RdmaConnection::other_rail_up(int rail) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < lanes_.size(); ++i) {

@@ -231,6 +231,21 @@ DeviceContext::~DeviceContext() {
   if (ctx_ != nullptr) verbs().close_device(ctx_);
 }
 
+std::string DeviceContext::port_not_active() const {
+  ibv_port_attr now{};
+  const int rc = verbs().query_port(ctx_, port_, &now);
+  const std::string port = "port " + std::to_string(port_) + " of " + name_;
+  if (rc != 0) return port + " cannot be queried: " + errno_text("ibv_query_port", rc);
+  switch (now.state) {
+    case IBV_PORT_ACTIVE: return "";
+    case IBV_PORT_DOWN: return port + " is DOWN";
+    case IBV_PORT_INIT: return port + " is INIT";
+    case IBV_PORT_ARMED: return port + " is ARMED";
+    case IBV_PORT_ACTIVE_DEFER: return port + " is ACTIVE_DEFER";
+    default: return port + " is in state " + std::to_string(now.state);
+  }
+}
+
 std::string DeviceContext::gid_text() const {
   char buf[INET6_ADDRSTRLEN] = {0};
   if (inet_ntop(AF_INET6, gid_.raw, buf, sizeof(buf)) == nullptr) return "?";
