@@ -181,8 +181,9 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """``-m gpu`` that ran no GPU test fails: a GPU run that only skipped proves nothing."""
-    if not _gpu_selected(session.config) or exitstatus != 0:
+    """``-m gpu`` that ran no GPU test fails: a GPU run that only skipped proves nothing.
+    ``--collect-only`` runs none, and is left alone."""
+    if not _gpu_selected(session.config) or exitstatus != 0 or session.config.option.collectonly:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     passed = reporter.stats.get("passed", []) if reporter is not None else []
