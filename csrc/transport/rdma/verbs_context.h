@@ -45,9 +45,8 @@ class DeviceContext {
   int gid_index() const { return gid_index_; }
   const ibv_gid& gid() const { return gid_; }
   std::string gid_text() const;
-  // The port's state asked of the device now ("" when ACTIVE, else e.g. "port 1 is DOWN"): a
-  // failed work completion on a port that went down is the link's failure, whatever status the
-  // provider gave it (rxe completes a WR it could not transmit with IBV_WC_LOC_QP_OP_ERR).
+  // The port's state asked of the device now: "" when ACTIVE, else why not, e.g. "port 1 of
+  // rxe0 is DOWN" (also when ibv_query_port itself fails).
   std::string port_not_active() const;
   const std::string& gid_choice() const { return gid_choice_; }
 
