@@ -122,8 +122,11 @@ log_file=$HERE/.last-run.log
     pass_env=(VIRTUAL_ENV PYTHONPATH PYTHONHASHSEED PYTHONDONTWRITEBYTECODE PYTHONUNBUFFERED
         PYTHONWARNINGS PYTEST_ADDOPTS PYENV_VERSION PYENV_ROOT CI LANG LC_ALL TZ)
     # pytest in one process (pyproject.toml's addopts start 4 xdist workers; the guest has two
-    # emulated vCPUs); -n in PYTEST_ADDOPTS or on the command line comes later and wins.
-    PYTEST_ADDOPTS="-n 0${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
+    # emulated vCPUs, and two workers measured no faster), without the hypothesis and anyio
+    # plugins, which no RDMA test uses: loading them (hypothesis imports all of itself) took
+    # each pytest process in the guest about a minute under TCG, more than half of a short run.
+    # What PYTEST_ADDOPTS or the command line says comes later and wins (-n 2, -p hypothesispytest).
+    PYTEST_ADDOPTS="-n 0 -p no:hypothesispytest -p no:anyio${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
     while IFS= read -r name; do pass_env+=("$name"); done < <(compgen -e RDMAXFER_ || true)
     for name in "${pass_env[@]}"; do
         [[ -n ${!name+set} ]] && printf 'export %s=%q\n' "$name" "${!name}"
