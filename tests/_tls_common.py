@@ -3,6 +3,7 @@ bit, and a TCP relay that records and can tamper with what passes through it."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -114,8 +115,14 @@ class Relay:
                     pass
 
     def close(self) -> None:
+        # shutdown() wakes the threads blocked in accept() or recv() on these sockets (close()
+        # alone does not, and each join would wait out its timeout)
+        for s in (self.listener, *self.socks):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         for s in self.socks:
             s.close()
         for t in self.threads:
             t.join(timeout=10)
+            assert not t.is_alive(), "a relay thread did not end within 10 s"
