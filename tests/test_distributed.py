@@ -7,6 +7,7 @@ data each rank regenerates from the same seed.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing as mp
 import os
@@ -91,10 +92,11 @@ class Ranks:
 
     def close(self) -> None:
         for proc in self.procs:
-            if proc.is_alive():
-                with_cont = proc.pid
-                if with_cont is not None:
-                    os.kill(with_cont, signal.SIGCONT)
+            if proc.is_alive() and proc.pid is not None:
+                # a rank a test stopped (SIGSTOP) dies only once continued; a rank that ended
+                # since is_alive() may be gone already
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
                 proc.kill()
             proc.join(10)
 
