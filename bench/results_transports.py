@@ -190,6 +190,40 @@ def rails() -> str:
     return md_table(head, rows, right_from=1)
 
 
+def rails_throttled() -> str:
+    """``bench/rails_throttle_bench.py``: two rails, one throttled, against the fast one alone."""
+    d = load_result("rails-throttled-rxe.json")
+    by: dict[str, list[dict[str, Any]]] = {}
+    for row in d["rows"]:
+        by.setdefault(row["throttle"], []).append(row)
+    rows = []
+    for throttle, runs in by.items():
+        ratios = [r["ratio"] for r in runs]
+        last = runs[-1]["rails"]
+        rows.append(
+            [
+                throttle,
+                " / ".join(f"{r['fast_rail_alone_GB_per_s'] * 1e3:.1f}" for r in runs),
+                " / ".join(f"{r['two_rails_GB_per_s'] * 1e3:.1f}" for r in runs),
+                " / ".join(f"{x:.2f}x" for x in ratios),
+                f"{statistics.median(ratios):.2f}x",
+                ", ".join(
+                    f"{name} {v['rate_MB_per_s']:.1f} MB/s {v['share_pct']} %"
+                    for name, v in sorted(last.items())
+                ),
+            ]
+        )
+    head = [
+        "rxe2 throttled to",
+        "rxe0 alone MB/s (rounds)",
+        "both rails MB/s (rounds)",
+        "ratio",
+        "median",
+        "last round: rate, share",
+    ]
+    return md_table(head, rows, right_from=1)
+
+
 def batch_tcp() -> str:
     runs = load_result("batch-vs-contiguous-tcp.json")["runs"]
     rows = [

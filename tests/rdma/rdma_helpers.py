@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import resource
+import subprocess
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -219,3 +221,25 @@ def rail_bytes(ep: _core.Endpoint) -> dict[str, int]:
     return {
         k[5:-6]: int(v) for k, v in attrs.items() if k.startswith("rail_") and k.endswith("_bytes")
     }
+
+
+def port_active(device: str) -> bool:
+    """Whether port 1 of `device` is ACTIVE (sysfs)."""
+    try:
+        with open(f"/sys/class/infiniband/{device}/ports/1/state") as f:
+            return "ACTIVE" in f.read()
+    except OSError:
+        return False
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> None:
+    """Polls `check` every 0.1 s until true; fails naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.1)
+
+
+def run_cmd(*cmd: str) -> None:
+    """Runs a command (ip, rdma, tc) in the guest; raises on failure."""
+    subprocess.run(cmd, check=True, timeout=60, capture_output=True)

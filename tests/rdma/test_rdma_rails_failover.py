@@ -27,34 +27,18 @@ from .rdma_helpers import (
     RW,
     TWO_RAILS,
     WAIT_S,
+    port_active,
     rail_bytes,
     rail_pair,
     random_bytes,
     region_array,
+    run_cmd,
     send_and_notify,
+    wait_for,
     wait_ok,
 )
 
 pytestmark = [pytest.mark.rdma, TWO_RAILS]
-
-
-def _port_active(device: str) -> bool:
-    try:
-        with open(f"/sys/class/infiniband/{device}/ports/1/state") as f:
-            return "ACTIVE" in f.read()
-    except OSError:
-        return False
-
-
-def _wait_for(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.1)
-
-
-def _run(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, timeout=60, capture_output=True)
 
 
 #: (client, server, the client's and the server's endpoint, the WRITE, a check that its bytes
@@ -83,13 +67,13 @@ def striped_write_on(
     """striped_write, with the client and server engines too."""
     with rail_pair() as (client, server, a, b):
         if before:
-            _run(*before)
+            run_cmd(*before)
         src = client.alloc_pinned(size, 0)
         dst = server.alloc_pinned(size, RW)
         data = random_bytes(rng, size)
         region_array(src)[:] = data
         request = a.post_write(src, 0, dst.descriptor(), 0, size, chunk_size=64 * 1024)
-        _wait_for("an eighth of the write", lambda: request.moved >= size // 8 or request.done())
+        wait_for("an eighth of the write", lambda: request.moved >= size // 8 or request.done())
         assert not request.done(), "the write finished before a rail could fail: make it larger"
         yield client, server, a, b, request, lambda: bool(np.array_equal(region_array(dst), data))
 
@@ -97,7 +81,7 @@ def striped_write_on(
 def test_port_down_mid_transfer_moves_its_chunks(rng: np.random.Generator) -> None:
     try:
         with striped_write(rng) as (a, request, exact):
-            _run("ip", "link", "set", "veth2", "down")  # rxe2's port goes down (PORT_ERR)
+            run_cmd("ip", "link", "set", "veth2", "down")  # rxe2's port goes down (PORT_ERR)
             wait_ok(request)
             assert exact()
             text = a.describe()
@@ -105,8 +89,8 @@ def test_port_down_mid_transfer_moves_its_chunks(rng: np.random.Generator) -> No
             assert a.attributes()["rail_rxe2_up"] == 0 and not a.closed
             assert sum(rail_bytes(a).values()) >= 64 * MIB  # resent chunks count twice
     finally:
-        _run("ip", "link", "set", "veth2", "up")
-        _wait_for("rxe2 ACTIVE again", lambda: _port_active("rxe2"))
+        run_cmd("ip", "link", "set", "veth2", "up")
+        wait_for("rxe2 ACTIVE again", lambda: port_active("rxe2"))
 
 
 def test_qp_in_error_mid_transfer_moves_its_chunks(
@@ -122,10 +106,11 @@ def test_qp_in_error_mid_transfer_moves_its_chunks(
         wait_ok(request)
         assert exact()
         text = a.describe()
-        # Its flushed WRs (or, without an SRQ, its flushed receives) say why.
-        assert "rxe0 up" in text and "rxe2 failed (a " in text, text
-        assert "IBV_WC_WR_FLUSH_ERR" in text, text
-        assert a.attributes()["rail_rxe2_up"] == 0 and not a.closed
+        # Its flushed WRs (or, without an SRQ, its flushed receives) say why; the rail may
+        # have rejoined since (its QP reset and probed, test_rdma_rails_heal.py).
+        assert "rxe0 up" in text, text
+        assert "rxe2 failed (a " in text or "rxe2 up (rejoined 1x, last failure: a " in text, text
+        assert "IBV_WC_WR_FLUSH_ERR" in text and not a.closed, text
         assert rail_bytes(a)["rxe2"] >= 4 * MIB
 
 
@@ -136,7 +121,7 @@ def _device_back(device: str) -> bool:
             gid = f.read().strip()
     except OSError:
         return False
-    return _port_active(device) and gid.startswith("0000:0000:0000:0000:0000:ffff:")
+    return port_active(device) and gid.startswith("0000:0000:0000:0000:0000:ffff:")
 
 
 #: How long `rdma link delete` may take once the engine noticed the removal (it checks the
@@ -158,8 +143,8 @@ def deleting(device: str, netdev: str) -> Iterator[subprocess.Popen[bytes]]:
         if delete.poll() is None:
             delete.wait(timeout=120)
         if not os.path.exists(f"/sys/class/infiniband/{device}"):
-            _run("rdma", "link", "add", device, "type", "rxe", "netdev", netdev)
-        _wait_for(
+            run_cmd("rdma", "link", "add", device, "type", "rxe", "netdev", netdev)
+        wait_for(
             f"{device} back, ACTIVE with its IPv4 GID", functools.partial(_device_back, device)
         )
 
@@ -267,10 +252,10 @@ def test_control_rail_down_mid_transfer_moves_the_control_lane(rng: np.random.Ge
     rxe2, and messages, grants and notifications then flow both ways."""
     try:
         with striped_write_on(rng) as (client, server, a, b, request, exact):
-            _run("ip", "link", "set", "veth0", "down")  # rxe0 and rxe1: PORT_ERR on both sides
+            run_cmd("ip", "link", "set", "veth0", "down")  # rxe0 and rxe1: PORT_ERR on both sides
             wait_ok(request)
             assert exact()
-            _wait_for("the server to fail rxe1 over", lambda: b.attributes()["rail_rxe1_up"] == 0)
+            wait_for("the server to fail rxe1 over", lambda: b.attributes()["rail_rxe1_up"] == 0)
             text = a.describe()
             assert "rxe0 failed (device rxe0: asynchronous event: port error" in text, text
             assert "rxe2 up" in text and not a.closed and not b.closed
@@ -280,8 +265,8 @@ def test_control_rail_down_mid_transfer_moves_the_control_lane(rng: np.random.Ge
             assert not a.closed and not b.closed
             assert a.attributes()["rail_rxe2_up"] == 1 and b.attributes()["rail_rxe3_up"] == 1
     finally:
-        _run("ip", "link", "set", "veth0", "up")
-        _wait_for("rxe0 ACTIVE again", lambda: _port_active("rxe0"))
+        run_cmd("ip", "link", "set", "veth0", "up")
+        wait_for("rxe0 ACTIVE again", lambda: port_active("rxe0"))
 
 
 def test_messages_go_on_while_the_control_rail_fails(rng: np.random.Generator) -> None:
@@ -295,7 +280,7 @@ def test_messages_go_on_while_the_control_rail_fails(rng: np.random.Generator) -
     down. That race did not show in 8 runs of this test without the route.)"""
     size = 300_000 + 7
     outcomes: list[str] = []
-    down = threading.Timer(0.5, _run, ("ip", "link", "set", "veth0", "down"))
+    down = threading.Timer(0.5, run_cmd, ("ip", "link", "set", "veth0", "down"))
     try:
         with rail_pair() as (client, server, a, b):
             src = client.alloc_pinned(size, 0)
@@ -330,8 +315,8 @@ def test_messages_go_on_while_the_control_rail_fails(rng: np.random.Generator) -
             assert outcomes.count("failed alone") <= 2, outcomes
     finally:
         down.join()
-        _run("ip", "link", "set", "veth0", "up")
-        _wait_for("rxe0 ACTIVE again", lambda: _port_active("rxe0"))
+        run_cmd("ip", "link", "set", "veth0", "up")
+        wait_for("rxe0 ACTIVE again", lambda: port_active("rxe0"))
 
 
 def test_message_failed_on_its_grants_rail_is_aborted_then_sent_again(
@@ -415,12 +400,12 @@ def test_no_rail_left_fails_with_every_cause(rng: np.random.Generator) -> None:
             request,
             _,
         ):
-            _wait_for("rxe2 to fail over", lambda: a.attributes()["rail_rxe2_up"] == 0)
-            _run("ip", "link", "set", "veth0", "down")
+            wait_for("rxe2 to fail over", lambda: a.attributes()["rail_rxe2_up"] == 0)
+            run_cmd("ip", "link", "set", "veth0", "down")
             assert request.wait(WAIT_S), "the write neither completed nor failed"
             with pytest.raises(ConnectionFailedError):
                 request.check()
-            _wait_for("both endpoints to close", lambda: a.closed and b.closed)
+            wait_for("both endpoints to close", lambda: a.closed and b.closed)
             errors = {"client": a.error, "server": b.error}
             lost = {side: e for side, e in errors.items() if "lost every rail" in e}
             assert lost, errors
@@ -432,8 +417,8 @@ def test_no_rail_left_fails_with_every_cause(rng: np.random.Generator) -> None:
                     assert event in text or found_down in text, text
     finally:
         for netdev, device in (("veth0", "rxe0"), ("veth2", "rxe2")):
-            _run("ip", "link", "set", netdev, "up")
-            _wait_for(f"{device} ACTIVE again", functools.partial(_port_active, device))
+            run_cmd("ip", "link", "set", netdev, "up")
+            wait_for(f"{device} ACTIVE again", functools.partial(port_active, device))
 
 
 #: One CQ per rail held 16,384 entries and a connection reserved 288 on each before issue 15

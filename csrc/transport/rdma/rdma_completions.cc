@@ -78,13 +78,18 @@ void RdmaConnection::on_completion(const ibv_wc& wc) {
 void RdmaConnection::complete(int lane, bool is_recv, const ibv_wc& wc, const uint8_t* srq_data) {
   const int rail = lanes_[static_cast<size_t>(lane)].rail;
   bool failed_over = false;
+  bool healing = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     failed_over = !lane_up_[static_cast<size_t>(lane)];
+    healing = healing_[static_cast<size_t>(lane)];
   }
   // A failed-over rail's flushes: its chunks were taken and posted elsewhere (drained() no
-  // longer counts its QPs).
-  if (failed_over) return;
+  // longer counts its QPs). On a lane being healed, only its probe counts.
+  if (failed_over) {
+    if (healing && !is_recv) on_heal_completion(lane, wc);
+    return;
+  }
   if (is_recv && srq_data == nullptr) {
     posted_recvs_[static_cast<size_t>(lane)].fetch_sub(1);  // consumed or flushed
   }
@@ -139,6 +144,7 @@ void RdmaConnection::complete(int lane, bool is_recv, const ibv_wc& wc, const ui
   if (!r.parts_done.empty()) {
     stats_->add_lane(lane, r.part_bytes);
     rail_bytes_[static_cast<size_t>(rail)] += r.part_bytes;
+    meter_.completed(static_cast<size_t>(rail), r.part_bytes, RailMeter::Clock::now());
     if (rail == test_err_rail_ && rail_bytes_[static_cast<size_t>(rail)] >= test_err_bytes_ &&
         !test_err_done_.exchange(true)) {
       lanes_[static_cast<size_t>(lane)].qp->to_error();  // RDMAXFER_RDMA_TEST_QP_ERR

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <tuple>
@@ -32,6 +33,13 @@ std::pair<int, uint64_t> test_qp_error(const std::vector<Rail>& rails) {
   }
   return {-1, 0};  // not a rail of this engine (the other side's knob)
 }
+// "812.5 MB/s" (measured rate), "rate not measured yet".
+std::string mb_per_s(double bytes_per_s) {
+  if (bytes_per_s <= 0) return "rate not measured yet";
+  char text[48];
+  std::snprintf(text, sizeof(text), "%.1f MB/s", bytes_per_s / 1e6);
+  return text;
+}
 }  // namespace
 
 RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& settings,
@@ -40,7 +48,8 @@ RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& set
       transport_(transport),
       settings_(settings),
       shared_(std::move(shared)),
-      tag_(tag) {
+      tag_(tag),
+      meter_(shared_.rails.size()) {
   const size_t n_rails = shared_.rails.size();
   rail_up_.assign(n_rails, true);
   rail_released_.assign(n_rails, false);
@@ -50,6 +59,8 @@ RdmaConnection::RdmaConnection(Transport& transport, const RdmaConnSettings& set
   lanes_.resize(lanes.size());
   posted_recvs_ = std::make_unique<std::atomic<int>[]>(lanes.size());
   lane_up_.assign(lanes.size(), true);
+  healing_.assign(lanes.size(), false);
+  heals_.resize(n_rails);
   std::tie(test_err_rail_, test_err_bytes_) = test_qp_error(shared_.rails);
   test_ctrl_twice_ = test_hooks::rdma_ctrl_twice();
   for (size_t i = 0; i < lanes.size(); ++i) {
@@ -142,6 +153,8 @@ void RdmaConnection::connect_qps(const EndpointRecord& peer, bool acceptor) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     lane_up_.assign(lanes_.size(), true);
+    healing_.assign(lanes_.size(), false);
+    acceptor_ = acceptor;
   }
   const QpLimits& own = settings_.limits;
   negotiated_.max_rd_atomic =
@@ -176,6 +189,8 @@ void RdmaConnection::connect_qps(const EndpointRecord& peer, bool acceptor) {
     std::memcpy(addr.gid.raw, theirs.gid, 16);
     lane.qp->to_rtr(addr, mtu, negotiated_.max_dest_rd_atomic);
     lane.qp->to_rts(negotiated_.max_rd_atomic);
+    lane.peer = addr;
+    lane.mtu = mtu;
   }
   uint64_t peer_max = peer.max_message == 0 ? settings_.max_message : peer.max_message;
   max_chunk_ = std::min<uint64_t>({settings_.max_message, peer_max, 1ull << 30});
@@ -218,16 +233,23 @@ std::string RdmaConnection::describe() const {
   for (int r : rails) names += (names.empty() ? "" : "+") + rail_name(r);
   std::string s = "rdma to " + peer() + ", " + std::to_string(streams()) + " RC QP(s) on " + names +
                   ", control rail " + rail_name(ctrl_rail());
+  const std::vector<double> rates = meter_.rates();
+  const std::vector<uint32_t> share = meter_.last_share_pct();
   {
     std::lock_guard<std::mutex> lock(mu_);
     s += ", rails:";
     for (int r : rails) {
       const size_t i = static_cast<size_t>(r);
-      const std::string state = rail_up_[i]         ? "up"
+      const std::string rejoined =
+          heals_[i].rejoins > 0 ? " (rejoined " + std::to_string(heals_[i].rejoins) +
+                                      "x, last failure: " + rail_cause_[i] + ")"
+                                : "";
+      const std::string state = rail_up_[i]         ? "up" + rejoined
                                 : rail_released_[i] ? "removed (" + rail_cause_[i] + ")"
                                                     : "failed (" + rail_cause_[i] + ")";
       s += " " + rail_name(r) + " " + state + " " + std::to_string(rail_bytes_[i].load()) +
-           " bytes;";
+           " bytes, " + mb_per_s(rates[i]) + ", " + std::to_string(share[i]) +
+           "% of the last striped transfer;";
     }
   }
   for (const auto& [name, value] : attributes()) s += ", " + name + " " + std::to_string(value);
@@ -236,14 +258,20 @@ std::string RdmaConnection::describe() const {
 
 std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const {
   std::vector<std::pair<std::string, uint64_t>> rails;
+  const std::vector<double> rates = meter_.rates();
+  const std::vector<uint32_t> share = meter_.last_share_pct();
+  const std::vector<int> used = used_rails();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (int r : used_rails()) {
+    for (int r : used) {
       const std::string key = "rail_" + rail_name(r);
       const size_t i = static_cast<size_t>(r);
       rails.emplace_back(key + "_bytes", rail_bytes_[i].load());
       rails.emplace_back(key + "_up", rail_up_[i] ? 1 : 0);
       rails.emplace_back(key + "_removed", rail_released_[i] ? 1 : 0);
+      rails.emplace_back(key + "_rate", static_cast<uint64_t>(rates[i]));
+      rails.emplace_back(key + "_share_pct", share[i]);
+      rails.emplace_back(key + "_rejoins", heals_[i].rejoins);
     }
   }
   // The first QP not destroyed with its device (the control QP unless its rail was removed).
@@ -260,7 +288,7 @@ std::vector<std::pair<std::string, uint64_t>> RdmaConnection::attributes() const
       {"outstanding_wrs", outstanding_wrs()},
       {"posted_receives", posted_receives()},
       {"ctrl_repeats", ctrl_repeats_.load()},
-      {"rails", rails.size() / 3}};
+      {"rails", used.size()}};
   // The SRQs of the rails this connection uses (shared by every connection on them).
   const bool all_srq = !lanes_.empty() && std::all_of(lanes_.begin(), lanes_.end(),
                                                       [](const Lane& l) { return l.qp->on_srq(); });

@@ -85,6 +85,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -98,6 +99,7 @@
 #include "transport/rdma/control_msg.h"
 #include "transport/rdma/cq_poller.h"
 #include "transport/rdma/endpoint_record.h"
+#include "transport/rdma/rail_meter.h"
 #include "transport/rdma/rdma_rails.h"
 #include "transport/rdma/send_queue.h"
 #include "transport/rdma/verbs_mr.h"
@@ -219,12 +221,17 @@ class RdmaConnection : public Channel,
   // it and lets go of every handle it holds there; describe() shows it removed with `cause`.
   // Not on that rail's completion thread (the transport stops it first).
   void release_rail(int rail, const std::string& cause);
+  // The transport's rail watch calls this every period (rdma_removal.cc): the connecting side
+  // drives the healing of its failed rails from here (rdma_healing.cc).
+  void heal_tick();
 
  private:
   // One QP with its buffers; members in destruction-safe order (the QP dies before its buffers).
   struct Lane {
     int rail = 0;
     int peer_rail = 0;
+    QpAddress peer;                // the peer's QP as connect_qps brought ours up to it
+    ibv_mtu mtu = IBV_MTU_1024;    // the path MTU it was brought up with
     std::unique_ptr<BufferSlab> recv_slab;  // null on a rail with an SRQ
     std::unique_ptr<BufferSlab> send_slab;
     std::unique_ptr<QueuePair> qp;
@@ -282,6 +289,16 @@ class RdmaConnection : public Channel,
   // no live lane fails with `cause`. `tell_peer`: `cause` is our own finding on `rail` (it
   // replaces a cause the peer reported) and a RAIL_DOWN for `rail` goes to the peer.
   void fail_over(int rail, int peer_rail, const std::string& cause, bool tell_peer);
+  // Healing a failed rail (rdma_healing.cc): the control messages of each side, a completion
+  // on a lane being healed, an attempt that failed (its lanes back to ERR, the next one after
+  // the backoff) and, when a rail fails, when to try first.
+  void on_rejoin(const CtrlMessage& m);
+  void on_rejoin_ack(const CtrlMessage& m);
+  void on_rejoin_nak(const CtrlMessage& m);
+  void on_rail_up(const CtrlMessage& m);
+  void on_heal_completion(int lane, const ibv_wc& wc);
+  void heal_failed(size_t rail, uint64_t attempt, const std::string& why, bool for_good);
+  void schedule_heal_locked(size_t rail);
   // Whether a lane on a rail other than `rail` is live (a failure on `rail` can then fail over).
   bool other_rail_up(int rail) const;
   // Why `rail`'s port is not ACTIVE now ("" when it is, or its device was released).
@@ -290,8 +307,14 @@ class RdmaConnection : public Channel,
   // peer's rail `peer_rail`).
   std::vector<int> usable_lanes(const std::vector<uint32_t>* keys, int peer_rail = -1) const;
   int least_loaded(const std::vector<int>& among) const;
-  // The rail each of `count` chunks goes on: `rails` weighted by link speed.
-  std::vector<int> stripe(const std::vector<int>& rails, uint64_t count) const;
+  // Per rail of the engine, the rate striping counts with for `rails` (bytes/s; rail_meter.h:
+  // the measured rate, or a stand-in until it is measured).
+  std::vector<double> rail_rates(const std::vector<int>& rails) const;
+  // The rail a transfer that is not striped goes on (`rails`: the live ones, `usable` their
+  // lanes, `rate` as rail_rates gives it).
+  int single_rail(const std::vector<int>& rails, const std::vector<double>& rate,
+                  const std::vector<int>& usable, const std::shared_ptr<MemoryRegion>& local,
+                  uint64_t length) const;
   uint64_t max_chunk() const;
   // Posts on a lane; a failed ibv_post_send aborts the connection; works a failed-over lane
   // refuses move to the live rails.
@@ -365,7 +388,26 @@ class RdmaConnection : public Channel,
   std::vector<bool> rail_by_peer_;
   // Per lane: live (false once its rail, or the peer's rail it pairs with, failed over).
   std::vector<bool> lane_up_;
+  // Per lane: its QP was reset to rejoin (not live yet: only the probe goes on it).
+  std::vector<bool> healing_;
+  // Per local rail, the healing of its lanes once failed (rdma_healing.cc; under mu_).
+  struct Heal {
+    enum class Step { kIdle, kAsked, kProbing };
+    Step step = Step::kIdle;
+    uint64_t attempt = 0;
+    double backoff_s = 0;
+    std::chrono::steady_clock::time_point next_try{};
+    std::chrono::steady_clock::time_point deadline{};
+    std::chrono::steady_clock::time_point healed_at{};
+    std::vector<size_t> lanes;  // of the attempt under way
+    RequestPtr probe;           // its probe WRITEs, one part per lane
+    uint64_t rejoins = 0;
+    std::string never;          // why it will not heal (the peer's device removed, ...)
+  };
+  std::vector<Heal> heals_;
+  bool acceptor_ = false;
   std::unique_ptr<std::atomic<uint64_t>[]> rail_bytes_;
+  RailMeter meter_;  // per local rail: measured rate, bytes outstanding, last striped share
   // RDMAXFER_RDMA_TEST_QP_ERR (tests only, rdma_connection.cc): the rail whose QP is moved to
   // ERR once it carried test_err_bytes_ (-1: none), and whether that happened.
   int test_err_rail_ = -1;

@@ -197,6 +197,10 @@ void RdmaConnection::on_recv(int lane, const ibv_wc& wc, const uint8_t* srq_data
       return;
     }
   }
+  if (m.type == kCtrlRejoin) return on_rejoin(m);
+  if (m.type == kCtrlRejoinAck) return on_rejoin_ack(m);
+  if (m.type == kCtrlRejoinNak) return on_rejoin_nak(m);
+  if (m.type == kCtrlRailUp) return on_rail_up(m);
   if (m.type == kCtrlRailDown) {
     // Before following the control lane: the failover then names the peer's cause.
     peer_rail_down(static_cast<int>(std::min<uint64_t>(m.addr, EndpointRecord::kMaxRails)),

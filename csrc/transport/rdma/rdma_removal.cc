@@ -1,6 +1,7 @@
 // RdmaTransport: a rail's device removed (rdma_transport.h, "Device removal"). The watch thread
 // notices it (ibv_get_device_list, or IBV_EVENT_DEVICE_FATAL), fails it over and releases every
-// handle the engine holds on it, so the kernel's unregistration of the device can finish.
+// handle the engine holds on it, so the kernel's unregistration of the device can finish. Each
+// period it also lets every connection heal its failed rails (rdma_healing.cc).
 #include <algorithm>
 #include <chrono>
 
@@ -80,6 +81,7 @@ void RdmaTransport::watch_rails() {
                         "it: its driver is unregistering it, e.g. rdma link delete)");
     }
     for (const auto& [rail, cause] : gone) remove_rail(rail, cause);
+    for (const auto& c : live_connections()) c->heal_tick();
     lock.lock();
   }
 }

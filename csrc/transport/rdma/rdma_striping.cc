@@ -11,6 +11,19 @@
 
 namespace rdmaxfer {
 
+namespace {
+// The payload of the works that are parts of a request (not control SENDs), as
+// SendQueue::retire counts them.
+uint64_t part_bytes(const std::vector<SendWork>& works) {
+  uint64_t n = 0;
+  for (const SendWork& w : works) n += w.request ? w.length : 0;
+  return n;
+}
+
+// Striped shares are whole pages (the largest takes the remainder).
+constexpr uint64_t kShareAlign = 4096;
+}  // namespace
+
 std::string RdmaConnection::rail_name(int rail) const {
   return shared_.rails.at(static_cast<size_t>(rail)).name;
 }
@@ -53,33 +66,55 @@ int RdmaConnection::least_loaded(const std::vector<int>& among) const {
   return best;
 }
 
-std::vector<int> RdmaConnection::stripe(const std::vector<int>& rails, uint64_t count) const {
-  // Smooth weighted round robin (nginx's): each pick adds every rail's weight to its credit,
-  // takes the rail with the most and charges it the total, so the picks interleave and each
-  // rail gets count * weight / total of them. Unknown speeds weigh the same.
-  std::vector<int64_t> weight;
-  int64_t total = 0;
+std::vector<double> RdmaConnection::rail_rates(const std::vector<int>& rails) const {
+  std::vector<double> rate = meter_.rates();
+  double fastest = 0;
+  for (int r : rails) fastest = std::max(fastest, rate[static_cast<size_t>(r)]);
   for (int r : rails) {
+    double& x = rate[static_cast<size_t>(r)];
+    if (x > 0) continue;
+    // Not measured yet: as the fastest measured one (so it is measured at once), or, while
+    // none is, its port's speed (Mb/s to bytes/s; unknown speeds count as 10 Gb/s alike).
     const uint32_t mbps = shared_.rails[static_cast<size_t>(r)].record.speed_mbps;
-    weight.push_back(mbps > 0 ? mbps : 1);
-    total += weight.back();
+    x = fastest > 0 ? fastest : (mbps > 0 ? mbps : 10000) * 125000.0;
   }
-  std::vector<int64_t> credit(rails.size(), 0);
-  std::vector<int> out;
-  out.reserve(count);
-  for (uint64_t c = 0; c < count; ++c) {
-    size_t best = 0;
-    for (size_t i = 0; i < rails.size(); ++i) {
-      credit[i] += weight[i];
-      if (credit[i] > credit[best]) best = i;
+  return rate;
+}
+
+int RdmaConnection::single_rail(const std::vector<int>& rails, const std::vector<double>& rate,
+                                const std::vector<int>& usable,
+                                const std::shared_ptr<MemoryRegion>& local,
+                                uint64_t length) const {
+  // The local region's home rail (the NIC nearest its memory) while it is live and at least
+  // half as fast as the fastest; else the rail whose queue with these bytes drains first.
+  const auto* region = dynamic_cast<const RdmaRegion*>(local.get());
+  const int home = region != nullptr ? region->home_rail() : -1;
+  double fastest = 0;
+  for (int r : rails) fastest = std::max(fastest, rate[static_cast<size_t>(r)]);
+  if (std::find(rails.begin(), rails.end(), home) != rails.end() &&
+      rate[static_cast<size_t>(home)] * 2 >= fastest) {
+    return home;
+  }
+  if (rails.size() == 1) return rails[0];
+  const std::vector<uint64_t> backlog = meter_.backlogs();
+  int best = lanes_[static_cast<size_t>(least_loaded(usable))].rail;
+  double best_s = -1;
+  for (int r : rails) {
+    const size_t x = static_cast<size_t>(r);
+    const double s = static_cast<double>(backlog[x] + length) / rate[x];
+    if (best_s < 0 || s < best_s) {
+      best = r;
+      best_s = s;
     }
-    credit[best] -= total;
-    out.push_back(rails[best]);
   }
-  return out;
+  return best;
 }
 
 void RdmaConnection::submit(int lane, std::vector<SendWork> works) {
+  // Metered before it is posted: its completions may come before submit() returns.
+  const size_t rail = static_cast<size_t>(lanes_[static_cast<size_t>(lane)].rail);
+  const uint64_t bytes = part_bytes(works);
+  meter_.posted(rail, bytes, RailMeter::Clock::now());
   std::vector<SendWork> refused;
   try {
     refused = lanes_[static_cast<size_t>(lane)].sq->submit(std::move(works));
@@ -89,6 +124,7 @@ void RdmaConnection::submit(int lane, std::vector<SendWork> works) {
   }
   // The lane's rail failed over meanwhile: its chunks go on the live rails (a closed
   // connection's teardown fails their requests instead).
+  meter_.unposted(rail, part_bytes(refused));
   if (!refused.empty() && !is_closed()) repost(std::move(refused));
 }
 
@@ -155,15 +191,8 @@ void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
     if (std::find(rails.begin(), rails.end(), r) == rails.end()) rails.push_back(r);
   }
   const bool striped = !with_imm && rails.size() > 1 && length >= kStripeMin;
-  if (!striped) {
-    // One rail: the local region's home rail if it is live, else the least loaded lane's.
-    const auto* region = dynamic_cast<const RdmaRegion*>(local.get());
-    const int home = region != nullptr ? region->home_rail() : -1;
-    const int rail = std::find(rails.begin(), rails.end(), home) != rails.end()
-                         ? home
-                         : lanes_[static_cast<size_t>(least_loaded(usable))].rail;
-    rails = {rail};
-  }
+  const std::vector<double> rate = rail_rates(rails);
+  if (!striped) rails = {single_rail(rails, rate, usable, local, length)};
   std::vector<std::vector<int>> lanes_of(rails.size());  // per rail in `rails`, its lanes
   for (int l : usable) {
     const auto it = std::find(rails.begin(), rails.end(), lanes_[static_cast<size_t>(l)].rail);
@@ -173,52 +202,65 @@ void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
   for (const auto& v : lanes_of) n_lanes += v.size();
   const int available = with_imm ? 1 : static_cast<int>(n_lanes);
   const ChunkPlan plan = plan_chunks(length, available, options, max_chunk());
-  req->set_parts(plan.count);
+  // Each rail's bytes (adaptive striping, rail_meter.h), cut into chunks of at most plan.chunk;
+  // rail k takes the bytes after rail k-1's.
+  std::vector<uint64_t> share = {length};
+  if (striped) {
+    std::vector<size_t> meter_rails;
+    std::vector<double> rail_rate;
+    for (int r : rails) {
+      meter_rails.push_back(static_cast<size_t>(r));
+      rail_rate.push_back(rate[static_cast<size_t>(r)]);
+    }
+    share = meter_.shares(length, meter_rails, rail_rate, kShareAlign, RailMeter::Clock::now());
+  }
+  uint64_t count = 0;
+  for (uint64_t s : share) count += (s + plan.chunk - 1) / plan.chunk;
+  count = std::max<uint64_t>(count, 1);  // an empty transfer: one empty WR
+  req->set_parts(count);
   {
     std::lock_guard<std::mutex> lock(mu_);
     check_open_locked();
     active_[req->id()] = req;
   }
-  // Chunk i goes on rail rail_of[i]; within a rail, round robin over its first
-  // plan.streams QPs (at most), starting at the least loaded.
-  const std::vector<int> rail_of = stripe(rails, plan.count);
-  std::vector<int> first(rails.size());
-  std::vector<int> spread(rails.size());
-  std::vector<uint64_t> next(rails.size(), 0);
-  for (size_t r = 0; r < rails.size(); ++r) {
-    spread[r] = with_imm ? 1 : std::clamp(plan.streams, 1, static_cast<int>(lanes_of[r].size()));
-    const int best = least_loaded(lanes_of[r]);
-    first[r] = static_cast<int>(std::find(lanes_of[r].begin(), lanes_of[r].end(), best) -
-                                lanes_of[r].begin());
-  }
+  // Within a rail, round robin over its first plan.streams QPs (at most), starting at the
+  // least loaded.
   auto* rdma_region = dynamic_cast<const RdmaRegion*>(local.get());
   std::vector<std::vector<SendWork>> per_lane(lanes_.size());
-  for (uint64_t i = 0; i < plan.count; ++i) {
-    const uint64_t off = i * plan.chunk;
-    const uint64_t n = std::min(plan.chunk, length - std::min(length, off));
-    const size_t r = static_cast<size_t>(std::find(rails.begin(), rails.end(), rail_of[i]) -
-                                         rails.begin());
-    const int pick = (first[r] + static_cast<int>(next[r]++ % static_cast<uint64_t>(spread[r]))) %
-                     static_cast<int>(lanes_of[r].size());
-    const int lane = lanes_of[r][static_cast<size_t>(pick)];
-    const Lane& l = lanes_[static_cast<size_t>(lane)];
-    SendWork w;
-    w.opcode = op == OpKind::kRead ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
-    if (with_imm && i + 1 == plan.count) {
-      w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-      w.imm = imm;
+  uint64_t off = 0;
+  uint64_t i = 0;
+  for (size_t r = 0; r < rails.size(); ++r) {
+    if (share[r] == 0 && !(length == 0 && r == 0)) continue;
+    const int spread =
+        with_imm ? 1 : std::clamp(plan.streams, 1, static_cast<int>(lanes_of[r].size()));
+    const int best = least_loaded(lanes_of[r]);
+    const int first = static_cast<int>(std::find(lanes_of[r].begin(), lanes_of[r].end(), best) -
+                                       lanes_of[r].begin());
+    const uint64_t end = off + share[r];
+    for (uint64_t next = 0; next == 0 || off < end; ++next, ++i) {
+      const uint64_t n = std::min(plan.chunk, end - off);
+      const int pick = (first + static_cast<int>(next % static_cast<uint64_t>(spread))) %
+                       static_cast<int>(lanes_of[r].size());
+      const int lane = lanes_of[r][static_cast<size_t>(pick)];
+      const Lane& l = lanes_[static_cast<size_t>(lane)];
+      SendWork w;
+      w.opcode = op == OpKind::kRead ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+      if (with_imm && i + 1 == count) {
+        w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        w.imm = imm;
+      }
+      w.local_addr = reinterpret_cast<uint64_t>(local->addr() + local_offset + off);
+      w.length = static_cast<uint32_t>(n);
+      w.lkey = rdma_region != nullptr ? rdma_region->lkey_on(static_cast<size_t>(l.rail))
+                                      : local->lkey();
+      w.remote_addr = remote_addr + off;
+      w.rkey = with_imm ? (*remote_keys)[0] : (*remote_keys)[static_cast<size_t>(l.peer_rail)];
+      w.request = req;
+      w.hold = RegionUse(local);
+      if (!with_imm) w.remote_keys = remote_keys;
+      per_lane[static_cast<size_t>(lane)].push_back(std::move(w));
+      off += n;
     }
-    w.local_addr = reinterpret_cast<uint64_t>(local->addr() + local_offset + off);
-    w.length = static_cast<uint32_t>(n);
-    w.lkey = rdma_region != nullptr ? rdma_region->lkey_on(static_cast<size_t>(l.rail))
-                                    : local->lkey();
-    w.remote_addr = remote_addr + off;
-    w.rkey = with_imm ? (*remote_keys)[0]
-                      : (*remote_keys)[static_cast<size_t>(l.peer_rail)];
-    w.request = req;
-    w.hold = RegionUse(local);
-    if (!with_imm) w.remote_keys = remote_keys;
-    per_lane[static_cast<size_t>(lane)].push_back(std::move(w));
   }
   for (size_t l = 0; l < per_lane.size(); ++l) {
     if (per_lane[l].empty()) continue;
@@ -267,6 +309,7 @@ void RdmaConnection::fail_over(int rail, int peer_rail, const std::string& cause
       rail_cause_[static_cast<size_t>(rail)] = cause;
     }
     if (taken.empty()) return;  // failed over already
+    for (size_t i : taken) schedule_heal_locked(static_cast<size_t>(lanes_[i].rail));
     const std::vector<int> rails = used_rails();
     for (int x : rails) {
       const size_t r = static_cast<size_t>(x);
@@ -312,7 +355,9 @@ void RdmaConnection::fail_over(int rail, int peer_rail, const std::string& cause
   std::vector<SendWork> orphans;
   for (size_t i : taken) {
     lanes_[i].qp->to_error();
-    for (auto& w : lanes_[i].sq->take_works()) orphans.push_back(std::move(w));
+    std::vector<SendWork> moved = lanes_[i].sq->take_works();
+    meter_.unposted(static_cast<size_t>(lanes_[i].rail), part_bytes(moved));
+    for (auto& w : moved) orphans.push_back(std::move(w));
   }
   if (log::enabled(log::Level::kWarning)) {
     std::string which;
@@ -348,8 +393,11 @@ void RdmaConnection::release_rail(int rail, const std::string& cause) {
     rail_by_peer_[r] = false;
     rail_up_[r] = false;
     for (size_t i = 0; i < lanes_.size(); ++i) {
-      if (lanes_[i].rail == rail) lane_up_[i] = false;  // a closed one's drain no longer waits
+      if (lanes_[i].rail != rail) continue;
+      lane_up_[i] = false;  // a closed one's drain no longer waits
+      healing_[i] = false;
     }
+    heals_[r].never = "its device was removed";
     dropped = shared_.rails[r].take_handles();
     cq = std::move(shared_.cqs[r]);
   }

@@ -201,6 +201,24 @@ std::vector<SendWork> SendQueue::take_works() {
   return out;
 }
 
+void SendQueue::revive() {
+  std::lock_guard<std::mutex> lock(mu_);
+  backlog_.clear();
+  in_flight_.clear();
+  free_slots_.clear();
+  for (uint32_t i = ctrl_.count(); i > 0; --i) free_slots_.push_back(static_cast<int>(i - 1));
+  unsignaled_ = 0;
+  queued_bytes_ = 0;
+  live_from_ = next_seq_;
+  dead_ = false;
+}
+
+bool SendQueue::stale(const ibv_wc& wc) const {
+  const uint32_t seq = static_cast<uint32_t>(wc.wr_id & 0xffffffffu);
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int32_t>(seq - live_from_) < 0;
+}
+
 bool SendQueue::idle() const {
   std::lock_guard<std::mutex> lock(mu_);
   return in_flight_.empty();

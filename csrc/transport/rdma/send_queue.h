@@ -83,6 +83,11 @@ class SendQueue {
   // drops the repeat by its number, control_msg.h). Its QP must
   // be in ERR first; the flushes that follow retire nothing.
   std::vector<SendWork> take_works();
+  // A failed rail healing, its QP reset (QueuePair::reset_to_init): the queue lives again,
+  // empty, with every control slot free; completions of WRs posted before are stale().
+  void revive();
+  // Whether `wc` is of a WR posted before the last revive() (a flush that came late).
+  bool stale(const ibv_wc& wc) const;
   // No WR in flight (all completed or flushed).
   bool idle() const;
   size_t in_flight() const;
@@ -115,6 +120,7 @@ class SendQueue {
   std::deque<InFlight> in_flight_;
   std::vector<int> free_slots_;
   uint32_t next_seq_ = 0;
+  uint32_t live_from_ = 0;  // the first sequence number since the last revive()
   uint32_t unsignaled_ = 0;
   uint64_t queued_bytes_ = 0;
   bool dead_ = false;

@@ -57,6 +57,22 @@ QueuePair::~QueuePair() {
 void QueuePair::to_init() {
   std::lock_guard<std::mutex> lock(mu_);
   check_live();
+  init_locked();
+}
+
+void QueuePair::reset_to_init() {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_live();
+  ibv_qp_attr reset{};
+  reset.qp_state = IBV_QPS_RESET;
+  const int rc = verbs().modify_qp(qp_, &reset, IBV_QP_STATE);
+  if (rc != 0) throw_verbs("ibv_modify_qp(-> RESET)", rc);
+  std::random_device rd;
+  psn_ = rd() & 0xffffff;
+  init_locked();
+}
+
+void QueuePair::init_locked() {
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_INIT;
   attr.pkey_index = 0;

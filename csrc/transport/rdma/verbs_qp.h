@@ -14,6 +14,8 @@
 //   -> to_rts()             timeouts, retry counts (rnr_retry finite), our PSN, max_rd_atomic
 //                           (negotiated): can post sends
 //   -> to_error()           on teardown: every outstanding WR is flushed
+//   -> reset_to_init()      a failed rail healing: RESET, then INIT with a new PSN; to_rtr and
+//                           to_rts follow again (rdma_healing.cc)
 //   -> ibv_destroy_qp       on destruction, before the CQ and the buffers its WRs used, or
 //                           earlier by destroy() (its device is being removed: the QP lets
 //                           go of its PD, CQ and SRQ; to_error() is then a no-op).
@@ -84,6 +86,10 @@ class QueuePair {
   void to_rts(uint8_t max_rd_atomic);
   // Best effort (teardown path): never throws.
   void to_error() noexcept;
+  // A failed rail healing (rdma_healing.cc): any state -> RESET -> INIT with a new random PSN
+  // (psn() gives it); the QP keeps its QPN, and to_rtr / to_rts follow as at set-up. Every WR
+  // it held is gone: the send queue's owner drops them (SendQueue::revive).
+  void reset_to_init();
   // ibv_destroy_qp now (idempotent; the QP must be in ERR and its send queue dead: nothing
   // posts on it again) and lets go of the PD, CQ and SRQ, so its device can be released.
   void destroy() noexcept;
@@ -97,6 +103,7 @@ class QueuePair {
 
  private:
   void check_live() const;  // mu_ held
+  void init_locked();       // RESET -> INIT; mu_ held
   std::shared_ptr<ProtectionDomain> pd_;
   std::shared_ptr<CompletionQueue> cq_;
   std::shared_ptr<SharedReceiveQueue> srq_;  // declared before qp_: outlives it

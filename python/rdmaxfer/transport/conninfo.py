@@ -53,9 +53,14 @@ the peer. Keys:
     connection on the same rails, so they do not grow with the number of peers; and the times
     those SRQs added a step of buffers (``RDMAXFER_SRQ_BUFFERS``, default 256) because fewer
     than a quarter were posted.
-``rails``, ``rail_<device>_bytes``, ``rail_<device>_up``
-    On rdma: the rails the connection has QPs on and, per rail, the bytes it carried and 1
-    (0 once the rail failed).
+``rails``, ``rail_<device>_bytes``, ``rail_<device>_up``, ``rail_<device>_removed``,
+``rail_<device>_rate``, ``rail_<device>_share_pct``, ``rail_<device>_rejoins``
+    On rdma: the rails the connection has QPs on and, per rail, the bytes it carried, 1 while
+    it is up (0 once it failed), 1 once its device was removed, the rate it delivers now in
+    bytes/s (measured from this connection's completions while the rail is busy, decayed over
+    its last ~0.5 s of busy time; 0 until measured) and its share of the last striped
+    transfer in percent (``csrc/transport/rdma/rail_meter.h``), and how many times it
+    rejoined after failing (``csrc/transport/rdma/rdma_healing.cc``).
 ``service_level``, ``traffic_class``, ``min_rnr_timer``, ``applied_`` + each, ``roce``
     On rdma, the fabric settings (``csrc/transport/rdma/fabric_settings.h``; every rail's QPs
     get the same): as the first QP holds them, read back with ``ibv_query_qp``, and as they
