@@ -84,11 +84,6 @@ void RailMeter::unposted(size_t rail, uint64_t bytes) {
   m.outstanding -= std::min(m.outstanding, bytes);
 }
 
-void RailMeter::dropped(size_t rail) {
-  std::lock_guard<std::mutex> lock(mu_);
-  meters_.at(rail).outstanding = 0;
-}
-
 std::vector<double> RailMeter::rates() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<double> out;

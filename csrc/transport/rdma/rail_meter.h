@@ -67,8 +67,6 @@ class RailMeter {
   // `bytes` counted by posted() were not posted after all (the lane refused them), or moved
   // off the rail (failover).
   void unposted(size_t rail, uint64_t bytes);
-  // The rail failed over: nothing is outstanding on it any more.
-  void dropped(size_t rail);
   // The measured rate (bytes/s; 0 until a sample) and the bytes outstanding, per rail.
   std::vector<double> rates() const;
   std::vector<uint64_t> backlogs() const;

@@ -310,10 +310,8 @@ class RdmaConnection : public Channel,
   // Per rail of the engine, the rate striping counts with for `rails` (bytes/s; rail_meter.h:
   // the measured rate, or a stand-in until it is measured).
   std::vector<double> rail_rates(const std::vector<int>& rails) const;
-  // The rail a transfer that is not striped goes on (`rails`: the live ones, `usable` their
-  // lanes, `rate` as rail_rates gives it).
-  int single_rail(const std::vector<int>& rails, const std::vector<double>& rate,
-                  const std::vector<int>& usable, const std::shared_ptr<MemoryRegion>& local,
+  // The rail a transfer that is not striped goes on, among the live `rails` (two or more).
+  int single_rail(const std::vector<int>& rails, const std::shared_ptr<MemoryRegion>& local,
                   uint64_t length) const;
   uint64_t max_chunk() const;
   // Posts on a lane; a failed ibv_post_send aborts the connection; works a failed-over lane

@@ -81,10 +81,10 @@ std::vector<double> RdmaConnection::rail_rates(const std::vector<int>& rails) co
   return rate;
 }
 
-int RdmaConnection::single_rail(const std::vector<int>& rails, const std::vector<double>& rate,
-                                const std::vector<int>& usable,
+int RdmaConnection::single_rail(const std::vector<int>& rails,
                                 const std::shared_ptr<MemoryRegion>& local,
                                 uint64_t length) const {
+  const std::vector<double> rate = rail_rates(rails);
   // The local region's home rail (the NIC nearest its memory) while it is live and at least
   // half as fast as the fastest; else the rail whose queue with these bytes drains first.
   const auto* region = dynamic_cast<const RdmaRegion*>(local.get());
@@ -95,9 +95,8 @@ int RdmaConnection::single_rail(const std::vector<int>& rails, const std::vector
       rate[static_cast<size_t>(home)] * 2 >= fastest) {
     return home;
   }
-  if (rails.size() == 1) return rails[0];
   const std::vector<uint64_t> backlog = meter_.backlogs();
-  int best = lanes_[static_cast<size_t>(least_loaded(usable))].rail;
+  int best = rails[0];
   double best_s = -1;
   for (int r : rails) {
     const size_t x = static_cast<size_t>(r);
@@ -191,8 +190,7 @@ void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
     if (std::find(rails.begin(), rails.end(), r) == rails.end()) rails.push_back(r);
   }
   const bool striped = !with_imm && rails.size() > 1 && length >= kStripeMin;
-  const std::vector<double> rate = rail_rates(rails);
-  if (!striped) rails = {single_rail(rails, rate, usable, local, length)};
+  if (!striped && rails.size() > 1) rails = {single_rail(rails, local, length)};
   std::vector<std::vector<int>> lanes_of(rails.size());  // per rail in `rails`, its lanes
   for (int l : usable) {
     const auto it = std::find(rails.begin(), rails.end(), lanes_[static_cast<size_t>(l)].rail);
@@ -206,6 +204,7 @@ void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
   // rail k takes the bytes after rail k-1's.
   std::vector<uint64_t> share = {length};
   if (striped) {
+    const std::vector<double> rate = rail_rates(rails);
     std::vector<size_t> meter_rails;
     std::vector<double> rail_rate;
     for (int r : rails) {
