@@ -172,6 +172,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("length", &Descriptor::length)
       .def_readonly("key", &Descriptor::key)
       .def_readonly("rail_keys", &Descriptor::rail_keys)
+      .def_readonly("generation", &Descriptor::generation)
       .def_readonly("engine_id", &Descriptor::engine_id)
       .def("pack", [](const Descriptor& d) { return py::bytes(d.pack()); })
       .def_static("unpack", &unpack_descriptor, py::arg("data"))

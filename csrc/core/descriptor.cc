@@ -23,7 +23,8 @@ std::string Descriptor::pack() const {
       .put<uint64_t>(length)
       .put<uint32_t>(key)
       .put<uint8_t>(static_cast<uint8_t>(rail_keys.size()))
-      .skip(3)
+      .put<uint16_t>(rail_keys.empty() ? 0 : generation)
+      .skip(1)
       .put<uint64_t>(engine_id);
   for (uint32_t k : rail_keys) w.put<uint32_t>(k);
   return out;
@@ -72,7 +73,10 @@ Descriptor Descriptor::unpack(const uint8_t* p, size_t size) {
   d.length = r.get<uint64_t>();
   d.key = r.get<uint32_t>();
   const uint8_t n = r.get<uint8_t>();
-  if ((version == kVersion && n != 0) || !r.zeros(3)) bad("reserved field is not zero");
+  d.generation = r.get<uint16_t>();
+  if ((version == kVersion && (n != 0 || d.generation != 0)) || !r.zeros(1)) {
+    bad("reserved field is not zero");
+  }
   d.engine_id = r.get<uint64_t>();
   for (size_t i = 0; i < extra; ++i) {
     d.rail_keys.push_back(r.get<uint32_t>());

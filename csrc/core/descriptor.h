@@ -4,7 +4,11 @@
 // bytes) for one registered on n more rails (a verbs engine on several devices, rdma_rails.h):
 //   0  magic   "RXMR"         4  version u16       6  transport u8   7  access u8
 //   8  addr    u64           16  length  u64      24  key u32 (rail 0)
-//  28  n u8 (version 2: the extra rail keys that follow; version 1: 0)   29  reserved (3 bytes, 0)
+//  28  n u8 (version 2: the extra rail keys that follow; version 1: 0)
+//  29  generation u16 (version 2; version 1: 0): how many times a device of the registering
+//      engine had come back when the keys were read (a verbs rail removed and added back gives
+//      its memory new rkeys there: a peer uses a rail's key only from a descriptor at least as
+//      new as that rail's return, transport/rdma/rdma_transport.h)   31  reserved u8 (0)
 //  32  engine_id u64 (the engine that registered the region)
 //  40  version 2 only: key u32 on rail 1, rail 2, ... (n of them)
 // Never pickled: unpack() checks every field and raises a protocol error on anything else.
@@ -31,6 +35,7 @@ struct Descriptor {
   uint32_t key = 0;
   uint64_t engine_id = 0;
   std::vector<uint32_t> rail_keys;  // the keys on rails 1, 2, ... (verbs: one rkey per device)
+  uint16_t generation = 0;          // see above
 
   // The key on `rail` (0: key), or 0 when the region has none there.
   uint32_t key_on(size_t rail) const {

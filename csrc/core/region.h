@@ -74,6 +74,9 @@ class MemoryRegion {
   void set_key(uint32_t key) { key_ = key; }
   // The key local work requests use (the lkey on verbs; equal to key() on TCP).
   virtual uint32_t lkey() const { return key_; }
+  // The key its descriptor carries now: key(), except on verbs, where a rail-0 device that came
+  // back gave the memory a new rkey there (transport/rdma/verbs_mr.h).
+  virtual uint32_t wire_key() const { return key_; }
   // The keys of the same memory on the transport's other rails (verbs on several devices: an
   // rkey per extra device, in rail order); its descriptor carries them. Empty on one rail.
   virtual std::vector<uint32_t> rail_keys() const { return {}; }

@@ -130,7 +130,10 @@ Descriptor Transport::describe_region(const MemoryRegion& region) const {
   d.access = region.access() & kAccessRemoteMask;
   d.addr = reinterpret_cast<uint64_t>(region.addr());
   d.length = region.length();
-  d.key = region.key();
+  // The generation before the keys: a device that comes back in between gives keys newer than
+  // it says, which its peers then leave unused (never older ones taken for new).
+  d.generation = key_generation();
+  d.key = region.wire_key();
   d.rail_keys = region.rail_keys();
   d.engine_id = engine_id_;
   return d;

@@ -94,6 +94,9 @@ class Transport : public RegistrationBackend {
   MemoryDomain& domain() { return owner_ != nullptr ? owner_->domain() : domain_; }
   const MemoryDomain& domain() const { return owner_ != nullptr ? owner_->domain() : domain_; }
   Descriptor describe_region(const MemoryRegion& region) const;
+  // How many times one of this transport's devices came back since it started (the
+  // descriptor's generation, core/descriptor.h); 0 where none can.
+  virtual uint16_t key_generation() const { return 0; }
 
   virtual uint16_t listen(const std::string& host, uint16_t port) = 0;
   virtual std::shared_ptr<Channel> accept(double timeout_s) = 0;

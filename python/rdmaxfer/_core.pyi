@@ -110,6 +110,9 @@ class Descriptor:
     def rail_keys(self) -> list[int]:
         """The rkeys on the registering engine's rails 1, 2, ... ([] on one rail)."""
     @property
+    def generation(self) -> int:
+        """Returns of the registering engine's devices when the keys were read (docs/rails.md)."""
+    @property
     def engine_id(self) -> int: ...
     def pack(self) -> bytes: ...
     @staticmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import subprocess
@@ -243,3 +244,60 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> N
 def run_cmd(*cmd: str) -> None:
     """Runs a command (ip, rdma, tc) in the guest; raises on failure."""
     subprocess.run(cmd, check=True, timeout=60, capture_output=True)
+
+
+def set_link(netdev: str, state: str) -> None:
+    """`ip link set netdev state` for a veth of guest.sh. A link set down loses its routes, so
+    on "up" this puts back the one guest.sh gave it (to the other end's address, from its own,
+    in table 100 + its number): else traffic between the two addresses goes through `lo` for
+    the later tests, and a peer sees a connection come from its own address."""
+    run_cmd("ip", "link", "set", netdev, state)
+    if state == "up":
+        n = int(netdev.removeprefix("veth"))
+        net = f"10.{77 + n // 2}.0"
+        src, dst = (f"{net}.1", f"{net}.2") if n % 2 == 0 else (f"{net}.2", f"{net}.1")
+        run_cmd("ip", "route", "replace", f"{dst}/32", "dev", netdev, "src", src, "table",
+                str(100 + n))  # fmt: skip
+
+
+def device_back(device: str) -> bool:
+    """`device` listed, its port ACTIVE and its GID[1] the IPv4-mapped RoCE v2 one (guest.sh)."""
+    try:
+        with open(f"/sys/class/infiniband/{device}/ports/1/gids/1") as f:
+            gid = f.read().strip()
+    except OSError:
+        return False
+    return port_active(device) and gid.startswith("0000:0000:0000:0000:0000:ffff:")
+
+
+#: How long `rdma link delete` may take once the engine noticed the removal (it checks the
+#: device list every 0.5 s; the rest is releasing the QPs, MRs and CQs under emulation).
+DELETE_BOUND_S = 30.0
+
+
+@contextmanager
+def deleting(device: str, netdev: str) -> Iterator[subprocess.Popen[bytes]]:
+    """Starts `rdma link delete device` and yields it; afterwards waits for it (the engines are
+    closed by then, so it ends) and adds `device` back on `netdev`, as guest.sh made it, for the
+    later tests."""
+    delete = subprocess.Popen(
+        ["rdma", "link", "delete", device], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        yield delete
+    finally:
+        if delete.poll() is None:
+            delete.wait(timeout=120)
+        if not os.path.exists(f"/sys/class/infiniband/{device}"):
+            run_cmd("rdma", "link", "add", device, "type", "rxe", "netdev", netdev)
+        wait_for(f"{device} back, ACTIVE with its IPv4 GID", functools.partial(device_back, device))
+
+
+def deleted_within_bound(delete: subprocess.Popen[bytes], ep: _core.Endpoint) -> None:
+    """Asserts that `delete` ends, successfully, within DELETE_BOUND_S."""
+    try:
+        _, err = delete.communicate(timeout=DELETE_BOUND_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"rdma link delete still blocked after {DELETE_BOUND_S} s: the engine did "
+                    f"not let go of the device; {ep.describe()}")  # fmt: skip
+    assert delete.returncode == 0, err

@@ -28,6 +28,10 @@ BufferSlab::BufferSlab(std::shared_ptr<ProtectionDomain> pd, uint32_t slot_size,
   }
 }
 
+void BufferSlab::register_in(std::shared_ptr<ProtectionDomain> pd) {
+  mr_ = std::make_unique<VerbsMr>(std::move(pd), base_, mapped_, IBV_ACCESS_LOCAL_WRITE);
+}
+
 BufferSlab::~BufferSlab() {
   mr_.reset();
   munmap(base_, mapped_);

@@ -25,6 +25,8 @@ class BufferSlab {
   uint32_t lkey() const { return mr_->lkey(); }
   // ibv_dereg_mr now (its QP destroyed: nothing posts from or into the slab again).
   void release_mr() { mr_.reset(); }
+  // Its device came back (after release_mr): registered in `pd`, the new device's PD.
+  void register_in(std::shared_ptr<ProtectionDomain> pd);
 
  private:
   uint8_t* base_ = nullptr;

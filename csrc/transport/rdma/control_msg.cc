@@ -65,7 +65,7 @@ CtrlHeader CtrlHeader::decode(const uint8_t* in, size_t available) {
   CtrlHeader h;
   const uint8_t type = r.get<uint8_t>();
   if ((type < 1 || type > static_cast<uint8_t>(CtrlType::kAbort)) &&
-      (type < static_cast<uint8_t>(kCtrlRailDown) || type > static_cast<uint8_t>(kCtrlRailUp))) {
+      (type < static_cast<uint8_t>(kCtrlRailDown) || type > static_cast<uint8_t>(kCtrlRailBack))) {
     bad("unknown type " + std::to_string(type));
   }
   h.type = static_cast<CtrlType>(type);

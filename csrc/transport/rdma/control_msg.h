@@ -23,15 +23,19 @@
 //              rail (rdma_connection.h). Sent at most once per rail for a connection's life,
 //              outside the credit window: the receive buffers hold 4x the window (window =
 //              ctrl_depth / 4, rdma_connection.cc), and with an SRQ they grow on demand.
-// Four more are the verbs transport's, for a failed rail that heals (rdma_healing.cc); `addr` is
-// the connector's attempt number, `meta` a list of 12-byte entries (little-endian u32 QPN of the
-// sender's QP, u32 QPN of the receiver's QP it pairs with, u32 the sender's new PSN):
-//   REJOIN      connector -> acceptor: these QPs of mine were reset with these PSNs; reset yours
+// Five more are the verbs transport's, for a failed rail that heals (rdma_healing.cc). In the
+// first four `addr` is the connector's attempt number and `meta` the sender's rail (24 bytes:
+// GID 16, LID u16, active MTU u8, reserved u8, generation u16 (endpoint_record.h), reserved
+// u16) then a list of 16-byte entries, one per QP (u32 lane index, the same on both sides
+// (rdma_connection.h), u32 QPN of the sender's QP, u32 QPN of the receiver's QP it pairs with
+// as the sender knows it, u32 the sender's new PSN), little-endian:
+//   REJOIN      connector -> acceptor: these QPs of mine were reset (or created again: their
+//               device came back) with these PSNs; reset yours
 //   REJOIN_ACK  acceptor -> connector: done, mine are in RTS with these PSNs
 //   REJOIN_NAK  acceptor -> connector: not now; meta = the cause, rkey = 1 when it is for good
-//               (its device removed)
 //   RAIL_UP     connector -> acceptor: my probe WRITE on each of these QPs completed; they carry
-//               traffic again (meta: the entries as in REJOIN)
+//               traffic again
+//   RAIL_BACK   acceptor -> connector: the device of my rail `addr` came back; try now
 // Like RAIL_DOWN, each is sent once per attempt, outside the credit window.
 // Closing uses the bootstrap TCP stream (one GOODBYE byte, or EOF), not a control message.
 #pragma once
@@ -50,6 +54,7 @@ constexpr CtrlType kCtrlRejoin = static_cast<CtrlType>(0x41);
 constexpr CtrlType kCtrlRejoinAck = static_cast<CtrlType>(0x42);
 constexpr CtrlType kCtrlRejoinNak = static_cast<CtrlType>(0x43);
 constexpr CtrlType kCtrlRailUp = static_cast<CtrlType>(0x44);
+constexpr CtrlType kCtrlRailBack = static_cast<CtrlType>(0x45);
 
 struct CtrlHeader {
   static constexpr size_t kSize = 48;

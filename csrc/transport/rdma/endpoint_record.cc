@@ -76,7 +76,7 @@ std::string EndpointRecord::pack() const {
       .put<uint32_t>(ctrl_depth)
       .put<uint8_t>(responder_resources)
       .put<uint8_t>(initiator_depth)
-      .skip(2)
+      .put<uint16_t>(r0.generation)
       .put<uint64_t>(engine_id)
       .put<uint32_t>(r0.speed_mbps)
       .skip(4);
@@ -94,7 +94,8 @@ std::string EndpointRecord::pack() const {
         .put<uint8_t>(r.prefix_len)
         .skip(1)
         .put<uint32_t>(r.speed_mbps)
-        .skip(4)
+        .put<uint16_t>(r.generation)
+        .skip(2)
         .bytes(r.gid, 16);
   }
   return out;
@@ -141,7 +142,7 @@ EndpointRecord EndpointRecord::unpack(const uint8_t* in, size_t size) {
   r.ctrl_depth = p.get<uint32_t>();
   r.responder_resources = p.get<uint8_t>();
   r.initiator_depth = p.get<uint8_t>();
-  if (!p.zeros(2)) bad("reserved bytes are not zero");
+  r0.generation = p.get<uint16_t>();
   r.engine_id = p.get<uint64_t>();
   r0.speed_mbps = p.get<uint32_t>();
   if (!p.zeros(4)) bad("reserved bytes are not zero");
@@ -169,7 +170,8 @@ EndpointRecord EndpointRecord::unpack(const uint8_t* in, size_t size) {
     x.prefix_len = p.get<uint8_t>();
     if (!p.zeros(1)) bad("reserved bytes are not zero");
     x.speed_mbps = p.get<uint32_t>();
-    if (!p.zeros(4)) bad("reserved bytes are not zero");
+    x.generation = p.get<uint16_t>();
+    if (!p.zeros(2)) bad("reserved bytes are not zero");
     p.copy(x.gid, 16);
     r.rails.push_back(x);
   }

@@ -24,12 +24,15 @@
 //   40 ctrl_depth u32 (control receive buffers posted per QP)
 //   44 responder_resources u8 (RDMA READs this side serves at once, max_qp_rd_atom)
 //   45 initiator_depth u8 (RDMA READs this side keeps outstanding, max_qp_init_rd_atom)
-//   46 reserved (2 bytes, 0)
+//   46 generation u16 of rail 0 (below)
 //   48 engine_id u64       56 link speed u32 (Mb/s, rail 0; 0: unknown)   60 reserved u32 (0)
 //   64 per QP i: at 64+8i qpn (bits 0-23) | this side's rail << 24, at 68+8i initial psn
 //      (bits 0-23) | the peer rail it pairs with << 24 (0xff: not chosen yet)
 //   then per rail r >= 1: link_layer u8, active_mtu u8, port u8, gid_index u8, lid u16,
-//      prefix_len u8, reserved u8, speed u32 (Mb/s), reserved u32, gid (16 bytes)
+//      prefix_len u8, reserved u8, speed u32 (Mb/s), generation u16, reserved u16, gid (16 bytes)
+// A rail's generation: the engine's descriptor generation (core/descriptor.h) when its device
+// last came back, 0 if it never went; the peer uses that rail's keys only from descriptors at
+// least as new.
 // Two rails reach each other when their link layers match and, on InfiniBand, the GID subnet
 // prefixes match; on RoCE, when both IPv4 networks (address and prefix_len) match (an unknown
 // prefix counts as reachable).
@@ -64,6 +67,7 @@ struct EndpointRecord {
     uint8_t gid_index = 0;
     uint8_t prefix_len = 0;
     uint32_t speed_mbps = 0;
+    uint16_t generation = 0;
     uint8_t gid[16] = {0};
   };
   std::vector<Rail> rails;  // at least one

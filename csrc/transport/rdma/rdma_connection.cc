@@ -197,6 +197,8 @@ void RdmaConnection::connect_qps(const EndpointRecord& peer, bool acceptor) {
   peer_ctrl_size_ = peer.ctrl_size;
   std::lock_guard<std::mutex> lock(mu_);
   window_ = std::max<uint32_t>(1, peer.ctrl_depth / 4);
+  peer_generation_.clear();
+  for (const EndpointRecord::Rail& rail : peer.rails) peer_generation_.push_back(rail.generation);
   state_ = State::kConnected;
 }
 

@@ -224,6 +224,15 @@ class RdmaConnection : public Channel,
   // The transport's rail watch calls this every period (rdma_removal.cc): the connecting side
   // drives the healing of its failed rails from here (rdma_healing.cc).
   void heal_tick();
+  // How many of this connection's QPs sit on `rail` (the room to reserve in its CqSet).
+  int qps_on(int rail) const;
+  // The device of `rail`, released, came back with the handles in `back` (rdma_transport.h);
+  // `cq`: this connection's room on its CqSet. Each QP there is created again (new QPN, INIT)
+  // with its send buffers registered in the new PD, and the rail heals at once (rdma_healing.cc:
+  // the connector asks, the acceptor tells the connector to ask). False (nothing changed) when
+  // the connection is closed or did not release the rail; throws Error when a QP or MR cannot
+  // be made (the rail then stays released).
+  bool rail_back(int rail, const Rail& back, std::shared_ptr<CompletionQueue> cq);
 
  private:
   // One QP with its buffers; members in destruction-safe order (the QP dies before its buffers).
@@ -296,6 +305,7 @@ class RdmaConnection : public Channel,
   void on_rejoin_ack(const CtrlMessage& m);
   void on_rejoin_nak(const CtrlMessage& m);
   void on_rail_up(const CtrlMessage& m);
+  void on_rail_back(const CtrlMessage& m);
   void on_heal_completion(int lane, const ibv_wc& wc);
   void heal_failed(size_t rail, uint64_t attempt, const std::string& why, bool for_good);
   void schedule_heal_locked(size_t rail);
@@ -304,8 +314,13 @@ class RdmaConnection : public Channel,
   // Why `rail`'s port is not ACTIVE now ("" when it is, or its device was released).
   std::string port_not_active(int rail) const;
   // Live lanes whose peer rail has a key in `keys` (null: the live lanes paired with the
-  // peer's rail `peer_rail`).
-  std::vector<int> usable_lanes(const std::vector<uint32_t>* keys, int peer_rail = -1) const;
+  // peer's rail `peer_rail`) and, with `local`, whose rail has an MR of that memory (GPU memory
+  // has none on a rail whose device came back).
+  std::vector<int> usable_lanes(const std::vector<uint32_t>* keys, int peer_rail = -1,
+                                const MemoryRegion* local = nullptr) const;
+  // The remote region's rkey on each peer rail, 0 where it has none or where the descriptor is
+  // older than that rail's return (its generation below the rail's, endpoint_record.h).
+  std::shared_ptr<std::vector<uint32_t>> remote_keys(const Descriptor& remote) const;
   int least_loaded(const std::vector<int>& among) const;
   // Per rail of the engine, the rate striping counts with for `rails` (bytes/s; rail_meter.h:
   // the measured rate, or a stand-in until it is measured).
@@ -403,6 +418,9 @@ class RdmaConnection : public Channel,
     std::string never;          // why it will not heal (the peer's device removed, ...)
   };
   std::vector<Heal> heals_;
+  // Per peer rail: its generation (endpoint_record.h), from its record and its REJOIN or
+  // REJOIN_ACK after its device came back (under mu_).
+  std::vector<uint16_t> peer_generation_;
   bool acceptor_ = false;
   std::unique_ptr<std::atomic<uint64_t>[]> rail_bytes_;
   RailMeter meter_;  // per local rail: measured rate, bytes outstanding, last striped share

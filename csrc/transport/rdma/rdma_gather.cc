@@ -45,18 +45,16 @@ RequestPtr RdmaConnection::post_write_gather(const std::shared_ptr<MemoryRegion>
     }
     bytes += p.length;
     if (i > 0 && p.remote.key == pieces[i - 1].remote.key &&
-        p.remote.rail_keys == pieces[i - 1].remote.rail_keys) {
+        p.remote.rail_keys == pieces[i - 1].remote.rail_keys &&
+        p.remote.generation == pieces[i - 1].remote.generation) {
       keys_of[i] = keys_of[i - 1];
       continue;
     }
-    auto keys = std::make_shared<std::vector<uint32_t>>();
-    keys->push_back(p.remote.key);
-    keys->insert(keys->end(), p.remote.rail_keys.begin(), p.remote.rail_keys.end());
-    keys_of[i] = std::move(keys);
+    keys_of[i] = remote_keys(p.remote);
   }
   // One QP that reaches every piece's region: on the local region's home rail when it can,
   // else the least loaded.
-  std::vector<int> usable = usable_lanes(keys_of[0].get());
+  std::vector<int> usable = usable_lanes(keys_of[0].get(), -1, local.get());
   usable.erase(std::remove_if(usable.begin(), usable.end(),
                               [&](int l) {
                                 const size_t peer = static_cast<size_t>(

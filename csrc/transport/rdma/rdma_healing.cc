@@ -14,11 +14,18 @@
 //      acceptor. Chunks stripe onto them from the next transfer on.
 // A failed attempt (NAK, a probe error, no answer within kHealAnswerS) puts the QPs back in ERR
 // and doubles the backoff: 1 s, 2 s, ... up to 60 s. A rail that fails again within kFlapS of
-// rejoining (it flaps) keeps its backoff doubling instead of starting over at 1 s. A peer whose
-// device was removed answers that it never will, and the rail stays failed.
+// rejoining (it flaps) keeps its backoff doubling instead of starting over at 1 s.
+// A removed device that comes back (rdma_transport.h) heals the same way with new QPs on that
+// side (rail_back): REJOIN and REJOIN_ACK carry each side's QPNs, by lane index, and its rail's
+// address and generation, so the other side brings its QPs up to the new ones and uses that
+// rail's rkeys only from descriptors as new as its return. The side whose device came back
+// asks at once when it is the connector, and tells the connector to (RAIL_BACK) when it is
+// the acceptor.
 // The QPs of a rail without a shared receive queue do not rejoin: the receives their reset
 // dropped cannot be told apart from later ones (rdma_connection.h).
 #include <algorithm>
+#include <cstring>
+#include <utility>
 
 #include "common/error.h"
 #include "common/le_codec.h"
@@ -36,33 +43,81 @@ constexpr double kHealMaxS = 60.0;
 constexpr double kFlapS = 30.0;
 constexpr double kHealAnswerS = 5.0;
 
-// One QP of a REJOIN, REJOIN_ACK or RAIL_UP (control_msg.h).
-struct Entry {
-  uint32_t mine = 0;    // the sender's QPN
-  uint32_t yours = 0;   // the receiver's QPN it pairs with
-  uint32_t psn = 0;     // the sender's new PSN
+// The sender's rail in a REJOIN, REJOIN_ACK or RAIL_UP (control_msg.h).
+struct RailAddr {
+  uint8_t gid[16] = {0};
+  uint16_t lid = 0;
+  uint8_t mtu = 0;  // ibv_mtu code
+  uint16_t generation = 0;
 };
 
-std::string encode(const std::vector<Entry>& entries) {
-  std::string out(entries.size() * 12, '\0');
+// One QP of the same messages.
+struct Entry {
+  uint32_t lane = 0;   // index in lanes_, the same on both sides
+  uint32_t mine = 0;   // the sender's QPN
+  uint32_t yours = 0;  // the receiver's QPN it pairs with, as the sender knows it
+  uint32_t psn = 0;    // the sender's new PSN
+};
+
+constexpr size_t kAddrSize = 24;
+constexpr size_t kEntrySize = 16;
+
+std::string encode(const RailAddr& addr, const std::vector<Entry>& entries) {
+  std::string out(kAddrSize + entries.size() * kEntrySize, '\0');
   LeWriter w(reinterpret_cast<uint8_t*>(out.data()), out.size());
-  for (const Entry& e : entries) w.put<uint32_t>(e.mine).put<uint32_t>(e.yours).put<uint32_t>(e.psn);
+  w.bytes(addr.gid, 16).put<uint16_t>(addr.lid).put<uint8_t>(addr.mtu).skip(1);
+  w.put<uint16_t>(addr.generation).skip(2);
+  for (const Entry& e : entries) {
+    w.put<uint32_t>(e.lane).put<uint32_t>(e.mine).put<uint32_t>(e.yours).put<uint32_t>(e.psn);
+  }
   return out;
 }
 
-std::vector<Entry> decode(const std::string& meta) {
-  if (meta.size() % 12 != 0 || meta.empty() || meta.size() > 12 * 64) {
+std::pair<RailAddr, std::vector<Entry>> decode(const std::string& meta) {
+  const size_t n = meta.size() < kAddrSize ? 0 : (meta.size() - kAddrSize) / kEntrySize;
+  if (n == 0 || n > static_cast<size_t>(EndpointRecord::kMaxQps) ||
+      meta.size() != kAddrSize + n * kEntrySize) {
     throw Error(ErrorKind::kProtocol,
                 "a rail REJOIN message with " + std::to_string(meta.size()) + " bytes of QPs");
   }
-  std::vector<Entry> out(meta.size() / 12);
+  RailAddr addr;
   LeReader r(reinterpret_cast<const uint8_t*>(meta.data()), meta.size());
+  r.copy(addr.gid, 16);
+  addr.lid = r.get<uint16_t>();
+  addr.mtu = r.get<uint8_t>();
+  addr.generation = r.skip(1).get<uint16_t>();
+  r.skip(2);
+  if (addr.mtu < IBV_MTU_256 || addr.mtu > IBV_MTU_4096) {
+    throw Error(ErrorKind::kProtocol, "a rail REJOIN message with MTU code " +
+                                          std::to_string(addr.mtu));
+  }
+  std::vector<Entry> out(n);
   for (Entry& e : out) {
+    e.lane = r.get<uint32_t>();
     e.mine = r.get<uint32_t>();
     e.yours = r.get<uint32_t>();
     e.psn = r.get<uint32_t>();
   }
-  return out;
+  return {addr, std::move(out)};
+}
+
+RailAddr addr_of(const EndpointRecord::Rail& record) {
+  RailAddr a;
+  std::memcpy(a.gid, record.gid, 16);
+  a.lid = record.lid;
+  a.mtu = record.active_mtu;
+  a.generation = record.generation;
+  return a;
+}
+
+// Where the sender's QP of `e` is, as `lane` is brought up to it.
+QpAddress address_of(const RailAddr& addr, const Entry& e) {
+  QpAddress a;
+  a.qpn = e.mine;
+  a.psn = e.psn;
+  a.lid = addr.lid;
+  std::memcpy(a.gid.raw, addr.gid, 16);
+  return a;
 }
 
 Clock::time_point after(double seconds) {
@@ -110,13 +165,16 @@ void RdmaConnection::heal_tick() {
         continue;
       }
       std::vector<Entry> entries;
+      RailAddr addr;
       {
         std::lock_guard<std::mutex> lock(mu_);
         Heal& h = heals_[r];
+        addr = addr_of(shared_.rails[r].record);
         for (size_t i : h.lanes) {
           lane_up_[i] = true;
           healing_[i] = false;
-          entries.push_back({lanes_[i].qp->qp_num(), lanes_[i].peer.qpn, 0});
+          entries.push_back({static_cast<uint32_t>(i), lanes_[i].qp->qp_num(), lanes_[i].peer.qpn,
+                             0});
         }
         rail_up_[r] = true;  // rail_cause_ stays: describe() shows it as the last failure
         rail_by_peer_[r] = false;
@@ -128,7 +186,7 @@ void RdmaConnection::heal_tick() {
       CtrlMessage m;
       m.type = kCtrlRailUp;
       m.addr = attempt;
-      m.meta = encode(entries);
+      m.meta = encode(addr, entries);
       send_ctrl(m, {});
       log::write(log::Level::kWarning, "rdma endpoint to " + peer() + ": rail " + rail_name(x) +
                                            " rejoined (" + std::to_string(entries.size()) +
@@ -147,8 +205,13 @@ void RdmaConnection::heal_tick() {
       continue;
     }
     std::vector<Entry> entries;
+    RailAddr addr;
     try {
       std::lock_guard<std::mutex> setup(setup_mu_);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        addr = addr_of(shared_.rails[r].record);
+      }
       for (size_t i : lanes) {
         Lane& lane = lanes_[i];
         if (!lane.qp->on_srq()) {
@@ -158,7 +221,8 @@ void RdmaConnection::heal_tick() {
         }
         lane.qp->reset_to_init();
         lane.sq->revive();
-        entries.push_back({lane.qp->qp_num(), lane.peer.qpn, lane.qp->psn()});
+        entries.push_back(
+            {static_cast<uint32_t>(i), lane.qp->qp_num(), lane.peer.qpn, lane.qp->psn()});
       }
     } catch (const Error& e) {
       heal_failed(r, attempt, e.what(), false);
@@ -177,7 +241,7 @@ void RdmaConnection::heal_tick() {
     CtrlMessage m;
     m.type = kCtrlRejoin;
     m.addr = attempt;
-    m.meta = encode(entries);
+    m.meta = encode(addr, entries);
     send_ctrl(m, {});
   }
 }
@@ -209,36 +273,36 @@ void RdmaConnection::heal_failed(size_t rail, uint64_t attempt, const std::strin
 }
 
 void RdmaConnection::on_rejoin(const CtrlMessage& m) {
-  const std::vector<Entry> theirs = decode(m.meta);
+  const auto [addr, theirs] = decode(m.meta);
   std::vector<size_t> lanes;
   std::string refused;
   bool for_good = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Entry& e : theirs) {
-      size_t found = lanes_.size();
-      for (size_t i = 0; i < lanes_.size(); ++i) {
-        if (lanes_[i].qp->qp_num() == e.yours && lanes_[i].peer.qpn == e.mine) found = i;
-      }
-      if (found == lanes_.size()) {
-        refused = "no QP " + std::to_string(e.yours) + " paired with " + std::to_string(e.mine);
+      if (e.lane >= lanes_.size() ||
+          (!lanes.empty() && lanes_[e.lane].peer_rail != lanes_[lanes.front()].peer_rail)) {
+        refused = "no QP pairs with " + std::to_string(e.mine) + " as lane " +
+                  std::to_string(e.lane);
         for_good = true;
         break;
       }
-      const size_t r = static_cast<size_t>(lanes_[found].rail);
-      if (rail_released_[r] || !lanes_[found].qp->on_srq()) {
-        refused = rail_released_[r] ? "its device " + rail_name(static_cast<int>(r)) +
-                                          " was removed"
-                                    : "its QPs on " + rail_name(static_cast<int>(r)) +
-                                          " have no shared receive queue";
+      const size_t r = static_cast<size_t>(lanes_[e.lane].rail);
+      if (rail_released_[r]) {  // it may come back: then RAIL_BACK says so
+        refused = "its device " + rail_name(static_cast<int>(r)) + " was removed";
+        break;
+      }
+      if (!lanes_[e.lane].qp->on_srq()) {
+        refused = "its QPs on " + rail_name(static_cast<int>(r)) +
+                  " have no shared receive queue";
         for_good = true;
         break;
       }
-      if (lane_up_[found]) {
+      if (lane_up_[e.lane]) {
         refused = "its side of the rail had not failed yet";
         break;
       }
-      lanes.push_back(found);
+      lanes.push_back(e.lane);
     }
   }
   if (refused.empty()) {
@@ -246,22 +310,37 @@ void RdmaConnection::on_rejoin(const CtrlMessage& m) {
     if (!down.empty()) refused = down;
   }
   std::vector<Entry> ours;
+  RailAddr mine;
   if (refused.empty()) {
     try {
       std::lock_guard<std::mutex> setup(setup_mu_);
+      const size_t r = static_cast<size_t>(lanes_[lanes.front()].rail);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        mine = addr_of(shared_.rails[r].record);
+      }
+      const auto mtu = static_cast<ibv_mtu>(std::min(addr.mtu, mine.mtu));
+      std::vector<QpAddress> peers;
       for (size_t k = 0; k < lanes.size(); ++k) {
         Lane& lane = lanes_[lanes[k]];
         lane.qp->reset_to_init();
         lane.sq->revive();
-        QpAddress addr = lane.peer;
-        addr.psn = theirs[k].psn;
-        lane.qp->to_rtr(addr, lane.mtu, negotiated_.max_dest_rd_atomic);
+        peers.push_back(address_of(addr, theirs[k]));
+        lane.qp->to_rtr(peers.back(), mtu, negotiated_.max_dest_rd_atomic);
         lane.qp->to_rts(negotiated_.max_rd_atomic);
-        lane.peer = addr;
-        ours.push_back({lane.qp->qp_num(), addr.qpn, lane.qp->psn()});
+        ours.push_back({static_cast<uint32_t>(lanes[k]), lane.qp->qp_num(), peers.back().qpn,
+                        lane.qp->psn()});
       }
       std::lock_guard<std::mutex> lock(mu_);
-      for (size_t i : lanes) healing_[i] = true;
+      for (size_t k = 0; k < lanes.size(); ++k) {
+        lanes_[lanes[k]].peer = peers[k];
+        lanes_[lanes[k]].mtu = mtu;
+        healing_[lanes[k]] = true;
+      }
+      const size_t c = static_cast<size_t>(lanes_[lanes.front()].peer_rail);
+      if (c < peer_generation_.size()) {
+        peer_generation_[c] = std::max(peer_generation_[c], addr.generation);
+      }
     } catch (const Error& e) {
       refused = e.what();
       for (size_t i : lanes) lanes_[i].qp->to_error();
@@ -271,7 +350,7 @@ void RdmaConnection::on_rejoin(const CtrlMessage& m) {
   reply.addr = m.addr;
   if (refused.empty()) {
     reply.type = kCtrlRejoinAck;
-    reply.meta = encode(ours);
+    reply.meta = encode(mine, ours);
   } else {
     reply.type = kCtrlRejoinNak;
     reply.key = for_good ? 1 : 0;
@@ -281,7 +360,7 @@ void RdmaConnection::on_rejoin(const CtrlMessage& m) {
 }
 
 void RdmaConnection::on_rejoin_ack(const CtrlMessage& m) {
-  const std::vector<Entry> theirs = decode(m.meta);
+  const auto [addr, theirs] = decode(m.meta);
   size_t rail = 0;
   std::vector<size_t> lanes;
   RequestPtr probe;
@@ -303,17 +382,31 @@ void RdmaConnection::on_rejoin_ack(const CtrlMessage& m) {
   }
   try {
     std::lock_guard<std::mutex> setup(setup_mu_);
+    uint8_t own_mtu = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      own_mtu = shared_.rails[rail].record.active_mtu;
+    }
+    const auto mtu = static_cast<ibv_mtu>(std::min(addr.mtu, own_mtu));
+    std::vector<QpAddress> peers;
     for (size_t k = 0; k < lanes.size(); ++k) {
       Lane& lane = lanes_[lanes[k]];
       const auto it = std::find_if(theirs.begin(), theirs.end(), [&](const Entry& e) {
-        return e.yours == lane.qp->qp_num() && e.mine == lane.peer.qpn;
+        return e.lane == lanes[k] && e.yours == lane.qp->qp_num();
       });
       if (it == theirs.end()) throw Error(ErrorKind::kProtocol, "the peer answered for other QPs");
-      QpAddress addr = lane.peer;
-      addr.psn = it->psn;
-      lane.qp->to_rtr(addr, lane.mtu, negotiated_.max_dest_rd_atomic);
+      peers.push_back(address_of(addr, *it));
+      lane.qp->to_rtr(peers.back(), mtu, negotiated_.max_dest_rd_atomic);
       lane.qp->to_rts(negotiated_.max_rd_atomic);
-      lane.peer = addr;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t k = 0; k < lanes.size(); ++k) {
+      lanes_[lanes[k]].peer = peers[k];
+      lanes_[lanes[k]].mtu = mtu;
+    }
+    const size_t c = static_cast<size_t>(lanes_[lanes.front()].peer_rail);
+    if (c < peer_generation_.size()) {
+      peer_generation_[c] = std::max(peer_generation_[c], addr.generation);
     }
   } catch (const Error& e) {
     heal_failed(rail, m.addr, e.what(), false);
@@ -354,24 +447,25 @@ void RdmaConnection::on_rejoin_nak(const CtrlMessage& m) {
 }
 
 void RdmaConnection::on_rail_up(const CtrlMessage& m) {
-  const std::vector<Entry> theirs = decode(m.meta);
+  const std::vector<Entry> theirs = decode(m.meta).second;
   std::vector<int> rails;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Entry& e : theirs) {
-      for (size_t i = 0; i < lanes_.size(); ++i) {
-        if (lanes_[i].qp->qp_num() != e.yours || lanes_[i].peer.qpn != e.mine) continue;
-        if (!healing_[i]) continue;
-        healing_[i] = false;
-        lane_up_[i] = true;
-        const size_t r = static_cast<size_t>(lanes_[i].rail);
-        if (!rail_up_[r]) {
-          rail_up_[r] = true;
-          rail_by_peer_[r] = false;
-          heals_[r].healed_at = Clock::now();
-          ++heals_[r].rejoins;
-          rails.push_back(lanes_[i].rail);
-        }
+      const size_t i = e.lane;
+      if (i >= lanes_.size() || lanes_[i].qp->qp_num() != e.yours ||
+          lanes_[i].peer.qpn != e.mine || !healing_[i]) {
+        continue;
+      }
+      healing_[i] = false;
+      lane_up_[i] = true;
+      const size_t r = static_cast<size_t>(lanes_[i].rail);
+      if (!rail_up_[r]) {
+        rail_up_[r] = true;
+        rail_by_peer_[r] = false;
+        heals_[r].healed_at = Clock::now();
+        ++heals_[r].rejoins;
+        rails.push_back(lanes_[i].rail);
       }
     }
   }
@@ -379,6 +473,83 @@ void RdmaConnection::on_rail_up(const CtrlMessage& m) {
     log::write(log::Level::kWarning, "rdma endpoint to " + peer() + ": rail " + rail_name(r) +
                                          " rejoined (the peer's probe WRITEs completed)");
   }
+}
+
+void RdmaConnection::on_rail_back(const CtrlMessage& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (static_cast<uint64_t>(lanes_[i].peer_rail) != m.addr) continue;
+    Heal& h = heals_[static_cast<size_t>(lanes_[i].rail)];
+    if (h.step != Heal::Step::kIdle) continue;
+    h.backoff_s = 0;
+    h.next_try = Clock::now();  // the next heal_tick asks
+  }
+}
+
+int RdmaConnection::qps_on(int rail) const {
+  return static_cast<int>(std::count_if(lanes_.begin(), lanes_.end(),
+                                        [rail](const Lane& l) { return l.rail == rail; }));
+}
+
+bool RdmaConnection::rail_back(int rail, const Rail& back, std::shared_ptr<CompletionQueue> cq) {
+  const size_t r = static_cast<size_t>(rail);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kClosed || !rail_released_[r]) return false;
+  }
+  std::string never;
+  {
+    // Against release_rail and a heal on another thread: the QPs change here only.
+    std::lock_guard<std::mutex> setup(setup_mu_);
+    for (Lane& lane : lanes_) {
+      if (lane.rail != rail) continue;
+      if (lane.recv_slab || !back.srq) {
+        never = "its QPs have no shared receive queue";
+        continue;
+      }
+      lane.send_slab->register_in(back.pd);
+      lane.qp->recreate(back.pd, cq, back.srq);
+      lane.sq->revive();
+    }
+  }
+  bool acceptor = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Rail& mine = shared_.rails[r];
+    mine.context = back.context;
+    mine.pd = back.pd;
+    mine.channel = back.channel;
+    mine.cqs = back.cqs;
+    mine.poller = back.poller;
+    mine.srq = back.srq;
+    mine.srq_off = back.srq_off;
+    mine.record = back.record;
+    mine.returns = back.returns;
+    shared_.cqs[r] = std::move(cq);
+    rail_released_[r] = false;
+    Heal& h = heals_[r];
+    h.never = never;
+    h.step = Heal::Step::kIdle;
+    h.lanes.clear();
+    h.probe.reset();
+    h.backoff_s = 0;
+    h.next_try = Clock::now();
+    acceptor = acceptor_;
+  }
+  if (acceptor && never.empty() && state() == State::kConnected) {
+    CtrlMessage m;
+    m.type = kCtrlRailBack;
+    m.addr = r;
+    try {
+      send_ctrl(m, {});
+    } catch (const Error& e) {
+      log::write(log::Level::kInfo, "rdma endpoint to " + peer() + ": RAIL_BACK for " +
+                                        rail_name(rail) + " not sent (" + e.what() + ")");
+    }
+  }
+  log::write(log::Level::kInfo, "rdma endpoint to " + peer() + ": rail " + rail_name(rail) +
+                                    " has QPs again (its device came back); rejoining");
+  return true;
 }
 
 void RdmaConnection::on_heal_completion(int lane, const ibv_wc& wc) {

@@ -60,7 +60,9 @@ Grant RdmaConnection::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t
   std::unique_ptr<VerbsMr> temp;
   const auto* region = dynamic_cast<const RdmaRegion*>(local.get());
   uint32_t rkey = region != nullptr ? region->rkey_on(rail) : local->key();
-  if ((local->access() & kAccessRemoteWrite) == 0) {
+  // A temporary MR also where the region has none on that rail (GPU memory registered before
+  // the rail's device came back).
+  if ((local->access() & kAccessRemoteWrite) == 0 || rkey == 0) {
     std::shared_ptr<ProtectionDomain> pd;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -201,6 +203,7 @@ void RdmaConnection::on_recv(int lane, const ibv_wc& wc, const uint8_t* srq_data
   if (m.type == kCtrlRejoinAck) return on_rejoin_ack(m);
   if (m.type == kCtrlRejoinNak) return on_rejoin_nak(m);
   if (m.type == kCtrlRailUp) return on_rail_up(m);
+  if (m.type == kCtrlRailBack) return on_rail_back(m);
   if (m.type == kCtrlRailDown) {
     // Before following the control lane: the failover then names the peer's cause.
     peer_rail_down(static_cast<int>(std::min<uint64_t>(m.addr, EndpointRecord::kMaxRails)),

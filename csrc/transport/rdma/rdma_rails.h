@@ -44,6 +44,7 @@ struct Rail {
   std::shared_ptr<SharedReceiveQueue> srq;
   std::string srq_off;
   EndpointRecord::Rail record;  // what the peer learns about it
+  uint32_t returns = 0;         // times its device came back (RdmaTransport::readd_rail)
 
   // A Rail holding this one's verbs handles (context, PD, channel, CQs, poller, SRQ), which
   // this one no longer holds: its name, cause and record stay. For releasing a removed device's

@@ -1,9 +1,11 @@
 // RdmaTransport: a rail's device removed (rdma_transport.h, "Device removal"). The watch thread
 // notices it (ibv_get_device_list, or IBV_EVENT_DEVICE_FATAL), fails it over and releases every
-// handle the engine holds on it, so the kernel's unregistration of the device can finish. Each
-// period it also lets every connection heal its failed rails (rdma_healing.cc).
+// handle the engine holds on it, so the kernel's unregistration of the device can finish; when
+// the device is listed again it opens it again (readd_rail). Each period it also lets every
+// connection heal its failed rails (rdma_healing.cc).
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -70,7 +72,10 @@ void RdmaTransport::watch_rails() {
     }
     for (size_t r = 0; listing && r < rails_.size(); ++r) {
       const std::string& name = rails_[r].name;  // never changes
-      if (std::find(listed.begin(), listed.end(), name) != listed.end()) continue;
+      if (std::find(listed.begin(), listed.end(), name) != listed.end()) {
+        if (rail_removed(r)) readd_rail(r);
+        continue;
+      }
       if (std::any_of(gone.begin(), gone.end(), [r](const auto& g) {
             return g.first == static_cast<int>(r);
           })) {
@@ -93,9 +98,14 @@ PdList RdmaTransport::current_pds() const {
 
 void RdmaTransport::track(const std::shared_ptr<RdmaRegion>& region) {
   std::lock_guard<std::mutex> lock(regions_mu_);
-  // A rail removed since its PDs were taken: that MR goes now.
+  // A rail removed since its PDs were taken: that MR goes now; one whose device came back
+  // since: an MR in its new PD (none for GPU memory, whose dmabuf fd is gone).
   for (size_t r = 0; r < pds_.size(); ++r) {
-    if (!pds_[r]) region->drop_rail(r);
+    if (!pds_[r]) {
+      region->drop_rail(r);
+    } else if (region->lkey_on(r) == 0) {
+      region->add_rail(r, pds_[r]);
+    }
   }
   if (regions_.size() >= prune_at_) {
     regions_.erase(std::remove_if(regions_.begin(), regions_.end(),
@@ -152,6 +162,91 @@ void RdmaTransport::release_handles(int rail, const std::string& cause,
                    std::to_string(context.use_count()) +
                    " owner(s) of its context left, e.g. a connection being set up); its "
                    "unregistration waits until they go");
+  }
+}
+
+void RdmaTransport::readd_rail(size_t r) {
+  // The generation is a u16 in descriptors: after 65,535 returns a device stays out (a new
+  // Engine starts again from 0).
+  if (generation_.load() == UINT16_MAX) return;
+  Rail back;
+  back.name = rails_[r].name;
+  std::vector<std::shared_ptr<RdmaRegion>> regions;
+  try {
+    back.context = DeviceContext::open(back.name, config_.port, config_.gid_index);
+    back.record = rail_record(*back.context);
+    EndpointRecord::Rail before;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      before = rails_[r].record;
+    }
+    // rxe lists a device before its netdev's addresses are in its GID table: wait for the IPv4
+    // GID the rail had rather than come back on a link-local one.
+    if (gid_is_ipv4(before.gid) && !gid_is_ipv4(back.record.gid)) return;
+    open_handles(back, static_cast<int>(r));
+  } catch (const Error& e) {
+    log::write(log::Level::kDebug, "rdma: " + back.name + " is listed again but cannot be "
+                                       "opened yet (" + e.what() + "); trying again");
+    return;
+  }
+  // Every live registration gets an MR in the new PD; new ones get it from pds_ (track).
+  size_t failed = 0;
+  {
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    pds_[r] = back.pd;
+    for (const auto& w : regions_) {
+      auto region = w.lock();
+      if (!region) continue;
+      try {
+        region->add_rail(r, back.pd);
+      } catch (const Error& e) {
+        if (failed++ == 0) {
+          log::write(log::Level::kWarning, "rdma: a registration has no MR on " + back.name +
+                                               " after it came back (" + e.what() + ")");
+        }
+      }
+    }
+  }
+  // After the MRs: a descriptor that reads this generation reads their keys (transport.cc).
+  back.record.generation = static_cast<uint16_t>(generation_.fetch_add(1) + 1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    back.returns = rails_[r].returns + 1;
+    Rail& rail = rails_[r];
+    rail.context = back.context;
+    rail.pd = back.pd;
+    rail.channel = back.channel;
+    rail.cqs = back.cqs;
+    rail.poller = back.poller;
+    rail.srq = back.srq;
+    rail.srq_off = back.srq_off;
+    rail.record = back.record;
+    rail.returns = back.returns;
+    rail.removed.clear();
+    qp_tags_[r].clear();
+  }
+  back.poller->start();  // its handlers read rails_[r]
+  log::write(log::Level::kWarning,
+             "rdma: rail " + back.name + " is back (its device was added again): " +
+                 std::to_string(failed) + " registration(s) without an MR there; connections "
+                 "rejoin over it");
+  const int per_qp = static_cast<int>(settings_.limits.sq_depth + settings_.ctrl_depth);
+  for (const auto& c : live_connections()) {
+    const int n = c->qps_on(static_cast<int>(r));
+    if (n == 0 || c->is_closed()) continue;
+    try {
+      if (!c->rail_back(static_cast<int>(r), back, back.cqs->reserve(c->tag(), n * per_qp))) {
+        continue;
+      }
+    } catch (const Error& e) {
+      log::write(log::Level::kWarning, "rdma endpoint to " + c->peer() + ": rail " + back.name +
+                                           " stays out (" + e.what() + ")");
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [rail, qpn] : c->qp_numbers()) {
+      if (static_cast<size_t>(rail) == r) qp_tags_[r][qpn] = c->tag();
+    }
   }
 }
 

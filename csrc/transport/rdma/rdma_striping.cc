@@ -36,13 +36,15 @@ std::vector<int> RdmaConnection::used_rails() const {
   return rails;
 }
 
-std::vector<int> RdmaConnection::usable_lanes(const std::vector<uint32_t>* keys,
-                                              int peer_rail) const {
+std::vector<int> RdmaConnection::usable_lanes(const std::vector<uint32_t>* keys, int peer_rail,
+                                              const MemoryRegion* local) const {
   std::vector<int> out;
+  const auto* region = dynamic_cast<const RdmaRegion*>(local);
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < lanes_.size(); ++i) {
     const Lane& lane = lanes_[i];
     if (!lane_up_[i]) continue;
+    if (region != nullptr && region->lkey_on(static_cast<size_t>(lane.rail)) == 0) continue;
     if (keys == nullptr ? lane.peer_rail != peer_rail
                         : static_cast<size_t>(lane.peer_rail) >= keys->size() ||
                               (*keys)[static_cast<size_t>(lane.peer_rail)] == 0) {
@@ -51,6 +53,18 @@ std::vector<int> RdmaConnection::usable_lanes(const std::vector<uint32_t>* keys,
     out.push_back(static_cast<int>(i));
   }
   return out;
+}
+
+std::shared_ptr<std::vector<uint32_t>> RdmaConnection::remote_keys(
+    const Descriptor& remote) const {
+  auto keys = std::make_shared<std::vector<uint32_t>>();
+  keys->push_back(remote.key);
+  keys->insert(keys->end(), remote.rail_keys.begin(), remote.rail_keys.end());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t c = 0; c < keys->size() && c < peer_generation_.size(); ++c) {
+    if (remote.generation < peer_generation_[c]) (*keys)[c] = 0;
+  }
+  return keys;
 }
 
 int RdmaConnection::least_loaded(const std::vector<int>& among) const {
@@ -75,7 +89,11 @@ std::vector<double> RdmaConnection::rail_rates(const std::vector<int>& rails) co
     if (x > 0) continue;
     // Not measured yet: as the fastest measured one (so it is measured at once), or, while
     // none is, its port's speed (Mb/s to bytes/s; unknown speeds count as 10 Gb/s alike).
-    const uint32_t mbps = shared_.rails[static_cast<size_t>(r)].record.speed_mbps;
+    uint32_t mbps = 0;
+    if (fastest == 0) {
+      std::lock_guard<std::mutex> lock(mu_);  // a device that comes back rewrites its record
+      mbps = shared_.rails[static_cast<size_t>(r)].record.speed_mbps;
+    }
     x = fastest > 0 ? fastest : (mbps > 0 ? mbps : 10000) * 125000.0;
   }
   return rate;
@@ -153,11 +171,8 @@ RequestPtr RdmaConnection::post_one_sided(OpKind op, const std::shared_ptr<Memor
   check_remote(remote, remote_offset, length, what);
   auto req = new_request(op, length);
   count_when_terminal(req, op == OpKind::kRead ? "read" : "write");
-  auto keys = std::make_shared<std::vector<uint32_t>>();
-  keys->push_back(remote.key);
-  keys->insert(keys->end(), remote.rail_keys.begin(), remote.rail_keys.end());
-  post_chunks(op, req, local, local_offset, remote.addr + remote_offset, std::move(keys), length,
-              Notified{}, options);
+  post_chunks(op, req, local, local_offset, remote.addr + remote_offset, remote_keys(remote),
+              length, Notified{}, options);
   return req;
 }
 
@@ -172,7 +187,8 @@ void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
   const bool with_imm = notified.with_imm;
   const uint32_t imm = notified.imm;
   const std::vector<int> usable =
-      with_imm ? usable_lanes(nullptr, notified.grant_rail) : usable_lanes(remote_keys.get());
+      with_imm ? usable_lanes(nullptr, notified.grant_rail, local.get())
+               : usable_lanes(remote_keys.get(), -1, local.get());
   if (usable.empty() && with_imm) {
     throw Error(ErrorKind::kConnection,
                 "endpoint to " + peer() + ": the receiver granted this message's buffer on its "
@@ -182,7 +198,10 @@ void RdmaConnection::post_chunks(OpKind op, const RequestPtr& req,
   if (usable.empty()) {
     throw Error(ErrorKind::kConnection,
                 "endpoint to " + peer() + ": no live rail reaches the remote region (its "
-                "descriptor has no key on the peer's remaining rails); connect again");
+                "descriptor has no key on the peer's remaining rails, or only keys older than "
+                "a device of the peer that came back: ask the peer for a new descriptor), or "
+                "the local memory has no MR on them (GPU memory registered before a device "
+                "came back: register it again); or connect again");
   }
   std::vector<int> rails;  // live rails, in lane order
   for (int l : usable) {
@@ -497,7 +516,7 @@ void RdmaConnection::repost(std::vector<SendWork> works) {
       }
       continue;
     }
-    const std::vector<int> usable = usable_lanes(w.remote_keys.get());
+    const std::vector<int> usable = usable_lanes(w.remote_keys.get(), -1, w.hold.get());
     if (usable.empty()) {
       abort(ErrorKind::kConnection,
             "connection to " + peer() + ": a failed rail's chunk has no live rail to move to");

@@ -92,24 +92,10 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
   settings_.limits.rq_depth = settings_.ctrl_depth;
   settings_.limits.initiator_depth = static_cast<uint8_t>(std::clamp(init_rd, 1, 16));
   settings_.limits.responder_resources = static_cast<uint8_t>(std::clamp(rd, 1, 16));
+  max_cqe_ = std::min(kMaxCqe, max_cqe);
   for (size_t i = 0; i < rails_.size(); ++i) {
-    Rail& rail = rails_[i];
-    rail.pd = std::make_shared<ProtectionDomain>(rail.context);
-    rail.channel = std::make_shared<CompletionChannel>(rail.context);
-    const int index = static_cast<int>(i);
-    CqPoller::Handlers h;
-    h.completions = [this, index](const ibv_wc* wcs, int n) { on_completions(index, wcs, n); };
-    h.async_event = [this, index](const ibv_async_event& e) { on_async_event(index, e); };
-    h.socket_ready = [this](uint64_t tag) { on_socket(tag); };
-    h.fatal = [this, index](const std::string& why) {
-      rail_failed(index, "completion thread of " + rails_[static_cast<size_t>(index)].name +
-                             " failed: " + why);
-    };
-    rail.poller = std::make_shared<CqPoller>(rail.context, rail.channel, busy_poll_, std::move(h));
-    rail.cqs = std::make_shared<CqSet>(rail.context, rail.channel, rail.poller,
-                                       std::min(kMaxCqe, max_cqe));
-    pds_.push_back(rail.pd);
-    open_srq(rail);
+    open_handles(rails_[i], static_cast<int>(i));
+    pds_.push_back(rails_[i].pd);
   }
   qp_tags_.resize(rails_.size());
   for (Rail& rail : rails_) rail.poller->start();
@@ -117,6 +103,22 @@ RdmaTransport::RdmaTransport(uint64_t engine_id, const RdmaConfig& config)
 }
 
 RdmaTransport::~RdmaTransport() { shutdown(); }
+
+void RdmaTransport::open_handles(Rail& rail, int index) {
+  rail.pd = std::make_shared<ProtectionDomain>(rail.context);
+  rail.channel = std::make_shared<CompletionChannel>(rail.context);
+  CqPoller::Handlers h;
+  const std::string name = rail.name;
+  h.completions = [this, index](const ibv_wc* wcs, int n) { on_completions(index, wcs, n); };
+  h.async_event = [this, index](const ibv_async_event& e) { on_async_event(index, e); };
+  h.socket_ready = [this](uint64_t tag) { on_socket(tag); };
+  h.fatal = [this, index, name](const std::string& why) {
+    rail_failed(index, "completion thread of " + name + " failed: " + why);
+  };
+  rail.poller = std::make_shared<CqPoller>(rail.context, rail.channel, busy_poll_, std::move(h));
+  rail.cqs = std::make_shared<CqSet>(rail.context, rail.channel, rail.poller, max_cqe_);
+  open_srq(rail);
+}
 
 void RdmaTransport::open_srq(Rail& rail) {
   const char* env = std::getenv("RDMAXFER_SRQ");
@@ -191,6 +193,9 @@ std::string RdmaTransport::describe() const {
   for (size_t i = 0; i < rails_.size(); ++i) {
     s += (i == 0 ? " " : ", ") + rail_text(rails_[i].name, rails_[i].record);
     if (!rails_[i].removed.empty()) s += " removed (" + rails_[i].removed + ")";
+    if (rails_[i].returns > 0) {
+      s += " (its device came back " + std::to_string(rails_[i].returns) + "x)";
+    }
   }
   s += "; receive buffers of " + std::to_string(settings_.ctrl_size) + " bytes:";
   for (size_t i = 0; i < rails_.size(); ++i) {
@@ -493,13 +498,22 @@ std::vector<LaneSpec> RdmaTransport::pair_rails(const EndpointRecord& peer) cons
   // one not paired yet (so two rails each side pair one to one).
   std::vector<int> load(rails_.size(), 0);
   std::vector<LaneSpec> lanes;
+  std::vector<EndpointRecord::Rail> records;  // a device that comes back changes its record
+  std::vector<bool> removed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Rail& rail : rails_) {
+      records.push_back(rail.record);
+      removed.push_back(!rail.removed.empty());
+    }
+  }
   for (size_t c = 0; c < peer.rails.size(); ++c) {
     int n = 0;
     for (const auto& q : peer.qps) n += q.rail == c ? 1 : 0;
     if (n == 0) continue;
     int best = -1;
     for (size_t r = 0; r < rails_.size(); ++r) {
-      if (!rails_reach(rails_[r].record, peer.rails[c]) || rail_removed(r)) continue;
+      if (removed[r] || !rails_reach(records[r], peer.rails[c])) continue;
       if (best < 0 || load[r] < load[static_cast<size_t>(best)]) best = static_cast<int>(r);
     }
     if (best < 0) continue;

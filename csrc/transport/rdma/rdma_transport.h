@@ -30,10 +30,22 @@
 // engine holds on it: every connection's QPs there (release_rail), the MR of every
 // registration on its PD, its SRQ, CQs, completion channel, PD and context. The
 // unregistration then completes; registrations keep working on the other rails; describe()
-// shows the rail removed with its cause. A removed rail is not used again by this engine (a
-// new Engine opens the device once it is back).
+// shows the rail removed with its cause.
+//
+// A device that comes back (`rdma link add`, a driver bound again) under the same name, its
+// port ACTIVE (and, where the rail had an IPv4 RoCE GID, that GID listed again), is opened
+// again by the watch (readd_rail): a new context, PD, channel, CQs, completion thread and SRQ;
+// every live host registration gets an MR in the new PD (new lkey and rkey there; GPU memory
+// does not: its dmabuf fd is gone, so that memory goes on over the other rails). The engine's
+// descriptor generation (key_generation, core/descriptor.h) goes up by one and becomes the
+// rail's (its EndpointRecord::Rail::generation); then every connection that had QPs on it
+// creates new ones there (RdmaConnection::rail_back) and the rail rejoins as a healed one does
+// (rdma_healing.cc), the new QPNs exchanged on the control lane. Peers use the rail's rkeys
+// only from descriptors at least as new as its generation: an older descriptor's keys there
+// belong to the MRs of the device that went.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -102,6 +114,14 @@ class RdmaTransport : public Transport {
   void release_handles(int rail, const std::string& cause,
                        const std::vector<std::shared_ptr<RdmaConnection>>& conns);
   bool rail_removed(size_t rail) const;
+  // Opens a rail's PD, completion channel, completion thread (not started), CqSet and SRQ on
+  // its context (rail index `index`).
+  void open_handles(Rail& rail, int index);
+  // The device of removed rail `rail` is listed again: opens it again and lets every
+  // connection rejoin over it (see above). Nothing changes when it is not ready yet (its port
+  // not ACTIVE, its IPv4 GID not back); the watch tries again next period. On the watch thread.
+  void readd_rail(size_t rail);
+  uint16_t key_generation() const override { return generation_.load(); }
   // The PDs new registrations get an MR in (null: a removed rail), and the registrations to
   // drop a removed rail's MR from.
   PdList current_pds() const;
@@ -136,6 +156,8 @@ class RdmaTransport : public Transport {
     return o;
   }
   RdmaConfig config_;
+  int max_cqe_ = 0;  // entries per CQ of a rail's CqSet
+  std::atomic<uint16_t> generation_{0};  // devices come back so far (key_generation)
   std::shared_ptr<const TlsContext> tls_;  // null: a plain bootstrap stream
   bool busy_poll_ = false;
   RdmaConnSettings settings_;

@@ -110,16 +110,35 @@ RdmaRegion::RdmaRegion(const PdList& pds, uint8_t* addr, uint64_t length, uint32
 }
 
 void RdmaRegion::keep_keys() {
-  for (const auto& mr : mrs_) {
-    lkeys_.push_back(mr ? mr->lkey() : 0);
-    rkeys_.push_back(mr ? mr->rkey() : 0);
+  keys_ = std::vector<Keys>(mrs_.size());
+  for (size_t r = 0; r < mrs_.size(); ++r) {
+    keys_[r].lkey.store(mrs_[r] ? mrs_[r]->lkey() : 0);
+    keys_[r].rkey.store(mrs_[r] ? mrs_[r]->rkey() : 0);
   }
-  set_key(rkeys_.at(0));
+  set_key(rkey_on(0));
+}
+
+std::vector<uint32_t> RdmaRegion::rail_keys() const {
+  std::vector<uint32_t> out;
+  for (size_t r = 1; r < keys_.size(); ++r) out.push_back(keys_[r].rkey.load());
+  return out;
 }
 
 void RdmaRegion::drop_rail(size_t rail) {
   std::lock_guard<std::mutex> lock(mrs_mu_);
+  if (rail >= keys_.size()) return;
+  keys_[rail].lkey.store(0);
+  keys_[rail].rkey.store(0);
   if (rail < mrs_.size()) mrs_[rail].reset();
+}
+
+bool RdmaRegion::add_rail(size_t rail, const std::shared_ptr<ProtectionDomain>& pd) {
+  std::lock_guard<std::mutex> lock(mrs_mu_);
+  if (device_ || rail >= mrs_.size() || mrs_[rail] || revoked()) return false;
+  mrs_[rail] = std::make_unique<VerbsMr>(pd, addr(), length(), verbs_access(access()));
+  keys_[rail].lkey.store(mrs_[rail]->lkey());
+  keys_[rail].rkey.store(mrs_[rail]->rkey());
+  return true;
 }
 
 void RdmaRegion::release_handle() {
@@ -133,7 +152,7 @@ namespace rdmaxfer {
 
 RdmaRegion::RdmaRegion(const PdList& pds, uint8_t* device_addr, uint64_t length,
                        uint32_t access, int dmabuf_fd, uint64_t dmabuf_offset)
-    : MemoryRegion(device_addr, length, access, nullptr) {
+    : MemoryRegion(device_addr, length, access, nullptr), device_(true) {
   for (const auto& pd : pds) {
     mrs_.push_back(pd ? std::make_unique<VerbsMr>(pd, device_addr, length, verbs_access(access),
                                                   dmabuf_fd, dmabuf_offset)

@@ -17,9 +17,14 @@ constexpr uint8_t kRetryCount = 7;
 QueuePair::QueuePair(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<CompletionQueue> cq,
                      const QpLimits& limits, uintptr_t tag,
                      std::shared_ptr<SharedReceiveQueue> srq)
-    : pd_(std::move(pd)), cq_(std::move(cq)), srq_(std::move(srq)), limits_(limits) {
+    : pd_(std::move(pd)), cq_(std::move(cq)), srq_(std::move(srq)), limits_(limits), tag_(tag) {
+  asked_inline_ = limits_.max_inline;
+  create_locked();
+}
+
+void QueuePair::create_locked() {
   ibv_qp_init_attr init{};
-  init.qp_context = reinterpret_cast<void*>(tag);
+  init.qp_context = reinterpret_cast<void*>(tag_);
   init.send_cq = cq_->get();
   init.recv_cq = cq_->get();
   init.cap.max_send_wr = limits_.sq_depth;
@@ -29,15 +34,15 @@ QueuePair::QueuePair(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<Compl
   init.cap.max_recv_sge = 1;
   init.qp_type = IBV_QPT_RC;
   init.sq_sig_all = 0;  // selective signaling
-  init.cap.max_inline_data = limits_.max_inline;
+  init.cap.max_inline_data = asked_inline_;
   qp_ = verbs().create_qp(pd_->get(), &init);
-  if (qp_ == nullptr && limits_.max_inline > 0) {
+  if (qp_ == nullptr && asked_inline_ > 0) {
     init.cap.max_inline_data = 0;  // a provider without inline data: plain WRs only
     qp_ = verbs().create_qp(pd_->get(), &init);
   }
   if (qp_ != nullptr) {
     limits_.max_inline = init.cap.max_inline_data;  // what was granted
-    qp_num_ = qp_->qp_num;
+    qp_num_.store(qp_->qp_num);
   }
   on_srq_ = srq_ != nullptr;
   if (qp_ == nullptr) {
@@ -48,6 +53,28 @@ QueuePair::QueuePair(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<Compl
   }
   std::random_device rd;
   psn_ = rd() & 0xffffff;
+}
+
+void QueuePair::recreate(std::shared_ptr<ProtectionDomain> pd,
+                         std::shared_ptr<CompletionQueue> cq,
+                         std::shared_ptr<SharedReceiveQueue> srq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (qp_ != nullptr) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "QP " + std::to_string(qp_num_.load()) + " is not destroyed: nothing to recreate");
+  }
+  pd_ = std::move(pd);
+  cq_ = std::move(cq);
+  srq_ = std::move(srq);
+  try {
+    create_locked();
+  } catch (...) {
+    srq_.reset();
+    cq_.reset();
+    pd_.reset();
+    throw;
+  }
+  init_locked();
 }
 
 QueuePair::~QueuePair() {
@@ -162,7 +189,7 @@ void QueuePair::to_error() noexcept {
 
 void QueuePair::check_live() const {
   if (qp_ == nullptr) {
-    throw Error(ErrorKind::kConnection, "QP " + std::to_string(qp_num_) +
+    throw Error(ErrorKind::kConnection, "QP " + std::to_string(qp_num_.load()) +
                                             " was destroyed with its device (rail removed)");
   }
 }

@@ -19,8 +19,11 @@
 //   -> ibv_destroy_qp       on destruction, before the CQ and the buffers its WRs used, or
 //                           earlier by destroy() (its device is being removed: the QP lets
 //                           go of its PD, CQ and SRQ; to_error() is then a no-op).
+//   -> recreate(...)        after destroy(), its device back: a new QP (new QPN and PSN) on
+//                           the new PD, CQ and SRQ, in INIT (rdma_healing.cc).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -73,7 +76,7 @@ class QueuePair {
   QueuePair& operator=(const QueuePair&) = delete;
 
   ibv_qp* get() const { return qp_; }
-  uint32_t qp_num() const { return qp_num_; }
+  uint32_t qp_num() const { return qp_num_.load(); }
   uint32_t psn() const { return psn_; }
   const QpLimits& limits() const { return limits_; }
   bool on_srq() const { return on_srq_; }
@@ -94,6 +97,11 @@ class QueuePair {
   // posts on it again) and lets go of the PD, CQ and SRQ, so its device can be released.
   void destroy() noexcept;
   bool destroyed() const;
+  // A destroyed QP's device came back: ibv_create_qp on `pd` / `cq` / `srq` with the same
+  // limits and tag, then INIT (new QPN, new PSN). Throws Error(kInvalidArgument) when the QP is
+  // not destroyed, Error(kConnection) when ibv_create_qp or ibv_modify_qp fails.
+  void recreate(std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<CompletionQueue> cq,
+                std::shared_ptr<SharedReceiveQueue> srq);
   // The fabric settings the QP holds, read back with ibv_query_qp (after to_rtr); throws on
   // failure (Error kConnection after destroy(), as are the to_* transitions). Providers differ in what they report: rxe keeps no SL for RoCE (reads back 0).
   FabricSettings query_fabric() const;
@@ -104,14 +112,17 @@ class QueuePair {
  private:
   void check_live() const;  // mu_ held
   void init_locked();       // RESET -> INIT; mu_ held
+  void create_locked();     // ibv_create_qp on pd_, cq_, srq_, and a new PSN; mu_ held
   std::shared_ptr<ProtectionDomain> pd_;
   std::shared_ptr<CompletionQueue> cq_;
   std::shared_ptr<SharedReceiveQueue> srq_;  // declared before qp_: outlives it
   QpLimits limits_;
   bool on_srq_ = false;
+  uintptr_t tag_ = 0;
+  uint32_t asked_inline_ = 0;  // limits.max_inline as asked for (limits_ holds what was granted)
   mutable std::mutex mu_;  // destroy() against to_error() and query_fabric() on other threads
   ibv_qp* qp_ = nullptr;
-  uint32_t qp_num_ = 0;
+  std::atomic<uint32_t> qp_num_{0};  // read by completion threads of other rails
   uint32_t psn_ = 0;
   FabricSettings applied_{0, 0, 0};
 };
