@@ -99,7 +99,9 @@ def test_share_follows_a_throttled_rail_and_comes_back(rng: np.random.Generator)
             if info["rail_rxe2_share_pct"] >= 35 and moved["rxe2"] >= SIZE * 0.35:
                 break
             assert time.monotonic() < deadline, f"rxe2 did not win its share back: {info}"
-        assert info["rail_rxe2_rate"] * 2 > info["rail_rxe0_rate"], info
+        # Measured at full speed again: within 4x of rxe0 (the guest's rates drift 2x from one
+        # transfer to the next), not at the throttle's 1/16 or less.
+        assert info["rail_rxe2_rate"] * 4 > info["rail_rxe0_rate"], info
 
 
 def test_small_transfers_leave_a_slow_home_rail(rng: np.random.Generator) -> None:

@@ -84,6 +84,14 @@ void RailMeter::unposted(size_t rail, uint64_t bytes) {
   m.outstanding -= std::min(m.outstanding, bytes);
 }
 
+void RailMeter::forget(size_t rail) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Meter& m = meters_.at(rail);
+  m.bytes = 0;
+  m.seconds = 0;
+  m.last = Clock::time_point{};
+}
+
 std::vector<double> RailMeter::rates() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<double> out;

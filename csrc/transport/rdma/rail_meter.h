@@ -67,6 +67,9 @@ class RailMeter {
   // `bytes` counted by posted() were not posted after all (the lane refused them), or moved
   // off the rail (failover).
   void unposted(size_t rail, uint64_t bytes);
+  // Drops `rail`'s rate: it rejoined after a failure, and what it delivered while failing
+  // says nothing of now. Until its next sample it counts as not measured (see above).
+  void forget(size_t rail);
   // The measured rate (bytes/s; 0 until a sample) and the bytes outstanding, per rail.
   std::vector<double> rates() const;
   std::vector<uint64_t> backlogs() const;

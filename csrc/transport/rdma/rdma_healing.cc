@@ -177,6 +177,7 @@ void RdmaConnection::heal_tick() {
                              0});
         }
         rail_up_[r] = true;  // rail_cause_ stays: describe() shows it as the last failure
+        meter_.forget(r);
         rail_by_peer_[r] = false;
         h.step = Heal::Step::kIdle;
         h.probe.reset();
@@ -463,6 +464,7 @@ void RdmaConnection::on_rail_up(const CtrlMessage& m) {
       if (!rail_up_[r]) {
         rail_up_[r] = true;
         rail_by_peer_[r] = false;
+        meter_.forget(r);
         heals_[r].healed_at = Clock::now();
         ++heals_[r].rejoins;
         rails.push_back(lanes_[i].rail);
