@@ -43,13 +43,18 @@ def _up(ep: _core.Endpoint, device: str) -> int:
 
 
 def _write_exact(
-    rng: np.random.Generator, a: _core.Endpoint, src: _core.Region, dst: _core.Region
+    rng: np.random.Generator,
+    a: _core.Endpoint,
+    src: _core.Region,
+    dst: _core.Region,
+    descriptor: _core.Descriptor | None = None,
 ) -> dict[str, int]:
-    """A striped WRITE of fresh random bytes, checked; the bytes each rail of `a` carried."""
+    """A striped WRITE of fresh random bytes into `dst` (through `descriptor`, else a new one of
+    it), checked; the bytes each rail of `a` carried."""
     data = random_bytes(rng, SIZE)
     region_array(src)[:] = data
     before = rail_bytes(a)
-    wait_ok(a.post_write(src, 0, dst.descriptor(), 0, SIZE))
+    wait_ok(a.post_write(src, 0, descriptor or dst.descriptor(), 0, SIZE))
     assert np.array_equal(region_array(dst), data)
     after = rail_bytes(a)
     return {rail: after[rail] - before[rail] for rail in after}
@@ -161,15 +166,9 @@ def test_device_deleted_and_added_back_rejoins(rng: np.random.Generator) -> None
         new = mine.descriptor()
         assert new.generation == 1 and new.rail_keys != old.rail_keys, (new, old)
         for descriptor, over_rxe3 in ((old, False), (new, True)):
-            data = random_bytes(rng, SIZE)
-            region_array(theirs)[:] = data
-            region_array(mine)[:] = 0
-            before = rail_bytes(b)
-            wait_ok(b.post_write(theirs, 0, descriptor, 0, SIZE))
-            assert np.array_equal(region_array(mine), data)
-            after = rail_bytes(b)
-            assert (after["rxe3"] > before["rxe3"]) == over_rxe3, (descriptor.generation, after)
-            assert after["rxe1"] > before["rxe1"]
+            moved = _write_exact(rng, b, theirs, mine, descriptor)
+            assert (moved["rxe3"] > 0) == over_rxe3, (descriptor.generation, moved)
+            assert moved["rxe1"] > 0
         assert not a.closed and not b.closed
 
 
@@ -191,15 +190,9 @@ def test_acceptors_control_device_added_back_rejoins(rng: np.random.Generator) -
         new = theirs.descriptor()
         assert new.generation == 1 and new.key != old.key, (new.key, old.key)
         for descriptor, over_rxe0 in ((old, False), (new, True)):
-            data = random_bytes(rng, SIZE)
-            region_array(src)[:] = data
-            region_array(theirs)[:] = 0
-            before = rail_bytes(a)
-            wait_ok(a.post_write(src, 0, descriptor, 0, SIZE))
-            assert np.array_equal(region_array(theirs), data)
-            after = rail_bytes(a)
-            assert (after["rxe0"] > before["rxe0"]) == over_rxe0, (descriptor.generation, after)
-            assert after["rxe2"] > before["rxe2"]
+            moved = _write_exact(rng, a, src, theirs, descriptor)
+            assert (moved["rxe0"] > 0) == over_rxe0, (descriptor.generation, moved)
+            assert moved["rxe2"] > 0
         send_and_notify(rng, (client, a), (server, b))
         send_and_notify(rng, (server, b), (client, a))
         assert not a.closed and not b.closed

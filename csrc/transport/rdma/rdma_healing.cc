@@ -517,16 +517,7 @@ bool RdmaConnection::rail_back(int rail, const Rail& back, std::shared_ptr<Compl
   bool acceptor = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Rail& mine = shared_.rails[r];
-    mine.context = back.context;
-    mine.pd = back.pd;
-    mine.channel = back.channel;
-    mine.cqs = back.cqs;
-    mine.poller = back.poller;
-    mine.srq = back.srq;
-    mine.srq_off = back.srq_off;
-    mine.record = back.record;
-    mine.returns = back.returns;
+    shared_.rails[r].adopt_handles(back);
     shared_.cqs[r] = std::move(cq);
     rail_released_[r] = false;
     Heal& h = heals_[r];

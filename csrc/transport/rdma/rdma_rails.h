@@ -59,6 +59,19 @@ struct Rail {
     out.srq = std::move(srq);
     return out;
   }
+  // Takes `back`'s handles, SRQ state, record and return count: its device came back
+  // (RdmaTransport::readd_rail). The name and `removed` stay as they are.
+  void adopt_handles(const Rail& back) {
+    context = back.context;
+    pd = back.pd;
+    channel = back.channel;
+    cqs = back.cqs;
+    poller = back.poller;
+    srq = back.srq;
+    srq_off = back.srq_off;
+    record = back.record;
+    returns = back.returns;
+  }
 };
 
 // The device names to open, in rail order ("" once: the default device). Throws

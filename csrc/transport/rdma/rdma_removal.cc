@@ -212,17 +212,8 @@ void RdmaTransport::readd_rail(size_t r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     back.returns = rails_[r].returns + 1;
-    Rail& rail = rails_[r];
-    rail.context = back.context;
-    rail.pd = back.pd;
-    rail.channel = back.channel;
-    rail.cqs = back.cqs;
-    rail.poller = back.poller;
-    rail.srq = back.srq;
-    rail.srq_off = back.srq_off;
-    rail.record = back.record;
-    rail.returns = back.returns;
-    rail.removed.clear();
+    rails_[r].adopt_handles(back);
+    rails_[r].removed.clear();
     qp_tags_[r].clear();
   }
   back.poller->start();  // its handlers read rails_[r]
