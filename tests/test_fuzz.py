@@ -38,7 +38,25 @@ def valid_records() -> dict[str, bytes]:
     hello = b"RXHI" + struct.pack("<HBBBB6xQQ", 1, 1, 0, 4, 0, 11, 22)
     ack = b"RXOK" + struct.pack("<HHQ", 1, 0, 33)
     frame = struct.pack("<HBBIQQQQIIQQ", 0x5852, 1, 1, 0, 5, 4096, 8, 0, 7, 0, 8, 8)
-    return {"descriptor": descriptor, "hello": hello, "hello_ack": ack, "frame": frame}
+    ofi = ofi_record([b"A" * 16, b"B" * 16], b"tcp;ofi_rxm")
+    return {
+        "descriptor": descriptor,
+        "hello": hello,
+        "hello_ack": ack,
+        "frame": frame,
+        "ofi_endpoint_record": ofi,
+    }
+
+
+def ofi_record(addresses: list[bytes], provider: bytes, max_msg: int = 1 << 30) -> bytes:
+    """An ofi endpoint record (transport/ofi/ofi_wire.h): version 1 for one rail, 2 for more."""
+    extra = b"".join(struct.pack("<H", len(a)) + a for a in addresses[1:])
+    version = 2 if len(addresses) > 1 else 1
+    head = b"RXOF" + struct.pack(
+        "<HHQHBBI", version, len(addresses[0]), max_msg, len(provider), len(addresses) - 1, 0,
+        len(extra),
+    )  # fmt: skip
+    return head + addresses[0] + provider + extra
 
 
 SEEDS = valid_records()

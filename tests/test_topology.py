@@ -221,3 +221,11 @@ def test_nearest_rail_picks_the_closest_of_an_engines_devices(sysfs: Path) -> No
     assert topology.nearest_rail(GPU, ["mlx5_4", "mlx5_3"], sysfs) == 1  # NODE before SYS
     assert topology.nearest_rail(GPU, ["rxe0"], sysfs) == -1  # no PCI path
     assert topology.nearest_rail("0000:ff:00.0", ["mlx5_0"], sysfs) == -1
+
+
+def test_nearest_rail_reads_libfabric_domain_names_as_their_devices(sysfs: Path) -> None:
+    """An ofi engine's rails are libfabric domains: EFA's "<device>-rdm" is that device."""
+    assert topology.rail_device("rdmap16s27-rdm") == "rdmap16s27"
+    assert topology.rail_device("mlx5_1-xrc") == "mlx5_1"
+    assert topology.rail_device("rxe0") == "rxe0"
+    assert topology.nearest_rail(GPU, ["mlx5_4-rdm", "mlx5_2-rdm", "mlx5_1-rdm"], sysfs) == 2

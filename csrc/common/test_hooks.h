@@ -13,12 +13,10 @@
 
 namespace rdmaxfer::test_hooks {
 
-// RDMAXFER_RDMA_TEST_QP_ERR="<device>:<bytes>": once the rail on that device has carried `bytes`
-// of one-sided chunks, the QP whose completion crossed it is moved to ERR, as a QP failing
-// mid-transfer would be. Returns (device, bytes); ("", 0) when unset. Throws
-// Error(kInvalidArgument) for a value that is not DEVICE:BYTES.
-inline std::pair<std::string, uint64_t> rdma_qp_error() {
-  const char* env = std::getenv("RDMAXFER_RDMA_TEST_QP_ERR");
+// A "<device>:<bytes>" hook in environment variable `name`: (device, bytes), ("", 0) when unset.
+// Throws Error(kInvalidArgument) for a value that is not DEVICE:BYTES.
+inline std::pair<std::string, uint64_t> device_bytes_hook(const char* name) {
+  const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return {"", 0};
   const std::string text = env;
   const size_t colon = text.rfind(':');
@@ -27,10 +25,26 @@ inline std::pair<std::string, uint64_t> rdma_qp_error() {
       colon == std::string::npos ? 0 : std::strtoull(text.c_str() + colon + 1, &end, 10);
   if (colon == std::string::npos || colon == 0 || end == nullptr || *end != '\0' || bytes == 0) {
     throw Error(ErrorKind::kInvalidArgument,
-                "RDMAXFER_RDMA_TEST_QP_ERR='" + text + "' is not DEVICE:BYTES (e.g. rxe2:4194304; "
+                std::string(name) + "='" + text + "' is not DEVICE:BYTES (e.g. rxe2:4194304; "
                 "tests only: unset it)");
   }
   return {text.substr(0, colon), static_cast<uint64_t>(bytes)};
+}
+
+// RDMAXFER_RDMA_TEST_QP_ERR="<device>:<bytes>": once the rail on that device has carried `bytes`
+// of one-sided chunks, the QP whose completion crossed it is moved to ERR, as a QP failing
+// mid-transfer would be. Returns (device, bytes); ("", 0) when unset. Throws
+// Error(kInvalidArgument) for a value that is not DEVICE:BYTES.
+inline std::pair<std::string, uint64_t> rdma_qp_error() {
+  return device_bytes_hook("RDMAXFER_RDMA_TEST_QP_ERR");
+}
+
+// RDMAXFER_OFI_TEST_RAIL_ERR="<domain>:<bytes>": on each ofi endpoint, once the rail on that
+// domain has carried `bytes` of one-sided parts, the part whose completion crossed it reports
+// a failure (as a rail failing mid-transfer would: its bytes may have landed). Returns
+// (domain, bytes); ("", 0) when unset. Throws like rdma_qp_error.
+inline std::pair<std::string, uint64_t> ofi_rail_error() {
+  return device_bytes_hook("RDMAXFER_OFI_TEST_RAIL_ERR");
 }
 
 // RDMAXFER_RDMA_TEST_CTRL_TWICE=1: every control SEND is posted twice. Throws

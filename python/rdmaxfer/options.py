@@ -167,8 +167,10 @@ OFI: tuple[Option, ...] = (
            "first hardware RDMA provider fi_getinfo lists; tcp, udp, sockets and shm only "
            "when named)", field=False, read_by="core"),
     Option("iface", "str", None, "RDMAXFER_OFI_IFACE",
-           "the libfabric domain: a NIC ('rdmap0s6-rdm', 'rxe0'), or the network interface "
-           "for the tcp provider ('lo'); default: any", field=False, read_by="core"),
+           "the libfabric domains, one rail each: a NIC ('rdmap0s6-rdm', 'rxe0'), or the "
+           "network interface for the tcp provider ('lo'); several separated by commas; "
+           "'auto': every domain of the provider (at most 8); default: the first",
+           field=False, read_by="core"),
     Option("hmem", "bool", True, "RDMAXFER_OFI_HMEM",
            "ask the provider for FI_HMEM where CUDA loads, so that GPU memory registers with "
            "the NIC (0: never; GPU memory is then staged through host memory)",

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/test_hooks.h"
 #include "transport/chunking.h"
 #include "transport/ofi/ofi_transport.h"
 #include "transport/socket.h"
@@ -24,19 +25,29 @@ constexpr double kSendTimeoutS = 30.0;
 
 }  // namespace
 
-OfiChannel::OfiChannel(OfiTransport& transport, std::shared_ptr<OfiDomain> domain, UniqueFd fd,
-                       std::unique_ptr<TlsSession> tls, fi_addr_t peer_addr,
-                       uint64_t peer_max_msg, std::string peer)
+OfiChannel::OfiChannel(OfiTransport& transport, std::vector<OfiPeerRail> rails, UniqueFd fd,
+                       std::unique_ptr<TlsSession> tls, uint64_t peer_max_msg, std::string peer)
     : Channel(transport.stats()),
       transport_(transport),
-      domain_(std::move(domain)),
+      rails_(std::move(rails)),
+      domain_(rails_.at(0).domain),
       fd_(std::make_shared<UniqueFd>(std::move(fd))),
       tls_(std::move(tls)),
-      peer_addr_(peer_addr),
       max_chunk_(std::min(domain_->settings().max_msg_size, peer_max_msg)),
       notify_chunk_(std::min(kNotifyChunk, max_chunk_)),
-      peer_(std::move(peer)) {
+      peer_(std::move(peer)),
+      rail_up_(rails_.size(), 1),
+      rail_cause_(rails_.size()),
+      rail_bytes_(std::make_unique<std::atomic<uint64_t>[]>(rails_.size())),
+      rail_inflight_(std::make_unique<std::atomic<uint64_t>[]>(rails_.size())) {
   set_nonblocking(fd_->get(), true);
+  const auto [domain, bytes] = test_hooks::ofi_rail_error();
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    if (!domain.empty() && rails_[i].domain->settings().domain == domain) {
+      test_err_rail_ = i;
+      test_err_bytes_ = bytes;
+    }
+  }
 }
 
 OfiChannel::~OfiChannel() {
@@ -80,6 +91,12 @@ void OfiChannel::read_loop(std::weak_ptr<OfiChannel> weak, std::shared_ptr<Uniqu
     if (h.kind == OfiFrameKind::kGoodbye) {
       self->shut(ErrorKind::kConnection, "peer " + peer + " closed the endpoint", false);
       return;
+    }
+    if (h.kind == OfiFrameKind::kRailDown) {
+      if (h.message.route < self->rails_.size()) {
+        self->rail_failed(h.message.route, "the peer's end failed: " + meta, false);
+      }
+      continue;
     }
     CtrlMessage message = h.message;
     message.meta = std::move(meta);
@@ -138,19 +155,31 @@ std::string OfiChannel::error() const {
 
 std::string OfiChannel::describe() const {
   return "to " + peer_ + " over libfabric " + domain_->settings().provider + " (" +
-         domain_->settings().domain + ")";
+         (rails_.size() == 1 ? domain_->settings().domain : "rails: " + rails_text()) + ")";
 }
 
 std::vector<std::pair<std::string, uint64_t>> OfiChannel::attributes() const {
-  return {{"max_message", max_chunk_}, {"notify_chunk", notify_chunk_},
-          {"inject_size", domain_->settings().inject_size},
-          {"cq_data_size", domain_->settings().cq_data_size},
-          {"hmem", domain_->settings().hmem ? 1 : 0}};
+  std::vector<std::pair<std::string, uint64_t>> out = {
+      {"max_message", max_chunk_}, {"notify_chunk", notify_chunk_},
+      {"inject_size", domain_->settings().inject_size},
+      {"cq_data_size", domain_->settings().cq_data_size},
+      {"hmem", domain_->settings().hmem ? 1 : 0}, {"rails", rails_.size()}};
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    const std::string key = "rail_" + rails_[i].domain->settings().domain;
+    out.emplace_back(key + "_bytes", rail_bytes_[i].load());
+    out.emplace_back(key + "_up", rail_live(i) ? 1 : 0);
+  }
+  return out;
 }
 
 std::vector<std::pair<std::string, std::string>> OfiChannel::names() const {
   const OfiSettings& s = domain_->settings();
-  return {{"provider", s.provider}, {"fabric", s.fabric}, {"domain", s.domain}};
+  std::string domains;
+  for (const OfiPeerRail& r : rails_) {
+    domains += (domains.empty() ? "" : ",") + r.domain->settings().domain;
+  }
+  return {{"provider", s.provider}, {"fabric", s.fabric}, {"domain", s.domain},
+          {"domains", domains}};
 }
 
 void OfiChannel::track(const RequestPtr& request) {
@@ -170,37 +199,24 @@ void OfiChannel::track(const RequestPtr& request) {
 
 void OfiChannel::post_part(OpKind op, const RequestPtr& request,
                            const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
-                           uint64_t length, uint64_t remote, uint32_t key, const uint32_t* data) {
+                           uint64_t length, size_t rail, const PartTarget& target) {
   auto part = std::make_unique<OfiOp>();
   part->hold = RegionUse(local);
-  const char* what = op == OpKind::kRead ? "READ" : "WRITE";
-  const std::string to = peer_;
-  std::weak_ptr<OfiChannel> channel = weak_from_this();
-  part->done = [request, length, what, to, channel](int err, int prov_errno,
-                                                    const std::string& text) {
-    if (err == 0) {
+  std::weak_ptr<OfiChannel> weak = weak_from_this();
+  part->done = [weak, op, request, local, offset, length, rail, target](
+                   int err, int prov_errno, const std::string& text) {
+    if (auto self = weak.lock()) {
+      self->part_done(op, request, local, offset, length, rail, target, err, prov_errno, text);
+    } else if (err == 0) {
       request->note_progress(length);
       request->part_done();
-    } else if (err == kOfiEngineClosed) {
-      request->fail(ErrorKind::kClosed, std::string(what) + " with " + to + ": " + text);
     } else {
-      const ErrorKind kind = ofi_completion_kind(err, prov_errno);
-      const std::string why =
-          kind == ErrorKind::kRemoteAccess
-              ? ": the peer refused the access (no registered region has this key, or the "
-                "range or the rights do not fit it)"
-              : "";
-      const std::string message = std::string(what) + " with " + to + ": " + text + why;
-      request->fail(kind, message);
-      // The peer is gone: the endpoint with it (its stream tells the same, perhaps later).
-      if (kind == ErrorKind::kConnection) {
-        if (auto self = channel.lock()) self->abort(kind, "connection to " + to + " lost: " + message);
-      }
+      request->fail(ErrorKind::kClosed, "the endpoint was dropped: " + text);
     }
   };
-  void* desc = ofi_region(local, what).desc();
+  const char* what = op == OpKind::kRead ? "READ" : "WRITE";
+  void* desc = ofi_region(local, what).desc(rail);
   uint8_t* buf = local->addr() + offset;
-  std::weak_ptr<OfiChannel> weak = weak_from_this();
   // While the provider's queue is full: stop when the endpoint closed, or when the peer hung up
   // (this may run on the stream's reader thread, which would otherwise see the EOF only later).
   auto give_up = [weak] {
@@ -209,11 +225,81 @@ void OfiChannel::post_part(OpKind op, const RequestPtr& request,
     pollfd p{self->fd_->get(), POLLRDHUP, 0};
     return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
   };
-  if (op == OpKind::kRead) {
-    domain_->post_read(std::move(part), buf, length, desc, peer_addr_, remote, key, give_up);
-  } else {
-    domain_->post_write(std::move(part), buf, length, desc, peer_addr_, remote, key, data,
-                        give_up);
+  const OfiPeerRail& r = rails_[rail];
+  const uint32_t key = (*target.keys)[rail];
+  rail_inflight_[rail] += length;
+  try {
+    if (op == OpKind::kRead) {
+      r.domain->post_read(std::move(part), buf, length, desc, r.peer, target.remote, key,
+                          give_up);
+    } else {
+      r.domain->post_write(std::move(part), buf, length, desc, r.peer, target.remote, key,
+                           target.notified ? &target.token : nullptr, give_up);
+    }
+  } catch (const Error&) {
+    rail_inflight_[rail] -= length;
+    throw;
+  }
+}
+
+void OfiChannel::part_done(OpKind op, const RequestPtr& request,
+                           const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                           uint64_t length, size_t rail, const PartTarget& target, int err,
+                           int prov_errno, const std::string& text) {
+  rail_inflight_[rail] -= length;
+  std::string failure = text;
+  if (err == 0) {
+    const uint64_t carried = rail_bytes_[rail] += length;
+    if (rail != test_err_rail_ || carried < test_err_bytes_ || test_err_fired_.exchange(true)) {
+      request->note_progress(length);
+      request->part_done();
+      return;
+    }
+    err = FI_EIO;  // RDMAXFER_OFI_TEST_RAIL_ERR: this rail fails here (its bytes landed)
+    failure = "the rail failed (RDMAXFER_OFI_TEST_RAIL_ERR)";
+  }
+  const char* what = op == OpKind::kRead ? "READ" : "WRITE";
+  const std::string on = " on " + rails_[rail].domain->settings().domain;
+  if (err == kOfiEngineClosed) {
+    request->fail(ErrorKind::kClosed, std::string(what) + " with " + peer_ + ": " + failure);
+    return;
+  }
+  const ErrorKind kind = ofi_completion_kind(err, prov_errno);
+  const std::string why =
+      kind == ErrorKind::kRemoteAccess
+          ? ": the peer refused the access (no registered region has this key, or the range or "
+            "the rights do not fit it)"
+          : "";
+  const std::string message =
+      std::string(what) + " with " + peer_ + (rails_.size() > 1 ? on : "") + ": " + failure + why;
+  // A rail failure: a connection error, or any error but a refusal where another rail may take
+  // the part (one rail's transport error fails its request alone, as it always did).
+  const bool rail_failure = kind == ErrorKind::kConnection ||
+                            (kind == ErrorKind::kTransport && rails_.size() > 1);
+  if (!rail_failure) {
+    request->fail(kind, message);
+    return;
+  }
+  // The last live rail failing closes the endpoint; the request fails first, with its cause.
+  bool others = false;
+  for (size_t i = 0; i < rails_.size(); ++i) others = others || (i != rail && rail_live(i));
+  if (!others || target.notified) {
+    request->fail(ErrorKind::kConnection,
+                  others ? message + " (a notified write stays on its grant's rail: write again)"
+                         : message);
+    rail_failed(rail, message, true);
+    return;
+  }
+  rail_failed(rail, message, true);
+  const std::vector<size_t> rails = live_rails(*target.keys);
+  if (rails.empty()) {
+    request->fail(ErrorKind::kConnection, message + "; no live rail reaches the remote memory");
+    return;
+  }
+  try {
+    post_part(op, request, local, offset, length, pick_rail(rails, *local), target);
+  } catch (const Error& e) {
+    request->fail(e);
   }
 }
 
@@ -248,17 +334,39 @@ RequestPtr OfiChannel::one_sided(OpKind op, const std::shared_ptr<MemoryRegion>&
     request->complete();
     return request;
   }
-  const ChunkPlan plan = plan_chunks(length, 1, options, max_chunk_);
-  request->set_parts(plan.count);
+  auto keys = std::make_shared<std::vector<uint32_t>>();
+  for (size_t i = 0; i < rails_.size(); ++i) keys->push_back(remote.key_on(i));
+  const std::vector<size_t> live = live_rails(*keys);
+  if (live.empty()) {
+    const std::string why = "no live rail of the endpoint to " + peer_ +
+                            " reaches the remote memory (rails: " + rails_text() + ")";
+    request->fail(ErrorKind::kConnection, std::string(what) + ": " + why);
+    return request;
+  }
   // Without FI_MR_VIRT_ADDR a remote address is the offset from the region's start (the
   // descriptor's address).
   const uint64_t base = domain_->settings().mr_virt_addr ? remote.addr + remote_offset
                                                          : remote_offset;
+  const auto split = length >= kStripeMin && live.size() > 1
+                         ? shares(live, length)
+                         : std::vector<std::tuple<size_t, uint64_t, uint64_t>>{
+                               {pick_rail(live, *local), 0, length}};
+  std::vector<ChunkPlan> plans;
+  uint64_t parts = 0;
+  for (const auto& [rail, at, bytes] : split) {
+    plans.push_back(plan_chunks(bytes, 1, options, max_chunk_));
+    parts += plans.back().count;
+  }
+  request->set_parts(parts);
   try {
-    for (uint64_t i = 0; i < plan.count; ++i) {
-      const uint64_t off = i * plan.chunk;
-      const uint64_t n = std::min(plan.chunk, length - off);
-      post_part(op, request, local, local_offset + off, n, base + off, remote.key, nullptr);
+    for (size_t s = 0; s < split.size(); ++s) {
+      const auto& [rail, at, bytes] = split[s];
+      for (uint64_t i = 0; i < plans[s].count; ++i) {
+        const uint64_t off = at + i * plans[s].chunk;
+        const uint64_t n = std::min(plans[s].chunk, at + bytes - off);
+        post_part(op, request, local, local_offset + off, n, rail,
+                  PartTarget{base + off, keys, false, 0});
+      }
     }
   } catch (const Error& e) {
     request->fail(e);
@@ -294,14 +402,16 @@ Grant OfiChannel::grant(const std::shared_ptr<MemoryRegion>& local, uint64_t off
   g.length = length;
   g.parts = parts_of(length);
   g.progress = progress;
-  uint32_t key = local->key();
+  const size_t rail = grant_rail();
+  uint32_t key = ofi_region(local, "RECV").key_on(rail);
   uint64_t base = reinterpret_cast<uint64_t>(local->addr());
   if ((local->access() & kAccessRemoteWrite) == 0 && length > 0) {
     // The peer writes straight into dst: register the window alone for remote write.
-    g.temp = transport_.register_mr(dst, length, kAccessLocalWrite | kAccessRemoteWrite, &key);
+    g.temp = transport_.register_mr(rail, dst, length, kAccessLocalWrite | kAccessRemoteWrite,
+                                    &key);
     base = reinterpret_cast<uint64_t>(dst);
   }
-  const uint32_t token = transport_.add_grant(weak_from_this());
+  const uint32_t token = transport_.add_grant(weak_from_this(), rail);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) {
@@ -355,14 +465,27 @@ void OfiChannel::post_write_notify(const RequestPtr& request,
   check_local_range(local, offset, length, "WRITE");
   ofi_region(local, "WRITE");
   check_open();
+  // The grant's rail: the low bits of its token (OfiTransport::add_grant).
+  const size_t rail = route & ((1u << kOfiRailBits) - 1);
+  if (rail >= rails_.size() || !rail_live(rail)) {
+    const std::string name =
+        rail < rails_.size() ? rails_[rail].domain->settings().domain : std::to_string(rail);
+    request->fail(ErrorKind::kConnection,
+                  "WRITE with notification to " + peer_ + ": the grant's rail " + name +
+                      " is not live on this endpoint (rails: " + rails_text() +
+                      "); write again: the next grant takes a live rail");
+    return;
+  }
   const uint64_t parts = parts_of(length);
   request->set_parts(parts);
-  const uint32_t token = route;
+  auto keys = std::make_shared<std::vector<uint32_t>>(rails_.size(), 0);
+  (*keys)[rail] = key;
   try {
     for (uint64_t i = 0; i < parts; ++i) {
       const uint64_t off = i * notify_chunk_;
       const uint64_t n = std::min(notify_chunk_, length - std::min(length, off));
-      post_part(OpKind::kWrite, request, local, offset + off, n, addr + off, key, &token);
+      post_part(OpKind::kWrite, request, local, offset + off, n, rail,
+                PartTarget{addr + off, keys, true, route});
     }
   } catch (const Error& e) {
     request->fail(e);

@@ -1,5 +1,6 @@
 // One peer of the ofi transport (ofi_transport.h): the bootstrap stream for control messages
-// and liveness, and the peer's address in the domain's address vector for the bytes.
+// and liveness, and the peer's address in each rail's address vector for the bytes (rail i of
+// this engine with the peer's rail i, as many as both have).
 //
 // Lifecycle: made by the transport after the handshake (ofi_wire.h) -> start() (the stream's
 // reader thread) -> operations -> closed: by close() (a goodbye sent), by the peer (goodbye or
@@ -13,14 +14,35 @@
 // with kRemoteAccess. A notified write (post_write_notify) is cut into parts of
 // notify_chunk bytes, each an fi_writemsg with remote CQ data = the grant's token; the target
 // counts the parts of each grant and notifies once all of them landed, whatever their order.
+//
+// Rails (ofi_rails.cc), as the verbs transport's (transport/rdma/rdma_connection.h):
+//   striping   a one-sided transfer of kStripeMin bytes or more is cut into equal shares, one
+//              per live rail (whole pages, the last takes the rest), each share into parts;
+//              a smaller one goes on one rail: the local region's home rail (the NIC nearest
+//              its GPU, set at registration) while it is live, else the one with the fewest
+//              bytes in flight.
+//   failover   a part that fails on a rail with a connection or transport error marks the rail
+//              failed on this endpoint and is posted again on a live rail (with that rail's
+//              local descriptor and the descriptor's key there): the transfer completes. The
+//              peer is told (a RAIL_DOWN frame on the stream) and leaves the rail too. A part
+//              the target refused (kRemoteAccess) fails its request on any rail. A notified
+//              write goes on the rail whose key its grant gave (the token's low bits,
+//              OfiTransport::add_grant); when that rail fails, the notified write fails and the
+//              endpoint stays (later grants take a live rail). When the last rail fails, the
+//              endpoint closes with every rail's cause. A failed rail stays failed for the
+//              endpoint; a new endpoint uses it again.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "common/unique_fd.h"
 #include "transport/channel.h"
@@ -32,15 +54,22 @@ namespace rdmaxfer {
 
 class OfiTransport;
 
+// One rail of a channel: this engine's domain and the peer's address in its AV.
+struct OfiPeerRail {
+  std::shared_ptr<OfiDomain> domain;
+  fi_addr_t peer = FI_ADDR_NOTAVAIL;
+};
+
 class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChannel> {
  public:
   static constexpr uint64_t kEagerLimit = 16384;
   static constexpr uint64_t kNotifyChunk = 4ull << 20;  // largest part of a notified write
+  static constexpr uint64_t kStripeMin = 512 * 1024;    // smaller transfers go on one rail
 
-  // `fd`: the bootstrap stream (made non-blocking), `tls` its TLS session or null.
-  OfiChannel(OfiTransport& transport, std::shared_ptr<OfiDomain> domain, UniqueFd fd,
-             std::unique_ptr<TlsSession> tls, fi_addr_t peer_addr, uint64_t peer_max_msg,
-             std::string peer);
+  // `rails`: rail 0 first (at least one); `fd`: the bootstrap stream (made non-blocking),
+  // `tls` its TLS session or null.
+  OfiChannel(OfiTransport& transport, std::vector<OfiPeerRail> rails, UniqueFd fd,
+             std::unique_ptr<TlsSession> tls, uint64_t peer_max_msg, std::string peer);
   ~OfiChannel() override;
   // Starts the reader thread of the bootstrap stream.
   void start();
@@ -85,16 +114,45 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
     RequestPtr progress;
   };
 
+  // Where a part goes besides its rail: the remote address (the same on every rail) and the
+  // remote keys by rail (from the descriptor; a notified write's: its grant's key alone).
+  struct PartTarget {
+    uint64_t remote = 0;
+    std::shared_ptr<const std::vector<uint32_t>> keys;
+    bool notified = false;  // carries the grant's token as CQ data: never moved to another rail
+    uint32_t token = 0;
+  };
+
   static void read_loop(std::weak_ptr<OfiChannel> self, std::shared_ptr<UniqueFd> fd,
                         std::shared_ptr<TlsSession> tls, std::string peer);
   const OfiRegion& ofi_region(const std::shared_ptr<MemoryRegion>& local, const char* what) const;
   RequestPtr one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
                        uint64_t local_offset, const Descriptor& remote, uint64_t remote_offset,
                        uint64_t length, const TransferOptions& options);
-  // Posts [offset, offset+length) of `local` as one WRITE or READ part of `request`.
+  // Posts [offset, offset+length) of `local` as one WRITE or READ part of `request` on `rail`;
+  // on a rail failure the part moves to a live rail (see above).
   void post_part(OpKind op, const RequestPtr& request, const std::shared_ptr<MemoryRegion>& local,
-                 uint64_t offset, uint64_t length, uint64_t remote, uint32_t key,
-                 const uint32_t* data);
+                 uint64_t offset, uint64_t length, size_t rail, const PartTarget& target);
+  // A part's completion on `rail` (its domain's completion thread); err 0: success.
+  void part_done(OpKind op, const RequestPtr& request, const std::shared_ptr<MemoryRegion>& local,
+                 uint64_t offset, uint64_t length, size_t rail, const PartTarget& target,
+                 int err, int prov_errno, const std::string& text);
+
+  // Rails (ofi_rails.cc). The live rails a transfer to memory with `keys` (by rail; 0: none
+  // there) may use.
+  std::vector<size_t> live_rails(const std::vector<uint32_t>& keys) const;
+  // The rail a transfer too small to stripe takes (see above).
+  size_t pick_rail(const std::vector<size_t>& live, const MemoryRegion& local) const;
+  // Splits [0, length) over `live` (see above): (rail, offset, bytes) per share.
+  static std::vector<std::tuple<size_t, uint64_t, uint64_t>> shares(
+      const std::vector<size_t>& live, uint64_t length);
+  // Rail `rail` failed (`cause`): marked failed, the peer told unless it told us; the endpoint
+  // closes when no rail is left. Returns whether a rail is still live.
+  bool rail_failed(size_t rail, const std::string& cause, bool tell_peer);
+  bool rail_live(size_t rail) const;
+  // The lowest live rail (grants give its key); throws Error(kConnection) when none is.
+  size_t grant_rail() const;
+  std::string rails_text() const;  // "rxe0 up, 4194304 bytes; rxe2 failed (...), 0 bytes"
   uint64_t parts_of(uint64_t length) const;
   void track(const RequestPtr& request);
   void send_frame(const OfiFrameHeader& header, const std::string& meta, const uint8_t* data);
@@ -102,10 +160,10 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   void check_open_locked() const;
 
   OfiTransport& transport_;
-  const std::shared_ptr<OfiDomain> domain_;
+  const std::vector<OfiPeerRail> rails_;
+  const std::shared_ptr<OfiDomain> domain_;  // rail 0's: the settings every rail shares
   const std::shared_ptr<UniqueFd> fd_;
   const std::shared_ptr<TlsSession> tls_;  // null: a plain stream
-  const fi_addr_t peer_addr_;
   const uint64_t max_chunk_;     // the largest RMA both endpoints take
   const uint64_t notify_chunk_;  // the part size of notified writes (the same on both sides)
   const std::string peer_;
@@ -116,6 +174,15 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   std::string error_;
   std::unordered_map<uint64_t, std::weak_ptr<Request>> inflight_;
   std::unordered_map<uint32_t, GrantHold> grants_;
+  std::vector<char> rail_up_;            // mu_
+  std::vector<std::string> rail_cause_;  // mu_: why each failed rail failed
+  std::unique_ptr<std::atomic<uint64_t>[]> rail_bytes_;     // landed, per rail
+  std::unique_ptr<std::atomic<uint64_t>[]> rail_inflight_;  // posted, not yet complete
+  // RDMAXFER_OFI_TEST_RAIL_ERR (common/test_hooks.h): the rail whose part completing after
+  // test_err_bytes_ reports a failure once (SIZE_MAX: none).
+  size_t test_err_rail_ = SIZE_MAX;
+  uint64_t test_err_bytes_ = 0;
+  std::atomic<bool> test_err_fired_{false};
 };
 
 }  // namespace rdmaxfer

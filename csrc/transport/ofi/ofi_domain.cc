@@ -4,6 +4,7 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_rma.h>
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -29,13 +30,21 @@ uint64_t mr_access(uint32_t access) {
 }  // namespace
 
 OfiRegion::OfiRegion(uint8_t* addr, uint64_t length, uint32_t access,
-                     std::unique_ptr<PinnedAllocation> owned,
-                     std::shared_ptr<OfiDomain> domain, OfiHandle<fid_mr> mr)
-    : MemoryRegion(addr, length, access, std::move(owned)),
-      domain_(std::move(domain)),
-      mr_(std::move(mr)) {}
+                     std::unique_ptr<PinnedAllocation> owned, std::vector<RailMr> mrs)
+    : MemoryRegion(addr, length, access, std::move(owned)), mrs_(std::move(mrs)) {
+  if (!mrs_.empty()) set_key(mrs_.front().key);
+}
 
-void* OfiRegion::desc() const { return mr_.get() != nullptr ? fi_mr_desc(mr_.get()) : nullptr; }
+void* OfiRegion::desc(size_t rail) const {
+  return rail < mrs_.size() && mrs_[rail].mr.get() != nullptr ? fi_mr_desc(mrs_[rail].mr.get())
+                                                              : nullptr;
+}
+
+std::vector<uint32_t> OfiRegion::rail_keys() const {
+  std::vector<uint32_t> keys;
+  for (size_t i = 1; i < mrs_.size(); ++i) keys.push_back(mrs_[i].key);
+  return keys;
+}
 
 namespace {
 
@@ -73,8 +82,17 @@ std::pair<OfiInfo, OfiSettings> select_provider(const std::string& provider,
   }
   OfiInfo list(found);
   std::string refusals;
+  std::string others;  // the domains listed besides the one asked for
   for (fi_info* info = list.get(); info != nullptr; info = info->next) {
     OfiSettings s = decide_settings(*info);
+    // A utility provider (ofi_rxm) answers for every domain of its core provider whatever the
+    // hints name: keep the one asked for.
+    if (!domain.empty() && s.domain != domain) {
+      if (others.find(s.domain) == std::string::npos) {
+        others += (others.empty() ? "" : ", ") + s.domain;
+      }
+      continue;
+    }
     s.delivery_complete = s.delivery_complete || delivery_complete;
     if (s.refused.empty() && provider.empty() && !s.rdma_fabric) {
       s.refused = s.provider + " emulates RDMA (name it in RDMAXFER_OFI_PROVIDER to use it)";
@@ -89,11 +107,39 @@ std::pair<OfiInfo, OfiSettings> select_provider(const std::string& provider,
     if (chosen.get() == nullptr) throw Error(ErrorKind::kTransport, "fi_dupinfo: out of memory");
     return {std::move(chosen), std::move(s)};
   }
+  if (refusals.empty()) refusals = "no domain of that name (listed: " + others + ")";
   throw Error(ErrorKind::kUnsupported, "no libfabric provider usable for " + asked + ": " +
                                            refusals);
 }
 
 }  // namespace
+
+std::vector<std::string> OfiDomain::domains(const std::string& provider) {
+  const OfiApi& api = ofi();
+  OfiInfo hints = make_hints(provider, "", false, false);
+  fi_info* found = nullptr;
+  const int ret = api.getinfo(kOfiApiVersion, nullptr, nullptr, 0, hints.get(), &found);
+  const std::string asked = provider.empty() ? std::string("any provider") : provider;
+  if (ret != 0) {
+    throw Error(ErrorKind::kUnsupported,
+                ofi_error_text("fi_getinfo (" + asked + ", FI_EP_RDM with FI_RMA)", ret));
+  }
+  OfiInfo list(found);
+  std::string chosen;  // the provider of the first usable answer: every rail takes it
+  std::vector<std::string> names;
+  for (fi_info* info = list.get(); info != nullptr; info = info->next) {
+    const OfiSettings s = decide_settings(*info);
+    if (!s.refused.empty() || (provider.empty() && !s.rdma_fabric)) continue;
+    if (chosen.empty()) chosen = s.provider;
+    if (s.provider != chosen) continue;
+    if (std::find(names.begin(), names.end(), s.domain) == names.end()) names.push_back(s.domain);
+  }
+  if (names.empty()) {
+    throw Error(ErrorKind::kUnsupported, "no libfabric domain usable for " + asked +
+                                             " (FI_EP_RDM with FI_RMA): 'auto' found no NIC");
+  }
+  return names;
+}
 
 std::shared_ptr<OfiDomain> OfiDomain::open(const std::string& provider,
                                            const std::string& domain, PollMode poll_mode,

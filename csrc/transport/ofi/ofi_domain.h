@@ -24,6 +24,7 @@
 #include <string>
 #include <thread>
 #include <unordered_set>
+#include <vector>
 
 #include "core/poll_mode.h"
 #include "core/region.h"
@@ -44,22 +45,35 @@ struct OfiOp {
   std::function<void(int err, int prov_errno, const std::string& text)> done;
 };
 
-// A registration in the domain (fi_mr_regattr), bound to the endpoint where FI_MR_ENDPOINT.
+// A registration in each domain of the transport (its rails: fi_mr_regattr in every one,
+// bound to its endpoint where FI_MR_ENDPOINT). The region keeps its domains alive (a parent
+// outlives its children): the MRs close first.
 class OfiDomain;
-// The region keeps its domain alive (a parent outlives its children): the MR closes first.
 class OfiRegion : public MemoryRegion {
  public:
+  // One rail's registration: its domain, MR and the key peers name it by there.
+  struct RailMr {
+    std::shared_ptr<OfiDomain> domain;
+    OfiHandle<fid_mr> mr;
+    uint32_t key = 0;
+  };
+  // `mrs`: rail 0 first (its key becomes key()).
   OfiRegion(uint8_t* addr, uint64_t length, uint32_t access,
-            std::unique_ptr<PinnedAllocation> owned, std::shared_ptr<OfiDomain> domain,
-            OfiHandle<fid_mr> mr);
-  void* desc() const;  // fi_mr_desc: the local descriptor (FI_MR_LOCAL)
+            std::unique_ptr<PinnedAllocation> owned, std::vector<RailMr> mrs);
+  // fi_mr_desc on `rail`: the local descriptor (FI_MR_LOCAL); null past the region's rails.
+  void* desc(size_t rail = 0) const;
+  std::vector<uint32_t> rail_keys() const override;
+  // The key peers name the memory by on `rail` (0 past the region's rails).
+  uint32_t key_on(size_t rail) const { return rail < mrs_.size() ? mrs_[rail].key : 0; }
+  int home_rail() const override { return home_rail_.load(); }
+  void set_home_rail(int rail) override { home_rail_.store(rail); }
 
  protected:
-  void release_handle() override { mr_.reset(); }
+  void release_handle() override { mrs_.clear(); }
 
  private:
-  std::shared_ptr<OfiDomain> domain_;
-  OfiHandle<fid_mr> mr_;
+  std::vector<RailMr> mrs_;
+  std::atomic<int> home_rail_{-1};
 };
 
 class OfiDomain {
@@ -71,6 +85,10 @@ class OfiDomain {
                                          PollMode poll_mode, bool ask_hmem);
   // The settings open() would use, without opening anything; throws like open().
   static OfiSettings probe(const std::string& provider, const std::string& domain);
+  // The domains (NICs) of `provider` ("" : the first hardware RDMA provider) that
+  // decide_settings accepts, in fi_getinfo's order, each once: the rails of ofi.iface="auto".
+  // Throws Error(kUnsupported) when there is none.
+  static std::vector<std::string> domains(const std::string& provider);
   ~OfiDomain();
   OfiDomain(const OfiDomain&) = delete;
   OfiDomain& operator=(const OfiDomain&) = delete;

@@ -24,7 +24,8 @@ const RecordRegistration kOfiEndpointRecord{
     "ofi_endpoint_record", [](const uint8_t* data, size_t size) {
       OfiEndpointRecord r = OfiEndpointRecord::unpack(data, size);
       return "ofi_endpoint_record provider=" + r.provider +
-             " address_bytes=" + std::to_string(r.address.size());
+             " rails=" + std::to_string(r.addresses.size()) +
+             " address_bytes=" + std::to_string(r.addresses[0].size());
     }};
 
 }  // namespace

@@ -80,7 +80,11 @@ std::string ofi_unavailable_reason(const OfiConfig& config) {
   // life of the process (a device then cannot be removed, `rdma link delete` blocks), and
   // transport="auto" never picks ofi. A named provider is probed; an engine opens its domain.
   return once_per_config(&known, &mu, config, [&config]() -> std::string {
-    if (!config.provider.empty()) OfiDomain::probe(config.provider, config.iface);
+    if (!config.provider.empty()) {
+      for (const std::string& name : ofi_rail_names(config)) {
+        OfiDomain::probe(config.provider, name);
+      }
+    }
     return std::string();
   });
 }
@@ -93,10 +97,51 @@ std::string ofi_auto_unavailable_reason(const OfiConfig& config) {
   static std::mutex mu;
   static std::map<std::pair<std::string, std::string>, std::string> known;
   return once_per_config(&known, &mu, config, [&config]() -> std::string {
-    const OfiSettings s = OfiDomain::probe(config.provider, config.iface);
+    const OfiSettings s = OfiDomain::probe(config.provider, ofi_rail_names(config).front());
     return s.rdma_fabric ? std::string()
                          : "libfabric's first provider " + s.provider + " emulates RDMA";
   });
+}
+
+std::vector<std::string> ofi_rail_names(const OfiConfig& config) {
+  std::vector<std::string> names;
+  std::string name;
+  for (const char c : config.iface + ",") {
+    if (c == ',' || c == ' ') {
+      if (!name.empty()) names.push_back(name);
+      name.clear();
+    } else {
+      name += c;
+    }
+  }
+  if (names.size() == 1 && names[0] == "auto") {
+    std::vector<std::string> all = OfiDomain::domains(config.provider);
+    if (all.size() > kOfiMaxRails) {
+      log::write(log::Level::kInfo, "ofi: RDMAXFER_OFI_IFACE=auto takes the first " +
+                                        std::to_string(kOfiMaxRails) + " of " +
+                                        std::to_string(all.size()) + " domains");
+      all.resize(kOfiMaxRails);
+    }
+    return all;
+  }
+  if (names.empty()) return {""};
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == "auto" ||
+        std::find(names.begin(), names.begin() + static_cast<long>(i), names[i]) !=
+            names.begin() + static_cast<long>(i)) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "ofi.iface / RDMAXFER_OFI_IFACE='" + config.iface + "' lists " + names[i] +
+                      (names[i] == "auto" ? " among other names" : " twice") +
+                      ": name each domain once (\"rxe0,rxe2\"), or \"auto\" alone");
+    }
+  }
+  if (names.size() > kOfiMaxRails) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "ofi.iface / RDMAXFER_OFI_IFACE='" + config.iface + "' lists " +
+                    std::to_string(names.size()) + " domains; an engine opens at most " +
+                    std::to_string(kOfiMaxRails));
+  }
+  return names;
 }
 
 OfiTransport::OfiTransport(uint64_t engine_id, OfiConfig config)
@@ -104,10 +149,24 @@ OfiTransport::OfiTransport(uint64_t engine_id, OfiConfig config)
   if (config_.tls) tls_ = std::make_shared<const TlsContext>(config_.tls_settings);
   std::string no_cuda;
   const bool ask_hmem = config_.hmem && cuda_api(&no_cuda) != nullptr;
-  domain_ = OfiDomain::open(config_.provider, config_.iface, config_.poll_mode, ask_hmem);
-  domain_->set_remote_data_handler([this](uint32_t token) { on_remote_data(token); });
-  domain_->start();
-  log::write(log::Level::kDebug, "ofi transport: " + describe_settings(domain_->settings()));
+  const std::vector<std::string> names = ofi_rail_names(config_);
+  for (size_t i = 0; i < names.size(); ++i) {
+    // Every rail takes rail 0's provider (the same MR mode, key size and limits).
+    const std::string provider = i == 0 ? config_.provider : domains_[0]->settings().provider;
+    domains_.push_back(OfiDomain::open(provider, names[i], config_.poll_mode, ask_hmem));
+    const OfiSettings& s = domains_.back()->settings();
+    if (s.mr_virt_addr != domains_[0]->settings().mr_virt_addr) {
+      throw Error(ErrorKind::kUnsupported,
+                  "ofi rails " + domains_[0]->settings().domain + " and " + s.domain +
+                      " address remote memory differently (FI_MR_VIRT_ADDR on one only); "
+                      "name domains of one kind in RDMAXFER_OFI_IFACE");
+    }
+  }
+  for (auto& domain : domains_) {
+    domain->set_remote_data_handler([this](uint32_t token) { on_remote_data(token); });
+    domain->start();
+    log::write(log::Level::kDebug, "ofi transport: " + describe_settings(domain->settings()));
+  }
 }
 
 OfiTransport::~OfiTransport() { shutdown(); }
@@ -128,21 +187,30 @@ Capabilities OfiTransport::declared() {
 
 Capabilities OfiTransport::capabilities() const {
   Capabilities c = declared();
-  c.gpu_direct = domain_->settings().hmem;  // the NIC reads and writes GPU memory
+  // Every NIC reads and writes GPU memory.
+  c.gpu_direct = std::all_of(domains_.begin(), domains_.end(),
+                             [](const auto& d) { return d->settings().hmem; });
   return c;
 }
 
 std::string OfiTransport::gpu_direct_off() const {
-  if (domain_->settings().hmem) return "";
-  return "libfabric's provider " + domain_->settings().provider + " grants no FI_HMEM here" +
+  if (capabilities().gpu_direct) return "";
+  return "libfabric's provider " + domains_[0]->settings().provider + " grants no FI_HMEM here" +
          (config_.hmem ? "" : " (RDMAXFER_OFI_HMEM=0)");
 }
 
-std::vector<std::string> OfiTransport::rails() const { return {domain_->settings().domain}; }
+std::vector<std::string> OfiTransport::rails() const {
+  std::vector<std::string> names;
+  for (const auto& d : domains_) names.push_back(d->settings().domain);
+  return names;
+}
 
 std::string OfiTransport::describe() const {
-  return "ofi: " + describe_settings(domain_->settings()) +
-         (tls_ ? ", bootstrap and control stream under " + tls_->describe() : std::string());
+  std::string s = "ofi: " + describe_settings(domains_[0]->settings());
+  for (size_t i = 1; i < domains_.size(); ++i) {
+    s += "; rail " + std::to_string(i) + ": " + domains_[i]->settings().domain;
+  }
+  return s + (tls_ ? ", bootstrap and control stream under " + tls_->describe() : std::string());
 }
 
 SocketOptions OfiTransport::bootstrap_options() const {
@@ -158,12 +226,12 @@ uint32_t OfiTransport::random_key() {
   return k;
 }
 
-OfiHandle<fid_mr> OfiTransport::register_mr(uint8_t* addr, uint64_t length, uint32_t access,
-                                            uint32_t* key, int cuda_device) {
+OfiHandle<fid_mr> OfiTransport::register_mr(size_t rail, uint8_t* addr, uint64_t length,
+                                            uint32_t access, uint32_t* key, int cuda_device) {
   for (int attempt = 1;; ++attempt) {
     *key = random_key();
     try {
-      return domain_->register_memory(addr, length, access, key, cuda_device);
+      return domains_.at(rail)->register_memory(addr, length, access, key, cuda_device);
     } catch (const Error& e) {
       // A key of our choosing already in use (FI_ENOKEY): pick another.
       if (e.err_no() != FI_ENOKEY || attempt == kKeyTries) throw;
@@ -175,18 +243,26 @@ std::shared_ptr<MemoryRegion> OfiTransport::make_region(uint8_t* addr, uint64_t 
                                                         uint32_t access,
                                                         std::unique_ptr<PinnedAllocation> owned) {
   check_mapped(addr, length);
-  uint32_t key = 0;
-  OfiHandle<fid_mr> mr = register_mr(addr, length, access, &key);
-  auto region = std::make_shared<OfiRegion>(addr, length, access, std::move(owned), domain_,
-                                            std::move(mr));
-  region->set_key(key);
-  return region;
+  return region_on_rails(addr, length, access, std::move(owned), -1);
+}
+
+std::shared_ptr<MemoryRegion> OfiTransport::region_on_rails(
+    uint8_t* addr, uint64_t length, uint32_t access, std::unique_ptr<PinnedAllocation> owned,
+    int cuda_device) {
+  std::vector<OfiRegion::RailMr> mrs;
+  for (size_t rail = 0; rail < domains_.size(); ++rail) {
+    OfiRegion::RailMr m;
+    m.domain = domains_[rail];
+    m.mr = register_mr(rail, addr, length, access, &m.key, cuda_device);
+    mrs.push_back(std::move(m));
+  }
+  return std::make_shared<OfiRegion>(addr, length, access, std::move(owned), std::move(mrs));
 }
 
 std::shared_ptr<MemoryRegion> OfiTransport::make_device_region(uint8_t* addr, uint64_t length,
                                                                uint32_t access, int dmabuf_fd,
                                                                uint64_t dmabuf_offset) {
-  if (!domain_->settings().hmem) {
+  if (!capabilities().gpu_direct) {
     return Transport::make_device_region(addr, length, access, dmabuf_fd, dmabuf_offset);
   }
   const PointerInfo where = pointer_info(reinterpret_cast<uint64_t>(addr));
@@ -195,19 +271,16 @@ std::shared_ptr<MemoryRegion> OfiTransport::make_device_region(uint8_t* addr, ui
                 std::string("GPU registration over ofi: the address is ") +
                     pointer_kind_name(where.kind) + " memory, not CUDA device memory");
   }
-  uint32_t key = 0;
-  OfiHandle<fid_mr> mr = register_mr(addr, length, access, &key, where.device);
-  auto region =
-      std::make_shared<OfiRegion>(addr, length, access, nullptr, domain_, std::move(mr));
-  region->set_key(key);
-  return region;
+  return region_on_rails(addr, length, access, nullptr, where.device);
 }
 
-uint32_t OfiTransport::add_grant(std::weak_ptr<OfiChannel> channel) {
-  const uint32_t token = random_key();  // unguessable: a peer cannot notify another's grant
+uint32_t OfiTransport::add_grant(std::weak_ptr<OfiChannel> channel, size_t rail) {
+  constexpr uint32_t kRailMask = (1u << kOfiRailBits) - 1;
+  // Unguessable (a peer cannot notify another's grant) but for the rail in its low bits.
+  const uint32_t rail_bits = static_cast<uint32_t>(rail) & kRailMask;
   std::lock_guard<std::mutex> lock(grants_mu_);
-  uint32_t t = token;
-  while (t == 0 || grants_.count(t) != 0) t = t * 2654435761u + 1;
+  uint32_t t = (random_key() & ~kRailMask) | rail_bits;
+  while (t == 0 || grants_.count(t) != 0) t = ((t * 2654435761u + 8) & ~kRailMask) | rail_bits;
   grants_[t] = std::move(channel);
   return t;
 }
@@ -232,9 +305,12 @@ std::shared_ptr<OfiChannel> OfiTransport::handshake(UniqueFd fd, std::unique_ptr
                                                     const std::string& peer,
                                                     const Deadline& deadline) {
   OfiEndpointRecord ours;
-  ours.address = domain_->address();
-  ours.max_msg = domain_->settings().max_msg_size;
-  ours.provider = domain_->settings().provider;
+  ours.max_msg = UINT64_MAX;
+  for (const auto& d : domains_) {
+    ours.addresses.push_back(d->address());
+    ours.max_msg = std::min(ours.max_msg, d->settings().max_msg_size);
+  }
+  ours.provider = domains_[0]->settings().provider;
   const std::string rec = ours.pack();
   send_exact(fd.get(), rec.data(), rec.size(), deadline,
              "ofi handshake: sending the endpoint record", tls.get());
@@ -244,7 +320,12 @@ std::shared_ptr<OfiChannel> OfiTransport::handshake(UniqueFd fd, std::unique_ptr
                 "ofi handshake: the peer uses provider " + theirs.provider + ", this engine " +
                     ours.provider + "; set RDMAXFER_OFI_PROVIDER to the same on both sides");
   }
-  const fi_addr_t addr = domain_->insert_peer(theirs.address);
+  // Rail i with the peer's rail i, as many as both have.
+  const size_t n = std::min(domains_.size(), theirs.addresses.size());
+  std::vector<OfiPeerRail> rails;
+  for (size_t i = 0; i < n; ++i) {
+    rails.push_back(OfiPeerRail{domains_[i], domains_[i]->insert_peer(theirs.addresses[i])});
+  }
   const uint8_t ready = OfiEndpointRecord::kReadyByte;
   send_exact(fd.get(), &ready, 1, deadline, "ofi handshake: sending READY", tls.get());
   uint8_t got = 0;
@@ -254,8 +335,8 @@ std::shared_ptr<OfiChannel> OfiTransport::handshake(UniqueFd fd, std::unique_ptr
     throw Error(ErrorKind::kProtocol,
                 "ofi handshake: the peer sent " + std::to_string(got) + " instead of READY");
   }
-  auto channel = std::make_shared<OfiChannel>(*this, domain_, std::move(fd), std::move(tls), addr,
-                                              theirs.max_msg, peer);
+  auto channel = std::make_shared<OfiChannel>(*this, std::move(rails), std::move(fd),
+                                              std::move(tls), theirs.max_msg, peer);
   attach_protocol(channel);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -361,7 +442,7 @@ void OfiTransport::shutdown() {
   for (auto& weak : channels) {
     if (auto c = weak.lock()) c->abort(ErrorKind::kClosed, "the engine is closed");
   }
-  if (domain_) domain_->stop();
+  for (auto& domain : domains_) domain->stop();
 }
 
 }  // namespace rdmaxfer

@@ -1,11 +1,14 @@
 // The ofi transport: RDMA over libfabric (EFA, verbs through ofi_rxm, and every provider that
 // offers reliable datagram endpoints with RMA), loaded at run time (ofi_api.h).
 //
-// One domain (ofi_domain.h) per engine: one FI_EP_RDM endpoint, address vector and completion
-// queue serve every peer. A connection is one bootstrap TCP stream (transport/bootstrap.h,
-// authenticated like every transport's) on which the two sides swap endpoint records
-// (ofi_wire.h: fabric address, largest message, provider) and insert each other into the AV;
-// the stream then carries the control messages and tells each side when the other is gone.
+// One domain (ofi_domain.h) per rail, a rail being one NIC (EFA's usual shape: 2-4 per GPU):
+// its FI_EP_RDM endpoint, address vector and completion queue serve every peer. Memory is
+// registered in every rail's domain, so a descriptor carries a key per rail (core/descriptor.h).
+// A connection is one bootstrap TCP stream (transport/bootstrap.h, authenticated like every
+// transport's) on which the two sides swap endpoint records (ofi_wire.h: a fabric address per
+// rail, largest message, provider) and insert each other into the AVs, rail i with the peer's
+// rail i; the stream then carries the control messages and tells each side when the other is
+// gone. How a connection stripes over its rails and fails over: ofi_channel.h.
 //
 // Lifecycle: constructed (the domain opened, its completion thread running; throws
 // Error(kUnsupported) when no provider fits) -> listen()/accept()/connect() -> shutdown() (every
@@ -14,7 +17,9 @@
 //
 // Settings (read at construction): RDMAXFER_OFI_PROVIDER names the provider ("efa",
 // "verbs;ofi_rxm", "tcp;ofi_rxm"; default: the first hardware RDMA provider, never tcp or shm);
-// RDMAXFER_OFI_IFACE the domain (a NIC, or for tcp the network interface, "lo").
+// RDMAXFER_OFI_IFACE the domains, one rail each (a NIC, or for tcp the network interface,
+// "lo"; several separated by commas or spaces; "auto": every domain of the provider; default:
+// the first domain).
 #pragma once
 
 #include <condition_variable>
@@ -35,7 +40,7 @@ namespace rdmaxfer {
 
 struct OfiConfig {
   std::string provider;  // "" : the first hardware RDMA provider
-  std::string iface;     // "" : any domain
+  std::string iface;     // "" : the first domain; "a,b": one rail each; "auto": every domain
   std::string secret;    // the bootstrap's shared secret (transport/auth.h)
   PollMode poll_mode = PollMode::kAdaptive;
   // Ask the provider for FI_HMEM (GPU memory registered with the NIC) when CUDA loads here;
@@ -61,6 +66,15 @@ std::string ofi_unavailable_reason(const OfiConfig& config);
 // refused.
 std::string ofi_auto_unavailable_reason(const OfiConfig& config);
 
+// The most rails an ofi engine opens (a grant's token carries its rail in kOfiRailBits bits).
+constexpr size_t kOfiMaxRails = 8;
+constexpr uint32_t kOfiRailBits = 3;
+
+// The domain names `config.iface` lists, rail 0 first ({""}: the first domain). "auto" asks
+// fi_getinfo for every domain of the provider (the first kOfiMaxRails). Throws Error(kInvalidArgument) for a repeated
+// name or more than kOfiMaxRails, Error(kUnsupported) when "auto" finds none.
+std::vector<std::string> ofi_rail_names(const OfiConfig& config);
+
 class OfiTransport : public Transport {
  public:
   OfiTransport(uint64_t engine_id, OfiConfig config);
@@ -78,11 +92,13 @@ class OfiTransport : public Transport {
                                    const ConnectOptions& options) override;
   void shutdown() override;
 
-  // Registers memory in the domain with a key of our choosing unless the provider picks it.
-  OfiHandle<fid_mr> register_mr(uint8_t* addr, uint64_t length, uint32_t access, uint32_t* key,
-                                int cuda_device = -1);
-  // Grants by token (the remote CQ data of their notified writes), across channels.
-  uint32_t add_grant(std::weak_ptr<OfiChannel> channel);
+  // Registers memory in rail `rail`'s domain with a key of our choosing unless the provider
+  // picks it.
+  OfiHandle<fid_mr> register_mr(size_t rail, uint8_t* addr, uint64_t length, uint32_t access,
+                                uint32_t* key, int cuda_device = -1);
+  // Grants by token (the remote CQ data of their notified writes), across channels. A token's
+  // low kOfiRailBits bits are the rail whose key the grant gave (the writer posts there).
+  uint32_t add_grant(std::weak_ptr<OfiChannel> channel, size_t rail);
   void drop_grant(uint32_t token);
 
  protected:
@@ -95,6 +111,10 @@ class OfiTransport : public Transport {
                                                    uint64_t dmabuf_offset) override;
 
  private:
+  // A region over every rail (its MRs in each domain); `cuda_device` >= 0: GPU memory.
+  std::shared_ptr<MemoryRegion> region_on_rails(uint8_t* addr, uint64_t length, uint32_t access,
+                                                std::unique_ptr<PinnedAllocation> owned,
+                                                int cuda_device);
   SocketOptions bootstrap_options() const;
   // The endpoint-record exchange on a bootstrapped stream (through its TLS session when TLS is
   // on); returns the started channel, which keeps both.
@@ -106,7 +126,7 @@ class OfiTransport : public Transport {
 
   const OfiConfig config_;
   std::shared_ptr<const TlsContext> tls_;  // null: plain bootstrap and control stream
-  std::shared_ptr<OfiDomain> domain_;
+  std::vector<std::shared_ptr<OfiDomain>> domains_;  // the rails, rail 0 first
   mutable std::mutex mu_;
   std::condition_variable accepted_cv_;
   bool shut_down_ = false;

@@ -1,16 +1,22 @@
 // The records the ofi transport sends over its bootstrap stream (transport/bootstrap.h).
 //
 // After the bootstrap handshake (and authentication) each side sends its endpoint record, then
-// a READY byte once the peer's address is in its address vector. Little-endian, version 1:
-//   0 magic "RXOF"  4 version u16  6 addr_len u16 (<= 1024)  8 max_msg u64 (the endpoint's
-//   max_msg_size)  16 provider_len u16 (<= 255)  18 reserved (6 bytes, 0)
-//  24 the endpoint's address (fi_getname, addr_len bytes), then the provider's name.
+// a READY byte once the peer's addresses are in its address vectors. Little-endian; version 1
+// for an engine of one rail, version 2 for more:
+//   0 magic "RXOF"  4 version u16  6 addr_len u16 (<= 1024)  8 max_msg u64 (the smallest
+//   max_msg_size of the engine's endpoints)  16 provider_len u16 (<= 255)
+//  18 extra_rails u8 (version 2: 1..7; version 1: 0)  19 reserved u8 (0)
+//  20 extra_len u32 (version 2: the bytes of the extra rails' block; version 1: 0)
+//  24 rail 0's endpoint address (fi_getname, addr_len bytes), then the provider's name
+//     (printable ASCII), then
+//     (version 2) per extra rail: its address's length u16 (1..1024), then the address.
 //
 // The stream then carries the control messages of the two-sided protocol
 // (transport/ctrl_message.h), in order, and tells each side when the other is gone (EOF); the
 // bytes of one-sided operations and notifications travel over the fabric. A frame is a 48-byte
 // header, then `meta_len` bytes of metadata and `data_len` bytes of EAGER data:
-//   0 kind u8 (1 control message, 2 goodbye)  1 ctrl type u8  2 reserved u16  4 meta_len u32
+//   0 kind u8 (1 control message, 2 goodbye, 3 rail down: route = the sender's rail that
+//     failed, meta = why)  1 ctrl type u8  2 reserved u16  4 meta_len u32
 //   8 msg_id u64  16 size u64  24 addr u64  32 key u32  36 route u32  40 data_len u32
 //  44 reserved u32
 #pragma once
@@ -18,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "transport/ctrl_message.h"
 
@@ -26,10 +33,12 @@ namespace rdmaxfer {
 struct OfiEndpointRecord {
   static constexpr size_t kHeaderSize = 24;
   static constexpr uint16_t kVersion = 1;
+  static constexpr uint16_t kVersionRails = 2;
+  static constexpr size_t kMaxRails = 8;
   static constexpr size_t kMaxAddress = 1024;
   static constexpr size_t kMaxProvider = 255;
   static constexpr uint8_t kReadyByte = 0x52;
-  std::string address;   // fi_getname
+  std::vector<std::string> addresses;  // fi_getname of each rail's endpoint, rail 0 first
   uint64_t max_msg = 0;  // ep_attr->max_msg_size
   std::string provider;  // fabric_attr->prov_name
 
@@ -39,7 +48,7 @@ struct OfiEndpointRecord {
   static OfiEndpointRecord unpack(const uint8_t* data, size_t size);  // Error(kProtocol)
 };
 
-enum class OfiFrameKind : uint8_t { kCtrl = 1, kGoodbye = 2 };
+enum class OfiFrameKind : uint8_t { kCtrl = 1, kGoodbye = 2, kRailDown = 3 };
 
 struct OfiFrameHeader {
   static constexpr size_t kSize = 48;

@@ -25,6 +25,7 @@ __all__ = [
     "nearest_nics",
     "normalize_bdf",
     "pci_path",
+    "rail_device",
 ]
 
 #: Link kinds from nearest to farthest.
@@ -153,10 +154,21 @@ def nearest_nics(gpu_bdf: str, sysfs_root: str | os.PathLike[str] = "/sys") -> l
 def nearest_rail(
     gpu_bdf: str, rails: list[str], sysfs_root: str | os.PathLike[str] = "/sys"
 ) -> int:
-    """The index in ``rails`` (an engine's RDMA devices, ``Engine.core.rails()``) of the one
+    """The index in ``rails`` (an engine's RDMA devices or libfabric domains,
+    ``Engine.core.rails()``) of the one
     nearest the GPU at ``gpu_bdf``: PIX/PXB before PHB before NODE before SYS (see
     :func:`nearest_nics`); -1 when no rail has a PCI path to it (software devices, no sysfs)."""
+    devices = [rail_device(r) for r in rails]
     for nic in nearest_nics(gpu_bdf, sysfs_root):
-        if nic.link is not None and nic.name in rails:
-            return rails.index(nic.name)
+        if nic.link is not None and nic.name in devices:
+            return devices.index(nic.name)
     return -1
+
+
+def rail_device(rail: str) -> str:
+    """The RDMA device a rail is on: its name, less the endpoint-type suffix libfabric adds to a
+    domain's name (``rdmap16s27-rdm`` is EFA device ``rdmap16s27``; ``mlx5_0-xrc``)."""
+    for suffix in ("-rdm", "-dgrm", "-xrc"):
+        if rail.endswith(suffix):
+            return rail[: -len(suffix)]
+    return rail

@@ -1,0 +1,116 @@
+// OfiChannel on several rails (ofi_channel.h: striping, failover): which rails a transfer may
+// use, how a large one is shared out, and what a failed rail changes. The rest of the channel
+// is in ofi_channel.cc.
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "transport/ofi/ofi_channel.h"
+
+namespace rdmaxfer {
+
+namespace {
+constexpr uint64_t kOfiShareAlign = 4096;  // striped shares are whole pages
+}  // namespace
+
+bool OfiChannel::rail_live(size_t rail) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rail < rail_up_.size() && rail_up_[rail] != 0;
+}
+
+std::vector<size_t> OfiChannel::live_rails(const std::vector<uint32_t>& keys) const {
+  std::vector<size_t> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    if (rail_up_[i] != 0 && i < keys.size() && keys[i] != 0) out.push_back(i);
+  }
+  return out;
+}
+
+size_t OfiChannel::pick_rail(const std::vector<size_t>& live, const MemoryRegion& local) const {
+  const int home = local.home_rail();
+  if (home >= 0 && std::find(live.begin(), live.end(), static_cast<size_t>(home)) != live.end()) {
+    return static_cast<size_t>(home);
+  }
+  size_t best = live.front();
+  for (size_t r : live) {
+    if (rail_inflight_[r].load() < rail_inflight_[best].load()) best = r;
+  }
+  return best;
+}
+
+std::vector<std::tuple<size_t, uint64_t, uint64_t>> OfiChannel::shares(
+    const std::vector<size_t>& live, uint64_t length) {
+  std::vector<std::tuple<size_t, uint64_t, uint64_t>> out;
+  const uint64_t each = (length / live.size()) / kOfiShareAlign * kOfiShareAlign;
+  uint64_t at = 0;
+  for (size_t i = 0; i < live.size(); ++i) {
+    const uint64_t bytes = i + 1 == live.size() ? length - at : each;
+    if (bytes > 0) out.emplace_back(live[i], at, bytes);
+    at += bytes;
+  }
+  return out;
+}
+
+size_t OfiChannel::grant_rail() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < rail_up_.size(); ++i) {
+    if (rail_up_[i] != 0) return i;
+  }
+  throw Error(ErrorKind::kConnection, "endpoint to " + peer_ + ": no rail is live");
+}
+
+bool OfiChannel::rail_failed(size_t rail, const std::string& cause, bool tell_peer) {
+  const std::string name = rails_[rail].domain->settings().domain;
+  bool live = false;
+  std::string causes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return false;
+    const bool first = rail_up_[rail] != 0;
+    rail_up_[rail] = 0;
+    if (first) rail_cause_[rail] = cause;
+    for (size_t i = 0; i < rails_.size(); ++i) {
+      live = live || rail_up_[i] != 0;
+      causes += (causes.empty() ? "" : "; ") + rails_[i].domain->settings().domain + ": " +
+                rail_cause_[i];
+    }
+    if (!first) return live;
+  }
+  if (live || rails_.size() > 1) {
+    log::write(log::Level::kWarning, "ofi endpoint to " + peer_ + ": rail " + name +
+                                         " failed (" + cause + ")" +
+                                         (live ? "; its transfers go on the live rails" : ""));
+  }
+  if (tell_peer && live) {
+    OfiFrameHeader h;
+    h.kind = OfiFrameKind::kRailDown;
+    h.message.route = static_cast<uint32_t>(rail);
+    const std::string meta = cause.substr(0, 1024);
+    h.meta_len = static_cast<uint32_t>(meta.size());
+    try {
+      send_frame(h, meta, nullptr);
+    } catch (const Error&) {
+      // The stream is gone too: its reader closes the endpoint.
+    }
+  }
+  if (!live) {
+    abort(ErrorKind::kConnection,
+          "connection to " + peer_ + " lost: " +
+              (rails_.size() == 1 ? cause : "every rail failed (" + causes + ")"));
+  }
+  return live;
+}
+
+std::string OfiChannel::rails_text() const {
+  std::string s;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    s += (s.empty() ? "" : "; ") + rails_[i].domain->settings().domain +
+         (rail_up_[i] != 0 ? " up" : " failed (" + rail_cause_[i] + ")") + ", " +
+         std::to_string(rail_bytes_[i].load()) + " bytes";
+  }
+  return s;
+}
+
+}  // namespace rdmaxfer

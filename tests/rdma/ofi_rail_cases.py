@@ -1,0 +1,114 @@
+"""The ofi transport on two rails per engine over libfabric's verbs;ofi_rxm provider in the
+test VM started with ``run-in-vm.sh --rails 2``: the client's engine on rxe0 and rxe2, the
+server's on rxe1 and rxe3 (rail i of one with rail i of the other). A large WRITE and READ
+stripe over both rails bit-exact; a rail failing mid-WRITE (the fault hook
+RDMAXFER_OFI_TEST_RAIL_ERR) moves its parts to the other rail and the transfer completes
+bit-exact, the peer told; the main job (the MiniLM file served and pulled) runs bit-exact over
+the two rails.
+
+Run by tests/rdma/test_rdma_ofi.py in a pytest process of its own (see there why)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from rdmaxfer import Endpoint, Engine, _core, pull_weights, serve_weights
+
+from .rdma_helpers import WAIT_S, addrs, rails, random_bytes
+from .test_rdma_weights import assert_same_as_file, model_file
+
+pytestmark = pytest.mark.rdma
+
+PROVIDER = "verbs;ofi_rxm"
+SECRET = "rxe-ofi-rails"
+BIG = 8 << 20  # striped: each rail carries a share
+
+
+def ofi_engine(monkeypatch: pytest.MonkeyPatch, side: int) -> Engine:
+    """An ofi engine on verbs;ofi_rxm over side `side`'s two rails (0: rxe0,rxe2; 1: rxe1,rxe3);
+    skips in a VM of one rail or where libfabric cannot open them."""
+    names = rails(side)
+    if len(names) < 2:
+        pytest.skip(f"one rail per side here ({names}): run-in-vm.sh --rails 2 gives two")
+    monkeypatch.setenv("RDMAXFER_OFI_PROVIDER", PROVIDER)
+    monkeypatch.setenv("RDMAXFER_OFI_IFACE", ",".join(names))
+    why = _core.available_transports().get("ofi", "unknown transport")
+    if why:
+        pytest.skip(f"libfabric's {PROVIDER} provider is unavailable on {names}: {why}")
+    return Engine("ofi", secret=SECRET)
+
+
+@pytest.fixture()
+def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Endpoint, Endpoint, Engine]]:
+    """(the client's endpoint, the server's, the server's engine)."""
+    with ofi_engine(monkeypatch, 1) as server, ofi_engine(monkeypatch, 0) as client:
+        port = server.listen(addrs()[1], 0)
+        ep = client.connect(addrs()[1], port, timeout=WAIT_S)
+        yield ep, server.accept(timeout=WAIT_S), server
+
+
+def digest(data: np.ndarray) -> str:
+    return hashlib.sha256(data.tobytes()).hexdigest()
+
+
+def carried(ep: Endpoint, side: int) -> list[int]:
+    return [int(ep.info[f"rail_{name}_bytes"]) for name in rails(side)]
+
+
+def test_write_and_read_stripe_over_two_rails_bit_exact(
+    pair: tuple[Endpoint, Endpoint, Engine], rng: np.random.Generator
+) -> None:
+    ep, peer, server = pair
+    assert ep.info["domains"] == ",".join(rails(0))
+    assert peer.info["domains"] == ",".join(rails(1))
+    dst = np.zeros(BIG, np.uint8)
+    desc = server.register(dst, "rw").descriptor()
+    src = random_bytes(rng, BIG)
+    ep.write(src, desc, timeout=WAIT_S)
+    assert digest(dst) == digest(src)
+    assert min(carried(ep, 0)) >= BIG // 4, carried(ep, 0)
+    back = np.zeros(BIG // 4, np.uint8)  # READs under TCG move a tenth of WRITEs' rate
+    ep.read(back, desc, timeout=WAIT_S * 3)
+    assert digest(back) == digest(src[: BIG // 4])
+    assert sum(carried(ep, 0)) == BIG + BIG // 4
+
+
+def test_a_rail_failing_mid_write_moves_its_parts_to_the_other(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    monkeypatch.setenv("RDMAXFER_OFI_TEST_RAIL_ERR", f"{rails(0)[1]}:{1 << 20}")
+    with ofi_engine(monkeypatch, 1) as server, ofi_engine(monkeypatch, 0) as client:
+        port = server.listen(addrs()[1], 0)
+        ep = client.connect(addrs()[1], port, timeout=WAIT_S)
+        peer = server.accept(timeout=WAIT_S)
+        dst = np.zeros(BIG, np.uint8)
+        desc = server.register(dst, "rw").descriptor()
+        src = random_bytes(rng, BIG)
+        ep.write(src, desc, timeout=WAIT_S)
+        assert digest(dst) == digest(src)
+        assert ep.info[f"rail_{rails(0)[1]}_up"] == 0 and ep.info[f"rail_{rails(0)[0]}_up"] == 1
+        assert "RDMAXFER_OFI_TEST_RAIL_ERR" in ep.describe()
+        # The peer was told: its own WRITEs leave the rail too.
+        mine = np.zeros(BIG, np.uint8)
+        theirs = client.register(mine, "rw").descriptor()
+        peer.write(src, theirs, timeout=WAIT_S)
+        assert digest(mine) == digest(src)
+        assert peer.info[f"rail_{rails(1)[1]}_up"] == 0
+        assert peer.info[f"rail_{rails(1)[1]}_bytes"] == 0
+
+
+def test_minilm_served_and_pulled_bit_exact_over_two_rails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = model_file()
+    with (
+        ofi_engine(monkeypatch, 1) as server,
+        serve_weights(path, host=addrs()[1], engine=server, timeout=WAIT_S * 5) as weights,
+        ofi_engine(monkeypatch, 0) as client,
+    ):
+        arrays = pull_weights(f"{addrs()[1]}:{weights.port}", engine=client, timeout=WAIT_S * 5)
+    assert_same_as_file(arrays, path)
