@@ -7,11 +7,12 @@ transport (rdma) and the references, on the soft-RoCE devices of the test VM, in
 Each round, in turn: ofi, rdma (each: a server engine on rxe1, a client on rxe0), then
 ``ib_write_bw`` (tests/rxe/perftest-ref.sh) and ``fi_pingpong -p "verbs;ofi_rxm" -e rdm -S 8``
 (server on rxe1, client on rxe0). Bandwidth: ``--iters`` WRITEs of each size with
-``--depth`` in flight, timed in C++ (``Endpoint.timed_loop``) from the first post to the last
-completion. Round trip: 8-byte WRITEs one at a time, post to completion (median), beside
-fi_pingpong's usec/xfer (a SEND ping-pong: two one-way messages). Medians over the rounds; the
-1-minute load average of each round is recorded. Under TCG emulation absolute numbers mean
-little: read the ratios.
+``--depth`` in flight (ib_write_bw with the same send queue depth), timed in C++
+(``Endpoint.timed_loop``) from the first post to the last completion. Round trip: 8-byte
+WRITEs one at a time, post to completion (median), beside fi_pingpong's usec/xfer (a SEND
+ping-pong: two one-way messages). Medians over the rounds; the 1-minute load average of each
+round is recorded. Under TCG emulation absolute numbers mean little: read the
+ratios.
 """
 
 from __future__ import annotations
@@ -44,19 +45,30 @@ def addrs() -> list[str]:
     return os.environ.get("RDMAXFER_RXE_ADDRS", "10.77.0.1 10.77.0.2").split()
 
 
-def engine(transport: str, side: int) -> _core.Engine:
+def side_rails(side: int, rails: int) -> list[str]:
+    """Side `side`'s devices (0: client, 1: server): its first `rails` of
+    RDMAXFER_RXE_RAIL_DEVICES (``run-in-vm.sh --rails 2``), or its one device."""
+    sides = os.environ.get("RDMAXFER_RXE_RAIL_DEVICES", "").split()
+    names = sides[side].split(",") if len(sides) == 2 else [devices()[side]]
+    if len(names) < rails:
+        raise SystemExit(f"{rails} rails need run-in-vm.sh --rails {rails} (side {side}: {names})")
+    return names[:rails]
+
+
+def engine(transport: str, side: int, rails: int = 1) -> _core.Engine:
     if transport == "ofi":
         os.environ["RDMAXFER_OFI_PROVIDER"] = PROVIDER
-        os.environ["RDMAXFER_OFI_IFACE"] = devices()[side]
+        os.environ["RDMAXFER_OFI_IFACE"] = ",".join(side_rails(side, rails))
         return _core.Engine("ofi")
-    return _core.Engine("rdma", rdma_devices=[devices()[side]])
+    return _core.Engine("rdma", rdma_devices=side_rails(side, rails))
 
 
 def measure(
-    transport: str, sizes: list[int], iters: int, depth: int, rtt_iters: int
+    transport: str, sizes: list[int], iters: int, depth: int, rtt_iters: int, rails: int = 1
 ) -> dict[str, Any]:
-    """{size: Gb/s} and the 8-byte WRITE round trip (median us) of `transport`."""
-    server, client = engine(transport, 1), engine(transport, 0)
+    """{size: Gb/s} and the 8-byte WRITE round trip (median us) of `transport` on `rails`
+    rails per side."""
+    server, client = engine(transport, 1, rails), engine(transport, 0, rails)
     try:
         port = server.listen(addrs()[1], 0)
         ep = client.connect(addrs()[1], port, 0, 60.0)
@@ -78,8 +90,11 @@ def measure(
         server.close()
 
 
-def ib_write_bw(sizes: list[int], iters: int) -> dict[int, float]:
-    cmd = [str(HERE.parent / "tests/rxe/perftest-ref.sh"), "-n", str(iters), "-t", "bw"]
+def ib_write_bw(sizes: list[int], iters: int, depth: int) -> dict[int, float]:
+    """ib_write_bw's Gb/s per size with `depth` WRITEs in flight (perftest's --tx-depth), as
+    rdmaxfer's loop keeps."""
+    cmd = [str(HERE.parent / "tests/rxe/perftest-ref.sh"), "-n", str(iters), "-t", "bw",
+           "-d", str(depth)]  # fmt: skip
     done = subprocess.run([*cmd, *map(str, sizes)], capture_output=True, text=True, timeout=900)
     out = {}
     for line in done.stdout.splitlines():
@@ -135,7 +150,7 @@ def main() -> None:
             runs[transport].append(
                 measure(transport, sizes, args.iters, args.depth, args.rtt_iters)
             )
-        runs["ib_write_bw"].append(ib_write_bw(sizes, args.iters))
+        runs["ib_write_bw"].append(ib_write_bw(sizes, args.iters, args.depth))
         runs["fi_pingpong"].append(fi_pingpong(args.rtt_iters))
         print(f"round {r + 1}: {json.dumps({k: v[-1] for k, v in runs.items()})}", flush=True)
 

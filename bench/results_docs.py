@@ -27,7 +27,9 @@ from results_transports import (
     batch_scale,
     batch_tcp,
     batch_where_time,
+    ofi_guest,
     ofi_host,
+    ofi_rails,
     rails,
     rails_throttled,
     rdma_vs_perftest,
@@ -76,6 +78,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "load": load,
     "serve-cold": serve_cold,
     "ofi-host": ofi_host,
+    "ofi-rails": ofi_rails,
+    "ofi-guest": ofi_guest,
     "ray": ray,
 }
 

@@ -420,3 +420,52 @@ def tls_vs_plain() -> str:
         f"stream's encryption; {r['cpus']} CPUs shared by both ends, load average "
         f"{load[0]:.1f} at the start and {load[1]:.1f} at the end (`bench/tls_bench.py`).\n"
     )
+
+
+def ofi_rails() -> str:
+    d = load_result("ofi-rails-rxe.json")
+    rows = [
+        [
+            size_text(r["bytes"]),
+            f"{r['ofi_1_rails_Gbit_per_s']:.3f}",
+            f"{r['ofi_2_rails_Gbit_per_s']:.3f}",
+            f"{r['ofi_two_vs_one']:.2f}x",
+            f"{r['rdma_1_rails_Gbit_per_s']:.3f}",
+            f"{r['rdma_2_rails_Gbit_per_s']:.3f}",
+            f"{r['rdma_two_vs_one']:.2f}x",
+        ]
+        for r in d["sizes"]
+    ]
+    head = ["bytes", "ofi 1 rail Gb/s", "ofi 2 rails Gb/s", "ofi 2 vs 1",
+            "rdma 1 rail Gb/s", "rdma 2 rails Gb/s", "rdma 2 vs 1"]  # fmt: skip
+    loads = ", ".join(f"{x:.1f}" for x in d["loadavg_1min"])
+    return md_table(head, rows, 1) + (
+        f"\nWRITEs, {d['depth']} in flight, medians of {d['rounds']} rounds "
+        f"(`bench/ofi_rails_bench.py`), load average {loads}.\n"
+    )
+
+
+def ofi_guest() -> str:
+    d = load_result("ofi-vs-verbs-rxe.json")
+    rows = [
+        [
+            size_text(r["bytes"]),
+            f"{r['ofi_Gbit_per_s']:.3f}",
+            f"{r['rdma_Gbit_per_s']:.3f}",
+            f"{r['ib_write_bw_Gbit_per_s']:.3f}",
+            times(r["ofi_Gbit_per_s"], r["rdma_Gbit_per_s"]),
+            times(r["ofi_Gbit_per_s"], r["ib_write_bw_Gbit_per_s"]),
+        ]
+        for r in d["sizes"]
+    ]
+    head = ["bytes", "ofi Gb/s", "rdma Gb/s", "ib_write_bw Gb/s", "ofi vs rdma",
+            "ofi vs ib_write_bw"]  # fmt: skip
+    rtt = d["rtt"]
+    ping = rtt["fi_pingpong_usec_per_xfer"]
+    ref = f'; `fi_pingpong -p "verbs;ofi_rxm"` {ping:.0f} µs/xfer' if ping else ""
+    loads = ", ".join(f"{x:.1f}" for x in d["loadavg_1min"])
+    return md_table(head, rows, 1) + (
+        f"\nWRITEs, {d['depth']} in flight for all three, medians of {d['rounds']} rounds "
+        f"(`bench/ofi_guest_bench.py`), load average {loads}. 8-byte WRITE round trip (median): "
+        f"ofi {rtt['ofi_write_us']:.0f} µs, rdma {rtt['rdma_write_us']:.0f} µs{ref}.\n"
+    )

@@ -2,7 +2,8 @@
 test VM started with ``run-in-vm.sh --rails 2``: the client's engine on rxe0 and rxe2, the
 server's on rxe1 and rxe3 (rail i of one with rail i of the other). A large WRITE and READ
 stripe over both rails bit-exact; a rail failing mid-WRITE (the fault hook
-RDMAXFER_OFI_TEST_RAIL_ERR) moves its parts to the other rail and the transfer completes
+RDMAXFER_OFI_TEST_RAIL_ERR), or whose link goes down mid-WRITE (``ip link set veth2 down``:
+rxe fails the rail's QP), moves its parts to the other rail and the transfer completes
 bit-exact, the peer told; the main job (the MiniLM file served and pulled) runs bit-exact over
 the two rails.
 
@@ -18,7 +19,7 @@ import pytest
 
 from rdmaxfer import Endpoint, Engine, _core, pull_weights, serve_weights
 
-from .rdma_helpers import WAIT_S, addrs, rails, random_bytes
+from .rdma_helpers import WAIT_S, addrs, rails, random_bytes, set_link
 from .test_rdma_weights import assert_same_as_file, model_file
 
 pytestmark = pytest.mark.rdma
@@ -99,6 +100,27 @@ def test_a_rail_failing_mid_write_moves_its_parts_to_the_other(
         assert digest(mine) == digest(src)
         assert peer.info[f"rail_{rails(1)[1]}_up"] == 0
         assert peer.info[f"rail_{rails(1)[1]}_bytes"] == 0
+
+
+def test_a_rail_whose_link_goes_down_mid_write_fails_over(
+    pair: tuple[Endpoint, Endpoint, Engine], rng: np.random.Generator
+) -> None:
+    ep, peer, server = pair
+    nbytes = 64 << 20  # several seconds under TCG: the link goes down while it is in flight
+    dst = np.zeros(nbytes, np.uint8)
+    desc = server.register(dst, "rw").descriptor()
+    src = random_bytes(rng, nbytes)
+    netdev = "veth2"  # rxe2's (guest.sh), the client's second rail
+    transfer = ep.post_write(src, desc)
+    try:
+        set_link(netdev, "down")
+        transfer.wait(WAIT_S * 5)
+    finally:
+        set_link(netdev, "up")
+    assert digest(dst) == digest(src)
+    assert ep.info[f"rail_{rails(0)[1]}_up"] == 0, ep.describe()
+    assert f"{rails(0)[1]} failed (WRITE with " in ep.describe()
+    assert peer.info[f"rail_{rails(1)[1]}_up"] == 0, peer.describe()
 
 
 def test_minilm_served_and_pulled_bit_exact_over_two_rails(
