@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -108,3 +110,22 @@ def interrupt_when_waiting(thread_id: int, bound_s: float = 30.0) -> threading.T
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+def ofi_record(addresses: list[bytes], provider: bytes, max_msg: int = 1 << 30) -> bytes:
+    """An ofi endpoint record (transport/ofi/ofi_wire.h): version 1 for one rail, 2 for more."""
+    extra = b"".join(struct.pack("<H", len(a)) + a for a in addresses[1:])
+    version = 2 if len(addresses) > 1 else 1
+    head = b"RXOF" + struct.pack(
+        "<HHQHBBI", version, len(addresses[0]), max_msg, len(provider), len(addresses) - 1, 0,
+        len(extra),
+    )  # fmt: skip
+    return head + addresses[0] + provider + extra
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Polls `check` every 0.1 s until true; fails naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.1)

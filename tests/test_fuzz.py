@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _common import ofi_record
 from rdmaxfer import ConnectionFailedError, Engine, ProtocolError, _core
 from rdmaxfer.memory import meta as _meta
 
@@ -46,17 +47,6 @@ def valid_records() -> dict[str, bytes]:
         "frame": frame,
         "ofi_endpoint_record": ofi,
     }
-
-
-def ofi_record(addresses: list[bytes], provider: bytes, max_msg: int = 1 << 30) -> bytes:
-    """An ofi endpoint record (transport/ofi/ofi_wire.h): version 1 for one rail, 2 for more."""
-    extra = b"".join(struct.pack("<H", len(a)) + a for a in addresses[1:])
-    version = 2 if len(addresses) > 1 else 1
-    head = b"RXOF" + struct.pack(
-        "<HHQHBBI", version, len(addresses[0]), max_msg, len(provider), len(addresses) - 1, 0,
-        len(extra),
-    )  # fmt: skip
-    return head + addresses[0] + provider + extra
 
 
 SEEDS = valid_records()

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from _common import ofi_record, wait_for
 from rdmaxfer import (
     ConnectionFailedError,
     Endpoint,
@@ -26,7 +27,6 @@ from rdmaxfer import (
     UnsupportedError,
     _core,
 )
-from test_fuzz import ofi_record
 
 SECRET = "ofi-rails"
 WAIT_S = 60.0
@@ -145,6 +145,7 @@ def test_a_rail_that_fails_mid_write_moves_its_parts_to_the_live_rail(
         back = np.zeros(BIG, np.uint8)
         local = server.register(back)
         mine = client.register(src, access="rw").descriptor()
+        wait_for("the peer told", lambda: peer.info[f"rail_{rails[1]}_up"] == 0)
         peer.read(local, mine, timeout=WAIT_S)
         assert digest(back) == digest(src)
         assert peer.info[f"rail_{rails[1]}_up"] == 0

@@ -19,7 +19,7 @@ import pytest
 
 from rdmaxfer import Endpoint, Engine, _core, pull_weights, serve_weights
 
-from .rdma_helpers import WAIT_S, addrs, rails, random_bytes, set_link
+from .rdma_helpers import WAIT_S, addrs, rails, random_bytes, set_link, wait_for
 from .test_rdma_weights import assert_same_as_file, model_file
 
 pytestmark = pytest.mark.rdma
@@ -96,6 +96,7 @@ def test_a_rail_failing_mid_write_moves_its_parts_to_the_other(
         # The peer was told: its own WRITEs leave the rail too.
         mine = np.zeros(BIG, np.uint8)
         theirs = client.register(mine, "rw").descriptor()
+        wait_for("the peer told", lambda: peer.info[f"rail_{rails(1)[1]}_up"] == 0)
         peer.write(src, theirs, timeout=WAIT_S)
         assert digest(mine) == digest(src)
         assert peer.info[f"rail_{rails(1)[1]}_up"] == 0
@@ -120,7 +121,7 @@ def test_a_rail_whose_link_goes_down_mid_write_fails_over(
     assert digest(dst) == digest(src)
     assert ep.info[f"rail_{rails(0)[1]}_up"] == 0, ep.describe()
     assert f"{rails(0)[1]} failed (WRITE with " in ep.describe()
-    assert peer.info[f"rail_{rails(1)[1]}_up"] == 0, peer.describe()
+    wait_for("the peer told", lambda: peer.info[f"rail_{rails(1)[1]}_up"] == 0)
 
 
 def test_minilm_served_and_pulled_bit_exact_over_two_rails(

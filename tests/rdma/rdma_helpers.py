@@ -7,14 +7,14 @@ import os
 import resource
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
+from _common import wait_for as wait_for
 from rdmaxfer import Endpoint, Engine, _core
 
 SKIP_REASON = "no RDMA device (run inside tests/rxe/run-in-vm.sh)"
@@ -231,14 +231,6 @@ def port_active(device: str) -> bool:
             return "ACTIVE" in f.read()
     except OSError:
         return False
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    """Polls `check` every 0.1 s until true; fails naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.1)
 
 
 def run_cmd(*cmd: str) -> None:

@@ -5,6 +5,7 @@
 #include <sys/time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -22,6 +23,13 @@ namespace {
 
 constexpr double kSendTimeoutS = 30.0;
 
+// The largest RMA every rail's endpoint takes.
+uint64_t smallest_max_msg(const std::vector<OfiPeerRail>& rails) {
+  uint64_t n = UINT64_MAX;
+  for (const OfiPeerRail& r : rails) n = std::min(n, r.domain->settings().max_msg_size);
+  return n;
+}
+
 
 }  // namespace
 
@@ -33,7 +41,7 @@ OfiChannel::OfiChannel(OfiTransport& transport, std::vector<OfiPeerRail> rails, 
       domain_(rails_.at(0).domain),
       fd_(std::make_shared<UniqueFd>(std::move(fd))),
       tls_(std::move(tls)),
-      max_chunk_(std::min(domain_->settings().max_msg_size, peer_max_msg)),
+      max_chunk_(std::min(smallest_max_msg(rails_), peer_max_msg)),
       notify_chunk_(std::min(kNotifyChunk, max_chunk_)),
       peer_(std::move(peer)),
       rail_up_(rails_.size(), 1),
@@ -94,7 +102,10 @@ void OfiChannel::read_loop(std::weak_ptr<OfiChannel> weak, std::shared_ptr<Uniqu
     }
     if (h.kind == OfiFrameKind::kRailDown) {
       if (h.message.route < self->rails_.size()) {
-        self->rail_failed(h.message.route, "the peer's end failed: " + meta, false);
+        // The peer's words, bounded and printable (they end up in exception messages).
+        std::string cause = meta.substr(0, 1024);
+        for (char& c : cause) c = c < 0x20 || c > 0x7e ? '?' : c;
+        self->rail_failed(h.message.route, "the peer's end failed: " + cause, false);
       }
       continue;
     }
@@ -272,32 +283,44 @@ void OfiChannel::part_done(OpKind op, const RequestPtr& request,
           : "";
   const std::string message =
       std::string(what) + " with " + peer_ + (rails_.size() > 1 ? on : "") + ": " + failure + why;
-  // A rail failure: a connection error, or any error but a refusal where another rail may take
-  // the part (one rail's transport error fails its request alone, as it always did).
-  const bool rail_failure = kind == ErrorKind::kConnection ||
-                            (kind == ErrorKind::kTransport && rails_.size() > 1);
+  // A rail failure: a connection error, or a transport error where another rail may take the
+  // part, once: a part that fails again after it moved fails its request alone (the error may
+  // be the request's own), as one rail's transport error always did.
+  const bool rail_failure =
+      kind == ErrorKind::kConnection ||
+      (kind == ErrorKind::kTransport && rails_.size() > 1 && target.moves == 0);
   if (!rail_failure) {
     request->fail(kind, message);
     return;
   }
-  // The last live rail failing closes the endpoint; the request fails first, with its cause.
   bool others = false;
   for (size_t i = 0; i < rails_.size(); ++i) others = others || (i != rail && rail_live(i));
-  if (!others || target.notified) {
-    request->fail(ErrorKind::kConnection,
-                  others ? message + " (a notified write stays on its grant's rail: write again)"
-                         : message);
+  if (!others) {
+    // The last live rail: the endpoint closes; the request fails first, with its own cause.
+    request->fail(ErrorKind::kConnection, message);
     rail_failed(rail, message, true);
     return;
   }
-  rail_failed(rail, message, true);
+  // The rail is marked failed (and the peer told) before the request fails or moves, so that a
+  // caller who writes again finds it failed on both sides.
+  if (!rail_failed(rail, message, true) || is_closed()) {
+    request->fail(ErrorKind::kConnection, message + " (the endpoint closed)");
+    return;
+  }
+  if (target.notified) {
+    request->fail(ErrorKind::kConnection,
+                  message + " (a notified write stays on its grant's rail: write again)");
+    return;
+  }
   const std::vector<size_t> rails = live_rails(*target.keys);
   if (rails.empty()) {
     request->fail(ErrorKind::kConnection, message + "; no live rail reaches the remote memory");
     return;
   }
+  PartTarget moved = target;
+  ++moved.moves;
   try {
-    post_part(op, request, local, offset, length, pick_rail(rails, *local), target);
+    post_part(op, request, local, offset, length, pick_rail(rails, *local), moved);
   } catch (const Error& e) {
     request->fail(e);
   }
@@ -365,7 +388,7 @@ RequestPtr OfiChannel::one_sided(OpKind op, const std::shared_ptr<MemoryRegion>&
         const uint64_t off = at + i * plans[s].chunk;
         const uint64_t n = std::min(plans[s].chunk, at + bytes - off);
         post_part(op, request, local, local_offset + off, n, rail,
-                  PartTarget{base + off, keys, false, 0});
+                  PartTarget{base + off, keys, false, 0, 0});
       }
     }
   } catch (const Error& e) {
@@ -465,8 +488,9 @@ void OfiChannel::post_write_notify(const RequestPtr& request,
   check_local_range(local, offset, length, "WRITE");
   ofi_region(local, "WRITE");
   check_open();
-  // The grant's rail: the low bits of its token (OfiTransport::add_grant).
-  const size_t rail = route & ((1u << kOfiRailBits) - 1);
+  // The grant's rail: the low bits of its token (OfiTransport::add_grant), where the endpoint
+  // has rails (a peer of one rail, whose records are version 1, may pick tokens freely).
+  const size_t rail = rails_.size() == 1 ? 0 : route & ((1u << kOfiRailBits) - 1);
   if (rail >= rails_.size() || !rail_live(rail)) {
     const std::string name =
         rail < rails_.size() ? rails_[rail].domain->settings().domain : std::to_string(rail);
@@ -485,7 +509,7 @@ void OfiChannel::post_write_notify(const RequestPtr& request,
       const uint64_t off = i * notify_chunk_;
       const uint64_t n = std::min(notify_chunk_, length - std::min(length, off));
       post_part(OpKind::kWrite, request, local, offset + off, n, rail,
-                PartTarget{addr + off, keys, true, route});
+                PartTarget{addr + off, keys, true, route, 0});
     }
   } catch (const Error& e) {
     request->fail(e);
@@ -493,12 +517,16 @@ void OfiChannel::post_write_notify(const RequestPtr& request,
 }
 
 void OfiChannel::send_frame(const OfiFrameHeader& header, const std::string& meta,
-                            const uint8_t* data) {
+                            const uint8_t* data, double timeout_s) {
   uint8_t raw[OfiFrameHeader::kSize];
   header.pack(raw);
   const std::string what = "sending a control message to " + peer_;
-  const Deadline deadline(kSendTimeoutS);  // a peer that stops reading its control stream
-  std::lock_guard<std::mutex> lock(send_mu_);
+  std::unique_lock<std::timed_mutex> lock(send_mu_, std::defer_lock);
+  if (!lock.try_lock_for(std::chrono::duration<double>(timeout_s))) {
+    throw Error(ErrorKind::kTimeout, what + ": another message held the stream for " +
+                                         std::to_string(timeout_s) + " s");
+  }
+  const Deadline deadline(timeout_s);  // a peer that stops reading its control stream
   send_exact(fd_->get(), raw, sizeof(raw), deadline, what.c_str(), tls_.get());
   send_exact(fd_->get(), meta.data(), meta.size(), deadline, what.c_str(), tls_.get());
   send_exact(fd_->get(), data, header.data_len, deadline, what.c_str(), tls_.get());
@@ -519,7 +547,7 @@ void OfiChannel::send_ctrl(const CtrlMessage& message, CtrlPayload payload) {
   h.meta_len = static_cast<uint32_t>(message.meta.size());
   h.data_len = static_cast<uint32_t>(payload.length);
   try {
-    send_frame(h, message.meta, payload.data);
+    send_frame(h, message.meta, payload.data, kSendTimeoutS);
   } catch (const Error& e) {
     shut(ErrorKind::kConnection, e.what(), false);
     throw;
@@ -549,7 +577,7 @@ void OfiChannel::shut(ErrorKind kind, const std::string& reason, bool goodbye) {
     OfiFrameHeader h;
     h.kind = OfiFrameKind::kGoodbye;
     try {
-      send_frame(h, "", nullptr);
+      send_frame(h, "", nullptr, kSendTimeoutS);
     } catch (const Error&) {
       // The peer is gone already: nothing to tell.
     }

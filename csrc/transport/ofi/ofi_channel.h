@@ -25,7 +25,9 @@
 //              failed on this endpoint and is posted again on a live rail (with that rail's
 //              local descriptor and the descriptor's key there): the transfer completes. The
 //              peer is told (a RAIL_DOWN frame on the stream) and leaves the rail too. A part
-//              the target refused (kRemoteAccess) fails its request on any rail. A notified
+//              the target refused (kRemoteAccess) fails its request on any rail, and so does
+//              one that fails with a transport error again after it moved (the request's own
+//              error, not a second rail's). A notified
 //              write goes on the rail whose key its grant gave (the token's low bits,
 //              OfiTransport::add_grant); when that rail fails, the notified write fails and the
 //              endpoint stays (later grants take a live rail). When the last rail fails, the
@@ -121,6 +123,7 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
     std::shared_ptr<const std::vector<uint32_t>> keys;
     bool notified = false;  // carries the grant's token as CQ data: never moved to another rail
     uint32_t token = 0;
+    int moves = 0;  // times the part moved to another rail
   };
 
   static void read_loop(std::weak_ptr<OfiChannel> self, std::shared_ptr<UniqueFd> fd,
@@ -155,7 +158,10 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   std::string rails_text() const;  // "rxe0 up, 4194304 bytes; rxe2 failed (...), 0 bytes"
   uint64_t parts_of(uint64_t length) const;
   void track(const RequestPtr& request);
-  void send_frame(const OfiFrameHeader& header, const std::string& meta, const uint8_t* data);
+  // Sends one frame on the stream; waits at most `timeout_s` for the stream, then as long
+  // again for the peer to take it (throws Error(kTimeout), or kConnection when it is gone).
+  void send_frame(const OfiFrameHeader& header, const std::string& meta, const uint8_t* data,
+                  double timeout_s);
   void shut(ErrorKind kind, const std::string& reason, bool goodbye);
   void check_open_locked() const;
 
@@ -168,7 +174,7 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   const uint64_t notify_chunk_;  // the part size of notified writes (the same on both sides)
   const std::string peer_;
   std::thread reader_;
-  std::mutex send_mu_;
+  std::timed_mutex send_mu_;
   mutable std::mutex mu_;
   bool closed_ = false;
   std::string error_;

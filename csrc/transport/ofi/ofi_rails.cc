@@ -11,6 +11,7 @@ namespace rdmaxfer {
 
 namespace {
 constexpr uint64_t kOfiShareAlign = 4096;  // striped shares are whole pages
+constexpr double kRailDownSendS = 2.0;     // the wait for the stream to tell the peer
 }  // namespace
 
 bool OfiChannel::rail_live(size_t rail) const {
@@ -66,10 +67,10 @@ bool OfiChannel::rail_failed(size_t rail, const std::string& cause, bool tell_pe
   std::string causes;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return false;
     const bool first = rail_up_[rail] != 0;
     rail_up_[rail] = 0;
     if (first) rail_cause_[rail] = cause;
+    if (closed_) return false;
     for (size_t i = 0; i < rails_.size(); ++i) {
       live = live || rail_up_[i] != 0;
       causes += (causes.empty() ? "" : "; ") + rails_[i].domain->settings().domain + ": " +
@@ -83,15 +84,18 @@ bool OfiChannel::rail_failed(size_t rail, const std::string& cause, bool tell_pe
                                          (live ? "; its transfers go on the live rails" : ""));
   }
   if (tell_peer && live) {
+    // Bounded: this runs on a domain's completion thread, which every peer's parts wait on.
     OfiFrameHeader h;
     h.kind = OfiFrameKind::kRailDown;
     h.message.route = static_cast<uint32_t>(rail);
     const std::string meta = cause.substr(0, 1024);
     h.meta_len = static_cast<uint32_t>(meta.size());
     try {
-      send_frame(h, meta, nullptr);
-    } catch (const Error&) {
-      // The stream is gone too: its reader closes the endpoint.
+      send_frame(h, meta, nullptr, kRailDownSendS);
+    } catch (const Error& e) {
+      // The stream is gone too (its reader closes the endpoint), or stuck: the peer learns of
+      // the rail from its own failures there.
+      log::write(log::Level::kDebug, std::string("ofi: rail down not sent: ") + e.what());
     }
   }
   if (!live) {
