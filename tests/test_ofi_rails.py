@@ -13,6 +13,7 @@ import hashlib
 import struct
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -60,13 +61,21 @@ def rails(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return names
 
 
-@pytest.fixture()
-def pair(rails: list[str]) -> Iterator[tuple[Endpoint, Endpoint, Engine, Engine]]:
-    """(client endpoint, server endpoint, client engine, server engine), both on `rails`."""
+@contextmanager
+def connected() -> Iterator[tuple[Endpoint, Endpoint, Engine, Engine]]:
+    """(client endpoint, server endpoint, client engine, server engine): two engines on the
+    rails the environment names, connected."""
     with Engine("ofi", secret=SECRET) as server, Engine("ofi", secret=SECRET) as client:
         port = server.listen("127.0.0.1", 0)
         ep = client.connect("127.0.0.1", port, timeout=WAIT_S)
         yield ep, server.accept(timeout=WAIT_S), client, server
+
+
+@pytest.fixture()
+def pair(rails: list[str]) -> Iterator[tuple[Endpoint, Endpoint, Engine, Engine]]:
+    """connected() on `rails`."""
+    with connected() as four:
+        yield four
 
 
 def digest(data: np.ndarray) -> str:
@@ -129,10 +138,7 @@ def test_a_rail_that_fails_mid_write_moves_its_parts_to_the_live_rail(
     monkeypatch: pytest.MonkeyPatch, rails: list[str], rng: np.random.Generator
 ) -> None:
     monkeypatch.setenv("RDMAXFER_OFI_TEST_RAIL_ERR", f"{rails[1]}:{4 << 20}")
-    with Engine("ofi", secret=SECRET) as server, Engine("ofi", secret=SECRET) as client:
-        port = server.listen("127.0.0.1", 0)
-        ep = client.connect("127.0.0.1", port, timeout=WAIT_S)
-        peer = server.accept(timeout=WAIT_S)
+    with connected() as (ep, peer, client, server):
         dst = np.zeros(BIG, np.uint8)
         desc = server.register(dst, access="rw").descriptor()
         src = rng.integers(0, 256, BIG, dtype=np.uint8)
@@ -167,10 +173,7 @@ def test_a_notified_write_on_a_failed_rail_fails_alone_and_the_next_goes_on_a_li
     # on the lowest live rail: the first goes on rail 0, which the hook fails once its bytes
     # landed (so the receiver has them: as when a rail fails before the acknowledgement).
     monkeypatch.setenv("RDMAXFER_OFI_TEST_RAIL_ERR", f"{rails[0]}:1")
-    with Engine("ofi", secret=SECRET) as server, Engine("ofi", secret=SECRET) as client:
-        port = server.listen("127.0.0.1", 0)
-        ep = client.connect("127.0.0.1", port, timeout=WAIT_S)
-        peer = server.accept(timeout=WAIT_S)
+    with connected() as (ep, peer, _, _):
         received: list[str] = []
 
         def receive() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -43,13 +44,22 @@ def ofi_engine(monkeypatch: pytest.MonkeyPatch, side: int) -> Engine:
     return Engine("ofi", secret=SECRET)
 
 
-@pytest.fixture()
-def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Endpoint, Endpoint, Engine]]:
-    """(the client's endpoint, the server's, the server's engine)."""
+@contextmanager
+def connected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[tuple[Endpoint, Endpoint, Engine, Engine]]:
+    """(the client's endpoint, the server's, the client's engine, the server's), connected."""
     with ofi_engine(monkeypatch, 1) as server, ofi_engine(monkeypatch, 0) as client:
         port = server.listen(addrs()[1], 0)
         ep = client.connect(addrs()[1], port, timeout=WAIT_S)
-        yield ep, server.accept(timeout=WAIT_S), server
+        yield ep, server.accept(timeout=WAIT_S), client, server
+
+
+@pytest.fixture()
+def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Endpoint, Endpoint, Engine]]:
+    """(the client's endpoint, the server's, the server's engine)."""
+    with connected(monkeypatch) as (ep, peer, _, server):
+        yield ep, peer, server
 
 
 def digest(data: np.ndarray) -> str:
@@ -82,10 +92,7 @@ def test_a_rail_failing_mid_write_moves_its_parts_to_the_other(
     monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
 ) -> None:
     monkeypatch.setenv("RDMAXFER_OFI_TEST_RAIL_ERR", f"{rails(0)[1]}:{1 << 20}")
-    with ofi_engine(monkeypatch, 1) as server, ofi_engine(monkeypatch, 0) as client:
-        port = server.listen(addrs()[1], 0)
-        ep = client.connect(addrs()[1], port, timeout=WAIT_S)
-        peer = server.accept(timeout=WAIT_S)
+    with connected(monkeypatch) as (ep, peer, client, server):
         dst = np.zeros(BIG, np.uint8)
         desc = server.register(dst, "rw").descriptor()
         src = random_bytes(rng, BIG)

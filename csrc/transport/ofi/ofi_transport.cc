@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/interrupt.h"
 #include "common/log.h"
+#include "common/name_list.h"
 #include "common/random.h"
 #include "cuda/cuda_api.h"
 #include "cuda/cuda_memory.h"
@@ -104,16 +105,7 @@ std::string ofi_auto_unavailable_reason(const OfiConfig& config) {
 }
 
 std::vector<std::string> ofi_rail_names(const OfiConfig& config) {
-  std::vector<std::string> names;
-  std::string name;
-  for (const char c : config.iface + ",") {
-    if (c == ',' || c == ' ') {
-      if (!name.empty()) names.push_back(name);
-      name.clear();
-    } else {
-      name += c;
-    }
-  }
+  const std::vector<std::string> names = split_names(config.iface);
   if (names.size() == 1 && names[0] == "auto") {
     std::vector<std::string> all = OfiDomain::domains(config.provider);
     if (all.size() > kOfiMaxRails) {

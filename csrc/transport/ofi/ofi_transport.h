@@ -33,6 +33,7 @@
 #include "transport/bootstrap.h"
 #include "transport/ofi/ofi_channel.h"
 #include "transport/ofi/ofi_domain.h"
+#include "transport/ofi/ofi_wire.h"
 #include "transport/registry.h"
 #include "transport/transport.h"
 
@@ -66,9 +67,11 @@ std::string ofi_unavailable_reason(const OfiConfig& config);
 // refused.
 std::string ofi_auto_unavailable_reason(const OfiConfig& config);
 
-// The most rails an ofi engine opens (a grant's token carries its rail in kOfiRailBits bits).
-constexpr size_t kOfiMaxRails = 8;
+// The most rails an ofi engine opens (as many as its endpoint record carries); a grant's token
+// carries its rail in kOfiRailBits bits.
+constexpr size_t kOfiMaxRails = OfiEndpointRecord::kMaxRails;
 constexpr uint32_t kOfiRailBits = 3;
+static_assert((size_t{1} << kOfiRailBits) >= kOfiMaxRails, "a token's rail bits name every rail");
 
 // The domain names `config.iface` lists, rail 0 first ({""}: the first domain). "auto" asks
 // fi_getinfo for every domain of the provider (the first kOfiMaxRails). Throws Error(kInvalidArgument) for a repeated

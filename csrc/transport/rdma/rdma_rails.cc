@@ -10,24 +10,11 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/name_list.h"
 
 namespace rdmaxfer {
 
 namespace {
-std::vector<std::string> split_names(const std::string& text) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : text + ",") {
-    if (c == ',' || c == ' ' || c == '\t') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  return out;
-}
-
 int prefix_bits(uint32_t mask_host_order) {
   int n = 0;
   while (n < 32 && (mask_host_order & (0x80000000u >> n)) != 0) ++n;
