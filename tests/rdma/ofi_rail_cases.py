@@ -4,14 +4,16 @@ server's on rxe1 and rxe3 (rail i of one with rail i of the other). A large WRIT
 stripe over both rails bit-exact; a rail failing mid-WRITE (the fault hook
 RDMAXFER_OFI_TEST_RAIL_ERR), or whose link goes down mid-WRITE (``ip link set veth2 down``:
 rxe fails the rail's QP), moves its parts to the other rail and the transfer completes
-bit-exact, the peer told; the main job (the MiniLM file served and pulled) runs bit-exact over
-the two rails.
+bit-exact, the peer told; a rail throttled with tc gets a share of striped WRITEs that
+follows its rate, and wins it back once the throttle is lifted; the main job (the MiniLM file
+served and pulled) runs bit-exact over the two rails.
 
 Run by tests/rdma/test_rdma_ofi.py in a pytest process of its own (see there why)."""
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,7 +23,8 @@ import pytest
 from rdmaxfer import Endpoint, Engine, _core, pull_weights, serve_weights
 
 from .rdma_helpers import WAIT_S, addrs, rails, random_bytes, set_link, wait_for
-from .test_rdma_weights import assert_same_as_file, model_file
+from .test_rdma_rails_adaptive import RECOVER_S, THROTTLE_MBIT, throttled
+from .test_rdma_weights import digests, model_file, pulled_bit_exact
 
 pytestmark = pytest.mark.rdma
 
@@ -131,6 +134,52 @@ def test_a_rail_whose_link_goes_down_mid_write_fails_over(
     wait_for("the peer told", lambda: peer.info[f"rail_{rails(1)[1]}_up"] == 0)
 
 
+def test_shares_follow_a_throttled_rail_and_come_back(
+    pair: tuple[Endpoint, Endpoint, Engine], rng: np.random.Generator
+) -> None:
+    """Adaptive striping, as on verbs (transport/rail_meter.h): with rxe2's link throttled
+    (a token bucket on veth2's egress, which no port speed shows), its share of a striped WRITE
+    falls to a few percent or none; with the throttle lifted it wins its share back."""
+    ep, _, server = pair
+    fast, slow = rails(0)
+    size = BIG + 4096 * 3 + 17
+    dst = np.zeros(size, np.uint8)
+    desc = server.register(dst, "rw").descriptor()
+    src = random_bytes(rng, size)
+
+    def write_exact() -> list[int]:
+        before = carried(ep, 0)
+        dst[:] = 0
+        ep.write(src, desc, timeout=WAIT_S * 3)
+        assert digest(dst) == digest(src)
+        moved = [after - was for was, after in zip(before, carried(ep, 0), strict=True)]
+        assert sum(moved) == size, moved
+        return moved
+
+    def rail_info() -> dict[str, int]:
+        return {k: int(v) for k, v in ep.info.items() if k.startswith("rail_")}
+
+    with throttled("veth2", THROTTLE_MBIT):
+        first = write_exact()  # neither rail measured yet: equal shares, both measured
+        assert min(first) > 0, first
+        for _ in range(2):
+            moved = write_exact()
+        info = rail_info()
+        assert 0 < info[f"rail_{slow}_rate"] * 3 < info[f"rail_{fast}_rate"], info
+        # About 2 MB/s against 16 or more: a share of a few percent, or none (under 5 %).
+        assert moved[1] < size // 4 and info[f"rail_{slow}_share_pct"] < 25, (moved, info)
+        assert info[f"rail_{fast}_share_pct"] > 75, info
+        assert "MB/s" in ep.describe() and "% of the last striped transfer" in ep.describe()
+    # Lifted: the rail is measured again (at once, or after kProbeS when it was left out).
+    deadline = time.monotonic() + RECOVER_S
+    while True:
+        moved = write_exact()
+        info = rail_info()
+        if info[f"rail_{slow}_share_pct"] >= 35 and moved[1] >= size * 0.35:
+            break
+        assert time.monotonic() < deadline, f"{slow} did not win its share back: {info}"
+
+
 def test_minilm_served_and_pulled_bit_exact_over_two_rails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -141,4 +190,7 @@ def test_minilm_served_and_pulled_bit_exact_over_two_rails(
         ofi_engine(monkeypatch, 0) as client,
     ):
         arrays = pull_weights(f"{addrs()[1]}:{weights.port}", engine=client, timeout=WAIT_S * 5)
-    assert_same_as_file(arrays, path)
+        differ = pulled_bit_exact(arrays, path, client)
+        pulled = digests(arrays)
+    assert not differ, differ
+    assert digests(arrays) == pulled  # the caller's arrays: closing the engines leaves them be

@@ -48,4 +48,4 @@ def test_ofi_over_verbs_in_a_process_of_its_own() -> None:
 @pytest.mark.timeout(RUN_S + 60)
 def test_ofi_on_two_rails_in_a_process_of_its_own() -> None:
     """Skips in a VM of one rail per side (``run-in-vm.sh`` without ``--rails 2``)."""
-    run_cases("ofi_rail_cases.py", 4)
+    run_cases("ofi_rail_cases.py", 5)

@@ -1,6 +1,6 @@
 """Adaptive striping (``tests/rxe/run-in-vm.sh --rails 2``): each rail's share of a striped
 transfer follows the rate it delivers now, measured from the connection's completions
-(``csrc/transport/rdma/rail_meter.h``), not its port's nominal speed. rxe2's link (veth2) is
+(``csrc/transport/rail_meter.h``), not its port's nominal speed. rxe2's link (veth2) is
 throttled with a token bucket on its egress (``tc qdisc ... tbf``), which its port speed does
 not show."""
 

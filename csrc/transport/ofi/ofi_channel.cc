@@ -47,7 +47,7 @@ OfiChannel::OfiChannel(OfiTransport& transport, std::vector<OfiPeerRail> rails, 
       rail_up_(rails_.size(), 1),
       rail_cause_(rails_.size()),
       rail_bytes_(std::make_unique<std::atomic<uint64_t>[]>(rails_.size())),
-      rail_inflight_(std::make_unique<std::atomic<uint64_t>[]>(rails_.size())) {
+      meter_(rails_.size()) {
   set_nonblocking(fd_->get(), true);
   const auto [domain, bytes] = test_hooks::ofi_rail_error();
   for (size_t i = 0; i < rails_.size(); ++i) {
@@ -175,10 +175,14 @@ std::vector<std::pair<std::string, uint64_t>> OfiChannel::attributes() const {
       {"inject_size", domain_->settings().inject_size},
       {"cq_data_size", domain_->settings().cq_data_size},
       {"hmem", domain_->settings().hmem ? 1 : 0}, {"rails", rails_.size()}};
+  const std::vector<double> rates = meter_.rates();
+  const std::vector<uint32_t> share = meter_.last_share_pct();
   for (size_t i = 0; i < rails_.size(); ++i) {
     const std::string key = "rail_" + rails_[i].domain->settings().domain;
     out.emplace_back(key + "_bytes", rail_bytes_[i].load());
     out.emplace_back(key + "_up", rail_live(i) ? 1 : 0);
+    out.emplace_back(key + "_rate", static_cast<uint64_t>(rates[i]));
+    out.emplace_back(key + "_share_pct", share[i]);
   }
   return out;
 }
@@ -238,7 +242,7 @@ void OfiChannel::post_part(OpKind op, const RequestPtr& request,
   };
   const OfiPeerRail& r = rails_[rail];
   const uint32_t key = (*target.keys)[rail];
-  rail_inflight_[rail] += length;
+  meter_.posted(rail, length, RailMeter::Clock::now());
   try {
     if (op == OpKind::kRead) {
       r.domain->post_read(std::move(part), buf, length, desc, r.peer, target.remote, key,
@@ -248,7 +252,7 @@ void OfiChannel::post_part(OpKind op, const RequestPtr& request,
                            target.notified ? &target.token : nullptr, give_up);
     }
   } catch (const Error&) {
-    rail_inflight_[rail] -= length;
+    meter_.unposted(rail, length);
     throw;
   }
 }
@@ -257,9 +261,10 @@ void OfiChannel::part_done(OpKind op, const RequestPtr& request,
                            const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
                            uint64_t length, size_t rail, const PartTarget& target, int err,
                            int prov_errno, const std::string& text) {
-  rail_inflight_[rail] -= length;
   std::string failure = text;
+  if (err != 0) meter_.unposted(rail, length);
   if (err == 0) {
+    meter_.completed(rail, length, RailMeter::Clock::now());
     const uint64_t carried = rail_bytes_[rail] += length;
     if (rail != test_err_rail_ || carried < test_err_bytes_ || test_err_fired_.exchange(true)) {
       request->note_progress(length);
@@ -320,7 +325,7 @@ void OfiChannel::part_done(OpKind op, const RequestPtr& request,
   PartTarget moved = target;
   ++moved.moves;
   try {
-    post_part(op, request, local, offset, length, pick_rail(rails, *local), moved);
+    post_part(op, request, local, offset, length, pick_rail(rails, *local, length), moved);
   } catch (const Error& e) {
     request->fail(e);
   }
@@ -373,7 +378,7 @@ RequestPtr OfiChannel::one_sided(OpKind op, const std::shared_ptr<MemoryRegion>&
   const auto split = length >= kStripeMin && live.size() > 1
                          ? shares(live, length)
                          : std::vector<std::tuple<size_t, uint64_t, uint64_t>>{
-                               {pick_rail(live, *local), 0, length}};
+                               {pick_rail(live, *local, length), 0, length}};
   std::vector<ChunkPlan> plans;
   uint64_t parts = 0;
   for (const auto& [rail, at, bytes] : split) {

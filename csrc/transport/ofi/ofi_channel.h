@@ -16,11 +16,15 @@
 // counts the parts of each grant and notifies once all of them landed, whatever their order.
 //
 // Rails (ofi_rails.cc), as the verbs transport's (transport/rdma/rdma_connection.h):
-//   striping   a one-sided transfer of kStripeMin bytes or more is cut into equal shares, one
-//              per live rail (whole pages, the last takes the rest), each share into parts;
-//              a smaller one goes on one rail: the local region's home rail (the NIC nearest
-//              its GPU, set at registration) while it is live, else the one with the fewest
-//              bytes in flight.
+//   striping   a one-sided transfer of kStripeMin bytes or more is shared among the live
+//              rails by what each delivers now (transport/rail_meter.h: rates measured from
+//              this endpoint's completions, water filling over what is queued on each, whole
+//              pages, a rail far slower than the others left out and probed again later; a
+//              rail not measured yet counts as the fastest measured one, and while none is,
+//              the shares are equal), each share into parts; a smaller one goes on one rail:
+//              the local region's home rail (the NIC nearest its GPU, set at registration)
+//              while it is live and at least half as fast as the fastest, else the rail whose
+//              queue with these bytes drains first.
 //   failover   a part that fails on a rail with a connection or transport error marks the rail
 //              failed on this endpoint and is posted again on a live rail (with that rail's
 //              local descriptor and the descriptor's key there): the transfer completes. The
@@ -50,6 +54,7 @@
 #include "transport/channel.h"
 #include "transport/ofi/ofi_domain.h"
 #include "transport/ofi/ofi_wire.h"
+#include "transport/rail_meter.h"
 #include "transport/tls.h"
 
 namespace rdmaxfer {
@@ -144,18 +149,25 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   // Rails (ofi_rails.cc). The live rails a transfer to memory with `keys` (by rail; 0: none
   // there) may use.
   std::vector<size_t> live_rails(const std::vector<uint32_t>& keys) const;
-  // The rail a transfer too small to stripe takes (see above).
-  size_t pick_rail(const std::vector<size_t>& live, const MemoryRegion& local) const;
-  // Splits [0, length) over `live` (see above): (rail, offset, bytes) per share.
-  static std::vector<std::tuple<size_t, uint64_t, uint64_t>> shares(
-      const std::vector<size_t>& live, uint64_t length);
+  // The rail a transfer of `length` bytes too small to stripe takes (see above).
+  size_t pick_rail(const std::vector<size_t>& live, const MemoryRegion& local,
+                   uint64_t length) const;
+  // Splits [0, length) over `live` (see above): (rail, offset, bytes) per share that is not
+  // empty.
+  std::vector<std::tuple<size_t, uint64_t, uint64_t>> shares(const std::vector<size_t>& live,
+                                                             uint64_t length);
+  // Per rail of the endpoint, the rate shares count with (bytes/s): the measured one, or for a
+  // rail of `live` not measured yet the fastest measured rate of `live` (1 while none is).
+  std::vector<double> rail_rates(const std::vector<size_t>& live) const;
   // Rail `rail` failed (`cause`): marked failed, the peer told unless it told us; the endpoint
   // closes when no rail is left. Returns whether a rail is still live.
   bool rail_failed(size_t rail, const std::string& cause, bool tell_peer);
   bool rail_live(size_t rail) const;
   // The lowest live rail (grants give its key); throws Error(kConnection) when none is.
   size_t grant_rail() const;
-  std::string rails_text() const;  // "rxe0 up, 4194304 bytes; rxe2 failed (...), 0 bytes"
+  // "rxe0 up, 4194304 bytes, 812.5 MB/s, 61% of the last striped transfer; rxe2 failed (...),
+  // ..."
+  std::string rails_text() const;
   uint64_t parts_of(uint64_t length) const;
   void track(const RequestPtr& request);
   // Sends one frame on the stream; waits at most `timeout_s` for the stream, then as long
@@ -182,8 +194,8 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   std::unordered_map<uint32_t, GrantHold> grants_;
   std::vector<char> rail_up_;            // mu_
   std::vector<std::string> rail_cause_;  // mu_: why each failed rail failed
-  std::unique_ptr<std::atomic<uint64_t>[]> rail_bytes_;     // landed, per rail
-  std::unique_ptr<std::atomic<uint64_t>[]> rail_inflight_;  // posted, not yet complete
+  std::unique_ptr<std::atomic<uint64_t>[]> rail_bytes_;  // landed, per rail
+  RailMeter meter_;  // per rail: measured rate, bytes posted and not complete, last share
   // RDMAXFER_OFI_TEST_RAIL_ERR (common/test_hooks.h): the rail whose part completing after
   // test_err_bytes_ reports a failure once (SIZE_MAX: none).
   size_t test_err_rail_ = SIZE_MAX;

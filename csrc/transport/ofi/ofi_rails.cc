@@ -28,27 +28,53 @@ std::vector<size_t> OfiChannel::live_rails(const std::vector<uint32_t>& keys) co
   return out;
 }
 
-size_t OfiChannel::pick_rail(const std::vector<size_t>& live, const MemoryRegion& local) const {
+std::vector<double> OfiChannel::rail_rates(const std::vector<size_t>& live) const {
+  std::vector<double> rate = meter_.rates();
+  double fastest = 0;
+  for (size_t r : live) fastest = std::max(fastest, rate[r]);
+  // libfabric reports no link speed every provider fills in: while no rail of `live` is
+  // measured, they count alike (equal shares).
+  for (size_t r : live) {
+    if (rate[r] <= 0) rate[r] = fastest > 0 ? fastest : 1.0;
+  }
+  return rate;
+}
+
+size_t OfiChannel::pick_rail(const std::vector<size_t>& live, const MemoryRegion& local,
+                             uint64_t length) const {
+  const std::vector<double> rate = rail_rates(live);
+  double fastest = 0;
+  for (size_t r : live) fastest = std::max(fastest, rate[r]);
   const int home = local.home_rail();
-  if (home >= 0 && std::find(live.begin(), live.end(), static_cast<size_t>(home)) != live.end()) {
+  if (home >= 0 && std::find(live.begin(), live.end(), static_cast<size_t>(home)) != live.end() &&
+      rate[static_cast<size_t>(home)] * 2 >= fastest) {
     return static_cast<size_t>(home);
   }
+  const std::vector<uint64_t> backlog = meter_.backlogs();
   size_t best = live.front();
+  double best_s = -1;
   for (size_t r : live) {
-    if (rail_inflight_[r].load() < rail_inflight_[best].load()) best = r;
+    const double s = static_cast<double>(backlog[r] + length) / rate[r];
+    if (best_s < 0 || s < best_s) {
+      best = r;
+      best_s = s;
+    }
   }
   return best;
 }
 
 std::vector<std::tuple<size_t, uint64_t, uint64_t>> OfiChannel::shares(
     const std::vector<size_t>& live, uint64_t length) {
+  const std::vector<double> all = rail_rates(live);
+  std::vector<double> rate;
+  for (size_t r : live) rate.push_back(all[r]);
+  const std::vector<uint64_t> share =
+      meter_.shares(length, live, rate, kOfiShareAlign, RailMeter::Clock::now());
   std::vector<std::tuple<size_t, uint64_t, uint64_t>> out;
-  const uint64_t each = (length / live.size()) / kOfiShareAlign * kOfiShareAlign;
   uint64_t at = 0;
   for (size_t i = 0; i < live.size(); ++i) {
-    const uint64_t bytes = i + 1 == live.size() ? length - at : each;
-    if (bytes > 0) out.emplace_back(live[i], at, bytes);
-    at += bytes;
+    if (share[i] > 0) out.emplace_back(live[i], at, share[i]);
+    at += share[i];
   }
   return out;
 }
@@ -107,12 +133,15 @@ bool OfiChannel::rail_failed(size_t rail, const std::string& cause, bool tell_pe
 }
 
 std::string OfiChannel::rails_text() const {
+  const std::vector<double> rates = meter_.rates();
+  const std::vector<uint32_t> share = meter_.last_share_pct();
   std::string s;
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < rails_.size(); ++i) {
     s += (s.empty() ? "" : "; ") + rails_[i].domain->settings().domain +
          (rail_up_[i] != 0 ? " up" : " failed (" + rail_cause_[i] + ")") + ", " +
-         std::to_string(rail_bytes_[i].load()) + " bytes";
+         std::to_string(rail_bytes_[i].load()) + " bytes, " + rate_text(rates[i]) + ", " +
+         std::to_string(share[i]) + "% of the last striped transfer";
   }
   return s;
 }

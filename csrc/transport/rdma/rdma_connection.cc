@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <tuple>
@@ -32,13 +31,6 @@ std::pair<int, uint64_t> test_qp_error(const std::vector<Rail>& rails) {
     if (rails[r].name == device) return {static_cast<int>(r), bytes};
   }
   return {-1, 0};  // not a rail of this engine (the other side's knob)
-}
-// "812.5 MB/s" (measured rate), "rate not measured yet".
-std::string mb_per_s(double bytes_per_s) {
-  if (bytes_per_s <= 0) return "rate not measured yet";
-  char text[48];
-  std::snprintf(text, sizeof(text), "%.1f MB/s", bytes_per_s / 1e6);
-  return text;
 }
 }  // namespace
 
@@ -250,7 +242,7 @@ std::string RdmaConnection::describe() const {
                                 : rail_released_[i] ? "removed (" + rail_cause_[i] + ")"
                                                     : "failed (" + rail_cause_[i] + ")";
       s += " " + rail_name(r) + " " + state + " " + std::to_string(rail_bytes_[i].load()) +
-           " bytes, " + mb_per_s(rates[i]) + ", " + std::to_string(share[i]) +
+           " bytes, " + rate_text(rates[i]) + ", " + std::to_string(share[i]) +
            "% of the last striped transfer;";
     }
   }

@@ -99,7 +99,7 @@
 #include "transport/rdma/control_msg.h"
 #include "transport/rdma/cq_poller.h"
 #include "transport/rdma/endpoint_record.h"
-#include "transport/rdma/rail_meter.h"
+#include "transport/rail_meter.h"
 #include "transport/rdma/rdma_rails.h"
 #include "transport/rdma/send_queue.h"
 #include "transport/rdma/verbs_mr.h"

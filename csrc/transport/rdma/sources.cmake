@@ -21,7 +21,6 @@ list(APPEND RDMAXFER_TRANSPORT_SOURCES
   csrc/transport/rdma/rdma_gather.cc
   csrc/transport/rdma/rdma_removal.cc
   csrc/transport/rdma/rdma_healing.cc
-  csrc/transport/rdma/rail_meter.cc
   csrc/transport/rdma/rdma_striping.cc
   csrc/transport/rdma/rdma_rails.cc
   csrc/transport/rdma/rdma_transport.cc

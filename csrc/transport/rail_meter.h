@@ -1,7 +1,9 @@
 // What each rail of a connection delivers now, and how a striped transfer's bytes are shared
-// among the rails by it (adaptive striping).
+// among the rails by it (adaptive striping). Used by every transport with rails: verbs
+// (transport/rdma/rdma_striping.cc) and libfabric (transport/ofi/ofi_rails.cc).
 //
-// Rate: measured from the connection's own send completions while the rail is busy. A rail is
+// Rate: measured from the connection's own completions (of WRs, or of libfabric operations)
+// while the rail is busy. A rail is
 // busy from the moment bytes are posted on it with none outstanding until its outstanding bytes
 // are all completed; each completion of `b` bytes `dt` seconds after the previous one (or after
 // the rail went busy) is a sample b/dt. The samples are averaged with a time decay: bytes and
@@ -34,6 +36,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace rdmaxfer {
@@ -50,6 +53,9 @@ constexpr double kProbeS = 5.0;
 // `align` bytes except the largest, which takes the remainder; they add up to `length`.
 std::vector<uint64_t> water_fill(uint64_t length, const std::vector<double>& rate,
                                  const std::vector<uint64_t>& backlog, uint64_t align);
+
+// "812.5 MB/s" for a measured rate (bytes/s), "rate not measured yet" for 0.
+std::string rate_text(double bytes_per_s);
 
 // The rates water_fill shares by: each rail's `rate` times min(1, 0.5 + rate / fastest), so
 // rails at least half as fast as the fastest count in full and a rail at 1/20 of it at 0.55.

@@ -1,7 +1,8 @@
-#include "transport/rdma/rail_meter.h"
+#include "transport/rail_meter.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 namespace rdmaxfer {
@@ -51,6 +52,13 @@ std::vector<double> share_rates(const std::vector<double>& rate) {
   out.reserve(rate.size());
   for (double r : rate) out.push_back(fastest > 0 ? r * std::min(1.0, 0.5 + r / fastest) : r);
   return out;
+}
+
+std::string rate_text(double bytes_per_s) {
+  if (bytes_per_s <= 0) return "rate not measured yet";
+  char text[48];
+  std::snprintf(text, sizeof(text), "%.1f MB/s", bytes_per_s / 1e6);
+  return text;
 }
 
 RailMeter::RailMeter(size_t rails) : meters_(rails) {}
