@@ -19,6 +19,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+import xxhash
 from safetensors import safe_open
 
 import rdmaxfer
@@ -31,6 +32,7 @@ from rdmaxfer import (
     serve_weights,
 )
 from rdmaxfer.tools.cli_weights import default_model_file, verify_against_file
+from rdmaxfer.weights import read_safetensors_header
 
 from .rdma_helpers import WAIT_S, addrs, devices, random_bytes
 
@@ -63,6 +65,29 @@ def assert_same_as_file(arrays: dict[str, np.ndarray], path: Path) -> None:
     shape and bit-exact: the file read through ``safetensors``, once (under TCG that read
     takes longer than the pull)."""
     assert verify_against_file(arrays, path) == []
+
+
+def pulled_bit_exact(arrays: dict[str, np.ndarray], path: Path, engine: Engine) -> str:
+    """ "" when `arrays` are the file's tensors bit-exact (verify_against_file); else what
+    differs, for the failure's report: each tensor's byte range in the file and whether it
+    came back all zeros, then the engine's description (its endpoints' rails, with the bytes
+    each carried and why one failed)."""
+    bad = verify_against_file(arrays, path)
+    if not bad:
+        return ""
+    _, header, data_offset = read_safetensors_header(path)
+    lines = []
+    for name in bad:
+        begin, end = header[name]["data_offsets"] if name in header else (0, 0)
+        got = arrays.get(name)
+        zeros = got is not None and not np.any(got.reshape(-1).view(np.uint8))
+        where = f"file bytes {data_offset + begin}-{data_offset + end}"
+        lines.append(f"{name}: {where}{', all zeros' if zeros else ''}")
+    return "\n".join([f"{len(bad)} tensors differ:", *lines, engine.describe()])
+
+
+def digests(arrays: dict[str, np.ndarray]) -> dict[str, int]:
+    return {name: xxhash.xxh3_64_intdigest(memoryview(a).cast("B")) for name, a in arrays.items()}
 
 
 def file_tensors(path: Path, names: Iterable[str]) -> dict[str, np.ndarray]:
