@@ -46,6 +46,7 @@ from results_workloads import (
     fetch,
     gpu_staging,
     load,
+    newcomer_start,
     ray,
     serve_cold,
     weight_sync,
@@ -81,6 +82,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "ofi-rails": ofi_rails,
     "ofi-guest": ofi_guest,
     "ray": ray,
+    "newcomer-start": newcomer_start,
 }
 
 

@@ -1,5 +1,5 @@
 """The benchmark tables of the workloads (bench/results_docs.py): weight sync, GPU staging,
-broadcast, fetch, loading from disk and the cold serve."""
+broadcast, fetch, loading from disk, the cold serve and a newcomer's start."""
 
 from __future__ import annotations
 
@@ -187,3 +187,20 @@ def ray() -> str:
         + f" ({ws['bytes'] / 1e6:.1f} MB): one actor alone {one * 1e3:.0f} ms, the slowest of 3"
         + f" at once {three * 1e3:.0f} ms ({ws['ratio']:.2f}x), load {ws['load']:.1f}.\n"
     )
+
+
+def newcomer_start() -> str:
+    """``bench/start_bench.py --json``: the README's set-up commands from a fresh clone (quiet
+    and busy machine) and ``import rdmaxfer``."""
+    d = load_result("newcomer-start.json")
+    what = {
+        "main job": "first command: build, install, `rdmaxfer demo` (a real pull, checked)",
+        "tests": "second command: build, install with the test extra, the suite",
+    }
+    rows = []
+    for r in d["commands"]:
+        machine = "quiet" if r["machine"] == "quiet" else f"busy ({r['busy_loops']} spinning)"
+        rows.append([what[r["command"]], machine, f"{r['seconds']:.0f}", f"{r['load']:.1f}"])
+    rows.append(["`import rdmaxfer` (median of 7)", "quiet", f"{d['import_ms'] / 1e3:.3f}", ""])
+    head = [f"from a fresh clone, {d['cores']} cores, Python {d['python']}", "machine", "s"]
+    return md_table([*head, "load"], rows, right_from=2)
