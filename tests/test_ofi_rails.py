@@ -138,6 +138,7 @@ def test_a_rail_that_fails_mid_write_moves_its_parts_to_the_live_rail(
     monkeypatch: pytest.MonkeyPatch, rails: list[str], rng: np.random.Generator
 ) -> None:
     monkeypatch.setenv("RDMAXFER_OFI_TEST_RAIL_ERR", f"{rails[1]}:{4 << 20}")
+    monkeypatch.setenv("RDMAXFER_OFI_TEST_REJOIN_S", "3600")  # the rail stays failed here
     with connected() as (ep, peer, client, server):
         dst = np.zeros(BIG, np.uint8)
         desc = server.register(dst, access="rw").descriptor()
@@ -173,6 +174,7 @@ def test_a_notified_write_on_a_failed_rail_fails_alone_and_the_next_goes_on_a_li
     # on the lowest live rail: the first goes on rail 0, which the hook fails once its bytes
     # landed (so the receiver has them: as when a rail fails before the acknowledgement).
     monkeypatch.setenv("RDMAXFER_OFI_TEST_RAIL_ERR", f"{rails[0]}:1")
+    monkeypatch.setenv("RDMAXFER_OFI_TEST_REJOIN_S", "3600")
     with connected() as (ep, peer, _, _):
         received: list[str] = []
 
@@ -199,6 +201,47 @@ def test_a_notified_write_on_a_failed_rail_fails_alone_and_the_next_goes_on_a_li
                 receiver.join(WAIT_S)
             assert received[-1] == digest(src)
         assert ep.info[f"rail_{rails[1]}_bytes"] == SMALL
+
+
+def test_a_failed_rail_rejoins_on_both_sides_and_carries_its_share_again(
+    monkeypatch: pytest.MonkeyPatch, rails: list[str], rng: np.random.Generator
+) -> None:
+    """The rail fails (the hook) and comes back by itself: each side renews the other's AV
+    entry on it and reads the other's probe word over it (ofi_heal.cc); striped transfers in
+    both directions use it again, bit-exact."""
+    monkeypatch.setenv("RDMAXFER_OFI_TEST_RAIL_ERR", f"{rails[1]}:{4 << 20}")
+    with connected() as (ep, peer, client, server):
+        dst = np.zeros(BIG, np.uint8)
+        desc = server.register(dst, access="rw").descriptor()
+        src = rng.integers(0, 256, BIG, dtype=np.uint8)
+        ep.write(src, desc, timeout=WAIT_S)
+        assert digest(dst) == digest(src)
+        key = f"rail_{rails[1]}"
+        wait_for(
+            "the rail rejoined on both sides",
+            lambda: ep.info[f"{key}_rejoins"] == 1 and peer.info[f"{key}_rejoins"] == 1,
+            timeout=WAIT_S,
+        )
+        assert ep.info[f"{key}_up"] == peer.info[f"{key}_up"] == 1
+        text = ep.describe()
+        assert f"{rails[1]} up (rejoined 1x, last failure: WRITE with " in text, text
+        assert "RDMAXFER_OFI_TEST_RAIL_ERR" in text
+        assert f"{rails[1]} up (rejoined 1x, last failure: the peer's end failed" in (
+            peer.describe()
+        )
+        before = rail_bytes(ep, rails)
+        src2 = rng.integers(0, 256, BIG, dtype=np.uint8)
+        ep.write(src2, desc, timeout=WAIT_S)
+        assert digest(dst) == digest(src2)
+        moved = [b - a for a, b in zip(before, rail_bytes(ep, rails), strict=True)]
+        assert sum(moved) == BIG and min(moved) > 0, moved
+        # (The hook fails the peer's rail once too, after its first 4 MiB there: the WRITE
+        # completes all the same.)
+        back = np.zeros(BIG, np.uint8)
+        mine = client.register(back, access="rw").descriptor()
+        peer.write(src2, mine, timeout=WAIT_S)
+        assert digest(back) == digest(src2)
+        assert min(rail_bytes(peer, rails)) > 0, rail_bytes(peer, rails)
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,22 @@ inline std::pair<std::string, uint64_t> ofi_rail_error() {
   return device_bytes_hook("RDMAXFER_OFI_TEST_RAIL_ERR");
 }
 
+// RDMAXFER_OFI_TEST_REJOIN_S="<seconds>": how long an ofi endpoint waits before it first asks a
+// failed rail back (default 1; tests that look at a failed rail set it long). Throws
+// Error(kInvalidArgument) for a value that is not a number of seconds above 0.
+inline double ofi_rejoin_first_s() {
+  const char* env = std::getenv("RDMAXFER_OFI_TEST_REJOIN_S");
+  if (env == nullptr || *env == '\0') return 1.0;
+  char* end = nullptr;
+  const double s = std::strtod(env, &end);
+  if (end == env || *end != '\0' || !(s > 0)) {
+    throw Error(ErrorKind::kInvalidArgument, "RDMAXFER_OFI_TEST_REJOIN_S='" + std::string(env) +
+                                                 "' is not a number of seconds above 0 (tests "
+                                                 "only: unset it)");
+  }
+  return s;
+}
+
 // RDMAXFER_RDMA_TEST_CTRL_TWICE=1: every control SEND is posted twice. Throws
 // Error(kInvalidArgument) for a value other than 0 or 1.
 inline bool rdma_ctrl_twice() {

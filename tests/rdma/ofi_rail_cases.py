@@ -95,6 +95,7 @@ def test_a_rail_failing_mid_write_moves_its_parts_to_the_other(
     monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
 ) -> None:
     monkeypatch.setenv("RDMAXFER_OFI_TEST_RAIL_ERR", f"{rails(0)[1]}:{1 << 20}")
+    monkeypatch.setenv("RDMAXFER_OFI_TEST_REJOIN_S", "3600")  # the rail stays failed here
     with connected(monkeypatch) as (ep, peer, client, server):
         dst = np.zeros(BIG, np.uint8)
         desc = server.register(dst, "rw").descriptor()
@@ -113,25 +114,49 @@ def test_a_rail_failing_mid_write_moves_its_parts_to_the_other(
         assert peer.info[f"rail_{rails(1)[1]}_bytes"] == 0
 
 
-def test_a_rail_whose_link_goes_down_mid_write_fails_over(
-    pair: tuple[Endpoint, Endpoint, Engine], rng: np.random.Generator
+def test_a_rail_whose_link_goes_down_mid_write_fails_over_and_rejoins(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
 ) -> None:
-    ep, peer, server = pair
-    nbytes = 64 << 20  # several seconds under TCG: the link goes down while it is in flight
-    dst = np.zeros(nbytes, np.uint8)
-    desc = server.register(dst, "rw").descriptor()
-    src = random_bytes(rng, nbytes)
-    netdev = "veth2"  # rxe2's (guest.sh), the client's second rail
-    transfer = ep.post_write(src, desc)
-    try:
-        set_link(netdev, "down")
-        transfer.wait(WAIT_S * 5)
-    finally:
-        set_link(netdev, "up")
-    assert digest(dst) == digest(src)
-    assert ep.info[f"rail_{rails(0)[1]}_up"] == 0, ep.describe()
-    assert f"{rails(0)[1]} failed (WRITE with " in ep.describe()
-    wait_for("the peer told", lambda: peer.info[f"rail_{rails(1)[1]}_up"] == 0)
+    """rxe fails the rail's QP (ofi_rxm's connection to the peer stays in error); once the link
+    is up, the rail rejoins the endpoint on both sides (new AV entries, so a new connection,
+    and each side's probe word read over it) and striped WRITEs both ways use it again."""
+    with connected(monkeypatch) as (ep, peer, client, server):
+        nbytes = 64 << 20  # several seconds under TCG: the link goes down while it is in flight
+        dst = np.zeros(nbytes, np.uint8)
+        desc = server.register(dst, "rw").descriptor()
+        src = random_bytes(rng, nbytes)
+        netdev = "veth2"  # rxe2's (guest.sh), the client's second rail
+        transfer = ep.post_write(src, desc)
+        try:
+            set_link(netdev, "down")
+            transfer.wait(WAIT_S * 5)
+        finally:
+            set_link(netdev, "up")
+        assert digest(dst) == digest(src)
+        mine, theirs = f"rail_{rails(0)[1]}", f"rail_{rails(1)[1]}"
+        # The peer is told, and the rail comes back (it may have while the WRITE still ran on
+        # the other): the first attempt 1 s after the failure, the next ones 2, 4, 8 s... later
+        # while the link is still down.
+        wait_for(
+            "the rail to rejoin on both sides",
+            lambda: ep.info[f"{mine}_rejoins"] >= 1 and peer.info[f"{theirs}_rejoins"] >= 1,
+            timeout=WAIT_S * 4,
+        )
+        assert ep.info[f"{mine}_up"] == peer.info[f"{theirs}_up"] == 1
+        assert f"{rails(0)[1]} up (rejoined 1x, last failure: WRITE with " in ep.describe()
+        assert f"{rails(1)[1]} up (rejoined 1x, last failure: the peer's end failed" in (
+            peer.describe()
+        )
+        for sender, receiver, side in ((ep, server, 0), (peer, client, 1)):
+            size = BIG
+            into = np.zeros(size, np.uint8)
+            desc2 = receiver.register(into, "rw").descriptor()
+            data = random_bytes(rng, size)
+            before = carried(sender, side)
+            sender.write(data, desc2, timeout=WAIT_S * 3)
+            assert digest(into) == digest(data)
+            moved = [b - a for a, b in zip(before, carried(sender, side), strict=True)]
+            assert sum(moved) == size and min(moved) > 0, (moved, sender.describe())
 
 
 def test_shares_follow_a_throttled_rail_and_come_back(

@@ -61,10 +61,21 @@ class SignalDispositions {
 // share the queue. Set only where the environment leaves it unset, before libfabric reads it.
 constexpr const char* kOfiUniverseSize = "64";
 
+// FI_AV_REMOVE_CLEANUP=1: fi_av_remove releases what the provider holds for the peer (ofi_rxm:
+// its connection). A failed rail rejoins through it (ofi_heal.cc): over verbs;ofi_rxm a rail's
+// connection whose QP went to error stays in error, and every later operation on it, even
+// from a new endpoint to the same peer, is flushed, until the peer's address is removed and
+// inserted again. Set only where the environment leaves it unset, before libfabric reads it.
+constexpr const char* kOfiAvRemoveCleanup = "1";
+
 LoadedOfi load_ofi() {
   LoadedOfi l;
   if (setenv("FI_UNIVERSE_SIZE", kOfiUniverseSize, 0) != 0) {
     l.why = std::string("setenv FI_UNIVERSE_SIZE: ") + std::strerror(errno);
+    return l;
+  }
+  if (setenv("FI_AV_REMOVE_CLEANUP", kOfiAvRemoveCleanup, 0) != 0) {
+    l.why = std::string("setenv FI_AV_REMOVE_CLEANUP: ") + std::strerror(errno);
     return l;
   }
   const SignalDispositions keep;

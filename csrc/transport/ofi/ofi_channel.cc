@@ -34,7 +34,8 @@ uint64_t smallest_max_msg(const std::vector<OfiPeerRail>& rails) {
 }  // namespace
 
 OfiChannel::OfiChannel(OfiTransport& transport, std::vector<OfiPeerRail> rails, UniqueFd fd,
-                       std::unique_ptr<TlsSession> tls, uint64_t peer_max_msg, std::string peer)
+                       std::unique_ptr<TlsSession> tls, uint64_t peer_max_msg, std::string peer,
+                       bool connector)
     : Channel(transport.stats()),
       transport_(transport),
       rails_(std::move(rails)),
@@ -44,10 +45,15 @@ OfiChannel::OfiChannel(OfiTransport& transport, std::vector<OfiPeerRail> rails, 
       max_chunk_(std::min(smallest_max_msg(rails_), peer_max_msg)),
       notify_chunk_(std::min(kNotifyChunk, max_chunk_)),
       peer_(std::move(peer)),
+      connector_(connector),
+      heal_first_s_(test_hooks::ofi_rejoin_first_s()),
+      peer_addr_(std::make_unique<std::atomic<fi_addr_t>[]>(rails_.size())),
       rail_up_(rails_.size(), 1),
       rail_cause_(rails_.size()),
       rail_bytes_(std::make_unique<std::atomic<uint64_t>[]>(rails_.size())),
-      meter_(rails_.size()) {
+      meter_(rails_.size()),
+      heal_(rails_.size()) {
+  for (size_t i = 0; i < rails_.size(); ++i) peer_addr_[i] = rails_[i].peer;
   set_nonblocking(fd_->get(), true);
   const auto [domain, bytes] = test_hooks::ofi_rail_error();
   for (size_t i = 0; i < rails_.size(); ++i) {
@@ -109,6 +115,10 @@ void OfiChannel::read_loop(std::weak_ptr<OfiChannel> weak, std::shared_ptr<Uniqu
       }
       continue;
     }
+    if (h.kind >= OfiFrameKind::kRejoin) {
+      self->on_heal_frame(h, meta);
+      continue;
+    }
     CtrlMessage message = h.message;
     message.meta = std::move(meta);
     message.data = std::move(data);
@@ -164,39 +174,6 @@ std::string OfiChannel::error() const {
   return error_;
 }
 
-std::string OfiChannel::describe() const {
-  return "to " + peer_ + " over libfabric " + domain_->settings().provider + " (" +
-         (rails_.size() == 1 ? domain_->settings().domain : "rails: " + rails_text()) + ")";
-}
-
-std::vector<std::pair<std::string, uint64_t>> OfiChannel::attributes() const {
-  std::vector<std::pair<std::string, uint64_t>> out = {
-      {"max_message", max_chunk_}, {"notify_chunk", notify_chunk_},
-      {"inject_size", domain_->settings().inject_size},
-      {"cq_data_size", domain_->settings().cq_data_size},
-      {"hmem", domain_->settings().hmem ? 1 : 0}, {"rails", rails_.size()}};
-  const std::vector<double> rates = meter_.rates();
-  const std::vector<uint32_t> share = meter_.last_share_pct();
-  for (size_t i = 0; i < rails_.size(); ++i) {
-    const std::string key = "rail_" + rails_[i].domain->settings().domain;
-    out.emplace_back(key + "_bytes", rail_bytes_[i].load());
-    out.emplace_back(key + "_up", rail_live(i) ? 1 : 0);
-    out.emplace_back(key + "_rate", static_cast<uint64_t>(rates[i]));
-    out.emplace_back(key + "_share_pct", share[i]);
-  }
-  return out;
-}
-
-std::vector<std::pair<std::string, std::string>> OfiChannel::names() const {
-  const OfiSettings& s = domain_->settings();
-  std::string domains;
-  for (const OfiPeerRail& r : rails_) {
-    domains += (domains.empty() ? "" : ",") + r.domain->settings().domain;
-  }
-  return {{"provider", s.provider}, {"fabric", s.fabric}, {"domain", s.domain},
-          {"domains", domains}};
-}
-
 void OfiChannel::track(const RequestPtr& request) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -245,10 +222,10 @@ void OfiChannel::post_part(OpKind op, const RequestPtr& request,
   meter_.posted(rail, length, RailMeter::Clock::now());
   try {
     if (op == OpKind::kRead) {
-      r.domain->post_read(std::move(part), buf, length, desc, r.peer, target.remote, key,
+      r.domain->post_read(std::move(part), buf, length, desc, peer_at(rail), target.remote, key,
                           give_up);
     } else {
-      r.domain->post_write(std::move(part), buf, length, desc, r.peer, target.remote, key,
+      r.domain->post_write(std::move(part), buf, length, desc, peer_at(rail), target.remote, key,
                            target.notified ? &target.token : nullptr, give_up);
     }
   } catch (const Error&) {

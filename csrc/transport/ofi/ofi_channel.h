@@ -35,11 +35,17 @@
 //              write goes on the rail whose key its grant gave (the token's low bits,
 //              OfiTransport::add_grant); when that rail fails, the notified write fails and the
 //              endpoint stays (later grants take a live rail). When the last rail fails, the
-//              endpoint closes with every rail's cause. A failed rail stays failed for the
-//              endpoint; a new endpoint uses it again.
+//              endpoint closes with every rail's cause.
+//   rejoining  a failed rail is asked back by the connecting side after a backoff (1 s
+//              doubling to 60 s), each side drops the peer's entry in that rail's AV and
+//              inserts it again (the provider's connection to the peer, in error after the
+//              failure, is released) and reads the other's probe word over the rail; both read
+//              right, the rail carries transfers again (ofi_heal.cc).
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -64,19 +70,23 @@ class OfiTransport;
 // One rail of a channel: this engine's domain and the peer's address in its AV.
 struct OfiPeerRail {
   std::shared_ptr<OfiDomain> domain;
-  fi_addr_t peer = FI_ADDR_NOTAVAIL;
+  fi_addr_t peer = FI_ADDR_NOTAVAIL;  // the peer's entry in the domain's AV at connection
+  std::string address;                // the peer's endpoint address there (fi_getname)
 };
 
 class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChannel> {
  public:
+  using Clock = std::chrono::steady_clock;
   static constexpr uint64_t kEagerLimit = 16384;
   static constexpr uint64_t kNotifyChunk = 4ull << 20;  // largest part of a notified write
   static constexpr uint64_t kStripeMin = 512 * 1024;    // smaller transfers go on one rail
 
   // `rails`: rail 0 first (at least one); `fd`: the bootstrap stream (made non-blocking),
-  // `tls` its TLS session or null.
+  // `tls` its TLS session or null; `connector`: this side connected (it asks failed rails
+  // back).
   OfiChannel(OfiTransport& transport, std::vector<OfiPeerRail> rails, UniqueFd fd,
-             std::unique_ptr<TlsSession> tls, uint64_t peer_max_msg, std::string peer);
+             std::unique_ptr<TlsSession> tls, uint64_t peer_max_msg, std::string peer,
+             bool connector);
   ~OfiChannel() override;
   // Starts the reader thread of the bootstrap stream.
   void start();
@@ -109,8 +119,21 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
 
   // A part of a notified write into grant `token` landed (the domain's completion thread).
   void on_landed(uint32_t token);
+  // The connecting side's rejoining step (ofi_heal.cc), from the transport's rail watch: asks
+  // back each failed rail whose backoff ran out, and gives up on an attempt unanswered in time.
+  void heal_tick();
 
  private:
+  // A rail's rejoining (ofi_heal.cc), under mu_.
+  struct RailHeal {
+    uint64_t attempt = 0;   // the number of the last REJOIN sent (connector) or answered
+    bool asking = false;    // that attempt is under way
+    Clock::time_point next_try{};
+    Clock::time_point deadline{};   // the connector's wait for the answer
+    Clock::time_point healed_at{};  // the last rejoin
+    double backoff_s = 0;
+    uint64_t rejoins = 0;
+  };
   struct GrantHold {
     RegionUse hold;
     OfiHandle<fid_mr> temp;  // a registration of the window alone (region without remote write)
@@ -162,6 +185,26 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   // Rail `rail` failed (`cause`): marked failed, the peer told unless it told us; the endpoint
   // closes when no rail is left. Returns whether a rail is still live.
   bool rail_failed(size_t rail, const std::string& cause, bool tell_peer);
+  // Rejoining (ofi_heal.cc). A frame of kinds kRejoin..kRailUp from the peer (its reader).
+  void on_heal_frame(const OfiFrameHeader& h, const std::string& meta);
+  // After `rail` failed: when to ask it back (the backoff doubles for a rail that flaps).
+  void schedule_heal_locked(size_t rail);
+  // Attempt `attempt` to bring `rail` back failed (`why`): the next one after the backoff.
+  void heal_failed(size_t rail, uint64_t attempt, const std::string& why);
+  // Attempt `attempt` brought `rail` back: live again, its rate not measured yet.
+  void rail_rejoined(size_t rail, uint64_t attempt);
+  // Drops the peer's entry in `rail`'s AV and inserts it again (OfiDomain::reinsert_peer).
+  void renew_peer(size_t rail);
+  // READs the peer's probe word (fabric address `addr`, key `key` on `rail`) over `rail`;
+  // `then` gets "" when it came back as `expect`, else why not (on the completion thread).
+  void probe(size_t rail, uint64_t addr, uint32_t key, uint64_t expect,
+             std::function<void(const std::string&)> then);
+  // Sends a rejoin frame about `rail` (with this side's probe word for kRejoin and kRejoinOk);
+  // false when the stream did not take it in time.
+  bool send_heal(OfiFrameKind kind, size_t rail, uint64_t attempt, const std::string& why);
+  // This endpoint's probe word: a small region on every rail that the peer READs.
+  std::shared_ptr<MemoryRegion> probe_word();
+  fi_addr_t peer_at(size_t rail) const { return peer_addr_[rail].load(); }
   bool rail_live(size_t rail) const;
   // The lowest live rail (grants give its key); throws Error(kConnection) when none is.
   size_t grant_rail() const;
@@ -185,6 +228,10 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   const uint64_t max_chunk_;     // the largest RMA both endpoints take
   const uint64_t notify_chunk_;  // the part size of notified writes (the same on both sides)
   const std::string peer_;
+  const bool connector_;
+  const double heal_first_s_;  // the first backoff (common/test_hooks.h may change it)
+  // Per rail: the peer's entry in its AV (renew_peer replaces it).
+  std::unique_ptr<std::atomic<fi_addr_t>[]> peer_addr_;
   std::thread reader_;
   std::timed_mutex send_mu_;
   mutable std::mutex mu_;
@@ -196,6 +243,9 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   std::vector<std::string> rail_cause_;  // mu_: why each failed rail failed
   std::unique_ptr<std::atomic<uint64_t>[]> rail_bytes_;  // landed, per rail
   RailMeter meter_;  // per rail: measured rate, bytes posted and not complete, last share
+  std::vector<RailHeal> heal_;            // mu_
+  std::shared_ptr<MemoryRegion> probe_;   // mu_: made on first use
+  uint64_t probe_value_ = 0;              // the probe word's value (random, never 0)
   // RDMAXFER_OFI_TEST_RAIL_ERR (common/test_hooks.h): the rail whose part completing after
   // test_err_bytes_ reports a failure once (SIZE_MAX: none).
   size_t test_err_rail_ = SIZE_MAX;

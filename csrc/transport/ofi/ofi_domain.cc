@@ -231,6 +231,17 @@ fi_addr_t OfiDomain::insert_peer(const std::string& address) {
   return out;
 }
 
+fi_addr_t OfiDomain::reinsert_peer(fi_addr_t old, const std::string& address) {
+  std::lock_guard<std::mutex> lock(av_mu_);
+  const int removed = fi_av_remove(av_.get(), &old, 1, 0);
+  if (removed != 0) throw_ofi("fi_av_remove (the peer's address)", removed, ErrorKind::kConnection);
+  fi_addr_t out = FI_ADDR_NOTAVAIL;
+  const int n = fi_av_insert(av_.get(), address.data(), 1, &out, 0, nullptr);
+  if (n != 1) throw_ofi("fi_av_insert (the peer's address)", n < 0 ? n : -FI_EINVAL,
+                        ErrorKind::kConnection);
+  return out;
+}
+
 OfiHandle<fid_mr> OfiDomain::register_memory(uint8_t* addr, uint64_t length, uint32_t access,
                                              uint32_t* key, int cuda_device) {
   iovec iov{addr, length};

@@ -98,6 +98,11 @@ class OfiDomain {
   std::string address() const;
   // Inserts a peer's address into the AV (throws on a malformed address).
   fi_addr_t insert_peer(const std::string& address);
+  // Removes `old` (a peer's entry) from the AV and inserts `address` again: with
+  // FI_AV_REMOVE_CLEANUP (ofi_api.h) the provider drops what it holds for the peer (ofi_rxm:
+  // its connection, whose QP may be in error), and the next operation to the new entry sets
+  // it up afresh. Throws Error(kConnection) with the provider's reason.
+  fi_addr_t reinsert_peer(fi_addr_t old, const std::string& address);
 
   // Registers [addr, addr+length) for `access` (Access bits); `key` is the key asked for when
   // the provider does not choose keys (FI_MR_PROV_KEY unset). `cuda_device` >= 0: the range is

@@ -1,6 +1,6 @@
 // OfiChannel on several rails (ofi_channel.h: striping, failover): which rails a transfer may
-// use, how a large one is shared out, and what a failed rail changes. The rest of the channel
-// is in ofi_channel.cc.
+// use, how a large one is shared out, what a failed rail changes, and how the rails are shown.
+// Rejoining is in ofi_heal.cc, the rest of the channel in ofi_channel.cc.
 #include <algorithm>
 
 #include "common/error.h"
@@ -95,7 +95,10 @@ bool OfiChannel::rail_failed(size_t rail, const std::string& cause, bool tell_pe
     std::lock_guard<std::mutex> lock(mu_);
     const bool first = rail_up_[rail] != 0;
     rail_up_[rail] = 0;
-    if (first) rail_cause_[rail] = cause;
+    if (first) {
+      rail_cause_[rail] = cause;
+      schedule_heal_locked(rail);
+    }
     if (closed_) return false;
     for (size_t i = 0; i < rails_.size(); ++i) {
       live = live || rail_up_[i] != 0;
@@ -124,6 +127,7 @@ bool OfiChannel::rail_failed(size_t rail, const std::string& cause, bool tell_pe
       log::write(log::Level::kDebug, std::string("ofi: rail down not sent: ") + e.what());
     }
   }
+  if (live && connector_) transport_.watch_rails();  // asks the rail back (ofi_heal.cc)
   if (!live) {
     abort(ErrorKind::kConnection,
           "connection to " + peer_ + " lost: " +
@@ -138,12 +142,50 @@ std::string OfiChannel::rails_text() const {
   std::string s;
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < rails_.size(); ++i) {
+    const std::string rejoined =
+        heal_[i].rejoins == 0 ? "" : " (rejoined " + std::to_string(heal_[i].rejoins) +
+                                         "x, last failure: " + rail_cause_[i] + ")";
     s += (s.empty() ? "" : "; ") + rails_[i].domain->settings().domain +
-         (rail_up_[i] != 0 ? " up" : " failed (" + rail_cause_[i] + ")") + ", " +
+         (rail_up_[i] != 0 ? " up" + rejoined : " failed (" + rail_cause_[i] + ")") + ", " +
          std::to_string(rail_bytes_[i].load()) + " bytes, " + rate_text(rates[i]) + ", " +
          std::to_string(share[i]) + "% of the last striped transfer";
   }
   return s;
+}
+
+std::string OfiChannel::describe() const {
+  return "to " + peer_ + " over libfabric " + domain_->settings().provider + " (" +
+         (rails_.size() == 1 ? domain_->settings().domain : "rails: " + rails_text()) + ")";
+}
+
+std::vector<std::pair<std::string, uint64_t>> OfiChannel::attributes() const {
+  std::vector<std::pair<std::string, uint64_t>> out = {
+      {"max_message", max_chunk_}, {"notify_chunk", notify_chunk_},
+      {"inject_size", domain_->settings().inject_size},
+      {"cq_data_size", domain_->settings().cq_data_size},
+      {"hmem", domain_->settings().hmem ? 1 : 0}, {"rails", rails_.size()}};
+  const std::vector<double> rates = meter_.rates();
+  const std::vector<uint32_t> share = meter_.last_share_pct();
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    const std::string key = "rail_" + rails_[i].domain->settings().domain;
+    out.emplace_back(key + "_bytes", rail_bytes_[i].load());
+    out.emplace_back(key + "_up", rail_live(i) ? 1 : 0);
+    out.emplace_back(key + "_rate", static_cast<uint64_t>(rates[i]));
+    out.emplace_back(key + "_share_pct", share[i]);
+    std::lock_guard<std::mutex> lock(mu_);
+    out.emplace_back(key + "_rejoins", heal_[i].rejoins);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> OfiChannel::names() const {
+  const OfiSettings& s = domain_->settings();
+  std::string domains;
+  for (const OfiPeerRail& r : rails_) {
+    domains += (domains.empty() ? "" : ",") + r.domain->settings().domain;
+  }
+  return {{"provider", s.provider}, {"fabric", s.fabric}, {"domain", s.domain},
+          {"domains", domains}};
 }
 
 }  // namespace rdmaxfer

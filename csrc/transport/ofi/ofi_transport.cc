@@ -1,6 +1,7 @@
 #include "transport/ofi/ofi_transport.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <utility>
 
@@ -19,6 +20,7 @@ namespace {
 
 constexpr double kOfiAcceptHandshakeS = 10.0;
 constexpr int kKeyTries = 16;
+constexpr double kRailWatchS = 0.5;  // how often the rail watch lets channels ask rails back
 
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
@@ -295,7 +297,7 @@ void OfiTransport::on_remote_data(uint32_t token) {
 
 std::shared_ptr<OfiChannel> OfiTransport::handshake(UniqueFd fd, std::unique_ptr<TlsSession> tls,
                                                     const std::string& peer,
-                                                    const Deadline& deadline) {
+                                                    const Deadline& deadline, bool connector) {
   OfiEndpointRecord ours;
   ours.max_msg = UINT64_MAX;
   for (const auto& d : domains_) {
@@ -316,7 +318,8 @@ std::shared_ptr<OfiChannel> OfiTransport::handshake(UniqueFd fd, std::unique_ptr
   const size_t n = std::min(domains_.size(), theirs.addresses.size());
   std::vector<OfiPeerRail> rails;
   for (size_t i = 0; i < n; ++i) {
-    rails.push_back(OfiPeerRail{domains_[i], domains_[i]->insert_peer(theirs.addresses[i])});
+    rails.push_back(OfiPeerRail{domains_[i], domains_[i]->insert_peer(theirs.addresses[i]),
+                                theirs.addresses[i]});
   }
   const uint8_t ready = OfiEndpointRecord::kReadyByte;
   send_exact(fd.get(), &ready, 1, deadline, "ofi handshake: sending READY", tls.get());
@@ -328,7 +331,7 @@ std::shared_ptr<OfiChannel> OfiTransport::handshake(UniqueFd fd, std::unique_ptr
                 "ofi handshake: the peer sent " + std::to_string(got) + " instead of READY");
   }
   auto channel = std::make_shared<OfiChannel>(*this, std::move(rails), std::move(fd),
-                                              std::move(tls), theirs.max_msg, peer);
+                                              std::move(tls), theirs.max_msg, peer, connector);
   attach_protocol(channel);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -362,7 +365,7 @@ void OfiTransport::accept_group(AcceptedGroup group) {
   try {
     std::unique_ptr<TlsSession> tls = group.tls.empty() ? nullptr : std::move(group.tls[0]);
     auto channel = handshake(std::move(group.fds[0]), std::move(tls), peer,
-                             Deadline(kOfiAcceptHandshakeS));
+                             Deadline(kOfiAcceptHandshakeS), false);
     channel->set_peer_engine(group.hello.engine_id);
     log_accepted(*channel);
     std::lock_guard<std::mutex> lock(mu_);
@@ -411,7 +414,7 @@ std::shared_ptr<Channel> OfiTransport::connect(const std::string& host, uint16_t
             bootstrap_connect(host, port, declared().wire_id, 1, engine_id(), random_u64(),
                               sockets, deadline, retries, &peer_engine, &tls);
         auto channel = handshake(std::move(fds[0]), tls.empty() ? nullptr : std::move(tls[0]),
-                                 peer, deadline);
+                                 peer, deadline, true);
         channel->set_peer_engine(peer_engine);
         return std::static_pointer_cast<Channel>(channel);
       },
@@ -429,12 +432,55 @@ void OfiTransport::shutdown() {
     channels.swap(channels_);
     accepted_.clear();
     accepted_cv_.notify_all();
+    watch_cv_.notify_all();
   }
   acceptor.reset();
   for (auto& weak : channels) {
     if (auto c = weak.lock()) c->abort(ErrorKind::kClosed, "the engine is closed");
   }
+  std::thread watch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watch = std::move(watch_);
+  }
+  if (watch.joinable()) {
+    if (watch.get_id() == std::this_thread::get_id()) {
+      watch.detach();  // the watch dropped the engine's last holder: it ends by itself
+    } else {
+      watch.join();
+    }
+  }
   for (auto& domain : domains_) domain->stop();
+}
+
+void OfiTransport::watch_rails() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_ || watch_.joinable()) return;
+  watch_ = std::thread([this] { rail_watch(); });
+}
+
+void OfiTransport::rail_watch() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shut_down_) {
+    watch_cv_.wait_for(lock, std::chrono::duration<double>(kRailWatchS),
+                       [this] { return shut_down_; });
+    if (shut_down_) return;
+    std::vector<std::shared_ptr<OfiChannel>> live;
+    for (const auto& weak : channels_) {
+      if (auto c = weak.lock()) live.push_back(std::move(c));
+    }
+    lock.unlock();
+    for (const auto& c : live) c->heal_tick();
+    live.clear();  // a channel dropped meanwhile closes here, outside the lock
+    lock.lock();
+  }
+}
+
+std::shared_ptr<MemoryRegion> OfiTransport::probe_region(uint64_t length) {
+  auto owned = std::make_unique<PinnedAllocation>(length);
+  uint8_t* data = owned->data();
+  return region_on_rails(data, length, kAccessLocalWrite | kAccessRemoteRead, std::move(owned),
+                         -1);
 }
 
 }  // namespace rdmaxfer

@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "transport/bootstrap.h"
@@ -103,6 +104,12 @@ class OfiTransport : public Transport {
   // low kOfiRailBits bits are the rail whose key the grant gave (the writer posts there).
   uint32_t add_grant(std::weak_ptr<OfiChannel> channel, size_t rail);
   void drop_grant(uint32_t token);
+  // Starts the rail watch unless it runs: every kRailWatchS it lets each channel ask its failed
+  // rails back (OfiChannel::heal_tick), until the transport shuts down.
+  void watch_rails();
+  // A region of `length` bytes of page-aligned memory on every rail, readable by peers, that
+  // no MemoryDomain lists (an endpoint's probe word, ofi_heal.cc).
+  std::shared_ptr<MemoryRegion> probe_region(uint64_t length);
 
  protected:
   std::shared_ptr<MemoryRegion> make_region(uint8_t* addr, uint64_t length, uint32_t access,
@@ -122,7 +129,9 @@ class OfiTransport : public Transport {
   // The endpoint-record exchange on a bootstrapped stream (through its TLS session when TLS is
   // on); returns the started channel, which keeps both.
   std::shared_ptr<OfiChannel> handshake(UniqueFd fd, std::unique_ptr<TlsSession> tls,
-                                        const std::string& peer, const Deadline& deadline);
+                                        const std::string& peer, const Deadline& deadline,
+                                        bool connector);
+  void rail_watch();  // the watch thread
   void accept_group(AcceptedGroup group);
   void on_remote_data(uint32_t token);
   static uint32_t random_key();  // from the kernel CSPRNG, never 0
@@ -136,6 +145,8 @@ class OfiTransport : public Transport {
   std::unique_ptr<Acceptor> acceptor_;
   std::deque<std::shared_ptr<OfiChannel>> accepted_;
   std::vector<std::weak_ptr<OfiChannel>> channels_;
+  std::condition_variable watch_cv_;  // mu_: wakes the watch when the transport shuts down
+  std::thread watch_;                 // mu_: started by watch_rails()
   std::mutex grants_mu_;
   std::map<uint32_t, std::weak_ptr<OfiChannel>> grants_;
 };

@@ -121,7 +121,7 @@ OfiFrameHeader OfiFrameHeader::unpack(const uint8_t* in) {
   const std::string what = "ofi control frame";
   OfiFrameHeader h;
   if (in[0] < static_cast<uint8_t>(OfiFrameKind::kCtrl) ||
-      in[0] > static_cast<uint8_t>(OfiFrameKind::kRailDown)) {
+      in[0] > static_cast<uint8_t>(OfiFrameKind::kRailUp)) {
     bad(what, "unknown kind " + std::to_string(in[0]));
   }
   h.kind = static_cast<OfiFrameKind>(in[0]);
@@ -143,7 +143,15 @@ OfiFrameHeader OfiFrameHeader::unpack(const uint8_t* in) {
   if (h.kind == OfiFrameKind::kGoodbye && (h.meta_len != 0 || h.data_len != 0)) {
     bad(what, "a goodbye with a payload");
   }
-  if (h.kind == OfiFrameKind::kRailDown && h.data_len != 0) bad(what, "a rail down with data");
+  if ((h.kind == OfiFrameKind::kRailDown || h.kind == OfiFrameKind::kRejoinNo) &&
+      h.data_len != 0) {
+    bad(what, "a rail down or rejoin refusal with data");
+  }
+  if ((h.kind == OfiFrameKind::kRejoin || h.kind == OfiFrameKind::kRejoinOk ||
+       h.kind == OfiFrameKind::kRailUp) &&
+      (h.meta_len != 0 || h.data_len != 0)) {
+    bad(what, "a rejoin message with a payload");
+  }
   return h;
 }
 

@@ -16,7 +16,11 @@
 // bytes of one-sided operations and notifications travel over the fabric. A frame is a 48-byte
 // header, then `meta_len` bytes of metadata and `data_len` bytes of EAGER data:
 //   0 kind u8 (1 control message, 2 goodbye, 3 rail down: route = the sender's rail that
-//     failed, meta = why)  1 ctrl type u8  2 reserved u16  4 meta_len u32
+//     failed, meta = why; 4-7 a failed rail rejoining, ofi_heal.cc: 4 rejoin, 5 rejoin ok,
+//     6 rejoin refused (meta = why), 7 rail up, each with route = the rail, msg_id = the
+//     attempt, and for 4 and 5 addr, key and size = where the sender's probe word is (its
+//     address on the fabric, its key on that rail) and its value)
+//   1 ctrl type u8  2 reserved u16  4 meta_len u32
 //   8 msg_id u64  16 size u64  24 addr u64  32 key u32  36 route u32  40 data_len u32
 //  44 reserved u32
 #pragma once
@@ -48,7 +52,15 @@ struct OfiEndpointRecord {
   static OfiEndpointRecord unpack(const uint8_t* data, size_t size);  // Error(kProtocol)
 };
 
-enum class OfiFrameKind : uint8_t { kCtrl = 1, kGoodbye = 2, kRailDown = 3 };
+enum class OfiFrameKind : uint8_t {
+  kCtrl = 1,
+  kGoodbye = 2,
+  kRailDown = 3,
+  kRejoin = 4,
+  kRejoinOk = 5,
+  kRejoinNo = 6,
+  kRailUp = 7,
+};
 
 struct OfiFrameHeader {
   static constexpr size_t kSize = 48;

@@ -10,6 +10,7 @@ list(APPEND RDMAXFER_TRANSPORT_SOURCES
   csrc/transport/ofi/ofi_domain.cc
   csrc/transport/ofi/ofi_channel.cc
   csrc/transport/ofi/ofi_rails.cc
+  csrc/transport/ofi/ofi_heal.cc
   csrc/transport/ofi/ofi_transport.cc
   csrc/transport/ofi/ofi_registration.cc
 )
