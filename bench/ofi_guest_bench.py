@@ -4,10 +4,10 @@ transport (rdma) and the references, on the soft-RoCE devices of the test VM, in
 
     tests/rxe/run-in-vm.sh -- .venv/bin/python bench/ofi_guest_bench.py
 
-Each round, in turn: ofi, rdma (each: a server engine on rxe1, a client on rxe0), then
-``ib_write_bw`` (tests/rxe/perftest-ref.sh) and ``fi_pingpong -p "verbs;ofi_rxm" -e rdm -S 8``
-(server on rxe1, client on rxe0). Bandwidth: ``--iters`` WRITEs of each size with
-``--depth`` in flight (ib_write_bw with the same send queue depth), timed in C++
+Each round, in turn (the order reversed every other round): ofi, rdma (each: a server engine
+on rxe1, a client on rxe0), ``ib_write_bw`` (tests/rxe/perftest-ref.sh) and ``fi_pingpong -p
+"verbs;ofi_rxm" -e rdm -S 8`` (server on rxe1, client on rxe0). Bandwidth: ``--iters`` WRITEs
+of each size with ``--depth`` in flight (ib_write_bw with the same send queue depth), timed in C++
 (``Endpoint.timed_loop``) from the first post to the last completion. Round trip: 8-byte
 WRITEs one at a time, post to completion (median), beside fi_pingpong's usec/xfer (a SEND
 ping-pong: two one-way messages). Medians over the rounds; the 1-minute load average of each
@@ -146,12 +146,15 @@ def main() -> None:
     loads = []
     for r in range(args.rounds):
         loads.append(os.getloadavg()[0])
-        for transport in ("ofi", "rdma"):
-            runs[transport].append(
-                measure(transport, sizes, args.iters, args.depth, args.rtt_iters)
-            )
-        runs["ib_write_bw"].append(ib_write_bw(sizes, args.iters, args.depth))
-        runs["fi_pingpong"].append(fi_pingpong(args.rtt_iters))
+        # Alternating rounds: the order flips every round, so neither side always runs first.
+        order = ["ofi", "rdma", "ib_write_bw", "fi_pingpong"]
+        for name in order if r % 2 == 0 else order[::-1]:
+            if name in ("ofi", "rdma"):
+                runs[name].append(measure(name, sizes, args.iters, args.depth, args.rtt_iters))
+            elif name == "ib_write_bw":
+                runs[name].append(ib_write_bw(sizes, args.iters, args.depth))
+            else:
+                runs[name].append(fi_pingpong(args.rtt_iters))
         print(f"round {r + 1}: {json.dumps({k: v[-1] for k, v in runs.items()})}", flush=True)
 
     def med(values: list[float | None]) -> float | None:
