@@ -82,7 +82,8 @@ def pulled_bit_exact(arrays: dict[str, np.ndarray], path: Path, engine: Engine) 
         got = arrays.get(name)
         zeros = got is not None and not np.any(got.reshape(-1).view(np.uint8))
         where = f"file bytes {data_offset + begin}-{data_offset + end}"
-        lines.append(f"{name}: {where}{', all zeros' if zeros else ''}")
+        at = f", array at {got.ctypes.data}" if got is not None else ""
+        lines.append(f"{name}: {where}{at}{', all zeros' if zeros else ''}")
     return "\n".join([f"{len(bad)} tensors differ:", *lines, engine.describe()])
 
 

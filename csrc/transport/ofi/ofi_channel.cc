@@ -47,13 +47,11 @@ OfiChannel::OfiChannel(OfiTransport& transport, std::vector<OfiPeerRail> rails, 
       peer_(std::move(peer)),
       connector_(connector),
       heal_first_s_(test_hooks::ofi_rejoin_first_s()),
-      peer_addr_(std::make_unique<std::atomic<fi_addr_t>[]>(rails_.size())),
       rail_up_(rails_.size(), 1),
       rail_cause_(rails_.size()),
       rail_bytes_(std::make_unique<std::atomic<uint64_t>[]>(rails_.size())),
       meter_(rails_.size()),
       heal_(rails_.size()) {
-  for (size_t i = 0; i < rails_.size(); ++i) peer_addr_[i] = rails_[i].peer;
   set_nonblocking(fd_->get(), true);
   const auto [domain, bytes] = test_hooks::ofi_rail_error();
   for (size_t i = 0; i < rails_.size(); ++i) {
@@ -222,10 +220,10 @@ void OfiChannel::post_part(OpKind op, const RequestPtr& request,
   meter_.posted(rail, length, RailMeter::Clock::now());
   try {
     if (op == OpKind::kRead) {
-      r.domain->post_read(std::move(part), buf, length, desc, peer_at(rail), target.remote, key,
+      r.domain->post_read(std::move(part), buf, length, desc, r.peer, target.remote, key,
                           give_up);
     } else {
-      r.domain->post_write(std::move(part), buf, length, desc, peer_at(rail), target.remote, key,
+      r.domain->post_write(std::move(part), buf, length, desc, r.peer, target.remote, key,
                            target.notified ? &target.token : nullptr, give_up);
     }
   } catch (const Error&) {
@@ -240,6 +238,14 @@ void OfiChannel::part_done(OpKind op, const RequestPtr& request,
                            int prov_errno, const std::string& text) {
   std::string failure = text;
   if (err != 0) meter_.unposted(rail, length);
+  if ((err != 0 || target.moves > 0) && log::enabled(log::Level::kDebug)) {
+    log::write(log::Level::kDebug,
+               "ofi part " + std::string(op == OpKind::kRead ? "READ" : "WRITE") + " of " +
+                   std::to_string(length) + " bytes at local " +
+                   std::to_string(reinterpret_cast<uint64_t>(local->addr()) + offset) + " on " +
+                   rails_[rail].domain->settings().domain + " (moved " +
+                   std::to_string(target.moves) + "x): " + (err == 0 ? "done" : text));
+  }
   if (err == 0) {
     meter_.completed(rail, length, RailMeter::Clock::now());
     const uint64_t carried = rail_bytes_[rail] += length;

@@ -67,11 +67,10 @@ namespace rdmaxfer {
 
 class OfiTransport;
 
-// One rail of a channel: this engine's domain and the peer's address in its AV.
+// One rail of a channel: this engine's domain and the peer's entry in its AV.
 struct OfiPeerRail {
   std::shared_ptr<OfiDomain> domain;
-  fi_addr_t peer = FI_ADDR_NOTAVAIL;  // the peer's entry in the domain's AV at connection
-  std::string address;                // the peer's endpoint address there (fi_getname)
+  std::shared_ptr<OfiPeer> peer;  // the peer's entry in the domain's AV
 };
 
 class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChannel> {
@@ -133,7 +132,12 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
     Clock::time_point healed_at{};  // the last rejoin
     double backoff_s = 0;
     uint64_t rejoins = 0;
+    // The peer's AV entry's renewals when the rail failed: an entry renewed since (by another
+    // endpoint to the same peer, which shares it) is not renewed again.
+    uint64_t renewals = 0;
   };
+  // Renews the peer's AV entry on `rail` unless it was renewed since the rail failed.
+  void renew_peer(size_t rail);
   struct GrantHold {
     RegionUse hold;
     OfiHandle<fid_mr> temp;  // a registration of the window alone (region without remote write)
@@ -193,8 +197,6 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   void heal_failed(size_t rail, uint64_t attempt, const std::string& why);
   // Attempt `attempt` brought `rail` back: live again, its rate not measured yet.
   void rail_rejoined(size_t rail, uint64_t attempt);
-  // Drops the peer's entry in `rail`'s AV and inserts it again (OfiDomain::reinsert_peer).
-  void renew_peer(size_t rail);
   // READs the peer's probe word (fabric address `addr`, key `key` on `rail`) over `rail`;
   // `then` gets "" when it came back as `expect`, else why not (on the completion thread).
   void probe(size_t rail, uint64_t addr, uint32_t key, uint64_t expect,
@@ -204,7 +206,7 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   bool send_heal(OfiFrameKind kind, size_t rail, uint64_t attempt, const std::string& why);
   // This endpoint's probe word: a small region on every rail that the peer READs.
   std::shared_ptr<MemoryRegion> probe_word();
-  fi_addr_t peer_at(size_t rail) const { return peer_addr_[rail].load(); }
+
   bool rail_live(size_t rail) const;
   // The lowest live rail (grants give its key); throws Error(kConnection) when none is.
   size_t grant_rail() const;
@@ -230,8 +232,6 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   const std::string peer_;
   const bool connector_;
   const double heal_first_s_;  // the first backoff (common/test_hooks.h may change it)
-  // Per rail: the peer's entry in its AV (renew_peer replaces it).
-  std::unique_ptr<std::atomic<fi_addr_t>[]> peer_addr_;
   std::thread reader_;
   std::timed_mutex send_mu_;
   mutable std::mutex mu_;

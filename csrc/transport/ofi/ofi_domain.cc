@@ -222,24 +222,32 @@ std::string OfiDomain::address() const {
   return addr;
 }
 
-fi_addr_t OfiDomain::insert_peer(const std::string& address) {
-  fi_addr_t out = FI_ADDR_NOTAVAIL;
+std::shared_ptr<OfiPeer> OfiDomain::peer(const std::string& address) {
   std::lock_guard<std::mutex> lock(av_mu_);
+  auto it = peers_.find(address);
+  if (it != peers_.end()) return it->second;
+  fi_addr_t out = FI_ADDR_NOTAVAIL;
   const int n = fi_av_insert(av_.get(), address.data(), 1, &out, 0, nullptr);
   if (n != 1) throw_ofi("fi_av_insert (the peer's address)", n < 0 ? n : -FI_EINVAL,
                         ErrorKind::kConnection);
-  return out;
+  auto made = std::make_shared<OfiPeer>();
+  made->addr_ = out;
+  made->address_ = address;
+  peers_.emplace(address, made);
+  return made;
 }
 
-fi_addr_t OfiDomain::reinsert_peer(fi_addr_t old, const std::string& address) {
+void OfiDomain::renew(OfiPeer& peer) {
   std::lock_guard<std::mutex> lock(av_mu_);
+  fi_addr_t old = peer.addr_.load();
   const int removed = fi_av_remove(av_.get(), &old, 1, 0);
   if (removed != 0) throw_ofi("fi_av_remove (the peer's address)", removed, ErrorKind::kConnection);
   fi_addr_t out = FI_ADDR_NOTAVAIL;
-  const int n = fi_av_insert(av_.get(), address.data(), 1, &out, 0, nullptr);
+  const int n = fi_av_insert(av_.get(), peer.address_.data(), 1, &out, 0, nullptr);
   if (n != 1) throw_ofi("fi_av_insert (the peer's address)", n < 0 ? n : -FI_EINVAL,
                         ErrorKind::kConnection);
-  return out;
+  peer.addr_ = out;
+  ++peer.renewals_;
 }
 
 OfiHandle<fid_mr> OfiDomain::register_memory(uint8_t* addr, uint64_t length, uint32_t access,
@@ -287,7 +295,9 @@ void OfiDomain::post(std::unique_ptr<OfiOp> op, const char* what,
     if (stop_.load()) throw Error(ErrorKind::kClosed, std::string(what) + ": the engine is closed");
     outstanding_.insert(raw);
   }
+  if (raw->peer) ++raw->peer->in_flight_;
   auto forget = [&] {
+    if (raw->peer) --raw->peer->in_flight_;
     std::lock_guard<std::mutex> lock(ops_mu_);
     outstanding_.erase(raw);
   };
@@ -316,8 +326,10 @@ void OfiDomain::post(std::unique_ptr<OfiOp> op, const char* what,
 }
 
 void OfiDomain::post_write(std::unique_ptr<OfiOp> op, void* local, uint64_t length, void* desc,
-                           fi_addr_t peer, uint64_t remote, uint64_t key, const uint32_t* data,
-                           const std::function<bool()>& give_up) {
+                           const std::shared_ptr<OfiPeer>& peer, uint64_t remote, uint64_t key,
+                           const uint32_t* data, const std::function<bool()>& give_up) {
+  op->peer = peer;
+  const fi_addr_t to = peer->addr();
   const uint64_t flags = FI_COMPLETION | (data != nullptr ? FI_REMOTE_CQ_DATA : 0) |
                          (settings_.delivery_complete ? FI_DELIVERY_COMPLETE : 0);
   const uint64_t cq_data = data != nullptr ? *data : 0;
@@ -326,19 +338,21 @@ void OfiDomain::post_write(std::unique_ptr<OfiOp> op, void* local, uint64_t leng
          iovec iov{local, length};
          void* descs[1] = {desc};
          fi_rma_iov rma{remote, length, key};
-         fi_msg_rma msg{&iov, descs, 1, peer, &rma, 1, context, cq_data};
+         fi_msg_rma msg{&iov, descs, 1, to, &rma, 1, context, cq_data};
          return fi_writemsg(ep_.get(), &msg, flags);
        });
 }
 
 void OfiDomain::post_read(std::unique_ptr<OfiOp> op, void* local, uint64_t length, void* desc,
-                          fi_addr_t peer, uint64_t remote, uint64_t key,
+                          const std::shared_ptr<OfiPeer>& peer, uint64_t remote, uint64_t key,
                           const std::function<bool()>& give_up) {
+  op->peer = peer;
+  const fi_addr_t to = peer->addr();
   post(std::move(op), "fi_readmsg", give_up, [&](void* context) {
     iovec iov{local, length};
     void* descs[1] = {desc};
     fi_rma_iov rma{remote, length, key};
-    fi_msg_rma msg{&iov, descs, 1, peer, &rma, 1, context, 0};
+    fi_msg_rma msg{&iov, descs, 1, to, &rma, 1, context, 0};
     return fi_readmsg(ep_.get(), &msg, FI_COMPLETION);
   });
 }
@@ -357,6 +371,7 @@ void OfiDomain::stop() {
     left.swap(outstanding_);
   }
   for (OfiOp* op : left) {
+    if (op->peer) --op->peer->in_flight_;
     op->done(kOfiEngineClosed, 0, "the engine closed before the operation completed");
     delete op;
   }
@@ -366,8 +381,16 @@ void OfiDomain::complete(void* context, int err, int prov_errno, const std::stri
   auto* op = static_cast<OfiOp*>(context);
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
-    if (outstanding_.erase(op) == 0) return;  // unknown: not ours
+    if (outstanding_.erase(op) == 0) {
+      // Not an operation of ours that is still outstanding: the provider completed one twice,
+      // or late. Never expected; shown, since it could be taken for another operation's.
+      log::write(log::Level::kWarning, "ofi " + settings_.domain +
+                                           ": a completion for no outstanding operation (" +
+                                           (err == 0 ? std::string("success") : text) + ")");
+      return;
+    }
   }
+  if (op->peer) --op->peer->in_flight_;
   op->done(err, prov_errno, text);
   delete op;
 }

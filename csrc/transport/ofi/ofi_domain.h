@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,10 +37,34 @@ namespace rdmaxfer {
 // The err an OfiOp's callback gets when the domain stopped before the operation completed.
 constexpr int kOfiEngineClosed = -1;
 
+// A peer's entry in a domain's address vector (OfiDomain::peer): one per peer address for the
+// domain's life, shared by every endpoint to that address, so that libfabric holds the
+// address once and removing it (OfiDomain::renew, with FI_AV_REMOVE_CLEANUP: ofi_api.cc)
+// releases the provider's connection to the peer. Entries are never removed otherwise: the
+// provider's connection to a peer outlives an endpoint, and a new endpoint to the same peer
+// reuses it (ofi_rxm refuses a second connection from a peer whose first one it still holds).
+class OfiPeer {
+ public:
+  fi_addr_t addr() const { return addr_.load(); }
+  const std::string& address() const { return address_; }
+  // Operations posted to the peer and not complete yet.
+  uint64_t in_flight() const { return in_flight_.load(); }
+  // How many times OfiDomain::renew gave it a new entry.
+  uint64_t renewals() const { return renewals_.load(); }
+
+ private:
+  friend class OfiDomain;
+  std::atomic<fi_addr_t> addr_{FI_ADDR_NOTAVAIL};
+  std::string address_;
+  std::atomic<uint64_t> in_flight_{0};
+  std::atomic<uint64_t> renewals_{0};
+};
+
 // One posted operation; libfabric holds it (by its context) until it completes.
 struct OfiOp {
   fi_context2 context;  // first: the provider's per-operation room (FI_CONTEXT2)
   RegionUse hold;       // the local memory, held until the operation completes
+  std::shared_ptr<OfiPeer> peer;  // its AV entry, held until the operation completes (posted)
   // err 0: success, kOfiEngineClosed, else the completion's errno, the provider's own errno
   // (prov_errno) and text.
   std::function<void(int err, int prov_errno, const std::string& text)> done;
@@ -96,13 +121,13 @@ class OfiDomain {
   const OfiSettings& settings() const { return settings_; }
   // This endpoint's address (fi_getname), for the peer's address vector.
   std::string address() const;
-  // Inserts a peer's address into the AV (throws on a malformed address).
-  fi_addr_t insert_peer(const std::string& address);
-  // Removes `old` (a peer's entry) from the AV and inserts `address` again: with
-  // FI_AV_REMOVE_CLEANUP (ofi_api.h) the provider drops what it holds for the peer (ofi_rxm:
-  // its connection, whose QP may be in error), and the next operation to the new entry sets
-  // it up afresh. Throws Error(kConnection) with the provider's reason.
-  fi_addr_t reinsert_peer(fi_addr_t old, const std::string& address);
+  // The AV entry of the peer at `address` (its fi_getname), inserted on first use. Throws
+  // Error(kConnection) on a malformed address.
+  std::shared_ptr<OfiPeer> peer(const std::string& address);
+  // Removes `peer`'s entry from the AV and inserts its address again: the provider drops what
+  // it held for the peer (ofi_rxm: its connection, whose QP may be in error) and the next
+  // operation sets it up afresh. Throws Error(kConnection) with the provider's reason.
+  void renew(OfiPeer& peer);
 
   // Registers [addr, addr+length) for `access` (Access bits); `key` is the key asked for when
   // the provider does not choose keys (FI_MR_PROV_KEY unset). `cuda_device` >= 0: the range is
@@ -115,10 +140,10 @@ class OfiDomain {
   // while the provider answers FI_EAGAIN until `give_up()` says to stop (then throws
   // Error(kConnection)). The op's callback runs on completion (or on stop()). Takes ownership.
   void post_write(std::unique_ptr<OfiOp> op, void* local, uint64_t length, void* desc,
-                  fi_addr_t peer, uint64_t remote, uint64_t key, const uint32_t* data,
-                  const std::function<bool()>& give_up);
+                  const std::shared_ptr<OfiPeer>& peer, uint64_t remote, uint64_t key,
+                  const uint32_t* data, const std::function<bool()>& give_up);
   void post_read(std::unique_ptr<OfiOp> op, void* local, uint64_t length, void* desc,
-                 fi_addr_t peer, uint64_t remote, uint64_t key,
+                 const std::shared_ptr<OfiPeer>& peer, uint64_t remote, uint64_t key,
                  const std::function<bool()>& give_up);
 
   // The handler of remote writes that carried CQ data (set before start()).
@@ -135,6 +160,7 @@ class OfiDomain {
   void post(std::unique_ptr<OfiOp> op, const char* what, const std::function<bool()>& give_up,
             const std::function<ssize_t(void*)>& attempt);
 
+
   OfiInfo info_;
   const OfiSettings settings_;
   const PollMode poll_mode_;
@@ -149,6 +175,7 @@ class OfiDomain {
   std::mutex ops_mu_;
   std::unordered_set<OfiOp*> outstanding_;
   std::mutex av_mu_;
+  std::map<std::string, std::shared_ptr<OfiPeer>> peers_;  // av_mu_: by address
 };
 
 }  // namespace rdmaxfer

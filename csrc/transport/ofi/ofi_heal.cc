@@ -8,9 +8,12 @@
 // old one releases the provider's connection. The connecting side drives it, from the
 // transport's rail watch (heal_tick):
 //   1. After the backoff it renews its entry for the peer on the rail (fi_av_remove, then
-//      fi_av_insert of the peer's address) and sends REJOIN with its probe word: where it is
-//      (fabric address, the key on that rail) and its value, random per endpoint.
-//   2. The acceptor renews its entry for the connector on the rail and READs the probe word
+//      fi_av_insert of the peer's address; not when another endpoint to the same peer, which
+//      shares the entry, renewed it since the rail failed) and sends REJOIN with its probe
+//      word: where it is (fabric address, the key on that rail) and its value, random per
+//      endpoint.
+//   2. The acceptor renews its entry for the connector on the rail (the same way) and READs
+//      the probe word
 //      over it (the provider sets up a new connection). The value right, it answers REJOIN_OK
 //      with its own probe word; else REJOIN_NO with why.
 //   3. The connector READs the acceptor's probe word over the rail. The value right, the rail
@@ -18,8 +21,8 @@
 // A live rail has its rate forgotten (it counts as not measured yet), so the next striped
 // transfer gives it a share and measures it. An attempt that fails (REJOIN_NO, a probe that
 // fails or reads another value, no answer within kOfiHealAnswerS) is tried again after the
-// backoff, which doubles from 1 s up to kOfiHealMaxS; a rail that fails again within kOfiFlapS of
-// rejoining keeps doubling rather than starting over.
+// backoff, which doubles from 1 s up to kOfiHealMaxS; a rail that fails again within kOfiFlapS
+// of rejoining keeps doubling rather than starting over.
 #include <cstring>
 #include <utility>
 
@@ -62,14 +65,27 @@ void OfiChannel::schedule_heal_locked(size_t rail) {
       flapped ? std::min(kOfiHealMaxS, std::max(heal_first_s_, h.backoff_s * 2)) : heal_first_s_;
   h.next_try = heal_after(h.backoff_s);
   h.asking = false;
+  h.renewals = rails_[rail].peer->renewals();
+}
+
+void OfiChannel::renew_peer(size_t rail) {
+  uint64_t seen = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seen = heal_[rail].renewals;
+  }
+  const OfiPeerRail& r = rails_[rail];
+  if (r.peer->renewals() != seen) return;  // another endpoint renewed it since
+  r.domain->renew(*r.peer);
+  std::lock_guard<std::mutex> lock(mu_);
+  heal_[rail].renewals = r.peer->renewals();  // a later attempt renews it again
 }
 
 void OfiChannel::heal_tick() {
   std::vector<std::pair<size_t, uint64_t>> ask;
   std::vector<std::pair<size_t, uint64_t>> late;
-  // A rail with parts still in flight waits for them: removing the peer's AV entry could drop
-  // their completions.
-  const std::vector<uint64_t> backlog = meter_.backlogs();
+  // A rail with operations still in flight to the peer (from any endpoint: they share its AV
+  // entry) waits for them: renewing the entry could drop their completions.
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_ || !connector_) return;
@@ -79,7 +95,7 @@ void OfiChannel::heal_tick() {
       if (rail_up_[r] != 0) continue;
       if (h.asking) {
         if (now > h.deadline) late.emplace_back(r, h.attempt);
-      } else if (now >= h.next_try && backlog[r] == 0) {
+      } else if (now >= h.next_try && rails_[r].peer->in_flight() == 0) {
         h.asking = true;
         h.deadline = heal_after(kOfiHealAnswerS);
         ask.emplace_back(r, ++h.attempt);
@@ -112,8 +128,8 @@ void OfiChannel::on_heal_frame(const OfiFrameHeader& h, const std::string& meta)
     case OfiFrameKind::kRejoin: {
       if (connector_) return;  // only the connecting side asks
       if (rail_live(rail)) rail_failed(rail, "the peer's end failed and asks it back", false);
-      if (meter_.backlogs()[rail] != 0) {
-        send_heal(OfiFrameKind::kRejoinNo, rail, attempt, "parts are still in flight on it");
+      if (rails_[rail].peer->in_flight() != 0) {
+        send_heal(OfiFrameKind::kRejoinNo, rail, attempt, "operations are still in flight on it");
         return;
       }
       try {
@@ -206,11 +222,6 @@ void OfiChannel::rail_rejoined(size_t rail, uint64_t attempt) {
                                     " rejoined (it had failed: " + cause + ")");
 }
 
-void OfiChannel::renew_peer(size_t rail) {
-  const OfiPeerRail& r = rails_[rail];
-  peer_addr_[rail] = r.domain->reinsert_peer(peer_at(rail), r.address);
-}
-
 std::shared_ptr<MemoryRegion> OfiChannel::probe_word() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!probe_) {
@@ -243,8 +254,8 @@ void OfiChannel::probe(size_t rail, uint64_t addr, uint32_t key, uint64_t expect
     return !self || self->is_closed();
   };
   void* desc = ofi_region(word, "probe READ").desc(rail);
-  rails_[rail].domain->post_read(std::move(op), land, sizeof(uint64_t), desc, peer_at(rail),
-                                 addr, key, give_up);
+  rails_[rail].domain->post_read(std::move(op), land, sizeof(uint64_t), desc,
+                                 rails_[rail].peer, addr, key, give_up);
 }
 
 bool OfiChannel::send_heal(OfiFrameKind kind, size_t rail, uint64_t attempt,

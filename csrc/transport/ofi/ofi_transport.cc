@@ -318,8 +318,7 @@ std::shared_ptr<OfiChannel> OfiTransport::handshake(UniqueFd fd, std::unique_ptr
   const size_t n = std::min(domains_.size(), theirs.addresses.size());
   std::vector<OfiPeerRail> rails;
   for (size_t i = 0; i < n; ++i) {
-    rails.push_back(OfiPeerRail{domains_[i], domains_[i]->insert_peer(theirs.addresses[i]),
-                                theirs.addresses[i]});
+    rails.push_back(OfiPeerRail{domains_[i], domains_[i]->peer(theirs.addresses[i])});
   }
   const uint8_t ready = OfiEndpointRecord::kReadyByte;
   send_exact(fd.get(), &ready, 1, deadline, "ofi handshake: sending READY", tls.get());
