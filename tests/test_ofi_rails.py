@@ -21,6 +21,7 @@ import pytest
 from _common import ofi_record, wait_for
 from rdmaxfer import (
     ConnectionFailedError,
+    Descriptor,
     Endpoint,
     Engine,
     InvalidArgumentError,
@@ -84,6 +85,18 @@ def digest(data: np.ndarray) -> str:
 
 def rail_bytes(ep: Endpoint, names: list[str]) -> list[int]:
     return [int(ep.info[f"rail_{n}_bytes"]) for n in names]
+
+
+def striped_write(
+    ep: Endpoint, src: np.ndarray, desc: Descriptor, dst: np.ndarray, names: list[str]
+) -> list[int]:
+    """WRITEs `src` through `ep` into `dst` (described by `desc`), checks the bytes, and
+    returns what each rail of `names` carried."""
+    before = rail_bytes(ep, names)
+    dst[:] = 0
+    ep.write(src, desc, timeout=WAIT_S)
+    assert digest(dst) == digest(src)
+    return [b - a for a, b in zip(before, rail_bytes(ep, names), strict=True)]
 
 
 def test_an_engine_opens_one_domain_per_listed_rail(
@@ -238,11 +251,8 @@ def test_a_failed_rail_rejoins_on_both_sides_and_carries_its_share_again(
         assert f"{rails[1]} up (rejoined 1x, last failure: the peer's end failed" in (
             peer.describe()
         )
-        before = rail_bytes(ep, rails)
         src2 = rng.integers(0, 256, BIG, dtype=np.uint8)
-        ep.write(src2, desc, timeout=WAIT_S)
-        assert digest(dst) == digest(src2)
-        moved = [b - a for a, b in zip(before, rail_bytes(ep, rails), strict=True)]
+        moved = striped_write(ep, src2, desc, dst, rails)
         assert sum(moved) == BIG and min(moved) > 0, moved
         # (The hook fails the peer's rail once too, after its first 4 MiB there: the WRITE
         # completes all the same.)
@@ -276,15 +286,11 @@ def test_two_endpoints_to_one_peer_rejoin_a_failed_rail_both(
         key = f"rail_{rails[1]}_rejoins"
         wait_for(
             "the rail to rejoin both endpoints on both sides",
-            lambda: all(ep.info[key] >= 1 and peer.info[key] >= 1 for ep, peer in pairs),
+            lambda: all(int(ep.info[key]) >= 1 and int(peer.info[key]) >= 1 for ep, peer in pairs),
             timeout=WAIT_S,
         )
         for ep, _ in pairs:
-            before = rail_bytes(ep, rails)
-            dst[:] = 0
-            ep.write(src, desc, timeout=WAIT_S)
-            assert digest(dst) == digest(src)
-            moved = [b - a for a, b in zip(before, rail_bytes(ep, rails), strict=True)]
+            moved = striped_write(ep, src, desc, dst, rails)
             assert sum(moved) == BIG and min(moved) > 0, (moved, ep.describe())
 
 

@@ -77,6 +77,12 @@ void OfiChannel::start() {
   reader_ = std::thread(read_loop, weak_from_this(), fd_, tls_, peer_);
 }
 
+std::string OfiChannel::peer_text(const std::string& meta) {
+  std::string out = meta.substr(0, 1024);
+  for (char& c : out) c = c < 0x20 || c > 0x7e ? '?' : c;
+  return out;
+}
+
 void OfiChannel::read_loop(std::weak_ptr<OfiChannel> weak, std::shared_ptr<UniqueFd> fd,
                            std::shared_ptr<TlsSession> tls, std::string peer) {
   std::string why;
@@ -106,10 +112,7 @@ void OfiChannel::read_loop(std::weak_ptr<OfiChannel> weak, std::shared_ptr<Uniqu
     }
     if (h.kind == OfiFrameKind::kRailDown) {
       if (h.message.route < self->rails_.size()) {
-        // The peer's words, bounded and printable (they end up in exception messages).
-        std::string cause = meta.substr(0, 1024);
-        for (char& c : cause) c = c < 0x20 || c > 0x7e ? '?' : c;
-        self->rail_failed(h.message.route, "the peer's end failed: " + cause, false);
+        self->rail_failed(h.message.route, "the peer's end failed: " + peer_text(meta), false);
       }
       continue;
     }

@@ -158,6 +158,9 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
     int moves = 0;  // times the part moved to another rail
   };
 
+  // The peer's words from a frame's metadata, bounded and printable (they end up in log lines
+  // and exception messages).
+  static std::string peer_text(const std::string& meta);
   static void read_loop(std::weak_ptr<OfiChannel> self, std::shared_ptr<UniqueFd> fd,
                         std::shared_ptr<TlsSession> tls, std::string peer);
   const OfiRegion& ofi_region(const std::shared_ptr<MemoryRegion>& local, const char* what) const;

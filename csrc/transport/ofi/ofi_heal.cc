@@ -48,13 +48,6 @@ OfiChannel::Clock::time_point heal_after(double seconds) {
   return OfiChannel::Clock::now() + std::chrono::duration_cast<OfiChannel::Clock::duration>(
                                         std::chrono::duration<double>(seconds));
 }
-
-// The peer's words, bounded and printable (they end up in log lines).
-std::string peer_text(const std::string& text) {
-  std::string out = text.substr(0, 1024);
-  for (char& c : out) c = c < 0x20 || c > 0x7e ? '?' : c;
-  return out;
-}
 }  // namespace
 
 void OfiChannel::schedule_heal_locked(size_t rail) {
