@@ -47,6 +47,15 @@ inline std::pair<std::string, uint64_t> ofi_rail_error() {
   return device_bytes_hook("RDMAXFER_OFI_TEST_RAIL_ERR");
 }
 
+// RDMAXFER_OFI_TEST_LOST_READ="<domain>:<bytes>": on each ofi endpoint, once the rail on that
+// domain has carried `bytes` of one-sided parts, the READ part whose completion crossed it is
+// reported done with its bytes zeroed, and the rail fails right after (as verbs;ofi_rxm on
+// soft-RoCE has reported a READ done without its data before its connection failed). Returns
+// (domain, bytes); ("", 0) when unset. Throws like rdma_qp_error.
+inline std::pair<std::string, uint64_t> ofi_lost_read() {
+  return device_bytes_hook("RDMAXFER_OFI_TEST_LOST_READ");
+}
+
 // RDMAXFER_OFI_TEST_REJOIN_S="<seconds>": how long an ofi endpoint waits before it first asks a
 // failed rail back (default 1; tests that look at a failed rail set it long). Throws
 // Error(kInvalidArgument) for a value that is not a number of seconds above 0.

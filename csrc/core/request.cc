@@ -41,6 +41,17 @@ void Request::part_done() {
   if (parts_left_.fetch_sub(1) == 1) complete();
 }
 
+bool Request::add_part() {
+  uint64_t left = parts_left_.load();
+  while (left > 0) {
+    if (parts_left_.compare_exchange_weak(left, left + 1)) {
+      parts_total_.fetch_add(1);
+      return true;
+    }
+  }
+  return false;
+}
+
 void Request::note_progress(uint64_t bytes) {
   moved_.fetch_add(bytes, std::memory_order_relaxed);
   last_progress_ns_.store(steady_ns(), std::memory_order_relaxed);

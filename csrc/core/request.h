@@ -81,6 +81,10 @@ class Request {
   // Number of parts (chunks, acknowledgements) that must finish before the request is done.
   void set_parts(uint64_t parts);
   void part_done();
+  // One more part (a part done again): false, and nothing changes, once every part finished
+  // (the request is complete, or completes on another thread now). Any thread.
+  bool add_part();
+  uint64_t parts_left() const { return parts_left_.load(); }
   // `bytes` more of the request moved (sent into a socket, placed in memory); any thread.
   // 0 records activity alone (bytes that count only once acknowledged, as parts).
   void note_progress(uint64_t bytes);

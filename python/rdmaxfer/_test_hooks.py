@@ -18,6 +18,8 @@ ask that header, never the environment):
 * ``RDMAXFER_OFI_TEST_RAIL_ERR`` (``DOMAIN:BYTES``): on each ofi endpoint, once the rail on that
   domain has carried that many bytes of one-sided parts, the part whose completion crossed it
   reports a failure.
+* ``RDMAXFER_OFI_TEST_LOST_READ`` (``DOMAIN:BYTES``): the same for a READ part, reported done
+  with its bytes zeroed, and the rail fails right after.
 * ``RDMAXFER_OFI_TEST_REJOIN_S`` (seconds): how long an ofi endpoint waits before it first asks
   a failed rail back (default 1).
 * ``RDMAXFER_RDMA_TEST_CTRL_TWICE`` (``1``): every control SEND is posted twice.
@@ -41,6 +43,7 @@ TEST_HOOKS: dict[str, str] = {
     "RDMAXFER_RXE_RAIL_DEVICES": "each side's devices with --rails N ('rxe0,rxe2 rxe1,rxe3')",
     "RDMAXFER_RDMA_TEST_QP_ERR": "DEVICE:BYTES: move a QP on that rail to ERR after BYTES",
     "RDMAXFER_OFI_TEST_RAIL_ERR": "DOMAIN:BYTES: fail an ofi part on that rail after BYTES",
+    "RDMAXFER_OFI_TEST_LOST_READ": "DOMAIN:BYTES: zero an ofi READ part's bytes, fail its rail",
     "RDMAXFER_OFI_TEST_REJOIN_S": "SECONDS: an ofi endpoint's first wait to ask a rail back",
     "RDMAXFER_RDMA_TEST_CTRL_TWICE": "1: post every rdma control SEND twice",
     "RDMAXFER_LOOPBACK_SWAP_CTS": "1: loopback sends each message's first windowed CTS late",

@@ -51,13 +51,20 @@ OfiChannel::OfiChannel(OfiTransport& transport, std::vector<OfiPeerRail> rails, 
       rail_cause_(rails_.size()),
       rail_bytes_(std::make_unique<std::atomic<uint64_t>[]>(rails_.size())),
       meter_(rails_.size()),
-      heal_(rails_.size()) {
+      heal_(rails_.size()),
+      done_parts_(rails_.size()) {
   set_nonblocking(fd_->get(), true);
   const auto [domain, bytes] = test_hooks::ofi_rail_error();
+  const auto [lost_domain, lost_bytes] = test_hooks::ofi_lost_read();
   for (size_t i = 0; i < rails_.size(); ++i) {
-    if (!domain.empty() && rails_[i].domain->settings().domain == domain) {
+    const std::string& name = rails_[i].domain->settings().domain;
+    if (!domain.empty() && name == domain) {
       test_err_rail_ = i;
       test_err_bytes_ = bytes;
+    }
+    if (!lost_domain.empty() && name == lost_domain) {
+      test_lost_rail_ = i;
+      test_lost_bytes_ = lost_bytes;
     }
   }
 }
@@ -186,6 +193,7 @@ void OfiChannel::track(const RequestPtr& request) {
     if (auto self = weak.lock()) {
       std::lock_guard<std::mutex> lock(self->mu_);
       self->inflight_.erase(done.id());
+      for (auto& parts : self->done_parts_) parts.erase(done.id());
     }
   });
 }
@@ -253,7 +261,9 @@ void OfiChannel::part_done(OpKind op, const RequestPtr& request,
     meter_.completed(rail, length, RailMeter::Clock::now());
     const uint64_t carried = rail_bytes_[rail] += length;
     if (rail != test_err_rail_ || carried < test_err_bytes_ || test_err_fired_.exchange(true)) {
-      request->note_progress(length);
+      if (!keep_done(op, request, local, offset, length, rail, target)) return;
+      test_lost_read(op, local, offset, length, rail, carried);
+      if (!target.counted) request->note_progress(length);
       request->part_done();
       return;
     }

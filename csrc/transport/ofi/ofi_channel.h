@@ -27,8 +27,12 @@
 //              queue with these bytes drains first.
 //   failover   a part that fails on a rail with a connection or transport error marks the rail
 //              failed on this endpoint and is posted again on a live rail (with that rail's
-//              local descriptor and the descriptor's key there): the transfer completes. The
-//              peer is told (a RAIL_DOWN frame on the stream) and leaves the rail too. A part
+//              local descriptor and the descriptor's key there): the transfer completes. So
+//              do the parts the rail completed for transfers still in flight (done_parts_):
+//              a completion on a rail that fails before its transfer ends is not trusted, as
+//              a provider may report a part done just before its connection fails without
+//              its bytes having landed; and a part done on a rail already failed goes again
+//              rather than counting. The peer is told (a RAIL_DOWN frame on the stream) and leaves the rail too. A part
 //              the target refused (kRemoteAccess) fails its request on any rail, and so does
 //              one that fails with a transport error again after it moved (the request's own
 //              error, not a second rail's). A notified
@@ -156,6 +160,18 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
     bool notified = false;  // carries the grant's token as CQ data: never moved to another rail
     uint32_t token = 0;
     int moves = 0;  // times the part moved to another rail
+    bool counted = false;  // its bytes were counted already: a part done again
+  };
+  // A part done on its rail while its request is still in flight. Should the rail fail before
+  // the request ends, the part is done again on a live rail: over verbs;ofi_rxm on soft-RoCE a
+  // READ has been reported successful without its data, just before its connection failed.
+  struct DonePart {
+    OpKind op = OpKind::kRead;
+    std::weak_ptr<Request> request;
+    std::shared_ptr<MemoryRegion> local;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    PartTarget target;
   };
 
   // The peer's words from a frame's metadata, bounded and printable (they end up in log lines
@@ -176,7 +192,19 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
                  uint64_t offset, uint64_t length, size_t rail, const PartTarget& target,
                  int err, int prov_errno, const std::string& text);
 
-  // Rails (ofi_rails.cc). The live rails a transfer to memory with `keys` (by rail; 0: none
+  // Rails (ofi_rails.cc). A part done on `rail`: kept until its request ends, true; false when
+  // the rail failed already, and the part goes again on a live rail (this completion does not
+  // count).
+  bool keep_done(OpKind op, const RequestPtr& request, const std::shared_ptr<MemoryRegion>& local,
+                 uint64_t offset, uint64_t length, size_t rail, const PartTarget& target);
+  // Posts `part` again on a live rail; `again`: it had counted as done (the request gets one
+  // more part; nothing is posted once the request completed).
+  void redo(const DonePart& part, bool again);
+  // RDMAXFER_OFI_TEST_LOST_READ: a READ part that completed on `rail` (`carried` bytes there
+  // so far) loses its bytes, and the rail fails.
+  void test_lost_read(OpKind op, const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                      uint64_t length, size_t rail, uint64_t carried);
+  // The live rails a transfer to memory with `keys` (by rail; 0: none
   // there) may use.
   std::vector<size_t> live_rails(const std::vector<uint32_t>& keys) const;
   // The rail a transfer of `length` bytes too small to stripe takes (see above).
@@ -247,6 +275,8 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   std::unique_ptr<std::atomic<uint64_t>[]> rail_bytes_;  // landed, per rail
   RailMeter meter_;  // per rail: measured rate, bytes posted and not complete, last share
   std::vector<RailHeal> heal_;            // mu_
+  // Per rail, the parts done there for requests in flight, by request id.
+  std::vector<std::unordered_map<uint64_t, std::vector<DonePart>>> done_parts_;  // mu_
   std::shared_ptr<MemoryRegion> probe_;   // mu_: made on first use
   uint64_t probe_value_ = 0;              // the probe word's value (random, never 0)
   // RDMAXFER_OFI_TEST_RAIL_ERR (common/test_hooks.h): the rail whose part completing after
@@ -254,6 +284,10 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   size_t test_err_rail_ = SIZE_MAX;
   uint64_t test_err_bytes_ = 0;
   std::atomic<bool> test_err_fired_{false};
+  // RDMAXFER_OFI_TEST_LOST_READ: the same for a READ part that loses its bytes.
+  size_t test_lost_rail_ = SIZE_MAX;
+  uint64_t test_lost_bytes_ = 0;
+  std::atomic<bool> test_lost_fired_{false};
 };
 
 }  // namespace rdmaxfer

@@ -239,6 +239,10 @@ std::shared_ptr<OfiPeer> OfiDomain::peer(const std::string& address) {
 
 void OfiDomain::renew(OfiPeer& peer) {
   std::lock_guard<std::mutex> lock(av_mu_);
+  if (peer.connect_failed_.load()) {
+    ++peer.renewals_;
+    return;
+  }
   fi_addr_t old = peer.addr_.load();
   const int removed = fi_av_remove(av_.get(), &old, 1, 0);
   if (removed != 0) throw_ofi("fi_av_remove (the peer's address)", removed, ErrorKind::kConnection);
@@ -290,22 +294,29 @@ void OfiDomain::post(std::unique_ptr<OfiOp> op, const char* what,
                      const std::function<bool()>& give_up,
                      const std::function<ssize_t(void*)>& attempt) {
   OfiOp* raw = op.get();
+  // Once posted, the op may complete and be deleted on the completion thread at once: what is
+  // used after the attempt is held here (the domain's peers_ keeps the entry alive anyway).
+  const std::shared_ptr<OfiPeer> peer = raw->peer;
   {
     std::lock_guard<std::mutex> lock(ops_mu_);
     if (stop_.load()) throw Error(ErrorKind::kClosed, std::string(what) + ": the engine is closed");
     outstanding_.insert(raw);
   }
-  if (raw->peer) ++raw->peer->in_flight_;
+  if (peer) ++peer->in_flight_;
   auto forget = [&] {
-    if (raw->peer) --raw->peer->in_flight_;
+    if (peer) --peer->in_flight_;
     std::lock_guard<std::mutex> lock(ops_mu_);
     outstanding_.erase(raw);
   };
   int tries = 0;
   for (;;) {
     const ssize_t ret = attempt(&raw->context);
-    if (ret == 0) break;
+    if (ret == 0) {
+      if (peer) peer->connect_failed_.store(false, std::memory_order_relaxed);
+      break;
+    }
     if (ret != -FI_EAGAIN) {
+      if (peer) peer->connect_failed_.store(true);
       forget();
       throw_ofi(what, static_cast<int>(ret));
     }

@@ -58,6 +58,10 @@ class OfiPeer {
   std::string address_;
   std::atomic<uint64_t> in_flight_{0};
   std::atomic<uint64_t> renewals_{0};
+  // The last post to the peer failed at once (the provider could not set up its connection):
+  // ofi_rxm then keeps an idle connection object without an endpoint, which removing the
+  // entry would close (a crash in libfabric 1.17); there is nothing to release either.
+  std::atomic<bool> connect_failed_{false};
 };
 
 // One posted operation; libfabric holds it (by its context) until it completes.
@@ -126,7 +130,9 @@ class OfiDomain {
   std::shared_ptr<OfiPeer> peer(const std::string& address);
   // Removes `peer`'s entry from the AV and inserts its address again: the provider drops what
   // it held for the peer (ofi_rxm: its connection, whose QP may be in error) and the next
-  // operation sets it up afresh. Throws Error(kConnection) with the provider's reason.
+  // operation sets it up afresh. Not when the last post to the peer failed at once: the
+  // provider holds no connection then, and the next operation sets one up anyway. Throws
+  // Error(kConnection) with the provider's reason.
   void renew(OfiPeer& peer);
 
   // Registers [addr, addr+length) for `access` (Access bits); `key` is the key asked for when

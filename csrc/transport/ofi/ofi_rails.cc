@@ -2,6 +2,7 @@
 // use, how a large one is shared out, what a failed rail changes, and how the rails are shown.
 // Rejoining is in ofi_heal.cc, the rest of the channel in ofi_channel.cc.
 #include <algorithm>
+#include <cstring>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -87,10 +88,66 @@ size_t OfiChannel::grant_rail() const {
   throw Error(ErrorKind::kConnection, "endpoint to " + peer_ + ": no rail is live");
 }
 
+bool OfiChannel::keep_done(OpKind op, const RequestPtr& request,
+                           const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                           uint64_t length, size_t rail, const PartTarget& target) {
+  if (rails_.size() < 2 || target.notified) return true;  // no rail to do it again on
+  DonePart part{op, request, local, offset, length, target};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rail_up_[rail] != 0) {
+      // Not the request's last part (that completes it, with nothing left to do again), and
+      // the request not failed: track()'s erase of its parts, also under mu_, comes after.
+      if (request->parts_left() > 1 && !request->done()) {
+        done_parts_[rail][request->id()].push_back(std::move(part));
+      }
+      return true;
+    }
+  }
+  redo(part, false);
+  return false;
+}
+
+void OfiChannel::redo(const DonePart& part, bool again) {
+  RequestPtr request = part.request.lock();
+  // Nothing to do for a request that failed, or completed meanwhile (too late).
+  if (!request || request->done() || (again && !request->add_part())) return;
+  PartTarget moved = part.target;
+  ++moved.moves;
+  moved.counted = moved.counted || again;
+  const std::vector<size_t> rails = live_rails(*moved.keys);
+  if (rails.empty()) {
+    request->fail(ErrorKind::kConnection,
+                  std::string(part.op == OpKind::kRead ? "READ" : "WRITE") + " with " + peer_ +
+                      ": a part done on a rail that failed cannot go again: no live rail "
+                      "reaches the remote memory");
+    return;
+  }
+  try {
+    post_part(part.op, request, part.local, part.offset, part.length,
+              pick_rail(rails, *part.local, part.length), moved);
+  } catch (const Error& e) {
+    request->fail(e);
+  }
+}
+
+void OfiChannel::test_lost_read(OpKind op, const std::shared_ptr<MemoryRegion>& local,
+                                uint64_t offset, uint64_t length, size_t rail,
+                                uint64_t carried) {
+  if (op != OpKind::kRead || rail != test_lost_rail_ || carried < test_lost_bytes_ ||
+      test_lost_fired_.exchange(true)) {
+    return;
+  }
+  std::memset(local->addr() + offset, 0, length);
+  rail_failed(rail, "a READ part on it completed without its data (RDMAXFER_OFI_TEST_LOST_READ)",
+              true);
+}
+
 bool OfiChannel::rail_failed(size_t rail, const std::string& cause, bool tell_peer) {
   const std::string name = rails_[rail].domain->settings().domain;
   bool live = false;
   std::string causes;
+  std::unordered_map<uint64_t, std::vector<DonePart>> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const bool first = rail_up_[rail] != 0;
@@ -98,6 +155,7 @@ bool OfiChannel::rail_failed(size_t rail, const std::string& cause, bool tell_pe
     if (first) {
       rail_cause_[rail] = cause;
       schedule_heal_locked(rail);
+      done.swap(done_parts_[rail]);
     }
     if (closed_) return false;
     for (size_t i = 0; i < rails_.size(); ++i) {
@@ -107,10 +165,15 @@ bool OfiChannel::rail_failed(size_t rail, const std::string& cause, bool tell_pe
     }
     if (!first) return live;
   }
+  size_t again = 0;
+  for (const auto& [id, parts] : done) again += parts.size();
   if (live || rails_.size() > 1) {
-    log::write(log::Level::kWarning, "ofi endpoint to " + peer_ + ": rail " + name +
-                                         " failed (" + cause + ")" +
-                                         (live ? "; its transfers go on the live rails" : ""));
+    log::write(log::Level::kWarning,
+               "ofi endpoint to " + peer_ + ": rail " + name + " failed (" + cause + ")" +
+                   (live ? "; its transfers go on the live rails" : "") +
+                   (live && again > 0 ? ", with the " + std::to_string(again) +
+                                            " part(s) it completed for transfers in flight"
+                                      : ""));
   }
   if (tell_peer && live) {
     // Bounded: this runs on a domain's completion thread, which every peer's parts wait on.
@@ -125,6 +188,11 @@ bool OfiChannel::rail_failed(size_t rail, const std::string& cause, bool tell_pe
       // The stream is gone too (its reader closes the endpoint), or stuck: the peer learns of
       // the rail from its own failures there.
       log::write(log::Level::kDebug, std::string("ofi: rail down not sent: ") + e.what());
+    }
+  }
+  if (live) {
+    for (const auto& [id, parts] : done) {
+      for (const DonePart& part : parts) redo(part, true);
     }
   }
   if (live && connector_) transport_.watch_rails();  // asks the rail back (ofi_heal.cc)
