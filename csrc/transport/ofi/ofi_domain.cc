@@ -16,6 +16,9 @@ namespace {
 
 constexpr int kCqBatch = 64;
 constexpr int kSreadTimeoutMs = 200;  // the completion thread's bound between stop checks
+// The longest a post waits while the provider answers FI_EAGAIN: its queue full with nothing
+// completing, or its connection to the peer not set up (ofi_rxm sets it up on first use).
+constexpr double kPostStallS = 30.0;
 
 uint64_t mr_access(uint32_t access) {
   // Local: a source of WRITEs and SENDs always; a destination of READs and RECVs only with the
@@ -309,6 +312,9 @@ void OfiDomain::post(std::unique_ptr<OfiOp> op, const char* what,
     outstanding_.erase(raw);
   };
   int tries = 0;
+  const auto stall_end = std::chrono::steady_clock::now() +
+                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(kPostStallS));
   for (;;) {
     const ssize_t ret = attempt(&raw->context);
     if (ret == 0) {
@@ -324,7 +330,15 @@ void OfiDomain::post(std::unique_ptr<OfiOp> op, const char* what,
       forget();
       throw Error(ErrorKind::kConnection,
                   std::string(what) + ": the connection to the peer was lost (or the endpoint "
-                                      "closed) while the provider's queue was full");
+                                      "closed, or the wait ran out) while the provider took no "
+                                      "new operation");
+    }
+    if (std::chrono::steady_clock::now() > stall_end) {
+      forget();
+      throw Error(ErrorKind::kConnection,
+                  std::string(what) + ": the provider took no new operation for " +
+                      std::to_string(static_cast<int>(kPostStallS)) +
+                      " s (its queue stayed full, or its connection to the peer was not set up)");
     }
     // The queue is full: the completion thread drains it. Yield, then sleep a little.
     if (++tries < 64) {

@@ -241,10 +241,13 @@ void OfiChannel::probe(size_t rail, uint64_t addr, uint32_t key, uint64_t expect
     std::memcpy(&got, land, sizeof(got));
     then(got == expect ? "" : "the probe READ completed with other bytes than the peer's word");
   };
+  // Bounded: the provider sets up its connection to the peer on this READ (FI_EAGAIN until
+  // then), on the stream's reader thread, and the connector waits kOfiHealAnswerS for the answer.
   std::weak_ptr<OfiChannel> weak = weak_from_this();
-  auto give_up = [weak] {
+  const Clock::time_point deadline = heal_after(kOfiHealAnswerS);
+  auto give_up = [weak, deadline] {
     auto self = weak.lock();
-    return !self || self->is_closed();
+    return !self || self->is_closed() || Clock::now() > deadline;
   };
   void* desc = ofi_region(word, "probe READ").desc(rail);
   rails_[rail].domain->post_read(std::move(op), land, sizeof(uint64_t), desc,
