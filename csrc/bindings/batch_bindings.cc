@@ -87,21 +87,13 @@ std::shared_ptr<BatchPlan> make_plan(const std::string& op,
   std::vector<std::shared_ptr<MemoryRegion>> live;
   live.reserve(regions.size());
   for (const auto& h : regions) live.push_back(live_region(*h));
-  auto t = table.unchecked<2>();
-  std::vector<BatchEntry> entries(static_cast<size_t>(table.shape(0)));
-  for (py::ssize_t i = 0; i < table.shape(0); ++i) {
-    BatchEntry& e = entries[static_cast<size_t>(i)];
-    e.region = static_cast<uint32_t>(std::min<uint64_t>(t(i, 0), UINT32_MAX));
-    e.local_offset = t(i, 1);
-    e.remote = static_cast<uint32_t>(std::min<uint64_t>(t(i, 2), UINT32_MAX));
-    e.remote_offset = t(i, 3);
-    e.length = t(i, 4);
-  }
   TransferOptions options;
   options.chunk_size = static_cast<uint64_t>(chunk_size);
   options.streams = streams;
+  // Read in place (C order, forcecast: rows of kPlanColumns words); `table` holds it alive.
+  const BatchRows rows{table.data(), static_cast<size_t>(table.shape(0))};
   GilRelease release;
-  return std::make_shared<BatchPlan>(kind, std::move(live), remotes, entries, options);
+  return std::make_shared<BatchPlan>(kind, std::move(live), remotes, rows, options);
 }
 
 }  // namespace

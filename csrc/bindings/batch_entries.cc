@@ -2,6 +2,7 @@
 
 #include <pybind11/numpy.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
@@ -58,10 +59,12 @@ class Numbering {
 // descriptor is `descriptor_of(remote)`, once per distinct object.
 py::tuple batch_table(const py::iterable& entries, const py::handle& region_type,
                       const py::function& slow, const py::function& descriptor_of) {
+  // A list or tuple: its rows go straight into the table; any other iterable through `rows`.
+  const bool sized = PyList_Check(entries.ptr()) || PyTuple_Check(entries.ptr());
+  const py::ssize_t expect = sized ? static_cast<py::ssize_t>(py::len(entries)) : 0;
+  py::array_t<uint64_t> table({expect, static_cast<py::ssize_t>(kPlanColumns)});
+  uint64_t* direct = table.mutable_data();
   std::vector<uint64_t> rows;
-  if (PyList_Check(entries.ptr()) || PyTuple_Check(entries.ptr())) {
-    rows.reserve(static_cast<size_t>(py::len(entries)) * kPlanColumns);
-  }
   Numbering regions;
   Numbering remotes;
   py::list cores;
@@ -102,12 +105,29 @@ py::tuple batch_table(const py::iterable& entries, const py::handle& region_type
         regions.of(region, [&] { cores.append(py::handle(region).attr("core")); });
     const uint64_t d =
         remotes.of(remote, [&] { descriptors.append(descriptor_of(py::handle(remote))); });
-    rows.insert(rows.end(), {r, offset, d, at, nbytes});
+    if (sized && index < static_cast<uint64_t>(expect)) {
+      uint64_t* row = direct + index * kPlanColumns;
+      row[0] = r;
+      row[1] = offset;
+      row[2] = d;
+      row[3] = at;
+      row[4] = nbytes;
+    } else {
+      rows.insert(rows.end(), {r, offset, d, at, nbytes});
+    }
     ++index;
   }
-  py::array_t<uint64_t> table(
-      {static_cast<py::ssize_t>(index), static_cast<py::ssize_t>(kPlanColumns)});
-  std::copy(rows.begin(), rows.end(), table.mutable_data());
+  if (!sized || index != static_cast<uint64_t>(expect)) {
+    // An iterable of unknown length (or a list that changed size while read: slow() may run
+    // Python code): the table from the rows read.
+    py::array_t<uint64_t> all(
+        {static_cast<py::ssize_t>(index), static_cast<py::ssize_t>(kPlanColumns)});
+    uint64_t* out = all.mutable_data();
+    const uint64_t kept = sized ? std::min<uint64_t>(index, static_cast<uint64_t>(expect)) : 0;
+    std::copy(direct, direct + kept * kPlanColumns, out);
+    std::copy(rows.begin(), rows.end(), out + kept * kPlanColumns);
+    table = std::move(all);
+  }
   return py::make_tuple(regions.objects(), cores, remotes.objects(), descriptors, table);
 }
 

@@ -7,11 +7,13 @@
 
 #include <cstddef>
 
+#include "protocol/batch.h"
+
 namespace rdmaxfer {
 
 // Columns of a plan's entry table: region index, local offset, descriptor index, remote
-// offset, length.
-inline constexpr size_t kPlanColumns = 5;
+// offset, length (protocol/batch.h: BatchRows).
+inline constexpr size_t kPlanColumns = BatchRows::kColumns;
 
 void bind_batch_entries(pybind11::module_& m);
 

@@ -7,20 +7,30 @@
 namespace rdmaxfer {
 
 BatchPlan::BatchPlan(OpKind op, std::vector<std::shared_ptr<MemoryRegion>> regions,
-                     std::vector<Descriptor> remotes, const std::vector<BatchEntry>& entries,
+                     std::vector<Descriptor> remotes, BatchRows rows,
                      const TransferOptions& options)
     : op_(op),
       regions_(std::move(regions)),
       remotes_(std::move(remotes)),
       options_(options),
-      skipped_(entries.size(), false) {
+      skipped_(rows.count, false) {
   if (op != OpKind::kWrite && op != OpKind::kRead) {
     throw Error(ErrorKind::kInvalidArgument, "a batch holds WRITEs or READs only");
   }
   const char* what = op == OpKind::kWrite ? "WRITE" : "READ";
   const LocalUse use = op == OpKind::kWrite ? LocalUse::kSource : LocalUse::kDestination;
-  for (uint64_t i = 0; i < entries.size(); ++i) {
-    const BatchEntry& e = entries[i];
+  // Regions whose state passed check_local_range once: their later entries need the bounds
+  // alone (check_local_range again only to say why one is out of bounds).
+  std::vector<char> region_ok(regions_.size(), 0);
+  ops_.reserve(rows.count);
+  for (uint64_t i = 0; i < rows.count; ++i) {
+    const uint64_t* row = rows.data + i * BatchRows::kColumns;
+    BatchEntry e;
+    e.region = static_cast<uint32_t>(std::min<uint64_t>(row[0], UINT32_MAX));
+    e.local_offset = row[1];
+    e.remote = static_cast<uint32_t>(std::min<uint64_t>(row[2], UINT32_MAX));
+    e.remote_offset = row[3];
+    e.length = row[4];
     if (e.length == 0) {
       skipped_[i] = true;
       ++skipped_count_;
@@ -30,7 +40,12 @@ BatchPlan::BatchPlan(OpKind op, std::vector<std::shared_ptr<MemoryRegion>> regio
       if (e.region >= regions_.size() || e.remote >= remotes_.size()) {
         throw Error(ErrorKind::kInvalidArgument, "region or descriptor index out of range");
       }
-      check_local_range(regions_[e.region], e.local_offset, e.length, what, use);
+      const std::shared_ptr<MemoryRegion>& local = regions_[e.region];
+      if (region_ok[e.region] == 0 || e.local_offset > local->length() ||
+          e.length > local->length() - e.local_offset) {
+        check_local_range(local, e.local_offset, e.length, what, use);
+        region_ok[e.region] = 1;
+      }
       check_remote_range(remotes_[e.remote], e.remote_offset, e.length, what);
     } catch (const Error& err) {
       skipped_[i] = true;

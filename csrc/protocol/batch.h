@@ -21,6 +21,7 @@
 //   failed (the channel closed under it, or the NOTIFY could not be sent).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -36,7 +37,16 @@
 
 namespace rdmaxfer {
 
-// One entry as the caller names it: indices into the plan's regions and remotes.
+// The entries as the caller names them: `count` rows of five words each (region index, local
+// offset, descriptor index, remote offset, length), indices into the plan's regions and
+// remotes. Read in place: the caller keeps them alive while the plan is made.
+struct BatchRows {
+  static constexpr size_t kColumns = 5;
+  const uint64_t* data = nullptr;
+  size_t count = 0;
+};
+
+// One entry: indices into the plan's regions and remotes.
 struct BatchEntry {
   uint32_t region = 0;
   uint64_t local_offset = 0;
@@ -65,9 +75,10 @@ class BatchPlan {
   // remote range inside its descriptor); an entry that fails is recorded in invalid() and left
   // out, the others are planned. Throws Error(kInvalidArgument) for an op other than WRITE or
   // READ.
+  // A region's state (revoked, local write) is checked at its first entry, each entry's
+  // ranges on their own.
   BatchPlan(OpKind op, std::vector<std::shared_ptr<MemoryRegion>> regions,
-            std::vector<Descriptor> remotes, const std::vector<BatchEntry>& entries,
-            const TransferOptions& options);
+            std::vector<Descriptor> remotes, BatchRows rows, const TransferOptions& options);
 
   OpKind op() const { return op_; }
   const std::vector<Op>& ops() const { return ops_; }
