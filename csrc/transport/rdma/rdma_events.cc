@@ -2,6 +2,8 @@
 // work completions (by the tag in their wr_id, or by qp_num for a receive from the rail's SRQ),
 // asynchronous events (a QP, SRQ, CQ, port or device failing: the rail fails over) and
 // readiness of a connection's bootstrap socket.
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/error.h"
@@ -81,9 +83,20 @@ void RdmaTransport::on_async_event(int rail, const ibv_async_event& event) {
       rail_failed(rail, "device " + rails_[static_cast<size_t>(rail)].name + ": " + what);
       device_fatal(rail, "device " + rails_[static_cast<size_t>(rail)].name + ": " + what);
       return;
+    case IBV_EVENT_PORT_ERR: {
+      std::shared_ptr<DeviceContext> context;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        context = rails_[static_cast<size_t>(rail)].context;
+      }
+      // Read after the port came back (a link that flaps queues its events): the rail may have
+      // rejoined meanwhile, and a QP the outage broke fails its WRs on its own.
+      if (context && context->port_not_active().empty()) return;
+      rail_failed(rail, "device " + rails_[static_cast<size_t>(rail)].name + ": " + what);
+      return;
+    }
     case IBV_EVENT_SRQ_ERR:
     case IBV_EVENT_CQ_ERR:
-    case IBV_EVENT_PORT_ERR:
       rail_failed(rail, "device " + rails_[static_cast<size_t>(rail)].name + ": " + what);
       return;
     default: return;  // informational (LID change, last WQE reached, ...)
