@@ -313,18 +313,10 @@ void OfiChannel::part_done(OpKind op, const RequestPtr& request,
                   message + " (a notified write stays on its grant's rail: write again)");
     return;
   }
-  const std::vector<size_t> rails = live_rails(*target.keys);
-  if (rails.empty()) {
-    request->fail(ErrorKind::kConnection, message + "; no live rail reaches the remote memory");
-    return;
-  }
   PartTarget moved = target;
   ++moved.moves;
-  try {
-    post_part(op, request, local, offset, length, pick_rail(rails, *local, length), moved);
-  } catch (const Error& e) {
-    request->fail(e);
-  }
+  move_part(op, request, local, offset, length, moved,
+            message + "; no live rail reaches the remote memory");
 }
 
 RequestPtr OfiChannel::one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,

@@ -200,6 +200,11 @@ class OfiChannel : public Channel, public std::enable_shared_from_this<OfiChanne
   // Posts `part` again on a live rail; `again`: it had counted as done (the request gets one
   // more part; nothing is posted once the request completed).
   void redo(const DonePart& part, bool again);
+  // Posts a part again on a live rail (`moved`: its target, moves counted); the request fails
+  // with `no_rail` when no live rail reaches the remote memory, or with the post's error.
+  void move_part(OpKind op, const RequestPtr& request, const std::shared_ptr<MemoryRegion>& local,
+                 uint64_t offset, uint64_t length, const PartTarget& moved,
+                 const std::string& no_rail);
   // RDMAXFER_OFI_TEST_LOST_READ: a READ part that completed on `rail` (`carried` bytes there
   // so far) loses its bytes, and the rail fails.
   void test_lost_read(OpKind op, const std::shared_ptr<MemoryRegion>& local, uint64_t offset,

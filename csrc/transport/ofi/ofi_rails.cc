@@ -115,17 +115,22 @@ void OfiChannel::redo(const DonePart& part, bool again) {
   PartTarget moved = part.target;
   ++moved.moves;
   moved.counted = moved.counted || again;
+  move_part(part.op, request, part.local, part.offset, part.length, moved,
+            std::string(part.op == OpKind::kRead ? "READ" : "WRITE") + " with " + peer_ +
+                ": a part done on a rail that failed cannot go again: no live rail reaches "
+                "the remote memory");
+}
+
+void OfiChannel::move_part(OpKind op, const RequestPtr& request,
+                           const std::shared_ptr<MemoryRegion>& local, uint64_t offset,
+                           uint64_t length, const PartTarget& moved, const std::string& no_rail) {
   const std::vector<size_t> rails = live_rails(*moved.keys);
   if (rails.empty()) {
-    request->fail(ErrorKind::kConnection,
-                  std::string(part.op == OpKind::kRead ? "READ" : "WRITE") + " with " + peer_ +
-                      ": a part done on a rail that failed cannot go again: no live rail "
-                      "reaches the remote memory");
+    request->fail(ErrorKind::kConnection, no_rail);
     return;
   }
   try {
-    post_part(part.op, request, part.local, part.offset, part.length,
-              pick_rail(rails, *part.local, part.length), moved);
+    post_part(op, request, local, offset, length, pick_rail(rails, *local, length), moved);
   } catch (const Error& e) {
     request->fail(e);
   }
