@@ -5,6 +5,8 @@
 # (bench/gpu_ipc_bench.py: same GPU, and GPU 0 -> GPU 1 with two GPUs), load_weights of a
 # LOAD_SIZE file into GPU memory with and without GPUDirect Storage against the disk's rate and
 # a torch.load-style read-then-copy (bench/load_gpu_bench.py; cold page cache when root), then
+# (where Ray is installed or its wheel is in .whl/) GPU tensors between Ray actors over RDMAXFER
+# (tests/test_ray.py -m gpu) and bench/ray_bench.py with CPU and CUDA tensors, then
 # print one table of every check against its target (bench/gpu_check_table.py).
 # The whole script stays under BUDGET seconds (default 470: under 8 minutes): each step's
 # timeout is its own cap or what is left, whichever is smaller.
@@ -47,6 +49,9 @@ if ! $PY -c "import cupy" 2>/dev/null; then
   pip_offline cupy-cuda12x || echo "no CuPy (no .whl/cupy_cuda12x wheel): CuPy parts skip"
 fi
 $PY -c "import cupy; print('cupy', cupy.__version__)" 2>/dev/null || true
+if ! $PY -c "import ray" 2>/dev/null; then
+  pip_offline ray || echo "no Ray (no .whl/ ray wheel): the Ray rows are SKIP"
+fi
 
 step "build (cmake, $BUILD)"
 stage_build || exit 2
@@ -62,7 +67,7 @@ timeout "$(left 30)" $PY -m rdmaxfer info || true
 
 step "GPU tests (pytest -m gpu)"
 timeout "$(left 120)" $PY -m pytest "$ROOT/tests" -m gpu -q -rs -p no:cacheprovider -o addopts="" \
-  --junitxml="$OUTDIR/gpu-tests.xml" 2>&1 | tail -25
+  --ignore="$ROOT/tests/test_ray.py" --junitxml="$OUTDIR/gpu-tests.xml" 2>&1 | tail -25
 tests_rc=${PIPESTATUS[0]}
 
 step "staging pipeline tests with the host copier (sanity on this machine)"
@@ -84,8 +89,20 @@ timeout "$(left 120)" $PY "$ROOT/bench/load_gpu_bench.py" --size "$LOAD_SIZE" --
   --json "$OUTDIR/load_gpu.json"
 load_rc=$?
 
-step "done in $(( $(date +%s) - t0 ))s: gpu tests rc=$tests_rc, bench rc=$bench_rc, ipc rc=$ipc_rc, load rc=$load_rc (results in $OUTDIR)"
+step "Ray: GPU tensors over RDMAXFER between actors (pytest tests/test_ray.py -m gpu), then bench/ray_bench.py"
+ray_rc=0
+if $PY -c "import ray" 2>/dev/null; then
+  timeout "$(left 150)" $PY -m pytest "$ROOT/tests/test_ray.py" -m gpu -q -rs -p no:cacheprovider \
+    -o addopts="" --junitxml="$OUTDIR/ray-gpu-tests.xml" 2>&1 | tail -8
+  ray_rc=${PIPESTATUS[0]}
+  devices=$($PY -c "import torch; print('cpu,cuda' if torch.cuda.is_available() else 'cpu')")
+  timeout "$(left 200)" $PY "$ROOT/bench/ray_bench.py" --devices "$devices" --cpus "$(nproc)" \
+    --rounds "${RAY_ROUNDS:-3}" --json "$OUTDIR/ray_bench.json" 2>&1 | grep -v "^20..-..-.. " | tail -8
+  [ "${PIPESTATUS[0]}" -eq 0 ] || ray_rc=1
+fi
+
+step "done in $(( $(date +%s) - t0 ))s: gpu tests rc=$tests_rc, bench rc=$bench_rc, ipc rc=$ipc_rc, load rc=$load_rc, ray rc=$ray_rc (results in $OUTDIR)"
 $PY "$ROOT/bench/gpu_check_table.py" "$OUTDIR"
 table_rc=$?
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$ipc_rc" -eq 0 ] && [ "$load_rc" -eq 0 ] \
-  && [ "$table_rc" -eq 0 ]
+  && [ "$ray_rc" -eq 0 ] && [ "$table_rc" -eq 0 ]

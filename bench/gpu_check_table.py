@@ -17,6 +17,11 @@ FAIL or SKIP, read from what the earlier steps wrote into the results folder:
   with the torch.load-style read-then-copy of the same run beside them; the GDS row is SKIP
   where libcufile does not load (the reason).
 
+- ``ray-gpu-tests.xml`` and ``ray_bench.json`` (where Ray is installed): GPU tensors between
+  Ray actors over RDMAXFER, bit-exact; bench/ray_bench.py's RDMAXFER against Ray's object
+  store (target >= 2x) and RDT's gloo (CPU tensors, >= 1.5x) at 64 MiB and 1 GiB, and the
+  weight sync's slowest of 3 actors against one alone (<= 1.3x). Without Ray they are SKIP.
+
 A missing file makes its rows FAIL ("not run"). Exit status 0 only when no row failed.
 """
 
@@ -139,6 +144,46 @@ def load_rows(load: Any) -> list[Row]:
     return rows
 
 
+RAY_VS_OBJECT_STORE = 2.0
+RAY_VS_GLOO = 1.5
+RAY_SYNC_RATIO = 1.3
+RAY_TEST_ROWS = (("Ray RDMAXFER: CUDA tensors between actors", "test_ray", "test_cuda_case"),)
+
+
+def ray_rows(results: Path) -> list[Row]:
+    bench = load_json(results / "ray_bench.json")
+    junit = results / "ray-gpu-tests.xml"
+    if bench is None and not junit.exists():
+        return [("Ray (RDMAXFER, ray_bench)", "Ray not installed", "", "SKIP")]
+    rows = test_rows(junit, RAY_TEST_ROWS)
+    if not bench:
+        return [*rows, ("Ray bench", "not run", "", "FAIL")]
+    for r in bench["transfer"]:
+        gbps = r["GB_per_s"]
+        for ref, target in (("object_store", RAY_VS_OBJECT_STORE), ("gloo", RAY_VS_GLOO)):
+            if f"vs_{ref}" not in r:
+                continue
+            ratio = r[f"vs_{ref}"]
+            rows.append(
+                (
+                    f"Ray {r.get('device', 'cpu')} tensor {_size(r['bytes'])}: RDMAXFER vs {ref}",
+                    f"{gbps['rdmaxfer']:.2f} vs {gbps[ref]:.2f} GB/s = {ratio:.1f}x",
+                    f">= {target}x",
+                    "PASS" if ratio >= target else "FAIL",
+                )
+            )
+    sync = bench["weight_sync"]
+    rows.append(
+        (
+            f"Ray weight sync {sync['bytes'] / 1e6:.0f} MB, slowest of 3 vs 1 alone",
+            f"{sync['ratio']:.2f}x",
+            f"<= {RAY_SYNC_RATIO}x",
+            "PASS" if sync["ratio"] <= RAY_SYNC_RATIO else "FAIL",
+        )
+    )
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("results", type=Path, help="the folder gpu_check.sh wrote into")
@@ -148,6 +193,7 @@ def main() -> int:
         + test_rows(args.results / "gpu-tests.xml", TEST_ROWS)
         + ipc_rows(load_json(args.results / "gpu_ipc.json"))
         + load_rows(load_json(args.results / "load_gpu.json"))
+        + ray_rows(args.results)
     )
     return print_table(rows)
 

@@ -91,7 +91,7 @@ def read_then_copy(path: Path) -> dict[str, Any]:
     bufs = {}
     for k, v in _split(data).items():
         buf = Buffer.empty(v.shape, v.dtype, device="cuda:0")
-        cuda.copy_from_host(buf._device_view(), v)
+        cuda.copy_from_host(buf.device_array(), v)
         bufs[k] = buf
     return bufs
 

@@ -37,7 +37,7 @@ KiB, MiB = 1 << 10, 1 << 20
 
 
 def _crc(t: Any) -> int:
-    return zlib.crc32(t.contiguous().view(torch.uint8).reshape(-1).numpy())
+    return zlib.crc32(t.contiguous().view(torch.uint8).reshape(-1).cpu().numpy())
 
 
 def _random(seed: int, nbytes: int, dtype: Any) -> Any:
@@ -45,6 +45,16 @@ def _random(seed: int, nbytes: int, dtype: Any) -> Any:
     g = torch.Generator().manual_seed(seed)
     raw = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
     return raw.view(dtype)
+
+
+def _tensors(seed: int, sizes: list[int], device: str) -> list[Any]:
+    """Random tensors of ``sizes`` bytes and several dtypes on ``device``, plus (with more
+    than one) a view with a storage offset, sharing the first tensor's storage."""
+    dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.uint8]
+    out = [_random(seed + i, n, dtypes[i]).to(device) for i, n in enumerate(sizes)]
+    if len(out) > 1:
+        out.append(out[0].view(torch.uint8)[64:])
+    return out
 
 
 @ray.remote
@@ -56,12 +66,14 @@ class Source:
 
     @ray.method(tensor_transport="rdmaxfer")
     def make(self, seed: int, sizes: list[int]) -> list[Any]:
-        dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.uint8]
-        out = [_random(seed + i, n, dtypes[i]) for i, n in enumerate(sizes)]
-        if len(out) > 1:  # a view with a storage offset, sharing the first tensor's storage
-            out.append(out[0].view(torch.uint8)[64:])
-        self.made[seed] = out
-        return out
+        self.made[seed] = _tensors(seed, sizes, "cpu")
+        return self.made[seed]
+
+    @ray.method(tensor_transport="rdmaxfer")
+    def make_cuda(self, seed: int, sizes: list[int]) -> list[Any]:
+        """As :meth:`make`, in the GPU memory of the actor's GPU."""
+        self.made[seed] = _tensors(seed, sizes, "cuda")
+        return self.made[seed]
 
     @ray.method(tensor_transport="rdmaxfer")
     def one(self, seed: int, nbytes: int) -> Any:
@@ -101,6 +113,10 @@ class Destination:
     def crcs(self, tensors: Any) -> list[int]:
         items = tensors if isinstance(tensors, list) else [tensors]
         return [_crc(t) for t in items]
+
+    def described(self, tensors: list[Any]) -> list[tuple[str, int]]:
+        """Each received tensor's kind of device and CRC-32."""
+        return [(t.device.type, _crc(t)) for t in tensors]
 
     def where(self, t: Any) -> tuple[int, int]:
         """The received tensor's address and CRC-32."""
@@ -327,6 +343,37 @@ def case_a_destination_without_a_transfer_thread_is_warned_about_once() -> None:
     assert "enable_tensor_transport=True" in messages[0], messages
 
 
+ON_GPU = {"num_gpus": 0.5}  # two actors share one GPU
+
+
+def case_cuda_tensors_between_two_actors_on_one_gpu() -> None:
+    """GPU tensors (several dtypes, an empty one, a view with an offset; 64 MiB and 256 MiB)
+    from one actor's GPU memory into new GPU tensors of another actor, bit-exact."""
+    src, dst = Source.options(**ON_GPU).remote(), Destination.options(**ON_GPU).remote()
+    for seed, sizes in ((31, [64 * MiB, 4 * KiB, 8 * 3 * KiB, 0, 5]), (36, [256 * MiB])):
+        got = ray.get(dst.described.remote(src.make_cuda.remote(seed, sizes)), timeout=300)
+        assert [crc for _, crc in got] == ray.get(src.crcs.remote(seed))
+        assert {kind for kind, _ in got} == {"cuda"}, got
+        assert len(got) == len(sizes) + (len(sizes) > 1)
+
+
+def case_cuda_into_target_buffers_set_for_the_ref() -> None:
+    """The driver fetches an actor's GPU tensors into its own GPU buffers."""
+    from ray.experimental import set_target_for_ref
+
+    src = Source.options(**ON_GPU).remote()
+    ref = src.make_cuda.remote(41, [64 * MiB, 4 * KiB])
+    buffers = [
+        torch.empty(64 * MiB // 4, dtype=torch.float32, device="cuda"),
+        torch.empty(4 * KiB // 2, dtype=torch.bfloat16, device="cuda"),
+        torch.empty(64 * MiB - 64, dtype=torch.uint8, device="cuda"),
+    ]
+    set_target_for_ref(ref, buffers)
+    got = ray.get(ref, timeout=300)
+    assert [t.data_ptr() for t in got] == [b.data_ptr() for b in buffers], "not into the buffers"
+    assert [_crc(t) for t in got] == ray.get(src.crcs.remote(41))
+
+
 def cases() -> dict[str, Callable[[], None]]:
     """Every case by name (the sizes of the bit-exact case each a case of its own)."""
     found: dict[str, Callable[[], None]] = {}
@@ -340,9 +387,10 @@ def cases() -> dict[str, Callable[[], None]]:
 
 def main(argv: list[str]) -> int:
     chosen = cases()
-    names = argv or list(chosen)
+    gpus = torch.cuda.device_count()
+    names = argv or [n for n in chosen if gpus or not n.startswith("cuda_")]
     os.environ.setdefault("RAY_worker_niceness", "0")  # inherited by the cluster ray.init starts
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, log_to_driver=False)
     try:
         for name in names:
             started = time.monotonic()

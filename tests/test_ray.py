@@ -1,7 +1,8 @@
 """rdmaxfer inside Ray (rdmaxfer.ray): the RDMAXFER Ray Direct Transport between actors of a
-local Ray cluster, bit-exact from 1 KiB to 256 MiB, into new tensors and into target buffers;
-a source that dies mid-transfer; weight sync to actors that stall, die, come back and join;
-the weight-sync example with its kill.
+local Ray cluster, bit-exact from 1 KiB to 256 MiB, into new tensors and into target buffers
+(CPU tensors, and GPU tensors where torch sees a CUDA device: ``pytest -m gpu``); a source
+that dies mid-transfer; weight sync to actors that stall, die, come back and join; the
+weight-sync example with its kill.
 
 Needs the ray extra (``pip install '.[ray]'``); skips without it. The cases run in one Ray
 driver process with one local cluster (tests/_ray_cases.py, ``ray.init(num_cpus=2)``); CI
@@ -38,11 +39,16 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def outcomes() -> dict[str, dict[str, Any]]:
-    """Every case's outcome, from one run of tests/_ray_cases.py (one cluster)."""
+GPU_CASES = [
+    "cuda_tensors_between_two_actors_on_one_gpu",
+    "cuda_into_target_buffers_set_for_the_ref",
+]
+
+
+def _run_cases(cases: list[str]) -> dict[str, dict[str, Any]]:
+    """Each case's outcome, from one run of tests/_ray_cases.py (one cluster)."""
     run = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "_ray_cases.py"), *CASES],
+        [sys.executable, str(ROOT / "tests" / "_ray_cases.py"), *cases],
         capture_output=True,
         text=True,
         timeout=1500,
@@ -54,11 +60,37 @@ def outcomes() -> dict[str, dict[str, Any]]:
     return found
 
 
+@pytest.fixture(scope="module")
+def outcomes() -> dict[str, dict[str, Any]]:
+    return _run_cases(CASES)
+
+
+@pytest.fixture(scope="module")
+def gpu_outcomes() -> dict[str, dict[str, Any]]:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip(
+            f"torch {torch.__version__} sees no CUDA device (Ray moves GPU tensors only "
+            "as CUDA torch tensors, which the stand-in driver cannot back)"
+        )
+    return _run_cases(GPU_CASES)
+
+
 @pytest.mark.timeout(1600)
 @pytest.mark.parametrize("case", CASES)
 def test_case(outcomes: dict[str, dict[str, Any]], case: str) -> None:
     assert case in outcomes, f"{case} did not run: {sorted(outcomes)}"
     assert outcomes[case]["ok"], outcomes[case]["error"]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(1600)
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_cuda_case(gpu_outcomes: dict[str, dict[str, Any]], case: str) -> None:
+    """GPU tensors between actors of one GPU (CUDA IPC) and into the driver's GPU buffers."""
+    assert case in gpu_outcomes, f"{case} did not run: {sorted(gpu_outcomes)}"
+    assert gpu_outcomes[case]["ok"], gpu_outcomes[case]["error"]
 
 
 @pytest.mark.timeout(600)
