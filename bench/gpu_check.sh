@@ -40,7 +40,7 @@ nvidia-smi topo -m 2>&1 | head -20 || true
 nproc; free -g | head -2
 
 step "python dependencies (offline)"
-for mod in numpy ml_dtypes safetensors pytest pybind11; do
+for mod in numpy ml_dtypes safetensors pytest pybind11 pycurl; do
   if ! $PY -c "import $mod" 2>/dev/null; then
     pip_offline "$mod" || echo "missing $mod and no .whl/ wheel for it"
   fi

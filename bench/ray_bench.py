@@ -206,19 +206,21 @@ def weight_sync(rounds: int, model: str) -> dict[str, object]:
     address = ray.get(trainer.address.remote())
     actors = [Inference.remote(address, model) for _ in range(3)]
     ray.get([a.sync_weights.remote(1) for a in actors])  # connected, warm
-    alone, three = [], []
+    alone, three, each = [], [], []
     for r in range(rounds):
         for kind in ("alone", "three") if r % 2 == 0 else ("three", "alone"):
             version = ray.get(trainer.step.remote())
             if kind == "alone":
                 alone.append(ray.get(actors[0].sync_weights.remote(version)))
             else:
-                three.append(max(ray.get([a.sync_weights.remote(version) for a in actors])))
+                each.append(ray.get([a.sync_weights.remote(version) for a in actors]))
+                three.append(max(each[-1]))
     return {
         "file": os.path.basename(model),
         "bytes": os.path.getsize(model),
         "alone_s": alone,
         "three_slowest_s": three,
+        "three_each_s": each,
         "ratio": statistics.median(three) / statistics.median(alone),
         "load": os.getloadavg()[0],
     }

@@ -95,3 +95,27 @@ def test_gds_needs_o_direct(tmp_path: Path, rng: np.random.Generator) -> None:
         load_weights(path, device="cuda:0", gds=True, direct=False)
     got = load_weights(path, device="cuda:0", direct=False)  # gds=None: through host memory
     assert got.files[0].io == "buffered" and got.files[0].engine == "io_uring"
+
+
+def test_a_file_cufile_refuses_is_read_through_host_memory(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libcufile without nvidia-fs refused a file on a GPU machine's /tmp at
+    cuFileHandleRegister (CU_FILE_HANDLE_NOT_REGISTERED): gds=None reads it through host
+    memory, bit-exact, and says why; gds=True raises UnsupportedError naming the error."""
+    from rdmaxfer import _core
+    from rdmaxfer.errors import UnsupportedError
+
+    if _core.gds_unavailable():
+        pytest.skip(_core.gds_unavailable())
+    tensors = random_tensors(rng)
+    path = write(tmp_path / "m.safetensors", tensors)
+    monkeypatch.setenv("RDMAXFER_CUFILE_STANDIN_REFUSE_FILES", "1")
+    got = load_weights(path, device="cuda:0")
+    assert got.files[0].engine.startswith("io_uring (no GPUDirect Storage: cuFileHandleRegister")
+    assert "CU_FILE_HANDLE_NOT_REGISTERED" in got.files[0].engine
+    for name, arr in tensors.items():
+        assert to_host(got[name]).tobytes() == arr.tobytes(), name
+    with pytest.raises(UnsupportedError, match=r"gds=True: cuFileHandleRegister .*5027 "
+                       r"\(CU_FILE_HANDLE_NOT_REGISTERED\); pass gds=None"):  # fmt: skip
+        load_weights(path, device="cuda:0", gds=True)

@@ -99,8 +99,37 @@ CufileStatus cufile_status() {
   return CufileStatus{l.library, l.path, l.version, l.why};
 }
 
+namespace {
+
+// The names of CUfileOpError (cufile.h, CUDA 12-13), from CU_FILE_DRIVER_NOT_INITIALIZED = 5001.
+constexpr const char* kCufileErrorNames[] = {
+    "DRIVER_NOT_INITIALIZED", "DRIVER_INVALID_PROPS", "DRIVER_UNSUPPORTED_LIMIT",
+    "DRIVER_VERSION_MISMATCH", "DRIVER_VERSION_READ_ERROR", "DRIVER_CLOSING",
+    "PLATFORM_NOT_SUPPORTED", "IO_NOT_SUPPORTED", "DEVICE_NOT_SUPPORTED", "NVFS_DRIVER_ERROR",
+    "CUDA_DRIVER_ERROR", "CUDA_POINTER_INVALID", "CUDA_MEMORY_TYPE_INVALID",
+    "CUDA_POINTER_RANGE_ERROR", "CUDA_CONTEXT_MISMATCH", "INVALID_MAPPING_SIZE",
+    "INVALID_MAPPING_RANGE", "INVALID_FILE_TYPE", "INVALID_FILE_OPEN_FLAG", "DIO_NOT_SET",
+    "EXPECTED_FILE_MODE", "INVALID_VALUE", "MEMORY_ALREADY_REGISTERED", "MEMORY_NOT_REGISTERED",
+    "PERMISSION_DENIED", "DRIVER_ALREADY_OPEN", "HANDLE_NOT_REGISTERED",
+    "HANDLE_ALREADY_REGISTERED", "DEVICE_NOT_FOUND", "INTERNAL_ERROR", "GETNEWFD_FAILED",
+    nullptr, "NVFS_SETUP_ERROR", "IO_DISABLED", "BATCH_SUBMIT_FAILED",
+    "GPU_MEMORY_PINNING_FAILED", "BATCH_FULL", "ASYNC_NOT_SUPPORTED"};
+constexpr int kCufileFirstError = 5001;
+
+// "CU_FILE_HANDLE_NOT_REGISTERED" for 5027; "" for a number without a name.
+std::string cufile_error_name(int err) {
+  const int i = err - kCufileFirstError;
+  const int n = static_cast<int>(sizeof(kCufileErrorNames) / sizeof(kCufileErrorNames[0]));
+  if (i < 0 || i >= n || kCufileErrorNames[i] == nullptr) return "";
+  return std::string("CU_FILE_") + kCufileErrorNames[i];
+}
+
+}  // namespace
+
 std::string cufile_error_text(const std::string& op, const CUfileError& e) {
   std::string text = op + ": cuFile error " + std::to_string(e.err);
+  const std::string name = cufile_error_name(e.err);
+  if (!name.empty()) text += " (" + name + ")";
   if (e.cu_err != 0) text += " (CUresult " + std::to_string(e.cu_err) + ")";
   return text;
 }

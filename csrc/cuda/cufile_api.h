@@ -57,7 +57,7 @@ struct CufileStatus {
 };
 CufileStatus cufile_status();
 
-// "op: cuFile error N" (with the CUresult when the error is a CUDA driver error).
+// "op: cuFile error N (CU_FILE_NAME)" (with the CUresult when the error is a CUDA driver error).
 std::string cufile_error_text(const std::string& op, const CUfileError& e);
 
 }  // namespace rdmaxfer

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <set>
 
 #include "standin_core.h"
@@ -32,6 +33,7 @@ constexpr int kDriverNotInitialized = 5001;
 constexpr int kInvalidValue = 5022;
 constexpr int kMemoryNotRegistered = 5024;
 constexpr int kNotOpenedODirect = 5031;
+constexpr int kHandleNotRegistered = 5027;
 
 struct CufileState {
   std::mutex mu;
@@ -69,6 +71,11 @@ CUfileError_t cuFileHandleRegister(void** fh, CUfileDescr_t* descr) {
   const int flags = fcntl(descr->handle.fd, F_GETFL);
   if (flags < 0) return status(kInvalidValue);
   if ((flags & O_DIRECT) == 0) return status(kNotOpenedODirect);
+  // As libcufile 1.15 answered for a file on a file system it does not take (seen on a GPU
+  // machine's /tmp without nvidia-fs)
+  if (std::getenv("RDMAXFER_CUFILE_STANDIN_REFUSE_FILES") != nullptr) {
+    return status(kHandleNotRegistered);
+  }
   std::lock_guard<std::mutex> lock(cufile().mu);
   if (!cufile().open) return status(kDriverNotInitialized);
   int* handle = new int(descr->handle.fd);

@@ -20,8 +20,8 @@ class CufileHandle {
     d.type = 1;  // CU_FILE_HANDLE_TYPE_OPAQUE_FD
     d.handle.fd = fd;
     const CUfileError e = api.handle_register(&handle_, &d);
-    if (e.err != 0) {
-      throw Error(ErrorKind::kTransport,
+    if (e.err != 0) {  // cuFile does not take this file (its file system, mount or open flags)
+      throw Error(ErrorKind::kUnsupported,
                   cufile_error_text("cuFileHandleRegister of '" + path + "'", e));
     }
   }
@@ -89,7 +89,8 @@ GdsStats read_file_gds(int fd, const std::string& path, uint64_t file_size, int 
                                 std::to_string(r.file_offset + at);
       if (got < 0) {
         if (got == -1) throw_errno(ErrorKind::kTransport, where, errno);
-        throw Error(ErrorKind::kTransport, where + ": cuFile error " + std::to_string(-got));
+        const CUfileError e{static_cast<int>(-got), 0};
+        throw Error(ErrorKind::kTransport, cufile_error_text(where, e));
       }
       if (got == 0) {
         throw Error(ErrorKind::kInvalidArgument, "'" + path + "' is truncated: it ends at offset " +

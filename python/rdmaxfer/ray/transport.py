@@ -116,7 +116,8 @@ class RdmaxferTransportMetadata(TensorTransportMetadata):
     Args:
         address: ``"host:port"`` the source's engine listens on.
         regions: the packed :class:`~rdmaxfer.Descriptor` of each registered storage.
-        places: per tensor, ``(region index, byte offset into it, bytes)``.
+        places: per tensor, ``(region index, byte offset into it, bytes)``; an empty tensor
+            has no region (``(-1, 0, 0)``).
     """
 
     address: str = ""
@@ -335,12 +336,15 @@ class RdmaxferTensorTransport(TensorTransportManager):
         bases: list[int] = []
         try:
             for tensor in rdt_object:
+                nbytes = tensor.numel() * tensor.element_size()
+                if not nbytes:  # nothing to read (an empty GPU tensor has no address at all)
+                    places.append((-1, 0, 0))
+                    continue
                 region, offset = here.hold(tensor)
                 bases.append(tensor.untyped_storage().data_ptr())
                 if region.key not in descriptors:
                     descriptors[region.key] = len(regions)
                     regions.append(region.descriptor().pack())
-                nbytes = tensor.numel() * tensor.element_size()
                 places.append((descriptors[region.key], offset, nbytes))
         except BaseException:
             here.release(bases)
@@ -404,7 +408,7 @@ class RdmaxferTensorTransport(TensorTransportManager):
                 self._aborted.discard(obj_id)
                 raise _error(f"RDMAXFER transfer of object {obj_id} was aborted")
         tensors = target_buffers if target_buffers else _allocate(meta)
-        if not meta.places:
+        if not any(nbytes for _, _, nbytes in meta.places):
             return RdmaxferFetchRequest(obj_id=obj_id, tensors=tensors)
         from .. import _core
 

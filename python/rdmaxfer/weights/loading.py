@@ -56,7 +56,8 @@ MERGE_GAP = 1 << 20
 class FileLoad:
     """How one file was read: ``path``; ``io``: ``"direct"`` (O_DIRECT) or ``"buffered"``;
     ``why``: the reason for buffered reads ("" for direct); ``engine``: ``"io_uring"``,
-    ``"pread (reason)"``, ``"cufile"`` (GPUDirect Storage) or ``"cufile + io_uring"``;
+    ``"pread (reason)"``, ``"cufile"`` (GPUDirect Storage) or ``"cufile + io_uring"``, with
+    ``" (no GPUDirect Storage: reason)"`` after it where cuFile refused the file;
     ``align``: the block size reads were aligned to (bytes); ``bytes_read``: bytes the reads
     returned (block rounding and merged gaps included)."""
 
@@ -136,8 +137,8 @@ def load_weights(
         direct: read with O_DIRECT where the file system allows it (False: buffered reads
             through the page cache).
         gds: read GPU destinations with GPUDirect Storage (cuFileRead straight into GPU
-            memory, no host bounce): None (default) where libcufile loads and the file is open
-            with O_DIRECT, True to require it, False never.
+            memory, no host bounce): None (default) where libcufile loads, the file is open
+            with O_DIRECT and cuFile takes it, True to require it, False never.
         chunk_bytes: bytes per read (default 4 MiB), rounded up to the block size.
         depth: reads in flight (default 16, at most 256).
         timeout: seconds (default ``RDMAXFER_TIMEOUT`` or 60) any read or copy may take.
@@ -155,7 +156,9 @@ def load_weights(
         TransportError: a read failed (the message gives the offset and errno).
         TransferTimeoutError: a read or copy took longer than ``timeout``.
         UnsupportedError: a GPU device or array without a usable CUDA here; ``gds=True``
-            without GPUDirect Storage here (the reason) or on a file read buffered.
+            without GPUDirect Storage here (the reason), on a file read buffered, or on a file
+            cuFile does not take (``cuFileHandleRegister`` refused it: its file system; with
+            ``gds=None`` such a file is read through host memory).
     """
     started = time.perf_counter()
     if chunk_bytes < 1 or not 1 <= depth <= 256:
@@ -424,9 +427,17 @@ def _read_ranges(f: CheckpointFile, o: OpenedFile, plan: _Plan, opts: _Options) 
     on_gpu = [(a, n, d) for a, n, d, dev in plan.copied if dev and gds]
     rest = [r for r in plan.copied if not (r[3] and gds)]
     stats: dict[str, Any] = {"bytes_read": 0, "engine": ""}
+    refused = ""
     if on_gpu:
         assert opts.gds_device is not None
-        stats = _core.read_file_gds(o.fd, str(f.path), f.size, opts.gds_device, on_gpu)
+        try:
+            stats = _core.read_file_gds(o.fd, str(f.path), f.size, opts.gds_device, on_gpu)
+        except UnsupportedError as exc:  # cuFile does not take this file; nothing was read
+            if opts.gds is True:
+                raise UnsupportedError(
+                    f"gds=True: {exc}; pass gds=None to read it through host memory"
+                ) from None
+            refused, rest = str(exc), plan.copied
     if plan.direct or rest:
         host = _core.read_file_ranges(
             o.fd,
@@ -441,5 +452,7 @@ def _read_ranges(f: CheckpointFile, o: OpenedFile, plan: _Plan, opts: _Options) 
             copier=opts.copier,
         )
         engine = host["engine"] if not stats["engine"] else f"cufile + {host['engine']}"
+        if refused:
+            engine += f" (no GPUDirect Storage: {refused})"
         stats = {"bytes_read": stats["bytes_read"] + host["bytes_read"], "engine": engine}
     return stats
