@@ -93,7 +93,8 @@ step "Ray: GPU tensors over RDMAXFER between actors (pytest tests/test_ray.py -m
 ray_rc=0
 if $PY -c "import ray" 2>/dev/null; then
   timeout "$(left 150)" $PY -m pytest "$ROOT/tests/test_ray.py" -m gpu -q -rs -p no:cacheprovider \
-    -o addopts="" --junitxml="$OUTDIR/ray-gpu-tests.xml" 2>&1 | tail -8
+    -o addopts="" --junitxml="$OUTDIR/ray-gpu-tests.xml" 2>&1 | tee "$OUTDIR/ray-gpu-tests.log" \
+    | tail -8
   ray_rc=${PIPESTATUS[0]}
   devices=$($PY -c "import torch; print('cpu,cuda' if torch.cuda.is_available() else 'cpu')")
   timeout "$(left 200)" $PY "$ROOT/bench/ray_bench.py" --devices "$devices" --cpus "$(nproc)" \

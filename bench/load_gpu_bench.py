@@ -152,7 +152,7 @@ def main() -> int:
             except UnsupportedError as exc:  # cuFile refused this file (its file system)
                 if m != "gds":
                     raise
-                gds_why = str(exc)
+                gds_why = str(exc).replace(str(path), path.name)  # no machine's paths
                 del gpu_loads[m]
                 continue
             exact[m] = crcs(got) == ref

@@ -13,6 +13,7 @@ niceness 0), past Ray's fixed 60 s RDT fetch timeout, which fails the destinatio
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ import rdmaxfer.ray as rr
 rr.register()  # before the classes below name the transport
 
 KiB, MiB = 1 << 10, 1 << 20
+CASE_STACKS_AFTER_S = 90  # a case still running then has the driver's stacks printed (stderr)
 
 
 def _crc(t: Any) -> int:
@@ -394,11 +396,14 @@ def main(argv: list[str]) -> int:
     try:
         for name in names:
             started = time.monotonic()
+            print(f"case {name}: started", file=sys.stderr, flush=True)
+            faulthandler.dump_traceback_later(CASE_STACKS_AFTER_S, exit=False)
             error = ""
             try:
                 chosen[name]()
             except Exception:
                 error = traceback.format_exc()[-3000:]
+            faulthandler.cancel_dump_traceback_later()
             seconds = round(time.monotonic() - started, 2)
             line = {"case": name, "ok": not error, "error": error, "seconds": seconds}
             print(json.dumps(line), flush=True)

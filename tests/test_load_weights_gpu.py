@@ -67,12 +67,18 @@ def test_gpudirect_storage_reads_straight_into_gpu_memory(
     """With libcufile present (the stand-in's cuFile here) GPU arrays are read by cuFileRead;
     gds=False reads the same bytes through host bounce buffers."""
     from rdmaxfer import _core
+    from rdmaxfer.errors import UnsupportedError
 
     if _core.gds_unavailable():
         pytest.skip(_core.gds_unavailable())
     tensors = random_tensors(rng)
     path = write(tmp_path / "m.safetensors", tensors)
-    by_gds = load_weights(path, device="cuda:0", gds=True)
+    try:
+        by_gds = load_weights(path, device="cuda:0", gds=True)
+    except UnsupportedError as exc:  # a real libcufile that does not take files here
+        if "cuFileHandleRegister" not in str(exc):
+            raise
+        pytest.skip(f"cuFile does not take files in {tmp_path}: {exc}")
     by_host = load_weights(path, device="cuda:0", gds=False)
     assert by_gds.files[0].engine == "cufile" and by_host.files[0].engine == "io_uring"
     dest = Buffer.empty((20, 4), np.float32, device="cuda:0")

@@ -45,15 +45,21 @@ GPU_CASES = [
 ]
 
 
-def _run_cases(cases: list[str]) -> dict[str, dict[str, Any]]:
-    """Each case's outcome, from one run of tests/_ray_cases.py (one cluster)."""
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "_ray_cases.py"), *cases],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        cwd=ROOT,
-    )
+def _run_cases(cases: list[str], timeout: float = 1500) -> dict[str, dict[str, Any]]:
+    """Each case's outcome, from one run of tests/_ray_cases.py (one cluster); a run past
+    ``timeout`` fails with what it printed (which case started last, its stacks)."""
+    try:
+        run = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "_ray_cases.py"), *cases],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        pytest.fail(f"the cases ran past {timeout:g} s\n{out[-4000:]}\n{err[-8000:]}")
     lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
     found = {line["case"]: line for line in lines}
     assert run.returncode == 0 and found, f"exit {run.returncode}\n{run.stderr[-4000:]}"
@@ -74,7 +80,7 @@ def gpu_outcomes() -> dict[str, dict[str, Any]]:
             f"torch {torch.__version__} sees no CUDA device (Ray moves GPU tensors only "
             "as CUDA torch tensors, which the stand-in driver cannot back)"
         )
-    return _run_cases(GPU_CASES)
+    return _run_cases(GPU_CASES, timeout=120)  # within gpu_check.sh's cap of the step
 
 
 @pytest.mark.timeout(1600)

@@ -49,9 +49,12 @@ def _bounded(stats: dict[str, int]) -> None:
 
 
 def _host_of(x: object) -> np.ndarray:
+    """A received array's bytes on the host: a device Buffer's, a CuPy array's (which refuses
+    np.asarray: received GPU messages are CuPy arrays where CuPy is installed), a host array."""
     if isinstance(x, Buffer):
         return x.copy_to_host()
-    return np.asarray(x)
+    get = getattr(x, "get", None)
+    return np.asarray(get() if callable(get) else x)
 
 
 @pytest.mark.parametrize("size", [POOL + 1, 1_000_003, 4 << 20])
