@@ -43,9 +43,11 @@ from results_transports import (
 )
 from results_workloads import (
     broadcast,
+    cuda_ipc,
     fetch,
     gpu_staging,
     load,
+    load_gpu,
     newcomer_start,
     ray,
     serve_cold,
@@ -74,6 +76,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "batch-rxe": batch_rxe,
     "batch-where-time": batch_where_time,
     "gpu-staging": gpu_staging,
+    "cuda-ipc": cuda_ipc,
+    "load-gpu": load_gpu,
     "broadcast": broadcast,
     "fetch": fetch,
     "load": load,
@@ -82,6 +86,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "ofi-rails": ofi_rails,
     "ofi-guest": ofi_guest,
     "ray": ray,
+    "ray-h200": lambda: ray("ray-rdt-h200.json"),
     "newcomer-start": newcomer_start,
 }
 

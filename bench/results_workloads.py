@@ -48,7 +48,50 @@ def gpu_staging() -> str:
         "staged write GB/s",
         "staged read GB/s",
     ]
-    return md_table(head, rows) + f"\n{d['gpu']}, driver {d['driver']}, TCP loopback.\n"
+    big = d["loopback"]
+    return (
+        md_table(head, rows)
+        + f"\n{d['gpu']}, driver {d['driver']}, {d['cpus']} CPUs, TCP loopback. GPU-to-GPU"
+        + f" send/recv of {size_text(big['bytes'])} over TCP loopback: {big['GB_per_s']:.1f}"
+        + " GB/s.\n"
+    )
+
+
+def cuda_ipc() -> str:
+    """``bench/gpu_ipc_bench.py --json``: two processes through CUDA IPC (shm transport)."""
+    d = load_result("cuda-ipc-h200.json")
+    rows = [
+        [
+            size_text(r["bytes"]),
+            f"{r['src_gpu']} -> {r['dst_gpu']}",
+            "yes" if r["registered"] else "no (exported on the fly)",
+            f"{r['write_GB_per_s']:.0f}",
+            f"{r['read_GB_per_s']:.0f}",
+            f"{r['d2h_GB_per_s']:.1f}",
+            f"{r['ratio_to_d2h']:.1f}x",
+        ]
+        for r in d["rows"]
+    ]
+    head = ["bytes", "GPUs", "registered", "WRITE GB/s", "READ GB/s", "pinned D2H GB/s", "vs D2H"]
+    return md_table(head, rows, right_from=3) + f"\n{d['gpu']}, one GPU.\n"
+
+
+def load_gpu() -> str:
+    """``bench/load_gpu_bench.py --json``: load_weights into GPU memory against the disk."""
+    d = load_result("load-gpu-h200.json")
+    names = {"disk": f"the disk ({d['disk_reference']})", "bounce": "load_weights, pinned bounce"}
+    names["read_then_copy"] = "read the file, then copy each tensor (torch.load style)"
+    names["gds"] = "load_weights, GPUDirect Storage"
+    rows = [
+        [names[m], f"{gbps:.2f}", f"{d['vs_disk'][m]:.2f}x" if m in d["vs_disk"] else ""]
+        for m, gbps in d["GB_per_s"].items()
+    ]
+    gds = "" if "gds" in d["GB_per_s"] else f" GPUDirect Storage: not measured ({d['gds']})."
+    return (
+        md_table(["method", "GB/s", "vs disk"], rows, right_from=1)
+        + f"\n{d['file_bytes'] / 2**30:.2f} GiB file on {d['file_system']}, {d['cache']} page cache,"
+        + f" {d['rounds']} rounds (medians), {d['gpu']}.{gds}\n"
+    )
 
 
 def broadcast() -> str:
@@ -150,16 +193,16 @@ def serve_cold() -> str:
     )
 
 
-def ray() -> str:
+def ray(name: str = "ray-rdt-vs-object-store-gloo.json") -> str:
     """``bench/ray_bench.py --json``: RDMAXFER against Ray's object store and RDT's gloo
     between two actors (median of the rounds), then the weight sync to 3 actors against 1."""
-    d = load_result("ray-rdt-vs-object-store-gloo.json")
+    d = load_result(name)
     rows = []
     for r in d["transfer"]:
         rate = r["GB_per_s"]
         rows.append(
             [
-                size_text(r["bytes"]),
+                f"{size_text(r['bytes'])} {r.get('device', 'cpu')}",
                 *(
                     f"{rate[k]:.2f}" if k in rate else "n/a"
                     for k in ("rdmaxfer", "object_store", "gloo")
@@ -180,12 +223,17 @@ def ray() -> str:
     ]
     ws = d["weight_sync"]
     one, three = statistics.median(ws["alone_s"]), statistics.median(ws["three_slowest_s"])
+    where = f", {d['gpu']}" if "gpu" in d else ""
+    what = "all-MiniLM-L6-v2"
+    if ws.get("file", "model.safetensors") != "model.safetensors":
+        what += "'s layout with random values"
     return (
         md_table(head, rows, right_from=1)
         + f"\nMedians of {d['rounds']} rounds, Ray {d['ray']}, workers at niceness"
-        + f" {d['ray_worker_niceness']}. Weight sync of all-MiniLM-L6-v2"
-        + f" ({ws['bytes'] / 1e6:.1f} MB): one actor alone {one * 1e3:.0f} ms, the slowest of 3"
-        + f" at once {three * 1e3:.0f} ms ({ws['ratio']:.2f}x), load {ws['load']:.1f}.\n"
+        + f" {d['ray_worker_niceness']}, {d.get('cpus', 2)} CPUs{where}. Weight sync of"
+        + f" {what} ({ws['bytes'] / 1e6:.1f} MB): one actor alone {one * 1e3:.0f} ms, the"
+        + f" slowest of 3 at once {three * 1e3:.0f} ms ({ws['ratio']:.2f}x),"
+        + f" load {ws['load']:.1f}.\n"
     )
 
 
