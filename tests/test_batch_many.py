@@ -143,8 +143,9 @@ def test_a_notification_after_a_many_entry_batch_sees_every_byte(
 def test_shm_groups_span_more_than_iov_max_pieces(
     pair: Pair, rng: np.random.Generator, op: str
 ) -> None:
-    """A window of 4096: groups of 2048 pieces, both sides scattered (nothing coalesces), so
-    each group's copy is two system calls of 1024 iovecs."""
+    """A window of 4096: 6000 pieces in 4 groups of 1500 (the fewest groups of at most 2048,
+    rounded up to the 4 groups in flight and evened out), both sides scattered (nothing
+    coalesces), so each group's copy is two system calls (1024 and 476 iovecs)."""
     n, page = 6000, 512
     src = rng.integers(0, 256, n * page, dtype=np.uint8)
     dst = np.zeros(2 * n * page, dtype=np.uint8)
@@ -169,7 +170,7 @@ def test_shm_groups_span_more_than_iov_max_pieces(
         run = _core.post_batch(pair.a._core, prepared._live().core, None, window=4096)
         assert run.request.wait(TIMEOUT_S) and not run.failures()
     assert run.peak_outstanding <= 4096 and run.bytes_done == src.nbytes
-    assert ops(pair, op) - before == 3  # 2048 + 2048 + 1904 pieces
+    assert ops(pair, op) - before == 4  # 4 x 1500 pieces
     if op == "write":
         got = remote_buf.reshape(2 * n, page)[there_slots]
     else:

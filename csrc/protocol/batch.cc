@@ -100,6 +100,38 @@ BatchRun::BatchRun(const std::shared_ptr<Channel>& channel, std::shared_ptr<cons
     if (write && writes != nullptr) gather_[r] = writes->gather_limits(local);
     if (!write && reads != nullptr) gather_[r] = reads->read_gather_limits(local);
   }
+  even_out_groups();
+}
+
+void BatchRun::even_out_groups() {
+  const uint32_t regions = plan_->region_count();
+  std::vector<uint64_t> pieces(regions, 0);
+  std::vector<uint64_t> bytes(regions, 0);
+  std::vector<uint64_t> largest(regions, 0);
+  for (const BatchPlan::Op& op : plan_->ops()) {
+    const GatherLimits& limits = gather_[op.at.region];
+    if (limits.max_pieces == 0 || op.at.length > limits.max_piece_bytes) continue;
+    ++pieces[op.at.region];
+    bytes[op.at.region] += op.at.length;
+    largest[op.at.region] = std::max(largest[op.at.region], op.at.length);
+  }
+  auto ceil_div = [](uint64_t a, uint64_t b) { return (a + b - 1) / b; };
+  for (uint32_t r = 0; r < regions; ++r) {
+    GatherLimits& limits = gather_[r];
+    if (pieces[r] == 0 || limits.max_bytes == 0) continue;
+    const uint64_t by_pieces = ceil_div(pieces[r], limits.max_pieces);
+    const uint64_t by_bytes = ceil_div(bytes[r], limits.max_bytes);
+    if (std::max(by_pieces, by_bytes) < 2) continue;  // one group: nothing to even out
+    const uint64_t groups = ceil_div(std::max(by_pieces, by_bytes), kGroupsInFlight) *
+                            kGroupsInFlight;
+    const uint64_t fewest = std::max<uint64_t>(1, limits.max_pieces / kMinEvenFraction);
+    limits.max_pieces = static_cast<size_t>(std::min<uint64_t>(
+        limits.max_pieces, std::max(fewest, ceil_div(pieces[r], groups))));
+    // A group closes before the piece that would pass the cap: a piece's worth over the even
+    // share keeps every group at least at that share (no short group at the end).
+    limits.max_bytes = std::min(limits.max_bytes, std::max(limits.max_bytes / kMinEvenFraction,
+                                                           ceil_div(bytes[r], groups) + largest[r]));
+  }
 }
 
 void BatchRun::pump() {
