@@ -6,7 +6,8 @@ weight-sync example with its kill.
 
 Needs the ray extra (``pip install '.[ray]'``); skips without it. The cases run in one Ray
 driver process with one local cluster (tests/_ray_cases.py, ``ray.init(num_cpus=2)``); CI
-runs these with ``pytest -m ray``.
+runs these with ``pytest -m "ray and not gpu"``, and bench/gpu_check.sh the GPU cases on a GPU
+machine.
 """
 
 from __future__ import annotations
