@@ -129,8 +129,9 @@ void BatchRun::even_out_groups() {
         limits.max_pieces, std::max(fewest, ceil_div(pieces[r], groups))));
     // A group closes before the piece that would pass the cap: a piece's worth over the even
     // share keeps every group at least at that share (no short group at the end).
-    limits.max_bytes = std::min(limits.max_bytes, std::max(limits.max_bytes / kMinEvenFraction,
-                                                           ceil_div(bytes[r], groups) + largest[r]));
+    const uint64_t even_bytes = ceil_div(bytes[r], groups) + largest[r];
+    limits.max_bytes =
+        std::min(limits.max_bytes, std::max(limits.max_bytes / kMinEvenFraction, even_bytes));
   }
 }
 

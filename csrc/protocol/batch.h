@@ -138,12 +138,12 @@ class BatchRun : public std::enable_shared_from_this<BatchRun> {
   BatchRun(const std::shared_ptr<Channel>& channel, std::shared_ptr<const BatchPlan> plan,
            std::optional<NotifyPayload> notify, uint32_t window, bool whole);
   // Evens out the groups of each region's gathered pieces when they need more than one: as
-  // few groups as the limits allow,
-  // rounded up to a multiple of kGroupsInFlight, of about equal pieces and bytes (at least
-  // 1/kMinEvenFraction of the limits), so that the groups in flight, copied in parallel (the
-  // shm target's gather workers, TCP's streams), end together: cut at the limits, 10,000 4 KiB
-  // pieces on shm made groups of 2,048, 2,048, 2,048, 2,048 and 1,808, and with four gather
-  // workers the last one was copied alone after the others (now 8 groups of 1,250).
+  // few groups as the limits allow, rounded up to a multiple of kGroupsInFlight, of about
+  // equal pieces and bytes (at least 1/kMinEvenFraction of the limits), so that the groups in
+  // flight, copied in parallel (the shm target's gather workers, TCP's streams), end together:
+  // cut at the limits, 10,000 4 KiB pieces on shm made groups of 2,048, 2,048, 2,048, 2,048
+  // and 1,808, and with four gather workers the last one was copied alone after the others
+  // (now 8 groups of 1,250).
   void even_out_groups();
   // Posts operations until the window is full; run by whoever frees a slot (one at a time: a
   // caller that finds another one posting leaves it a note to look again).
