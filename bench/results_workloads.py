@@ -89,8 +89,8 @@ def load_gpu() -> str:
     gds = "" if "gds" in d["GB_per_s"] else f" GPUDirect Storage: not measured ({d['gds']})."
     return (
         md_table(["method", "GB/s", "vs disk"], rows, right_from=1)
-        + f"\n{d['file_bytes'] / 2**30:.2f} GiB file on {d['file_system']}, {d['cache']} page cache,"
-        + f" {d['rounds']} rounds (medians), {d['gpu']}.{gds}\n"
+        + f"\n{d['file_bytes'] / 2**30:.2f} GiB file on {d['file_system']},"
+        + f" {d['cache']} page cache, {d['rounds']} rounds (medians), {d['gpu']}.{gds}\n"
     )
 
 
