@@ -165,11 +165,20 @@ start=$(date +%s)
 # timeout signals its whole process group, QEMU included; stdin must not be the caller's.
 # QEMU reopens /proc/self/fd/1 and 2 with O_TRUNC, which would wipe (NUL-fill) a caller's log
 # file: give it a pipe. Guest output arrives merged on stdout; vng's own messages join it.
+# timeout makes a process group of its own, which a signal to this script's group (Ctrl-C, a
+# caller's kill) does not reach: the traps pass it on, so QEMU never outlives this script.
 set +e
 timeout --kill-after=15 "$timeout_s" \
     "${launcher[@]}" PATH="$VNG_VENV/bin:$PATH" "$VNG_VENV/bin/vng" "${vng_args[@]}" \
-    < /dev/null 2>&1 | cat
-vng_rc=${PIPESTATUS[0]}
+    < /dev/null > >(cat) 2>&1 &
+vm_pid=$!
+stop_vm() { kill -TERM -- "-$vm_pid" 2> /dev/null; }
+trap 'stop_vm; exit 130' INT
+trap 'stop_vm; exit 143' TERM
+trap 'stop_vm; exit 129' HUP
+wait "$vm_pid"
+vng_rc=$?
+trap - INT TERM HUP
 set -e
 elapsed=$(($(date +%s) - start))
 
