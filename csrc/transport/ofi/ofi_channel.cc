@@ -277,11 +277,13 @@ void OfiChannel::part_done(OpKind op, const RequestPtr& request,
     return;
   }
   const ErrorKind kind = ofi_completion_kind(err, prov_errno);
-  const std::string why =
-      kind == ErrorKind::kRemoteAccess
-          ? ": the peer refused the access (no registered region has this key, or the range or "
-            "the rights do not fit it)"
-          : "";
+  std::string why;
+  if (kind == ErrorKind::kRemoteAccess) {
+    why = ": the peer refused the access (no registered region has this key, or the range or "
+          "the rights do not fit it)";
+    // tcp;ofi_rxm cancels an RMA whose connection ended with the same error
+    if (err == FI_ECANCELED) why += ", or its connection ended (the provider tells neither apart)";
+  }
   const std::string message =
       std::string(what) + " with " + peer_ + (rails_.size() > 1 ? on : "") + ": " + failure + why;
   // A rail failure: a connection error, or a transport error where another rail may take the
