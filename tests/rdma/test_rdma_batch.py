@@ -1,8 +1,8 @@
 """Batches and WRITE notifications on verbs (rxe0 -> rxe1), the same promises as tests/test_batch.py
 on TCP: per-entry failure, zero-length entries, a 300,000-entry batch in a bounded window, a
 prepared batch posted again, and the notification seen only after every byte, striped over 4 QPs.
-Small WRITEs go in gathered groups (one request, chained WRs, few signaled): a WR that fails on
-the wire in the middle of a group is reported as that entry alone.
+Small WRITEs and READs go in gathered groups (one request, chained WRs, few signaled): a WR that
+fails on the wire in the middle of a group is reported as that entry alone.
 """
 
 from __future__ import annotations
@@ -76,27 +76,31 @@ def test_scattered_batch_with_a_bad_and_an_empty_entry(rng: np.random.Generator)
         assert not dst[128 * PAGE - 1 :].any()
 
 
-def test_a_wr_failing_mid_group_fails_that_entry_alone(rng: np.random.Generator) -> None:
-    """600 scattered WRITEs (more than the send queue's 256 WRs, so groups of 64 are chained
-    and selectively signaled) where entry 300, the 45th of its group, names a wrong rkey: the
-    target NAKs it (IBV_WC_REM_ACCESS_ERR) and the connection closes. Entry 300 fails with its
-    own RemoteAccessError, the entries before it (its group's first 44 included) landed and
-    are not reported, every later failure is the closed connection."""
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_a_wr_failing_mid_group_fails_that_entry_alone(rng: np.random.Generator, op: str) -> None:
+    """600 scattered WRITEs (READs) (more than the send queue's 256 WRs, so groups of 64 are
+    chained and selectively signaled) where entry 300, the 45th of its group, names a wrong
+    rkey: the target NAKs it (IBV_WC_REM_ACCESS_ERR) and the connection closes. Entry 300 fails
+    with its own RemoteAccessError, the entries before it (its group's first 44 included)
+    landed and are not reported, every later failure is the closed connection."""
     n, bad = 600, 300
     with qp_pair(1) as (server, client, ep, _peer):
         src = random_bytes(rng, n * PAGE)
-        dst = np.zeros(2 * n * PAGE, dtype=np.uint8)
-        local = client.register(src)
-        desc = server.register(dst).descriptor()
+        there = np.zeros(2 * n * PAGE, dtype=np.uint8)
+        slots = rng.permutation(2 * n)[:n]
+        here = src if op == "write" else np.zeros(n * PAGE, dtype=np.uint8)
+        if op == "read":
+            there.reshape(2 * n, PAGE)[slots] = src.reshape(n, PAGE)
+        local = client.register(here)
+        desc = server.register(there).descriptor()
         packed = bytearray(desc.pack())
         packed[24:28] = (int.from_bytes(packed[24:28], "little") ^ 0x5A5A00).to_bytes(4, "little")
         wrong_key = bytes(packed)
-        slots = rng.permutation(2 * n)[:n]
         entries: list[tuple[object, object, int]] = [
             ((local, i * PAGE, PAGE), wrong_key if i == bad else desc, int(s) * PAGE)
             for i, s in enumerate(slots)
         ]
-        with ep.prepare_batch(entries) as prepared:
+        with ep.prepare_batch(entries, op=op) as prepared:
             run = _core.post_batch(ep.core, prepared._live().core, None)
             assert run.request.wait(WAIT_S)
             with pytest.raises(ConnectionFailedError, match="failed during the batch"):
@@ -109,7 +113,8 @@ def test_a_wr_failing_mid_group_fails_that_entry_alone(rng: np.random.Generator)
         assert ep.closed
         for i in range(bad):
             s = slots[i]
-            assert np.array_equal(dst[s * PAGE : (s + 1) * PAGE], src[i * PAGE : (i + 1) * PAGE]), i
+            landed = there[s * PAGE : (s + 1) * PAGE] if op == "write" else here[i * PAGE :][:PAGE]
+            assert np.array_equal(landed, src[i * PAGE : (i + 1) * PAGE]), i
 
 
 def test_read_batch_of_minilm_pages_from_a_readonly_mmap(rng: np.random.Generator) -> None:
@@ -123,6 +128,7 @@ def test_read_batch_of_minilm_pages_from_a_readonly_mmap(rng: np.random.Generato
         served = server.register(weights, access="r")
         chosen = rng.choice(weights.nbytes // PAGE, 200, replace=False)
         out = np.zeros(200 * PAGE, dtype=np.uint8)
+        before = ep.stats().get("read.ops", 0)
         result = ep.read_batch(
             [
                 (out[i * PAGE : (i + 1) * PAGE], served.descriptor(), int(p) * PAGE)
@@ -131,6 +137,8 @@ def test_read_batch_of_minilm_pages_from_a_readonly_mmap(rng: np.random.Generato
             timeout=WAIT_S,
         )
         assert result.ok and result.nbytes == out.nbytes
+        # Gathered: 4 groups of chained READ WRs (at most 64 pieces each), not 200 requests.
+        assert ep.stats()["read.ops"] - before <= 4
         for i, p in enumerate(chosen):
             assert np.array_equal(
                 out[i * PAGE : (i + 1) * PAGE], weights[p * PAGE : (p + 1) * PAGE]

@@ -65,10 +65,10 @@
 //                   CTS), the last as WRITE_WITH_IMM (imm = the value): RC
 //                   delivers them in order, so the immediate's receive completion (on_notify
 //                   at the peer) means every byte is in place.
-//   gathered WRITEs (GatherWrites, a batch's groups of small WRITEs): one request for the
-//                   group, one WR per piece, all on one QP, queued together so the send queue
-//                   posts them as chains (one ibv_post_send each) with only every
-//                   signal_every-th and the last signaled. When a piece's WR fails, the
+//   gathered WRITEs and READs (GatherWrites, GatherReads: a batch's groups of small
+//                   operations): one request for the group, one WR per piece, all on one QP,
+//                   queued together so the send queue posts them as chains (one
+//                   ibv_post_send each) with only every signal_every-th and the last signaled. When a piece's WR fails, the
 //                   connection closes; the group reports that piece with its own error and the
 //                   pieces after it (flushed) with the connection's, and completes: the pieces
 //                   before it landed (RC completes a send queue in order).
@@ -146,6 +146,7 @@ inline uint32_t wr_tag(uint64_t wr_id) { return static_cast<uint32_t>(wr_id >> 4
 
 class RdmaConnection : public Channel,
                        public GatherWrites,
+                       public GatherReads,
                        public std::enable_shared_from_this<RdmaConnection> {
  public:
   enum class State { kPrepared, kConnected, kClosed };
@@ -177,11 +178,15 @@ class RdmaConnection : public Channel,
   void post_write_notify(const RequestPtr& request, const std::shared_ptr<MemoryRegion>& local,
                          uint64_t offset, uint64_t length, uint64_t addr, uint32_t key,
                          uint32_t route, uint32_t value, const TransferOptions& options) override;
-  // GatherWrites: at most 64 pieces of at most 64 KiB each (rdma_gather.cc).
+  // GatherWrites and GatherReads: at most 64 pieces of at most 64 KiB each (rdma_gather.cc).
   Limits gather_limits(const MemoryRegion& local) const override;
   RequestPtr post_write_gather(const std::shared_ptr<MemoryRegion>& local,
                                const std::vector<GatherPiece>& pieces,
                                PieceFailed failed) override;
+  GatherLimits read_gather_limits(const MemoryRegion& local) const override;
+  RequestPtr post_read_gather(const std::shared_ptr<MemoryRegion>& local,
+                              const std::vector<GatherPiece>& pieces,
+                              PieceFailed failed) override;
   RequestPtr new_request(OpKind op, uint64_t bytes) override;
   ChannelLimits limits() const override;
   void check_open() const override;
@@ -263,6 +268,9 @@ class RdmaConnection : public Channel,
   void check_open_locked() const;
   void check_remote(const Descriptor& remote, uint64_t remote_offset, uint64_t length,
                     const char* what) const;
+  // post_write_gather and post_read_gather (rdma_gather.cc).
+  RequestPtr post_gather(OpKind op, const std::shared_ptr<MemoryRegion>& local,
+                         const std::vector<GatherPiece>& pieces, PieceFailed failed);
   RequestPtr post_one_sided(OpKind op, const std::shared_ptr<MemoryRegion>& local,
                             uint64_t local_offset, const Descriptor& remote,
                             uint64_t remote_offset, uint64_t length,

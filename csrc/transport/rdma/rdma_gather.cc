@@ -1,6 +1,7 @@
-// RdmaConnection's gathered WRITEs (transport/gather.h): a batch's group of small WRITEs as
-// one request whose WRs go on one QP together, so the send queue chains them into few
-// ibv_post_send calls and signals few of them (send_queue.h). Set-up, completions and
+// RdmaConnection's gathered WRITEs and READs (transport/gather.h): a batch's group of small
+// WRITEs (READs) as one request whose WRs go on one QP together, so the send queue chains them
+// into few ibv_post_send calls and signals few of them (send_queue.h). READs beyond the QP's
+// max_rd_atomic wait in the send queue of the device, as any READ does. Set-up, completions and
 // teardown are in rdma_connection.cc and rdma_completions.cc, single transfers in
 // rdma_striping.cc.
 #include <algorithm>
@@ -14,7 +15,7 @@ namespace {
 // Pieces per group: a quarter of the default send queue (256), so a batch window keeps
 // several groups in flight.
 constexpr size_t kRdmaGatherPieces = 64;
-// Pieces above this are posted one by one (chunked and striped like any WRITE).
+// Pieces above this are posted one by one (chunked and striped like any WRITE or READ).
 constexpr uint64_t kRdmaGatherPieceBytes = 64 * 1024;
 }  // namespace
 
@@ -23,25 +24,44 @@ GatherWrites::Limits RdmaConnection::gather_limits(const MemoryRegion& /*local*/
   return Limits{kRdmaGatherPieces, piece, piece * kRdmaGatherPieces};
 }
 
+GatherLimits RdmaConnection::read_gather_limits(const MemoryRegion& local) const {
+  return gather_limits(local);
+}
+
 RequestPtr RdmaConnection::post_write_gather(const std::shared_ptr<MemoryRegion>& local,
                                              const std::vector<GatherPiece>& pieces,
                                              PieceFailed failed) {
+  return post_gather(OpKind::kWrite, local, pieces, std::move(failed));
+}
+
+RequestPtr RdmaConnection::post_read_gather(const std::shared_ptr<MemoryRegion>& local,
+                                            const std::vector<GatherPiece>& pieces,
+                                            PieceFailed failed) {
+  return post_gather(OpKind::kRead, local, pieces, std::move(failed));
+}
+
+RequestPtr RdmaConnection::post_gather(OpKind op, const std::shared_ptr<MemoryRegion>& local,
+                                       const std::vector<GatherPiece>& pieces,
+                                       PieceFailed failed) {
+  const bool write = op == OpKind::kWrite;
+  const std::string what = write ? "WRITE" : "READ";
   if (pieces.empty() || pieces.size() > kRdmaGatherPieces) {
     throw Error(ErrorKind::kInvalidArgument,
-                "a gathered WRITE holds 1.." + std::to_string(kRdmaGatherPieces) + " pieces, not " +
-                    std::to_string(pieces.size()));
+                "a gathered " + what + " holds 1.." + std::to_string(kRdmaGatherPieces) +
+                    " pieces, not " + std::to_string(pieces.size()));
   }
   // The rkeys of each distinct descriptor (neighbouring pieces usually share one).
   std::vector<std::shared_ptr<const std::vector<uint32_t>>> keys_of(pieces.size());
   uint64_t bytes = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const GatherPiece& p = pieces[i];
-    check_local_range(local, p.local_offset, p.length, "WRITE", LocalUse::kSource);
-    check_remote(p.remote, p.remote_offset, p.length, "WRITE");
+    check_local_range(local, p.local_offset, p.length, what.c_str(),
+                      write ? LocalUse::kSource : LocalUse::kDestination);
+    check_remote(p.remote, p.remote_offset, p.length, what.c_str());
     if (p.length > kRdmaGatherPieceBytes || p.length > max_chunk()) {
       throw Error(ErrorKind::kInvalidArgument,
-                  "a gathered WRITE piece of " + std::to_string(p.length) +
-                      " bytes is over the limit; post it as its own WRITE");
+                  "a gathered " + what + " piece of " + std::to_string(p.length) +
+                      " bytes is over the limit; post it as its own " + what);
     }
     bytes += p.length;
     if (i > 0 && p.remote.key == pieces[i - 1].remote.key &&
@@ -83,8 +103,8 @@ RequestPtr RdmaConnection::post_write_gather(const std::shared_ptr<MemoryRegion>
       region != nullptr ? region->lkey_on(static_cast<size_t>(l.rail)) : local->lkey();
   const size_t peer_rail = static_cast<size_t>(l.peer_rail);
 
-  auto req = new_request(OpKind::kWrite, bytes);
-  count_when_terminal(req, "write");
+  auto req = new_request(op, bytes);
+  count_when_terminal(req, write ? "write" : "read");
   req->set_parts(pieces.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -96,7 +116,7 @@ RequestPtr RdmaConnection::post_write_gather(const std::shared_ptr<MemoryRegion>
   for (size_t i = 0; i < pieces.size(); ++i) {
     const GatherPiece& p = pieces[i];
     SendWork& w = works[i];
-    w.opcode = IBV_WR_RDMA_WRITE;
+    w.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
     w.local_addr = reinterpret_cast<uint64_t>(local->addr() + p.local_offset);
     w.length = static_cast<uint32_t>(p.length);
     w.lkey = lkey;

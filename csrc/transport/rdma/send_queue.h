@@ -40,7 +40,7 @@ struct SendWork {
   uint32_t imm = 0;             // WRITE_WITH_IMM only (host order; sent big-endian)
   RequestPtr request;           // request whose part this WR is (null: control message)
   bool last = false;            // last WR of its request: always signaled
-  uint32_t piece = 0;           // its index in a gathered group of WRITEs (0 otherwise)
+  uint32_t piece = 0;           // its index in a gathered group (0 otherwise)
   RegionUse hold;               // keeps the local region registered while in flight
   std::string ctrl;             // control SEND: the message, copied into a slot when posted
   // One-sided chunks that may move to another rail (failover): the remote region's rkey on
