@@ -13,10 +13,13 @@ For each N (``--counts``, default 1,000, 10,000, 100,000):
   registrations it made (one per allocation: 1). Reference: the same batch of
   ``(MemoryRegion, offset, nbytes)`` entries of a registration of the array.
 
-Times are microseconds per region (the median over rounds); ``flat`` is the largest N's time
-per region over the smallest N's (targets: <= 2 each way, and <= 20 us per region each way on
-tcp and shm); ``load`` is the host's 1-minute load average at the end of each row. Engines run
-in this process, connected over loopback (rdma: the rxe guest's devices, see
+Times are microseconds per region (the median over rounds); ``flat`` is the largest N's time per
+region over the smallest N's (targets: <= 2 each way, and <= 20 us per region each way on tcp
+and shm). The rows run in order of N, so the smallest N meets a fresh engine whose tables and
+objects fit the CPU caches; ``flat_alternating`` measures ``views`` again with rounds that
+alternate the smallest and the largest N in the same engine, so both meet the same state;
+``load`` is the host's 1-minute load average at the end of each row. Engines run in this
+process, connected over loopback (rdma: the rxe guest's devices, see
 ``rdmaxfer.tools.bench.RdmaSetup``).
 
     python bench/register_scale.py --transport tcp [--counts 1000,10000,100000] [--rounds 3]
@@ -190,6 +193,7 @@ def main() -> None:
             row["load"] = os.getloadavg()[0]  # 1-minute load average, at the end of the row
             rows.append(row)
             print_row(row)
+        flat_alternating = alternating_flat(engine, counts[0], counts[-1], size, args.rounds)
     first, last = rows[0], rows[-1]
     flat = {
         f"{case}_{way}": last[case][f"{way}_us"] / first[case][f"{way}_us"]
@@ -201,6 +205,7 @@ def main() -> None:
             last["batch"][case]["register_us"] / first["batch"][case]["register_us"]
         )
     print("flat (largest N over smallest N, per region):", _fmt(flat))
+    print("flat, the two N alternating in one engine:", _fmt(flat_alternating))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -210,10 +215,33 @@ def main() -> None:
                     "rounds": args.rounds,
                     "rows": rows,
                     "flat": flat,
+                    "flat_alternating": flat_alternating,
                 },
                 f,
                 indent=2,
             )
+
+
+def alternating_flat(
+    engine: Engine, small: int, large: int, size: int, rounds: int
+) -> dict[str, float]:
+    """``views`` register + deregister of ``large`` regions over ``small`` ones, per region,
+    from rounds that alternate the two in one engine."""
+    times = alternate(
+        rounds,
+        {
+            "small": lambda: api_regions(engine, views_of(small, size)),
+            "large": lambda: api_regions(engine, views_of(large, size)),
+        },
+    )
+    per = {
+        name: per_region_us(t, n)
+        for (name, t), n in zip(times.items(), (small, large), strict=True)
+    }
+    return {
+        f"views_{way}": per["large"][f"{way}_us"] / per["small"][f"{way}_us"]
+        for way in ("register", "deregister")
+    }
 
 
 def _fmt(values: dict[str, float]) -> str:

@@ -321,6 +321,17 @@ def register_scale() -> str:
                 "",
             ]
         )
+        if "flat_alternating" in d:
+            alt = d["flat_alternating"]
+            rows.append(
+                [
+                    transport,
+                    "flat, the two N alternating",
+                    f"{alt['views_register']:.2f}x",
+                    f"{alt['views_deregister']:.2f}x",
+                    *[""] * 7,
+                ]
+            )
     return md_table(_REGISTER_SCALE_HEAD, rows, right_from=1)
 
 
