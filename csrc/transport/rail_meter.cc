@@ -95,6 +95,7 @@ void RailMeter::unposted(size_t rail, uint64_t bytes) {
 void RailMeter::forget(size_t rail) {
   std::lock_guard<std::mutex> lock(mu_);
   Meter& m = meters_.at(rail);
+  m.outstanding = 0;
   m.bytes = 0;
   m.seconds = 0;
   m.last = Clock::time_point{};

@@ -73,8 +73,11 @@ class RailMeter {
   // `bytes` counted by posted() were not posted after all (the lane refused them), or moved
   // off the rail (failover).
   void unposted(size_t rail, uint64_t bytes);
-  // Drops `rail`'s rate: it rejoined after a failure, and what it delivered while failing
-  // says nothing of now. Until its next sample it counts as not measured (see above).
+  // Drops `rail`'s rate and backlog: it rejoined after a failure on new QPs (endpoints), with
+  // nothing queued on them, and what it delivered while failing says nothing of now. Until its
+  // next sample it counts as not measured (see above). Bytes of the failed rail's WRs that
+  // were neither completed nor moved off it (a failed request's) would otherwise stay counted
+  // as its backlog and keep its share at 0.
   void forget(size_t rail);
   // The measured rate (bytes/s; 0 until a sample) and the bytes outstanding, per rail.
   std::vector<double> rates() const;
