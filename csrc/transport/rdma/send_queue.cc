@@ -216,7 +216,12 @@ void SendQueue::revive() {
 bool SendQueue::stale(const ibv_wc& wc) const {
   const uint32_t seq = static_cast<uint32_t>(wc.wr_id & 0xffffffffu);
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int32_t>(seq - live_from_) < 0;
+  // Sequence numbers wrap: a WR is of the live QP when it is at most as old as live_from_
+  // (counted back from next_seq_). A live WR older than kLiveSpan cannot still be in flight
+  // (the send queue holds far fewer), so the span is capped there and keeps working past 2^32.
+  constexpr uint32_t kLiveSpan = 1u << 30;
+  const uint32_t live = std::min(next_seq_ - live_from_, kLiveSpan);
+  return next_seq_ - seq > live;
 }
 
 bool SendQueue::idle() const {
