@@ -68,10 +68,11 @@
 //   gathered WRITEs and READs (GatherWrites, GatherReads: a batch's groups of small
 //                   operations): one request for the group, one WR per piece, all on one QP,
 //                   queued together so the send queue posts them as chains (one
-//                   ibv_post_send each) with only every signal_every-th and the last signaled. When a piece's WR fails, the
-//                   connection closes; the group reports that piece with its own error and the
-//                   pieces after it (flushed) with the connection's, and completes: the pieces
-//                   before it landed (RC completes a send queue in order).
+//                   ibv_post_send each) with only every signal_every-th and the last
+//                   signaled. When a piece's WR fails, the connection closes; the group
+//                   reports that piece with its own error and the pieces after it (flushed)
+//                   with the connection's, and completes: the pieces before it landed (RC
+//                   completes a send queue in order).
 // The protocol above (protocol/message_protocol.h) bounds the control SENDs by credits: at most
 // `window` messages unanswered (the peer's ctrl_depth / 4, from its endpoint record). The
 // receives come from the rail's shared receive queue (verbs_srq.h; a receive completion is
