@@ -339,9 +339,12 @@ void TcpStream::receive() {
   // bytes or an EOF that arrive later are reported again.
   bool drained = false;
   try {
-    // With TLS, bytes decrypted ahead (a record read in part) are invisible to poll(): read on
-    // past the budget until the session holds none.
-    while (!dead_.load() && (budget > 0 || (tls_ && tls_->pending()))) {
+    // The budget bounds reading, not consuming: bytes already staged are consumed in any case
+    // (they may end the last frame the peer sends on this stream, and no later readiness
+    // would bring them back). With TLS, bytes decrypted ahead (a record read in part) are
+    // invisible to poll(): read on past the budget until the session holds none.
+    while (!dead_.load() &&
+           (budget > 0 || stage_pos_ < stage_len_ || (tls_ && tls_->pending()))) {
       if (stage_pos_ < stage_len_) {
         stage_pos_ += consume(stage_.data() + stage_pos_, stage_len_ - stage_pos_);
         continue;
