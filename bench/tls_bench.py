@@ -2,13 +2,15 @@
 in one run, rounds alternating.
 
 Each round measures, in turn: rdmaxfer one-sided WRITE of SIZE bytes over TCP with TLS
-(``RDMAXFER_TLS=1``, the shared secret as the pre-shared key, AES-128-GCM), the same without
-TLS, and Python's ``ssl`` module (TLS 1.3, AES-GCM; ``sendall`` of SIZE bytes, the peer
-``recv_into`` a preallocated buffer then a 1-byte acknowledgement: the same completion rule as
-a WRITE). Then ``openssl speed -evp aes-128-gcm`` on one core, the bound on what one stream
-can encrypt. GB/s = 1e9 bytes/s; the median over rounds. The load average is recorded.
+(``tls=True``, the shared secret as the pre-shared key, AES-128-GCM), the same without TLS,
+plain TCP again with the streams and I/O threads the TLS engine chose (with TLS the defaults
+spread streams over more threads: see ``TcpOptions``), and Python's ``ssl`` module (TLS 1.3,
+AES-GCM; ``sendall`` of SIZE bytes, the peer ``recv_into`` a preallocated buffer then a
+1-byte acknowledgement: the same completion rule as a WRITE). Then ``openssl speed -evp
+aes-128-gcm`` on one core, the bound on what one stream can encrypt. GB/s = 1e9 bytes/s; the
+median over rounds. The load average and each engine's settings are recorded.
 
-    python bench/tls_bench.py [--size 1G] [--rounds 3] [--streams 4] [--json FILE]
+    python bench/tls_bench.py [--size 1G] [--rounds 3] [--streams N] [--io-threads N] [--json FILE]
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
+from rdmaxfer import Engine
 from rdmaxfer.tools import bench
 
 #: Where the results go by default, named by what they measure (the docs' table reads them).
 RESULTS = Path(__file__).resolve().parent / "results"
+#: The shared secret of the rdmaxfer engines (the TLS pre-shared key).
+SECRET = "tls-bench-" + "0" * 22
 #: TLS 1.3 ciphersuites of the Python pair (OpenSSL's configuration; Python has no setter).
 _OPENSSL_CONF = """openssl_conf = conf
 [conf]
@@ -45,15 +50,50 @@ Ciphersuites = TLS_AES_128_GCM_SHA256
 """
 
 
-def rdmaxfer_write(size: int, streams: int, tls: bool) -> float:
-    """GB/s of one rdmaxfer TCP WRITE of ``size`` bytes (the median of 3), TLS on or off."""
-    os.environ["RDMAXFER_TLS"] = "1" if tls else "0"  # the spawned peer inherits it
-    try:
-        (r,) = bench.run_bench(transport="tcp", op="write", sizes=[size], iters=3, warmup=1,
-                               streams=streams)  # fmt: skip
-    finally:
-        del os.environ["RDMAXFER_TLS"]
-    return size / (r.lat_us_p50 * 1e-6) / 1e9
+def _rdmaxfer_peer(conn: Connection, size: int, streams: int, io_threads: int, tls: bool) -> None:
+    with Engine("tcp", io_threads=io_threads, streams=streams, secret=SECRET, tls=tls) as eng:
+        port = eng.listen("127.0.0.1", 0)
+        buf = np.empty(size, np.uint8)
+        buf[::4096] = 1  # fault the pages in before timing
+        region = eng.register(buf, access="rw")
+        conn.send((port, region.descriptor().pack()))
+        with eng.accept(timeout=60):
+            conn.recv()
+
+
+def rdmaxfer_write(size: int, streams: int, io_threads: int, tls: bool) -> tuple[float, str]:
+    """GB/s of one rdmaxfer TCP WRITE of ``size`` bytes (the median of 3 after a warm-up),
+    TLS on or off, with ``streams`` and ``io_threads`` on both sides (0: the engine's
+    default); and the engine's own description of its settings."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    peer = ctx.Process(
+        target=_rdmaxfer_peer, args=(child, size, streams, io_threads, tls), daemon=True
+    )
+    peer.start()
+    port, descriptor = parent.recv()
+    src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+    times = []
+    with Engine("tcp", io_threads=io_threads, streams=streams, secret=SECRET, tls=tls) as eng:
+        eng.register(src, access="none", local_write=False)
+        settings = eng.describe()
+        with eng.connect(f"127.0.0.1:{port}", timeout=30) as ep:
+            for _ in range(4):  # the first is a warm-up
+                t0 = time.perf_counter()
+                ep.write(src, descriptor, nbytes=size, timeout=120)
+                times.append(time.perf_counter() - t0)
+        parent.send("done")
+    peer.join(timeout=30)
+    return size / statistics.median(times[1:]) / 1e9, settings
+
+
+def resolved(settings: str) -> tuple[int, int]:
+    """(streams, I/O threads) from an engine's description ("tcp: 8 I/O threads, 8 streams
+    per connection, ...")."""
+    io = re.search(r"(\d+) I/O threads", settings)
+    streams = re.search(r"(\d+) streams per connection", settings)
+    assert io and streams, settings
+    return int(streams.group(1)), int(io.group(1))
 
 
 def _ssl_peer(conn: Connection, size: int, cert: str, key: str) -> None:
@@ -120,7 +160,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", default="1G")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--streams", type=int, default=0, help="0: each engine's default")
+    parser.add_argument("--io-threads", type=int, default=0, help="0: each engine's default")
     parser.add_argument(
         "--json",
         default=str(RESULTS / "tls-vs-plain-tcp.json"),
@@ -140,11 +181,19 @@ def main() -> None:
         Path(conf).write_text(_OPENSSL_CONF)
         os.environ["OPENSSL_CONF"] = conf  # read by this process's and the peer's libssl
         cipher = ""
+        settings = {}
         for i in range(args.rounds):
-            row = {
-                "tls_GB_per_s": rdmaxfer_write(size, args.streams, True),
-                "plain_GB_per_s": rdmaxfer_write(size, args.streams, False),
-            }
+            row = {}
+            row["tls_GB_per_s"], settings["tls"] = rdmaxfer_write(
+                size, args.streams, args.io_threads, True
+            )
+            row["plain_GB_per_s"], settings["plain"] = rdmaxfer_write(
+                size, args.streams, args.io_threads, False
+            )
+            same_streams, same_io = resolved(settings["tls"])
+            row["plain_same_settings_GB_per_s"], settings["plain_same_settings"] = rdmaxfer_write(
+                size, same_streams, same_io, False
+            )
             row["python_ssl_GB_per_s"], cipher = python_ssl(size, cert, key)
             rounds.append(row)
             print(f"round {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
@@ -154,9 +203,14 @@ def main() -> None:
     result = {
         "bytes": size,
         "streams": args.streams,
+        "io_threads": args.io_threads,
+        "settings": settings,
         "rounds": rounds,
         "median": median,
         "tls_vs_plain": median["tls_GB_per_s"] / median["plain_GB_per_s"],
+        "tls_vs_plain_same_settings": (
+            median["tls_GB_per_s"] / median["plain_same_settings_GB_per_s"]
+        ),
         "tls_vs_python_ssl": median["tls_GB_per_s"] / median["python_ssl_GB_per_s"],
         "python_ssl_cipher": cipher,
         "openssl_speed_aes_128_gcm_GB_per_s_one_core": speed,

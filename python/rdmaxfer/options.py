@@ -103,12 +103,13 @@ ENGINE: tuple[Option, ...] = (
 #: Settings of the TCP transport.
 TCP: tuple[Option, ...] = (
     Option("io_threads", "int", 0, None,
-           "I/O threads (0: min(2, cores))", low=0, high=64),
+           "I/O threads (0: min(2, CPUs); with TLS half the CPUs, 2 to 8)", low=0, high=64),
     Option("socket_buffer", "int", 0, None,
            "SO_SNDBUF/SO_RCVBUF of each stream (0: the kernel's autotuning)",
            unit="bytes", low=0, high=2**31 - 1),
     Option("streams", "int", 0, None,
-           "parallel TCP streams per connection (0: 4)", low=0, high=64),
+           "parallel TCP streams per connection (0: 4; with TLS at least one per I/O thread)",
+           low=0, high=64),
     Option("tls", "bool", False, "RDMAXFER_TLS",
            "TLS 1.3 (AES-128-GCM) on every stream of every connection, authenticated by the "
            "shared secret as a pre-shared key or by tls_cert/tls_key/tls_ca; a peer without "
@@ -303,9 +304,11 @@ class TcpOptions(_Options):
     """Settings of the TCP transport (table :data:`TCP`).
 
     Args:
-        io_threads: I/O threads, 0..64 (default 0: min(2, cores)).
+        io_threads: I/O threads, 0..64 (default 0: min(2, CPUs); with TLS half the CPUs this
+            process may use, 2 to 8, since every byte is also encrypted or decrypted on them).
         socket_buffer: SO_SNDBUF/SO_RCVBUF in bytes (default 0: the kernel's autotuning).
-        streams: parallel streams per connection, 0..64 (default 0: 4).
+        streams: parallel streams per connection, 0..64 (default 0: 4; with TLS as many as
+            the I/O threads, at least 4).
         tls: TLS 1.3 on every stream (default: ``RDMAXFER_TLS``, else off); both sides need
             it, with the same secret (the pre-shared key) or with certificates.
         tls_cert, tls_key, tls_ca: PEM files: this side's certificate chain, its private key,
