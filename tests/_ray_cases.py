@@ -14,6 +14,7 @@ niceness 0), past Ray's fixed 60 s RDT fetch timeout, which fails the destinatio
 from __future__ import annotations
 
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -256,10 +257,12 @@ class Puller:
     """An inference actor with live weights; ``hold()`` makes its next sync stall until
     ``release()``."""
 
-    def __init__(self, address: str, rank: int, rows: int) -> None:
+    def __init__(self, address: str, rank: int, rows: int, gc_freeze: bool = True) -> None:
         self.live = {"w": torch.zeros((rows // 2, 8), dtype=torch.float32)}
         part = np.s_[rank * rows // 2 : (rank + 1) * rows // 2]
-        self.weights = rr.LiveWeights(address, self.live, shard={"w": part}, timeout=20)
+        self.weights = rr.LiveWeights(
+            address, self.live, shard={"w": part}, timeout=20, gc_freeze=gc_freeze
+        )
         self.rank = rank
         self.gate = threading.Event()
         self.gate.set()
@@ -277,6 +280,10 @@ class Puller:
 
     def values(self) -> list[float]:
         return sorted(set(self.live["w"].reshape(-1).tolist()))
+
+    def frozen(self) -> int:
+        """Objects in the garbage collector's permanent generation (``gc.freeze``)."""
+        return gc.get_freeze_count()
 
 
 @ray.remote
@@ -297,8 +304,15 @@ def case_weight_sync_skips_a_stalled_actor_and_reports_a_dead_one() -> None:
     rows = 1024
     trainer = Publisher.remote(rows)
     address = ray.get(trainer.address.remote())
-    actors = {"a": Puller.remote(address, 0, rows), "b": Puller.remote(address, 1, rows)}
+    actors = {
+        "a": Puller.remote(address, 0, rows),
+        "b": Puller.remote(address, 1, rows, gc_freeze=False),
+    }
     ray.get([a.values.remote() for a in actors.values()], timeout=300)  # both up
+    # LiveWeights froze what actor a's process held (torch, Ray: tens of thousands of
+    # objects); b asked it not to.
+    assert ray.get(actors["a"].frozen.remote()) > 10_000
+    assert ray.get(actors["b"].frozen.remote()) == 0
     sync = rr.WeightSync(deadline=10)
     first = sync.sync(actors, 1)
     assert first.pulled == {"a": 1, "b": 1} and not first.stalled
