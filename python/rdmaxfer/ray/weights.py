@@ -80,12 +80,13 @@ class LiveWeights:
         timeout: seconds for each step of a pull, and the bound on no progress of its READs.
         transport: as :class:`~rdmaxfer.Engine` (``"auto"``: shm on this host, else rdma or
             tcp).
-        gc_freeze: move every object that exists now into the garbage collector's permanent
-            generation (:func:`gc.freeze`, once, here), so that later full collections skip
-            what Ray, torch and the actor's start-up allocated. Without it, a full collection
-            in an inference actor with torch imported took about 100 ms of the actor's thread
-            (16-CPU host), and landing inside a pull it made that pull 4-5x as long as the
-            others. Frozen objects are never collected; False leaves the collector alone.
+        gc_freeze: collect garbage, then move every object that exists now into the garbage
+            collector's permanent generation (:func:`gc.freeze`, once, here), so that later
+            full collections skip what Ray, torch and the actor's start-up allocated. Without
+            it, a full collection in an inference actor with torch imported took about 100 ms
+            of the actor's thread (16-CPU host), and landing inside a pull it made that pull
+            4-5x as long as the others. Frozen objects are never collected; False leaves the
+            collector alone.
 
     Attributes:
         version: the version the tensors hold (0 before the first :meth:`pull`).
@@ -108,6 +109,7 @@ class LiveWeights:
         self.version = 0
         self._engine = Engine(transport, secret=share_secret())
         if gc_freeze:
+            gc.collect()  # what is garbage now is freed, not frozen
             gc.freeze()
 
     def pull(self, min_version: int = 0, *, deadline: float | None = None) -> int:
