@@ -110,7 +110,7 @@ def test_qp_in_error_mid_transfer_moves_its_chunks(
         assert exact()
         text = a.describe()
         # Its flushed WRs (or, without an SRQ, its flushed receives) say why; the rail may
-        # have rejoined since (its QP reset and probed, test_rdma_rails_heal.py).
+        # have rejoined since (its QP renewed and probed, test_rdma_rails_heal.py).
         assert "rxe0 up" in text, text
         assert "rxe2 failed (a " in text or "rxe2 up (rejoined 1x, last failure: a " in text, text
         assert "IBV_WC_WR_FLUSH_ERR" in text and not a.closed, text

@@ -90,8 +90,8 @@ void RdmaConnection::complete(int lane, bool is_recv, const ibv_wc& wc, const ui
     if (healing && !is_recv) on_heal_completion(lane, wc);
     return;
   }
-  // A flush of the QP's life before its last reset that is polled only after the rail
-  // rejoined (the QPN is the same): not a failure of the live QP.
+  // A flush of the lane's QP before the rail healed (the lane has a new QP since, and the WR ids
+  // name the lane), polled only after the rail rejoined: not a failure of the live QP.
   if (!is_recv && lanes_[static_cast<size_t>(lane)].sq->stale(wc)) return;
   if (is_recv && srq_data == nullptr) {
     posted_recvs_[static_cast<size_t>(lane)].fetch_sub(1);  // consumed or flushed

@@ -129,6 +129,9 @@ struct RdmaConnSettings {
 struct RdmaShared {
   std::vector<Rail> rails;
   std::vector<std::shared_ptr<CompletionQueue>> cqs;  // indexed by rail
+  // Tells the transport that a QP of this connection on `rail` was renewed (healing): its
+  // shared receive queue's completions name the new QPN from now on.
+  std::function<void(int rail, uint32_t old_qpn, uint32_t new_qpn)> renumbered;
 };
 
 // Where one QP of a connection sits: this engine's rail, and the peer's rail it pairs with
@@ -318,6 +321,9 @@ class RdmaConnection : public Channel,
   void on_heal_completion(int lane, const ibv_wc& wc);
   void heal_failed(size_t rail, uint64_t attempt, const std::string& why, bool for_good);
   void schedule_heal_locked(size_t rail);
+  // A new QP for `lane` in INIT (QueuePair::renew), its send queue revived, the transport told
+  // its new QPN. Under setup_mu_.
+  void renew(Lane& lane);
   // Whether a lane on a rail other than `rail` is live (a failure on `rail` can then fail over).
   bool other_rail_up(int rail) const;
   // Why `rail`'s port is not ACTIVE now ("" when it is, or its device was released).

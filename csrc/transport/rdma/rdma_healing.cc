@@ -3,11 +3,12 @@
 // A rail's lanes fail over when their port goes down, a QP goes to ERR or its retries run out
 // (rdma_striping.cc). Their QPs stay (in ERR) until the device itself is removed. The connecting
 // side drives the healing from the transport's rail watch (heal_tick, every 0.5 s):
-//   1. After the backoff, and once its own port is ACTIVE again, it resets its QPs of the rail
-//      (ERR -> RESET -> INIT with new PSNs, the same QPNs) and sends REJOIN on the control lane.
-//   2. The acceptor checks its side (its port ACTIVE, its device still there), resets its QPs
-//      paired with them the same way, brings them to RTR/RTS with the connector's PSNs and
-//      answers REJOIN_ACK with its own (or REJOIN_NAK with the cause).
+//   1. After the backoff, and once its own port is ACTIVE again, it renews its QPs of the rail
+//      (each destroyed and made again on the same PD, CQ and SRQ: new QPNs and PSNs; a QP reset
+//      in place kept state of its last life on rxe) and sends REJOIN on the control lane.
+//   2. The acceptor checks its side (its port ACTIVE, its device still there), renews its QPs
+//      paired with them the same way, brings them to RTR/RTS with the connector's QPNs and
+//      PSNs and answers REJOIN_ACK with its own (or REJOIN_NAK with the cause).
 //   3. The connector brings its QPs to RTR/RTS and posts a zero-length RDMA WRITE on each (the
 //      probe: a zero-length WRITE names no memory, IBTA C9-88); its completion is the peer's ACK.
 //   4. Every probe completed: the lanes are live again, on both sides once RAIL_UP reaches the
@@ -191,7 +192,7 @@ void RdmaConnection::heal_tick() {
       send_ctrl(m, {});
       log::write(log::Level::kWarning, "rdma endpoint to " + peer() + ": rail " + rail_name(x) +
                                            " rejoined (" + std::to_string(entries.size()) +
-                                           " QP(s) reset and probed)");
+                                           " QP(s) renewed and probed)");
       continue;
     }
     if (expired) {
@@ -220,8 +221,7 @@ void RdmaConnection::heal_tick() {
           heals_[r].never = "its QPs have no shared receive queue";
           break;
         }
-        lane.qp->reset_to_init();
-        lane.sq->revive();
+        renew(lane);
         entries.push_back(
             {static_cast<uint32_t>(i), lane.qp->qp_num(), lane.peer.qpn, lane.qp->psn()});
       }
@@ -245,6 +245,13 @@ void RdmaConnection::heal_tick() {
     m.meta = encode(addr, entries);
     send_ctrl(m, {});
   }
+}
+
+void RdmaConnection::renew(Lane& lane) {
+  const uint32_t old_qpn = lane.qp->qp_num();
+  lane.qp->renew();
+  lane.sq->revive();
+  if (shared_.renumbered) shared_.renumbered(lane.rail, old_qpn, lane.qp->qp_num());
 }
 
 void RdmaConnection::heal_failed(size_t rail, uint64_t attempt, const std::string& why,
@@ -324,8 +331,7 @@ void RdmaConnection::on_rejoin(const CtrlMessage& m) {
       std::vector<QpAddress> peers;
       for (size_t k = 0; k < lanes.size(); ++k) {
         Lane& lane = lanes_[lanes[k]];
-        lane.qp->reset_to_init();
-        lane.sq->revive();
+        renew(lane);
         peers.push_back(address_of(addr, theirs[k]));
         lane.qp->to_rtr(peers.back(), mtu, negotiated_.max_dest_rd_atomic);
         lane.qp->to_rts(negotiated_.max_rd_atomic);
@@ -547,7 +553,7 @@ bool RdmaConnection::rail_back(int rail, const Rail& back, std::shared_ptr<Compl
 
 void RdmaConnection::on_heal_completion(int lane, const ibv_wc& wc) {
   SendQueue& sq = *lanes_[static_cast<size_t>(lane)].sq;
-  if (sq.stale(wc)) return;  // a flush of the QP's life before its reset
+  if (sq.stale(wc)) return;  // a flush of the lane's QP before it was renewed
   Retired r = sq.retire(wc);
   if (wc.status != IBV_WC_SUCCESS) {
     if (r.failed) {

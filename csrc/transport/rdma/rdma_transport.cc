@@ -312,9 +312,11 @@ std::shared_ptr<RdmaConnection> RdmaTransport::prepare(const std::vector<LaneSpe
       }
       cqs[r] = rails[r].cqs->reserve(tag, per_rail[r] * per_qp);
     }
-    auto conn = std::make_shared<RdmaConnection>(*this, settings_,
-                                                 RdmaShared{std::move(rails), std::move(cqs)},
-                                                 tag, lanes);
+    RdmaShared shared{std::move(rails), std::move(cqs),
+                      [this, tag](int rail, uint32_t old_qpn, uint32_t new_qpn) {
+                        renumber_qp(rail, old_qpn, new_qpn, tag);
+                      }};
+    auto conn = std::make_shared<RdmaConnection>(*this, settings_, std::move(shared), tag, lanes);
     attach_protocol(conn);
     std::lock_guard<std::mutex> lock(mu_);
     // A rail removed since the copy: remove_rail did not see this connection, so it goes.
@@ -471,6 +473,14 @@ std::shared_ptr<Channel> RdmaTransport::connect(const std::string& host, uint16_
     conn->start(std::move(fds[0]), std::move(tls), peer);
     return std::static_pointer_cast<Channel>(conn);
   });
+}
+
+void RdmaTransport::renumber_qp(int rail, uint32_t old_qpn, uint32_t new_qpn, uint32_t tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& tags = qp_tags_[static_cast<size_t>(rail)];
+  const auto old = tags.find(old_qpn);
+  if (old != tags.end() && old->second == tag) tags.erase(old);
+  tags[new_qpn] = tag;
 }
 
 void RdmaTransport::forget_qps_locked(uint32_t tag) {

@@ -135,6 +135,8 @@ class RdmaTransport : public Transport {
   // The connection holding QP `qp_num` of `rail` (SRQ receives name no connection in wr_id).
   std::shared_ptr<RdmaConnection> find_qp(int rail, uint32_t qp_num);
   void forget_qps_locked(uint32_t tag);
+  // Connection `tag`'s QP `old_qpn` of `rail` was renewed as `new_qpn` (rail healing).
+  void renumber_qp(int rail, uint32_t old_qpn, uint32_t new_qpn, uint32_t tag);
   // Every connection object alive (closed ones still held included).
   std::vector<std::shared_ptr<RdmaConnection>> live_connections() const;
   // The rail's SRQ, or why it has none (env RDMAXFER_SRQ=0, max_srq 0, ibv_create_srq failed).

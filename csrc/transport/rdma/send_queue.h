@@ -83,7 +83,7 @@ class SendQueue {
   // drops the repeat by its number, control_msg.h). Its QP must
   // be in ERR first; the flushes that follow retire nothing.
   std::vector<SendWork> take_works();
-  // A failed rail healing, its QP reset (QueuePair::reset_to_init): the queue lives again,
+  // A failed rail healing, its QP renewed (QueuePair::renew): the queue lives again,
   // empty, with every control slot free; completions of WRs posted before are stale().
   void revive();
   // Whether `wc` is of a WR posted before the last revive() (a flush that came late).

@@ -87,15 +87,13 @@ void QueuePair::to_init() {
   init_locked();
 }
 
-void QueuePair::reset_to_init() {
+void QueuePair::renew() {
   std::lock_guard<std::mutex> lock(mu_);
   check_live();
-  ibv_qp_attr reset{};
-  reset.qp_state = IBV_QPS_RESET;
-  const int rc = verbs().modify_qp(qp_, &reset, IBV_QP_STATE);
-  if (rc != 0) throw_verbs("ibv_modify_qp(-> RESET)", rc);
-  std::random_device rd;
-  psn_ = rd() & 0xffffff;
+  const int rc = verbs().destroy_qp(qp_);
+  if (rc != 0) throw_verbs("ibv_destroy_qp(QP " + std::to_string(qp_num_.load()) + ")", rc);
+  qp_ = nullptr;
+  create_locked();  // a new QPN and PSN; throws (leaving no QP) when the device refuses
   init_locked();
 }
 

@@ -14,7 +14,8 @@
 //   -> to_rts()             timeouts, retry counts (rnr_retry finite), our PSN, max_rd_atomic
 //                           (negotiated): can post sends
 //   -> to_error()           on teardown: every outstanding WR is flushed
-//   -> reset_to_init()      a failed rail healing: RESET, then INIT with a new PSN; to_rtr and
+//   -> renew()              a failed rail healing: the QP destroyed and a new one (new QPN and
+//                           PSN, the same PD, CQ and SRQ) made in INIT; to_rtr and
 //                           to_rts follow again (rdma_healing.cc)
 //   -> ibv_destroy_qp       on destruction, before the CQ and the buffers its WRs used, or
 //                           earlier by destroy() (its device is being removed: the QP lets
@@ -89,10 +90,13 @@ class QueuePair {
   void to_rts(uint8_t max_rd_atomic);
   // Best effort (teardown path): never throws.
   void to_error() noexcept;
-  // A failed rail healing (rdma_healing.cc): any state -> RESET -> INIT with a new random PSN
-  // (psn() gives it); the QP keeps its QPN, and to_rtr / to_rts follow as at set-up. Every WR
-  // it held is gone: the send queue's owner drops them (SendQueue::revive).
-  void reset_to_init();
+  // A failed rail healing (rdma_healing.cc): the QP is destroyed and a new one made on the same
+  // PD, CQ and SRQ, in INIT, with a new QPN (qp_num()) and a new random PSN (psn()); to_rtr /
+  // to_rts follow as at set-up. A QP reset in place instead (ERR -> RESET -> INIT) kept state
+  // of its last life on rxe (Linux 6.1): after a rejoin its first multi-packet WRITE was
+  // flushed, rejoin after rejoin. Every WR it held is gone: the send queue's owner drops them
+  // (SendQueue::revive); completions of the old QP still in the CQ carry its old QPN.
+  void renew();
   // ibv_destroy_qp now (idempotent; the QP must be in ERR and its send queue dead: nothing
   // posts on it again) and lets go of the PD, CQ and SRQ, so its device can be released.
   void destroy() noexcept;
