@@ -239,17 +239,21 @@ def run_cmd(*cmd: str) -> None:
 
 
 def set_link(netdev: str, state: str) -> None:
-    """`ip link set netdev state` for a veth of guest.sh. A link set down loses its routes, so
-    on "up" this puts back the one guest.sh gave it (to the other end's address, from its own,
-    in table 100 + its number): else traffic between the two addresses goes through `lo` for
-    the later tests, and a peer sees a connection come from its own address."""
+    """`ip link set netdev state` for a veth of guest.sh, with the route guest.sh gave it (to the
+    other end's address, from its own, in table 100 + its number) made a blackhole while the link
+    is down and put back when it is up. Both ends live in this guest, so without the blackhole a
+    packet for the other end's address finds it in the `local` table and goes through `lo`: the
+    rail would keep delivering with its link down, and after it a peer would see a connection
+    come from its own address."""
+    n = int(netdev.removeprefix("veth"))
+    net = f"10.{77 + n // 2}.0"
+    src, dst = (f"{net}.1", f"{net}.2") if n % 2 == 0 else (f"{net}.2", f"{net}.1")
+    table = str(100 + n)
+    if state == "down":
+        run_cmd("ip", "route", "replace", "blackhole", f"{dst}/32", "table", table)
     run_cmd("ip", "link", "set", netdev, state)
     if state == "up":
-        n = int(netdev.removeprefix("veth"))
-        net = f"10.{77 + n // 2}.0"
-        src, dst = (f"{net}.1", f"{net}.2") if n % 2 == 0 else (f"{net}.2", f"{net}.1")
-        run_cmd("ip", "route", "replace", f"{dst}/32", "dev", netdev, "src", src, "table",
-                str(100 + n))  # fmt: skip
+        run_cmd("ip", "route", "replace", f"{dst}/32", "dev", netdev, "src", src, "table", table)
 
 
 def device_back(device: str) -> bool:
