@@ -1,7 +1,8 @@
 """Poll modes of TCP and shm (``Engine(poll_mode=...)``, ``RDMAXFER_POLL_MODE``): every mode
 moves the right bytes; a bad mode is refused by name; an idle engine sleeps in every mode (its
 process's CPU time over a quiet second stays small, after a burst of small WRITEs taught the
-adaptive mode to spin); a busy-mode wait still ends at its timeout and on Ctrl-C."""
+adaptive mode to spin); an I/O thread's linger follows its mode (adaptive within its share of
+the thread's time); a busy-mode wait still ends at its timeout and on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -75,6 +76,42 @@ def test_an_idle_engine_sleeps_in_every_mode(linked: Linked) -> None:
     time.sleep(IDLE_S)
     share = (_cpu_s() - cpu) / (time.monotonic() - wall)
     assert share < IDLE_CPU_SHARE, f"an idle engine used {100 * share:.0f} % of a CPU"
+
+
+#: An adaptive I/O thread spins at most 20 % of its time (SpinBudget::kLingerSharePct); a spin
+#: that starts under that share may run past it, the more on a loaded machine.
+ADAPTIVE_LINGER_SHARE = 0.45
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_io_threads_linger_by_their_mode_and_adaptive_within_its_share(transport: str) -> None:
+    """A closed loop of small WRITEs: the target's one I/O thread (its ``io_linger_us``) spins
+    for the next request at most its share of the time in adaptive mode, most of it in busy
+    mode, never in event mode."""
+    shares = {}
+    for mode in MODES:
+        threads = {"io_threads": 1} if transport == "tcp" else {}
+        with (
+            Engine(transport, poll_mode=mode, **threads) as target,
+            Engine(transport, poll_mode=mode, **threads) as initiator,
+        ):
+            port = target.listen("127.0.0.1", 0)
+            ep = initiator.connect(f"127.0.0.1:{port}", timeout=30)
+            target.accept(timeout=30)
+            dest = np.zeros(8 * 3000, np.uint8)
+            remote = target.register(dest, access="rw").descriptor()
+            small = make_array(5, 8)
+            linger_us, start = 0, 0.0
+            for i in range(3000):  # the first ones tune the adaptive budget
+                if i == 500:
+                    linger_us, start = target.stats()["io_linger_us"], time.monotonic()
+                ep.write(small, remote, remote_offset=8 * i, timeout=30)
+            wall = time.monotonic() - start
+            shares[mode] = (target.stats()["io_linger_us"] - linger_us) / 1e6 / wall
+            assert dest.tobytes() == small.tobytes() * 3000
+    assert shares["event"] == 0, shares
+    assert shares["adaptive"] <= ADAPTIVE_LINGER_SHARE, shares
+    assert shares["busy"] > max(0.3, shares["adaptive"]), shares
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

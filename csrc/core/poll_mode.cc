@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "common/deadline.h"
 #include "common/error.h"
 
 namespace rdmaxfer {
@@ -43,15 +44,33 @@ const char* poll_mode_name(PollMode mode) {
 }
 
 SpinBudget::SpinBudget(PollMode mode, Kind kind)
-    : mode_(mode), busy_ns_(kind == Kind::kLinger ? kBusyLingerNs : kForever) {}
+    : mode_(mode), kind_(kind), busy_ns_(kind == Kind::kLinger ? kBusyLingerNs : kForever) {}
 
 int64_t SpinBudget::spin_ns() const {
   switch (mode_) {
     case PollMode::kEvent: return 0;
     case PollMode::kBusy: return busy_ns_;
-    case PollMode::kAdaptive: return budget_ns_.load(std::memory_order_relaxed);
+    case PollMode::kAdaptive: break;
   }
-  return 0;
+  if (kind_ == Kind::kLinger) {
+    const int64_t elapsed = steady_ns() - window_start_ns_.load(std::memory_order_relaxed);
+    if (elapsed < kShareWindowNs &&
+        window_spun_ns_.load(std::memory_order_relaxed) * 100 > kLingerSharePct * elapsed) {
+      return 0;
+    }
+  }
+  return budget_ns_.load(std::memory_order_relaxed);
+}
+
+void SpinBudget::spun(int64_t ns) {
+  if (mode_ != PollMode::kAdaptive || kind_ != Kind::kLinger) return;
+  const int64_t now = steady_ns();
+  if (now - window_start_ns_.load(std::memory_order_relaxed) >= kShareWindowNs) {
+    window_start_ns_.store(now - ns, std::memory_order_relaxed);
+    window_spun_ns_.store(ns, std::memory_order_relaxed);
+  } else {
+    window_spun_ns_.fetch_add(ns, std::memory_order_relaxed);
+  }
 }
 
 void SpinBudget::record(int64_t waited_ns) {

@@ -12,6 +12,9 @@
 // waits that ended within kMaxNs, and halves it after one that took longer
 // (spinning for that would not have paid). Every spin yields the CPU every few turns
 // (spin_pause), so on one CPU, or a crowded one, the peer that must answer runs meanwhile.
+// An adaptive I/O thread's lingering is also capped in CPU: it spins at most kLingerSharePct
+// of its time (per window of kShareWindowNs) and sleeps at once beyond that, so a closed loop of
+// small operations costs the peer's I/O thread its work plus that share, not a whole CPU.
 #pragma once
 
 #include <atomic>
@@ -37,21 +40,31 @@ class SpinBudget {
   // How long an I/O thread in busy mode keeps spinning after its last event.
   static constexpr int64_t kBusyLingerNs = 20'000'000;
   static constexpr int64_t kForever = std::numeric_limits<int64_t>::max();
+  // The most of an adaptive I/O thread's time that lingering may spin, in % of wall time over
+  // windows of kShareWindowNs.
+  static constexpr int64_t kLingerSharePct = 20;
+  static constexpr int64_t kShareWindowNs = 10'000'000;
   enum class Kind { kWait, kLinger };
 
   // kWait: a caller's wait for a completion (busy: spins until the wait's end); kLinger: an I/O
   // thread between events (busy: kBusyLingerNs). Adaptive tunes either up to kMaxNs.
   SpinBudget(PollMode mode, Kind kind);
 
-  // Nanoseconds to spin before sleeping: 0 (event), the tuned bound (adaptive) or busy's.
+  // Nanoseconds to spin before sleeping: 0 (event), the tuned bound (adaptive) or busy's; for
+  // adaptive lingering 0 while the current window has spun its share already.
   int64_t spin_ns() const;
   // A wait that started `waited_ns` ago ended (its event came, spinning or after a sleep).
   void record(int64_t waited_ns);
+  // `ns` of the last wait went on spinning (counted against kLingerSharePct).
+  void spun(int64_t ns);
 
  private:
   const PollMode mode_;
+  const Kind kind_;
   const int64_t busy_ns_;
   std::atomic<int64_t> budget_ns_{kStartNs};
+  std::atomic<int64_t> window_start_ns_{0};  // steady clock
+  std::atomic<int64_t> window_spun_ns_{0};
 };
 
 // A spin-wait hint to the CPU (x86 pause, arm yield).

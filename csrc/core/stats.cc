@@ -62,6 +62,10 @@ void Stats::add_credit_stall() {
   for (Stats* s = this; s != nullptr; s = s->parent_.get()) bump(s->credit_stalls_, 1);
 }
 
+void Stats::add_linger_ns(uint64_t ns) {
+  for (Stats* s = this; s != nullptr; s = s->parent_.get()) bump(s->linger_ns_, ns);
+}
+
 std::vector<std::pair<std::string, uint64_t>> Stats::snapshot() const {
   std::vector<std::pair<std::string, uint64_t>> out;
   auto get = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
@@ -74,6 +78,7 @@ std::vector<std::pair<std::string, uint64_t>> Stats::snapshot() const {
   }
   out.emplace_back("retries", get(retries_));
   out.emplace_back("credit_stalls", get(credit_stalls_));
+  if (parent_ == nullptr) out.emplace_back("io_linger_us", get(linger_ns_) / 1000);
   const int used = lanes_used_.load(std::memory_order_relaxed);
   for (int i = 0; i < used; ++i) {
     const Lane& l = lanes_[static_cast<size_t>(i)];

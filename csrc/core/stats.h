@@ -44,9 +44,13 @@ class Stats {
   void add_retry();
   // A sender began to wait: for a credit (verbs window) or for room in the socket (TCP).
   void add_credit_stall();
+  // An I/O thread (TCP loop, shm reader) spent `ns` polling for its next event instead of
+  // sleeping (its poll mode's linger: core/poll_mode.h).
+  void add_linger_ns(uint64_t ns);
 
   // Every counter by name: "<kind>.ops", "<kind>.bytes", "errors.<kind>", "retries",
-  // "credit_stalls", and "lane<N>.bytes" / "lane<N>.chunks" for lanes 0 .. the highest used.
+  // "credit_stalls", and "lane<N>.bytes" / "lane<N>.chunks" for lanes 0 .. the highest used;
+  // an engine's (a Stats without parent) also "io_linger_us", its I/O threads' linger in µs.
   std::vector<std::pair<std::string, uint64_t>> snapshot() const;
 
  private:
@@ -63,6 +67,7 @@ class Stats {
   std::array<std::atomic<uint64_t>, kErrorKinds> errors_{};
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> credit_stalls_{0};
+  std::atomic<uint64_t> linger_ns_{0};
   std::atomic<int> lanes_used_{0};
   std::array<Lane, kMaxLanes> lanes_{};
 };

@@ -96,6 +96,12 @@ FAMILIES: dict[str, Family] = {
         "counter",
         "Times a sender began to wait for a credit (verbs) or for room in a socket (TCP).",
     ),
+    "io_linger_us": Family(
+        "io_linger_microseconds_total",
+        "counter",
+        "Time the engine's I/O threads (TCP loops, shm readers) spent polling for their next "
+        "event instead of sleeping (the poll mode's linger).",
+    ),
     "recv_buffers.posted": Family(
         "recv_buffers_posted",
         "gauge",

@@ -235,6 +235,7 @@ void ShmChannel::run_reader() {
         }
         if (idle_since == 0) idle_since = steady_ns();
         const int64_t linger = reader_linger_.spin_ns();
+        const int64_t spin_from = steady_ns();
         bool got = false;
         for (unsigned turn = 0; drivers_.load(std::memory_order_relaxed) == 0 &&
                                 steady_ns() - idle_since < linger;
@@ -245,6 +246,11 @@ void ShmChannel::run_reader() {
           }
           // The peer's thread that waits for our answer may need this CPU: let it run.
           spin_pause(turn);
+        }
+        if (linger > 0) {
+          const int64_t spun = steady_ns() - spin_from;
+          reader_linger_.spun(spun);
+          transport_.stats()->add_linger_ns(static_cast<uint64_t>(spun));
         }
         if (got) continue;
       }

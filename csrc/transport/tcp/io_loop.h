@@ -20,6 +20,7 @@
 
 #include "common/unique_fd.h"
 #include "core/poll_mode.h"
+#include "core/stats.h"
 
 namespace rdmaxfer {
 
@@ -35,7 +36,8 @@ class IoHandler {
 
 class IoLoop {
  public:
-  explicit IoLoop(PollMode mode);
+  // `stats`: the engine's, which counts the loop's linger (Stats::add_linger_ns).
+  IoLoop(PollMode mode, std::shared_ptr<Stats> stats);
   IoLoop(const IoLoop&) = delete;
   IoLoop& operator=(const IoLoop&) = delete;
   ~IoLoop();
@@ -62,6 +64,7 @@ class IoLoop {
 
   SpinBudget linger_;
   SpinBudget wait_budget_;
+  const std::shared_ptr<Stats> stats_;
   UniqueFd epoll_fd_;
   UniqueFd wake_fd_;
   std::atomic<bool> stop_{false};

@@ -45,7 +45,9 @@ TcpTransport::TcpTransport(uint64_t engine_id, const TcpConfig& config)
   if (config_.tls) {
     tls_ = std::make_shared<const TlsContext>(config_.tls_settings);
   }
-  for (int i = 0; i < config_.io_threads; ++i) loops_.push_back(std::make_unique<IoLoop>(config_.poll_mode));
+  for (int i = 0; i < config_.io_threads; ++i) {
+    loops_.push_back(std::make_unique<IoLoop>(config_.poll_mode, stats()));
+  }
 }
 
 TcpTransport::~TcpTransport() { shutdown(); }

@@ -26,6 +26,11 @@ endpoint it made, open or closed, plus connection set-ups that failed. Keys:
 ``credit_stalls`` (count)
     Times a sender began to wait: for a credit (verbs: more messages posted than the peer's
     window of unanswered ones) or for room in a socket (TCP: the send buffer was full).
+``io_linger_us`` (microseconds)
+    ``Engine.stats()`` only: time the engine's I/O threads (TCP loops, shm readers) spent
+    polling for their next event instead of sleeping, the CPU that the poll mode trades for
+    latency (``docs/poll-modes.md``): ``adaptive`` lingers at most 20 % of each thread's time,
+    ``busy`` 20 ms after every event, ``event`` never. Verbs completion threads are not counted.
 ``recv_buffers.posted``, ``recv_buffers.allocated`` (count)
     ``Engine.stats()`` of an open rdma engine only, a level rather than a counter: the receive
     buffers (16 KiB each) posted for two-sided messages now, and allocated, over every rail's
