@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "common/cpus.h"
 #include "common/deadline.h"
 #include "common/error.h"
 
@@ -44,7 +45,9 @@ const char* poll_mode_name(PollMode mode) {
 }
 
 SpinBudget::SpinBudget(PollMode mode, Kind kind)
-    : mode_(mode), kind_(kind), busy_ns_(kind == Kind::kLinger ? kBusyLingerNs : kForever) {}
+    : mode_(mode),
+      share_capped_(mode == PollMode::kAdaptive && kind == Kind::kLinger && usable_cpus() > 1),
+      busy_ns_(kind == Kind::kLinger ? kBusyLingerNs : kForever) {}
 
 int64_t SpinBudget::spin_ns() const {
   switch (mode_) {
@@ -52,7 +55,7 @@ int64_t SpinBudget::spin_ns() const {
     case PollMode::kBusy: return busy_ns_;
     case PollMode::kAdaptive: break;
   }
-  if (kind_ == Kind::kLinger) {
+  if (share_capped_) {
     const int64_t elapsed = steady_ns() - window_start_ns_.load(std::memory_order_relaxed);
     if (elapsed < kShareWindowNs &&
         window_spun_ns_.load(std::memory_order_relaxed) * 100 > kLingerSharePct * elapsed) {
@@ -63,7 +66,7 @@ int64_t SpinBudget::spin_ns() const {
 }
 
 void SpinBudget::spun(int64_t ns) {
-  if (mode_ != PollMode::kAdaptive || kind_ != Kind::kLinger) return;
+  if (!share_capped_) return;
   const int64_t now = steady_ns();
   if (now - window_start_ns_.load(std::memory_order_relaxed) >= kShareWindowNs) {
     window_start_ns_.store(now - ns, std::memory_order_relaxed);

@@ -12,9 +12,11 @@
 // waits that ended within kMaxNs, and halves it after one that took longer
 // (spinning for that would not have paid). Every spin yields the CPU every few turns
 // (spin_pause), so on one CPU, or a crowded one, the peer that must answer runs meanwhile.
-// An adaptive I/O thread's lingering is also capped in CPU: it spins at most kLingerSharePct
-// of its time (per window of kShareWindowNs) and sleeps at once beyond that, so a closed loop of
-// small operations costs the peer's I/O thread its work plus that share, not a whole CPU.
+// An adaptive I/O thread's lingering is also capped in CPU where the process may run on more
+// than one CPU: it spins at most kLingerSharePct of its time (per window of kShareWindowNs) and
+// sleeps at once beyond that, so a closed loop of small operations costs the peer's I/O thread
+// its work plus that share, not a whole CPU. On one CPU there is no cap: a spin that yields
+// every few turns takes only time that no other thread wants.
 #pragma once
 
 #include <atomic>
@@ -60,7 +62,7 @@ class SpinBudget {
 
  private:
   const PollMode mode_;
-  const Kind kind_;
+  const bool share_capped_;  // adaptive lingering, on more than one CPU
   const int64_t busy_ns_;
   std::atomic<int64_t> budget_ns_{kStartNs};
   std::atomic<int64_t> window_start_ns_{0};  // steady clock

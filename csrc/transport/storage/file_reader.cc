@@ -1,6 +1,5 @@
 #include "transport/storage/file_reader.h"
 
-#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <system_error>
 #include <thread>
 
+#include "common/cpus.h"
 #include "common/error.h"
 #include "cuda/cuda_api.h"
 #include "cuda/cuda_context.h"
@@ -113,11 +113,7 @@ class Prefaulter {
   void submitted(size_t n) { submitted_.store(n, std::memory_order_relaxed); }
 
  private:
-  static bool two_cpus() {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    return sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) >= 2;
-  }
+  static bool two_cpus() { return usable_cpus() >= 2; }
 
   void run(size_t from) {
     const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));

@@ -1,25 +1,13 @@
 #include "transport/tcp/tcp_transport.h"
 
-#include <sched.h>
-
 #include <algorithm>
-#include <thread>
 
+#include "common/cpus.h"
 #include "common/error.h"
 #include "common/random.h"
 #include "transport/socket.h"
 
 namespace rdmaxfer {
-
-namespace {
-// The CPUs this process may run on (its affinity mask; the machine's count where that fails).
-int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-}  // namespace
 
 TcpTransport::TcpTransport(uint64_t engine_id, const TcpConfig& config)
     : Transport(engine_id), config_(config) {

@@ -29,8 +29,9 @@ endpoint it made, open or closed, plus connection set-ups that failed. Keys:
 ``io_linger_us`` (microseconds)
     ``Engine.stats()`` only: time the engine's I/O threads (TCP loops, shm readers) spent
     polling for their next event instead of sleeping, the CPU that the poll mode trades for
-    latency (``docs/poll-modes.md``): ``adaptive`` lingers at most 20 % of each thread's time,
-    ``busy`` 20 ms after every event, ``event`` never. Verbs completion threads are not counted.
+    latency (``docs/poll-modes.md``): ``adaptive`` lingers at most 20 % of each thread's time
+    (on more than one CPU), ``busy`` 20 ms after every event, ``event`` never. Verbs completion
+    threads are not counted.
 ``recv_buffers.posted``, ``recv_buffers.allocated`` (count)
     ``Engine.stats()`` of an open rdma engine only, a level rather than a counter: the receive
     buffers (16 KiB each) posted for two-sided messages now, and allocated, over every rail's
