@@ -53,7 +53,7 @@ class SpinBudget {
   SpinBudget(PollMode mode, Kind kind);
 
   // Nanoseconds to spin before sleeping: 0 (event), the tuned bound (adaptive) or busy's; for
-  // adaptive lingering 0 while the current window has spun its share already.
+  // adaptive lingering on more than one CPU, 0 while the current window has spun its share.
   int64_t spin_ns() const;
   // A wait that started `waited_ns` ago ended (its event came, spinning or after a sleep).
   void record(int64_t waited_ns);
