@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 
 #include "common/cpus.h"
 #include "common/deadline.h"
@@ -44,10 +45,11 @@ const char* poll_mode_name(PollMode mode) {
   return "unknown";
 }
 
-SpinBudget::SpinBudget(PollMode mode, Kind kind)
+SpinBudget::SpinBudget(PollMode mode, Kind kind, std::shared_ptr<Stats> stats)
     : mode_(mode),
       share_capped_(mode == PollMode::kAdaptive && kind == Kind::kLinger && usable_cpus() > 1),
-      busy_ns_(kind == Kind::kLinger ? kBusyLingerNs : kForever) {}
+      busy_ns_(kind == Kind::kLinger ? kBusyLingerNs : kForever),
+      stats_(std::move(stats)) {}
 
 int64_t SpinBudget::spin_ns() const {
   switch (mode_) {
@@ -66,6 +68,7 @@ int64_t SpinBudget::spin_ns() const {
 }
 
 void SpinBudget::spun(int64_t ns) {
+  if (stats_) stats_->add_linger_ns(static_cast<uint64_t>(ns));
   if (!share_capped_) return;
   const int64_t now = steady_ns();
   if (now - window_start_ns_.load(std::memory_order_relaxed) >= kShareWindowNs) {

@@ -22,7 +22,10 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
+
+#include "core/stats.h"
 
 namespace rdmaxfer {
 
@@ -50,20 +53,22 @@ class SpinBudget {
 
   // kWait: a caller's wait for a completion (busy: spins until the wait's end); kLinger: an I/O
   // thread between events (busy: kBusyLingerNs). Adaptive tunes either up to kMaxNs.
-  SpinBudget(PollMode mode, Kind kind);
+  // `stats`: where spun() counts the time spent spinning (Stats::add_linger_ns), or none.
+  SpinBudget(PollMode mode, Kind kind, std::shared_ptr<Stats> stats = nullptr);
 
   // Nanoseconds to spin before sleeping: 0 (event), the tuned bound (adaptive) or busy's; for
   // adaptive lingering on more than one CPU, 0 while the current window has spun its share.
   int64_t spin_ns() const;
   // A wait that started `waited_ns` ago ended (its event came, spinning or after a sleep).
   void record(int64_t waited_ns);
-  // `ns` of the last wait went on spinning (counted against kLingerSharePct).
+  // `ns` of the last wait went on spinning: counted against kLingerSharePct, and in `stats`.
   void spun(int64_t ns);
 
  private:
   const PollMode mode_;
   const bool share_capped_;  // adaptive lingering, on more than one CPU
   const int64_t busy_ns_;
+  const std::shared_ptr<Stats> stats_;
   std::atomic<int64_t> budget_ns_{kStartNs};
   std::atomic<int64_t> window_start_ns_{0};  // steady clock
   std::atomic<int64_t> window_spun_ns_{0};

@@ -35,7 +35,7 @@ ShmChannel::ShmChannel(ShmTransport& transport, UniqueFd sock, std::string peer,
       sock_(std::move(sock)),
       peer_(std::move(peer)),
       peer_pid_(peer_pid),
-      reader_linger_(transport.poll_mode(), SpinBudget::Kind::kLinger),
+      reader_linger_(transport.poll_mode(), SpinBudget::Kind::kLinger, transport.stats()),
       ipc_(peer_pid == getpid()) {}
 
 RequestPtr ShmChannel::new_request(OpKind op, uint64_t bytes) {
@@ -247,11 +247,7 @@ void ShmChannel::run_reader() {
           // The peer's thread that waits for our answer may need this CPU: let it run.
           spin_pause(turn);
         }
-        if (linger > 0) {
-          const int64_t spun = steady_ns() - spin_from;
-          reader_linger_.spun(spun);
-          transport_.stats()->add_linger_ns(static_cast<uint64_t>(spun));
-        }
+        if (linger > 0) reader_linger_.spun(steady_ns() - spin_from);
         if (got) continue;
       }
       if (!sleep_until_work()) {

@@ -13,9 +13,8 @@
 namespace rdmaxfer {
 
 IoLoop::IoLoop(PollMode mode, std::shared_ptr<Stats> stats)
-    : linger_(mode, SpinBudget::Kind::kLinger),
+    : linger_(mode, SpinBudget::Kind::kLinger, std::move(stats)),
       wait_budget_(mode, SpinBudget::Kind::kWait),
-      stats_(std::move(stats)),
       epoll_fd_(epoll_create1(EPOLL_CLOEXEC)), wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   if (!epoll_fd_.valid()) throw_errno("epoll_create1");
   if (!wake_fd_.valid()) throw_errno("eventfd");
@@ -86,9 +85,7 @@ int IoLoop::wait_events(epoll_event* events, int max, bool after_events, int64_t
       if (n != 0 || steady_ns() - since_ns >= linger) break;
       spin_pause(turn);
     }
-    const int64_t spun = steady_ns() - since_ns;
-    linger_.spun(spun);
-    stats_->add_linger_ns(static_cast<uint64_t>(spun));
+    linger_.spun(steady_ns() - since_ns);
   }
   if (n == 0) n = epoll_wait(epoll_fd_.get(), events, max, 1000);
   if (after_events && n >= 0) linger_.record(steady_ns() - since_ns);

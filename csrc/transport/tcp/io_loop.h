@@ -20,7 +20,6 @@
 
 #include "common/unique_fd.h"
 #include "core/poll_mode.h"
-#include "core/stats.h"
 
 namespace rdmaxfer {
 
@@ -64,7 +63,6 @@ class IoLoop {
 
   SpinBudget linger_;
   SpinBudget wait_budget_;
-  const std::shared_ptr<Stats> stats_;
   UniqueFd epoll_fd_;
   UniqueFd wake_fd_;
   std::atomic<bool> stop_{false};
