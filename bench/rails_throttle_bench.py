@@ -10,6 +10,12 @@ run; "none" leaves it as it is. For each throttle, rounds alternate: striped WRI
 Each round gives the GB/s of its timed WRITEs after ``--warmup`` untimed ones; the rails'
 measured rates and shares come from ``Endpoint.info`` (``rail_<device>_rate``,
 ``rail_<device>_share_pct``). Writes ``bench/results/rails-throttled-rxe.json``.
+
+It does this in two regimes. In the first, rxe0's link is left as it is, so the guest's two
+vCPUs (which run every rail's soft-RoCE work) set its pace, not a link. In the second, rxe0's
+link (veth0's egress) is capped too, at ``--link-fraction`` of what one rail delivers alone,
+and rxe2's throttles (1/1 too) are fractions of that cap: the links set the pace, as they do
+for NICs, whose rate is their link's and not the host CPU's.
 """
 
 from __future__ import annotations
@@ -88,6 +94,12 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=16 << 20, help="bytes per WRITE")
     parser.add_argument("--iters", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--link-fraction",
+        type=float,
+        default=0.25,
+        help="rxe0's link cap in the second regime, as a fraction of one rail alone",
+    )
     args = parser.parse_args()
     ours, theirs = (d.split(",") for d in os.environ["RDMAXFER_RXE_RAIL_DEVICES"].split())
     one = ([ours[0]], [theirs[0]])
@@ -96,23 +108,28 @@ def main() -> None:
     mbit_alone = alone * 8e3
     print(f"one rail alone: {alone:.4f} GB/s ({mbit_alone:.0f} Mbit/s)", flush=True)
     rows = []
-    for factor in (None, 2, 5, 20):
-        mbit = None if factor is None else mbit_alone / factor
-        with throttled("veth2", mbit):
-            for r in range(args.rounds):
-                both = write_gbps(two, args.size, args.warmup, args.iters)
-                single = write_gbps(one, args.size, args.warmup, args.iters)
-                row = {
-                    "throttle": "none" if factor is None else f"1/{factor}",
-                    "throttle_mbit": None if mbit is None else round(mbit, 1),
-                    "round": r,
-                    "two_rails_GB_per_s": both["GB_per_s"],
-                    "fast_rail_alone_GB_per_s": single["GB_per_s"],
-                    "ratio": round(both["GB_per_s"] / single["GB_per_s"], 3),
-                    "rails": both["rails"],
-                }
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+    for fast_mbit in (None, mbit_alone * args.link_fraction):
+        top = mbit_alone if fast_mbit is None else fast_mbit
+        with throttled("veth0", fast_mbit):
+            # Capped links: "1/1" is rxe2 capped at rxe0's rate, the equal rails of this regime.
+            for factor in (None, 2, 5, 20) if fast_mbit is None else (1, 2, 5, 20):
+                mbit = None if factor is None else top / factor
+                with throttled("veth2", mbit):
+                    for r in range(args.rounds):
+                        both = write_gbps(two, args.size, args.warmup, args.iters)
+                        single = write_gbps(one, args.size, args.warmup, args.iters)
+                        row = {
+                            "fast_link_mbit": None if fast_mbit is None else round(fast_mbit, 1),
+                            "throttle": "none" if factor is None else f"1/{factor}",
+                            "throttle_mbit": None if mbit is None else round(mbit, 1),
+                            "round": r,
+                            "two_rails_GB_per_s": both["GB_per_s"],
+                            "fast_rail_alone_GB_per_s": single["GB_per_s"],
+                            "ratio": round(both["GB_per_s"] / single["GB_per_s"], 3),
+                            "rails": both["rails"],
+                        }
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "size_bytes": args.size,
@@ -121,6 +138,7 @@ def main() -> None:
         "rounds": args.rounds,
         "one_rail_alone_GB_per_s": alone,
         "netdev_throttled": "veth2 (rxe2)",
+        "link_fraction": args.link_fraction,
     }
     OUT.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     print(f"wrote {OUT}")

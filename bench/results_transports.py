@@ -194,15 +194,16 @@ def rails() -> str:
 def rails_throttled() -> str:
     """``bench/rails_throttle_bench.py``: two rails, one throttled, against the fast one alone."""
     d = load_result("rails-throttled-rxe.json")
-    by: dict[str, list[dict[str, Any]]] = {}
+    by: dict[tuple[float | None, str], list[dict[str, Any]]] = {}
     for row in d["rows"]:
-        by.setdefault(row["throttle"], []).append(row)
+        by.setdefault((row.get("fast_link_mbit"), row["throttle"]), []).append(row)
     rows = []
-    for throttle, runs in by.items():
+    for (fast_mbit, throttle), runs in by.items():
         ratios = [r["ratio"] for r in runs]
         last = runs[-1]["rails"]
         rows.append(
             [
+                "as it is (CPU-bound)" if fast_mbit is None else f"capped, {fast_mbit:.0f} Mbit/s",
                 throttle,
                 " / ".join(f"{r['fast_rail_alone_GB_per_s'] * 1e3:.1f}" for r in runs),
                 " / ".join(f"{r['two_rails_GB_per_s'] * 1e3:.1f}" for r in runs),
@@ -215,6 +216,7 @@ def rails_throttled() -> str:
             ]
         )
     head = [
+        "rxe0's link",
         "rxe2 throttled to",
         "rxe0 alone MB/s (rounds)",
         "both rails MB/s (rounds)",
@@ -222,7 +224,7 @@ def rails_throttled() -> str:
         "median",
         "last round: rate, share",
     ]
-    return md_table(head, rows, right_from=1)
+    return md_table(head, rows, right_from=2)
 
 
 def batch_tcp() -> str:
