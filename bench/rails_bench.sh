@@ -10,13 +10,16 @@ set -euo pipefail
 rounds=${1:-3}
 iters=${2:-5}
 out=bench/results/rails-rxe.jsonl
-: > "$out"
+# Written beside it and moved into place at the end, so a failed run leaves the last results.
+part=$out.part
+: > "$part"
 for ((i = 0; i < rounds; i++)); do
     for rails in 1 2; do
         json=$(python -m rdmaxfer bench --transport rdma --rails "$rails" --op write \
             --size 1M,16M --iters "$iters" --warmup 1 --json |
-            python -c 'import json, sys; print(json.dumps(json.load(sys.stdin)))')
-        printf '{"rails": %d, "round": %d, "results": %s}\n' "$rails" "$i" "$json" >> "$out"
+            python -c 'import json, sys; print(json.dumps([json.loads(row) for row in sys.stdin]))')
+        printf '{"rails": %d, "round": %d, "results": %s}\n' "$rails" "$i" "$json" >> "$part"
         echo "round $i, $rails rail(s): $json"
     done
 done
+mv "$part" "$out"
