@@ -4,10 +4,12 @@
 # 16 MiB to 4 GiB, and a 4 GiB GPU-to-GPU loopback send/recv), the two-process CUDA IPC bench
 # (bench/gpu_ipc_bench.py: same GPU, and GPU 0 -> GPU 1 with two GPUs), load_weights of a
 # LOAD_SIZE file into GPU memory with and without GPUDirect Storage against the disk's rate and
-# a torch.load-style read-then-copy (bench/load_gpu_bench.py; cold page cache when root), then
-# (where Ray is installed or its wheel is in .whl/) GPU tensors between Ray actors over RDMAXFER
-# (tests/test_ray.py -m gpu) and bench/ray_bench.py with CPU and CUDA tensors, then
-# print one table of every check against its target (bench/gpu_check_table.py).
+# a torch.load-style read-then-copy (bench/load_gpu_bench.py; cold page cache when root), TCP
+# with TLS against plain TCP and a Python ssl socket pair on the machine's CPUs
+# (bench/tls_bench.py, TLS_SIZE WRITEs), then (where Ray is installed or its wheel is in
+# .whl/) GPU tensors between Ray actors over RDMAXFER (tests/test_ray.py -m gpu) and
+# bench/ray_bench.py with CPU and CUDA tensors, then print one table of every check against
+# its target (bench/gpu_check_table.py).
 # The whole script stays under BUDGET seconds (default 470: under 8 minutes): each step's
 # timeout is its own cap or what is left, whichever is smaller.
 #
@@ -31,6 +33,7 @@ BIG=${BIG:-4G}
 IPC_SIZE=${IPC_SIZE:-1G}
 LOAD_SIZE=${LOAD_SIZE:-1G}
 LOAD_DIR=${LOAD_DIR:-/tmp}
+TLS_SIZE=${TLS_SIZE:-1G}
 BUDGET=${BUDGET:-470}
 . bench/check_common.sh  # step, left, $PY, pip_offline, stage_build
 
@@ -89,6 +92,11 @@ timeout "$(left 120)" $PY "$ROOT/bench/load_gpu_bench.py" --size "$LOAD_SIZE" --
   --json "$OUTDIR/load_gpu.json"
 load_rc=$?
 
+step "TCP with TLS against plain TCP and Python ssl ($TLS_SIZE WRITEs, $(nproc) CPUs)"
+timeout "$(left 120)" $PY "$ROOT/bench/tls_bench.py" --size "$TLS_SIZE" --rounds 3 \
+  --json "$OUTDIR/tls_bench.json" 2>&1 | grep "^round\|Error\|error" | tail -8
+tls_rc=${PIPESTATUS[0]}
+
 step "Ray: GPU tensors over RDMAXFER between actors (pytest tests/test_ray.py -m gpu), then bench/ray_bench.py"
 ray_rc=0
 if $PY -c "import ray" 2>/dev/null; then
@@ -102,8 +110,8 @@ if $PY -c "import ray" 2>/dev/null; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || ray_rc=1
 fi
 
-step "done in $(( $(date +%s) - t0 ))s: gpu tests rc=$tests_rc, bench rc=$bench_rc, ipc rc=$ipc_rc, load rc=$load_rc, ray rc=$ray_rc (results in $OUTDIR)"
+step "done in $(( $(date +%s) - t0 ))s: gpu tests rc=$tests_rc, bench rc=$bench_rc, ipc rc=$ipc_rc, load rc=$load_rc, tls rc=$tls_rc, ray rc=$ray_rc (results in $OUTDIR)"
 $PY "$ROOT/bench/gpu_check_table.py" "$OUTDIR"
 table_rc=$?
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$ipc_rc" -eq 0 ] && [ "$load_rc" -eq 0 ] \
-  && [ "$ray_rc" -eq 0 ] && [ "$table_rc" -eq 0 ]
+  && [ "$tls_rc" -eq 0 ] && [ "$ray_rc" -eq 0 ] && [ "$table_rc" -eq 0 ]

@@ -16,6 +16,10 @@ FAIL or SKIP, read from what the earlier steps wrote into the results folder:
   rate (fio, or load_weights into host arrays without fio), target >= 0.8x and bit-exact,
   with the torch.load-style read-then-copy of the same run beside them; the GDS row is SKIP
   where libcufile does not load (the reason).
+- ``tls_bench.json`` (bench/tls_bench.py): a 1 GiB TCP WRITE with TLS 1.3 (AES-128-GCM)
+  against plain TCP (target >= 0.5x) and against a Python ``ssl`` socket pair (>= 1.5x), on the
+  machine's CPUs; one core's AES-128-GCM rate (``openssl speed``) beside them, the bound of one
+  stream.
 
 - ``ray-gpu-tests.xml`` and ``ray_bench.json`` (where Ray is installed): GPU tensors between
   Ray actors over RDMAXFER, bit-exact; bench/ray_bench.py's RDMAXFER against Ray's object
@@ -144,6 +148,34 @@ def load_rows(load: Any) -> list[Row]:
     return rows
 
 
+TLS_VS_PLAIN = 0.5
+TLS_VS_PYTHON_SSL = 1.5
+
+
+def tls_rows(tls: Any) -> list[Row]:
+    if not tls:
+        return [("TCP WRITE with TLS vs plain TCP", "not run", "", "FAIL")]
+    med = tls["median"]
+    where = f"{_size(tls['bytes'])}, {tls['cpus']} CPUs"
+    return [
+        (
+            f"TCP WRITE {where}: TLS vs plain",
+            f"{med['tls_GB_per_s']:.2f} vs {med['plain_GB_per_s']:.2f} GB/s = "
+            f"{tls['tls_vs_plain']:.2f}x (AES-128-GCM on one core "
+            f"{tls['openssl_speed_aes_128_gcm_GB_per_s_one_core']:.2f} GB/s)",
+            f">= {TLS_VS_PLAIN}x",
+            "PASS" if tls["tls_vs_plain"] >= TLS_VS_PLAIN else "FAIL",
+        ),
+        (
+            f"TCP WRITE {where}: TLS vs Python ssl",
+            f"{med['tls_GB_per_s']:.2f} vs {med['python_ssl_GB_per_s']:.2f} GB/s = "
+            f"{tls['tls_vs_python_ssl']:.2f}x",
+            f">= {TLS_VS_PYTHON_SSL}x",
+            "PASS" if tls["tls_vs_python_ssl"] >= TLS_VS_PYTHON_SSL else "FAIL",
+        ),
+    ]
+
+
 RAY_VS_OBJECT_STORE = 2.0
 RAY_VS_GLOO = 1.5
 RAY_SYNC_RATIO = 1.3
@@ -193,6 +225,7 @@ def main() -> int:
         + test_rows(args.results / "gpu-tests.xml", TEST_ROWS)
         + ipc_rows(load_json(args.results / "gpu_ipc.json"))
         + load_rows(load_json(args.results / "load_gpu.json"))
+        + tls_rows(load_json(args.results / "tls_bench.json"))
         + ray_rows(args.results)
     )
     return print_table(rows)

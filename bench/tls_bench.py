@@ -28,6 +28,7 @@ import tempfile
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,17 @@ Ciphersuites = TLS_AES_128_GCM_SHA256
 """
 
 
+#: Seconds any one wait of the bench may take (a peer's reply, a WRITE, a socket operation).
+WAIT_S = 120.0
+
+
+def _recv(conn: Connection, what: str) -> Any:
+    """The next object from the peer process, within WAIT_S seconds."""
+    if not conn.poll(WAIT_S):
+        raise TimeoutError(f"no {what} from the peer process within {WAIT_S:.0f} s")
+    return conn.recv()
+
+
 def _rdmaxfer_peer(conn: Connection, size: int, streams: int, io_threads: int, tls: bool) -> None:
     with Engine("tcp", io_threads=io_threads, streams=streams, secret=SECRET, tls=tls) as eng:
         port = eng.listen("127.0.0.1", 0)
@@ -58,7 +70,7 @@ def _rdmaxfer_peer(conn: Connection, size: int, streams: int, io_threads: int, t
         region = eng.register(buf, access="rw")
         conn.send((port, region.descriptor().pack()))
         with eng.accept(timeout=60):
-            conn.recv()
+            _recv(conn, "'done'")
 
 
 def rdmaxfer_write(size: int, streams: int, io_threads: int, tls: bool) -> tuple[float, str]:
@@ -71,7 +83,7 @@ def rdmaxfer_write(size: int, streams: int, io_threads: int, tls: bool) -> tuple
         target=_rdmaxfer_peer, args=(child, size, streams, io_threads, tls), daemon=True
     )
     peer.start()
-    port, descriptor = parent.recv()
+    port, descriptor = _recv(parent, "port and descriptor")
     src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
     times = []
     with Engine("tcp", io_threads=io_threads, streams=streams, secret=SECRET, tls=tls) as eng:
@@ -80,7 +92,7 @@ def rdmaxfer_write(size: int, streams: int, io_threads: int, tls: bool) -> tuple
         with eng.connect(f"127.0.0.1:{port}", timeout=30) as ep:
             for _ in range(4):  # the first is a warm-up
                 t0 = time.perf_counter()
-                ep.write(src, descriptor, nbytes=size, timeout=120)
+                ep.write(src, descriptor, nbytes=size, timeout=WAIT_S)
                 times.append(time.perf_counter() - t0)
         parent.send("done")
     peer.join(timeout=30)
@@ -101,12 +113,14 @@ def _ssl_peer(conn: Connection, size: int, cert: str, key: str) -> None:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.load_cert_chain(cert, key)
     srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(WAIT_S)
     conn.send(srv.getsockname()[1])
     raw, _ = srv.accept()
+    raw.settimeout(WAIT_S)
     c = ctx.wrap_socket(raw, server_side=True)
     buf = bytearray(size)
     view = memoryview(buf)
-    while (want := conn.recv()) is not None:
+    while (want := _recv(conn, "size")) is not None:
         got = 0
         while got < want:
             n = c.recv_into(view[got:want])
@@ -123,12 +137,12 @@ def python_ssl(size: int, cert: str, key: str) -> tuple[float, str]:
     parent, child = ctx_mp.Pipe()
     peer = ctx_mp.Process(target=_ssl_peer, args=(child, size, cert, key), daemon=True)
     peer.start()
-    port = parent.recv()
+    port = _recv(parent, "port")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.load_verify_locations(cert)
     ctx.check_hostname = False
-    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port)))
+    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=WAIT_S))
     cipher = (s.cipher() or ("?",))[0]
     src = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).data
     ack = bytearray(1)
@@ -196,7 +210,9 @@ def main() -> None:
             )
             row["python_ssl_GB_per_s"], cipher = python_ssl(size, cert, key)
             rounds.append(row)
-            print(f"round {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
+            print(
+                f"round {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True
+            )
     speed = openssl_speed()
     load_after = os.getloadavg()
     median = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
