@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 PUBLISH = """
 import time
-from rdmaxfer.tools.cli import default_model_file
+from rdmaxfer.tools.cli_weights import default_model_file
 from rdmaxfer.weights import WeightServer
 path = default_model_file()
 start = time.perf_counter()
@@ -71,10 +71,11 @@ def one_round(path: str, transport: str) -> dict[str, float]:
     publish = subprocess.run(
         [sys.executable, "-c", PUBLISH.format(transport=transport)],
         env=env,
-        check=True,
         capture_output=True,
         text=True,
     )
+    if publish.returncode != 0:
+        raise SystemExit(f"timing WeightServer with PYTHONPATH={path!r} failed:\n{publish.stderr}")
     return {
         "one_s": float(sync["one_s"][0]),
         "four_s": float(sync["four_s"][0]),
