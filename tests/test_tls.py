@@ -169,6 +169,42 @@ def test_settings_that_cannot_work_are_refused(pki: dict[str, Path]) -> None:
         Engine("shm", tls=True, secret="x")
 
 
+def test_certificates_without_tls_are_refused(
+    pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A certificate given while TLS is off would go unchecked: refused, naming the file."""
+    off = r"tls_cert='.*server\.crt' set but TLS is off"
+    for kind in ("tcp", "auto"):
+        with pytest.raises(InvalidArgumentError, match=off):
+            Engine(kind, options=TcpOptions(tls=False, tls_cert=str(pki["s_crt"])))
+    monkeypatch.setenv("RDMAXFER_TLS_CA", str(pki["ca"]))
+    for kind in ("tcp", "shm"):
+        with pytest.raises(InvalidArgumentError, match=r"tls_ca='.*' set but TLS is off.*TLS=1"):
+            Engine(kind, secret=SECRET)
+
+
+@needs_tls
+def test_auto_engine_with_certificates_takes_same_host_peers_only_under_tls(
+    pki: dict[str, Path],
+) -> None:
+    """shm runs no TLS and cannot check a certificate: an automatic engine with TLS by
+    certificates connects same-host peers over tcp with TLS, and refuses one without."""
+    with Engine("auto", options=_cert_options(pki, "s")) as server:
+        assert "no shm for peers on this host" in server.describe()
+        port = server.listen("127.0.0.1", 0)
+        with Engine("auto") as plain:
+            with pytest.raises(ConnectionFailedError, match="the peer requires TLS"):
+                plain.connect("127.0.0.1", port, timeout=20)
+        with pytest.raises(TransferTimeoutError):
+            server.accept(timeout=1)
+        with Engine("auto", options=_cert_options(pki, "c")) as client:
+            ep = client.connect("127.0.0.1", port, timeout=20, streams=2)
+            peer = server.accept(timeout=20)
+            assert ep.info["transport"] == "tcp"
+            assert peer.info["transport"] == "tcp"
+            transfers(ep, peer, server, client, 1 << 20)
+
+
 @needs_tls
 def test_plain_to_tls_and_tls_to_plain_are_refused_naming_the_setting() -> None:
     with Engine("tcp", tls=True, secret=SECRET) as tls_server:

@@ -87,6 +87,15 @@ ShmTransport::ShmTransport(Transport& owner, const TransportConfig& config)
       wait_budget_(config.poll_mode, SpinBudget::Kind::kWait),
       gather_workers_(gather_threads()) {
   check_usable();
+  // shm runs no TLS, so it cannot check a certificate: with TLS by certificates (no shared
+  // secret for shm's challenge) same-host peers go over the network transport, under TLS.
+  const std::string network = owner.capabilities().name;
+  TlsSettings tls;
+  if (config.tls(network, &tls) && tls.secret.empty()) {
+    throw Error(ErrorKind::kUnsupported,
+                "TLS authenticates peers by certificate, which shm (no TLS) cannot check, so "
+                "same-host peers connect over " + network + " with TLS");
+  }
 }
 
 void ShmTransport::check_usable() const {

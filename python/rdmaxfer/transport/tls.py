@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._transports import capabilities, listed
-from ..errors import UnsupportedError
+from ..errors import InvalidArgumentError, UnsupportedError
 from ..options import TCP, env_setting
 
 __all__ = ["TLS_ARGS", "TLS_ROW", "tls_settings"]
@@ -38,13 +38,23 @@ def tls_settings(core_args: dict[str, Any], kind: str, network: str) -> bool:
     Raises:
         UnsupportedError: TLS asked for on an engine whose network transport cannot run under
             it (shm).
-        InvalidArgumentError: a variable holds an invalid value.
+        InvalidArgumentError: a variable holds an invalid value, or a certificate file is
+            given (argument or variable) while TLS is off.
     """
     values = {}
     for name, env in TLS_ARGS.items():
         value = core_args.pop(name)
         values[name] = env_setting(env) if value is None else value
     on = bool(values["tls"])
+    files = [name for name in ("tls_cert", "tls_key", "tls_ca") if values[name]]
+    if files and not on:
+        # Certificates authenticate only under TLS: without it none would be checked.
+        given = ", ".join(f"{name}={values[name]!r}" for name in files)
+        raise InvalidArgumentError(
+            f"{given} set but TLS is off, so no certificate would be checked: turn TLS on "
+            "(tls=True / RDMAXFER_TLS=1), or drop tls_cert, tls_key and tls_ca "
+            "(RDMAXFER_TLS_CERT, RDMAXFER_TLS_KEY, RDMAXFER_TLS_CA)"
+        )
     covered = [name for name in listed() if capabilities(name).tls]
     if on and network not in covered:
         raise UnsupportedError(
