@@ -14,12 +14,13 @@ TCP = 1
 MSG_RTS = 5
 MSG_EAGER = 6
 MSG_REJECT = 8
+FLAG_TLS = 2  # the Hello's flag: this side speaks TLS
 FRAME = struct.Struct("<HBBIQQQQIIQQ")  # the 64-byte frame header
 
 
-def hello(stream_index: int = 0, n_streams: int = 1, conn_id: int = 22) -> bytes:
-    """A Hello of a TCP client without a secret."""
-    return b"RXHI" + struct.pack("<HBBBB6xQQ", 1, TCP, stream_index, n_streams, 0, 11, conn_id)
+def hello(stream_index: int = 0, n_streams: int = 1, conn_id: int = 22, flags: int = 0) -> bytes:
+    """A Hello of a TCP client without a secret (``flags``: FLAG_TLS for one that speaks TLS)."""
+    return b"RXHI" + struct.pack("<HBBBB6xQQ", 1, TCP, stream_index, n_streams, flags, 11, conn_id)
 
 
 def connect(port: int, source: str = "127.0.0.1", timeout: float = 10.0) -> socket.socket:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import _raw_peer as raw
 from _tls_common import SECRET, Relay, pair, tls_unusable, transfers
 from rdmaxfer import (
     ConnectionFailedError,
@@ -296,3 +297,26 @@ def test_relay_cannot_alter_a_frame(mode: str, relay_to: list[Relay]) -> None:
         assert relay.tampered >= 1
         # Nothing altered was delivered: every byte is still 0 or the sender's.
         assert bool(np.all((out == 0) | (out == payload)))
+
+
+@needs_tls
+def test_a_stranger_claiming_a_large_client_hello_is_refused_from_its_headers() -> None:
+    """OpenSSL sizes its handshake buffer by the length a ClientHello claims, before anyone
+    is authenticated: a claim beyond 16 KiB is refused from the first 9 bytes, and the
+    listener stays usable."""
+    with Engine("tcp", tls=True, secret=SECRET) as server:
+        port = server.listen("127.0.0.1", 0)
+        with raw.connect(port) as s:
+            s.sendall(raw.hello(flags=raw.FLAG_TLS))
+            assert raw.recv_exact(s, 16)[:4] == b"RXOK"
+            # A handshake record holding the first 60 bytes of a ClientHello of 131,000.
+            s.sendall(b"\x16\x03\x01\x00\x40\x01" + (131_000).to_bytes(3, "big") + bytes(60))
+            s.settimeout(10)
+            with contextlib.suppress(ConnectionResetError):  # closed unread: a reset
+                assert s.recv(4096) == b""  # closed by the server
+        with pytest.raises(TransferTimeoutError, match=r"ClientHello claims 131000 bytes"):
+            server.accept(timeout=1)
+        with Engine("tcp", tls=True, secret=SECRET) as client:
+            ep = client.connect("127.0.0.1", port, timeout=20)
+            peer = server.accept(timeout=20)
+            transfers(ep, peer, server, client, 4096)

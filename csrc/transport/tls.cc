@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "common/error.h"
@@ -45,8 +47,15 @@ constexpr const char* kCipherSuites = "TLS_AES_128_GCM_SHA256";
 constexpr unsigned char kPskIdentity[] = "rdmaxfer";
 constexpr size_t kPskIdentityLen = sizeof(kPskIdentity) - 1;
 constexpr size_t kRecordBytes = 16384;  // the largest TLS record's plaintext
-// Ciphertext read from the socket at once (read-ahead): several records per recv().
+// Ciphertext read from the socket at once (read-ahead): several records per recv(). Set once
+// the peer is authenticated: until then a session holds OpenSSL's one-record buffer.
 constexpr size_t kReadBufferBytes = 128 * 1024;
+// The largest ClientHello a server takes (bytes). OpenSSL sizes its handshake buffer by the
+// length the ClientHello's header claims (up to 128 KiB) before anyone is authenticated;
+// rdmaxfer's own ClientHellos are a few hundred bytes.
+constexpr size_t kMaxClientHello = 16384;
+constexpr unsigned char kRecordHandshake = 22;  // TLS ContentType handshake
+constexpr unsigned char kClientHello = 1;       // HandshakeType client_hello
 
 using UseSessionCb = int (*)(Ssl*, const Md*, const unsigned char**, size_t*, SslSession**);
 using FindSessionCb = int (*)(Ssl*, const unsigned char*, size_t, SslSession**);
@@ -80,7 +89,8 @@ using FindSessionCb = int (*)(Ssl*, const unsigned char*, size_t, SslSession**);
   X(SSL_write, int(Ssl*, const void*, int))                                           \
   X(SSL_get_error, int(const Ssl*, int))                                              \
   X(SSL_has_pending, int(const Ssl*))                                                 \
-  X(SSL_CTX_set_default_read_buffer_len, void(SslCtx*, size_t))                       \
+  X(SSL_set_default_read_buffer_len, void(Ssl*, size_t))                              \
+  X(SSL_free_buffers, int(Ssl*))                                                      \
   X(SSL_get_SSL_CTX, SslCtx*(const Ssl*))                                             \
   X(SSL_get_wbio, void*(const Ssl*))                                                  \
   X(SSL_CIPHER_find, const void*(Ssl*, const unsigned char*))                         \
@@ -177,6 +187,44 @@ int find_session(Ssl* s, const unsigned char* id, size_t id_len, SslSession** se
   return 1;
 }
 
+// Waits (bounded by `deadline`) for the first 9 bytes a client sends on `fd`, the headers of
+// its first record and handshake message, without taking them off the socket, and refuses a
+// ClientHello that claims more than kMaxClientHello bytes (see there). Anything else is left
+// to OpenSSL to judge.
+void check_client_hello(int fd, const Deadline& deadline, const std::string& where) {
+  unsigned char head[9];
+  auto refuse = [&](const std::string& why) {
+    throw Error(ErrorKind::kConnection, "TLS handshake with " + where + " failed: " + why);
+  };
+  // poll() reports the socket readable once 9 bytes are there (or at end of stream).
+  int lowat = static_cast<int>(sizeof(head));
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof(lowat)) != 0) {
+    throw Error(ErrorKind::kTransport, errno_text("setsockopt(SO_RCVLOWAT)", errno));
+  }
+  ssize_t n = -1;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (deadline.expired() || poll(&p, 1, deadline.remaining_ms()) == 0) {
+      throw Error(ErrorKind::kTimeout, "TLS handshake with " + where + ": no ClientHello within " +
+                                           seconds_text(deadline.timeout_s()) + " s");
+    }
+    n = recv(fd, head, sizeof(head), MSG_PEEK);
+    if (n >= 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) break;
+  }
+  lowat = 1;
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof(lowat)) != 0) {
+    throw Error(ErrorKind::kTransport, errno_text("setsockopt(SO_RCVLOWAT)", errno));
+  }
+  if (n < 0) refuse(errno_text("recv", errno));
+  if (n < static_cast<ssize_t>(sizeof(head))) refuse("the peer closed the connection");
+  const size_t claimed = (size_t{head[6]} << 16) | (size_t{head[7]} << 8) | head[8];
+  if (head[0] == kRecordHandshake && head[5] == kClientHello && claimed > kMaxClientHello) {
+    refuse("its ClientHello claims " + std::to_string(claimed) + " bytes, more than the " +
+           std::to_string(kMaxClientHello) + " a server takes (an rdmaxfer client sends a few "
+           "hundred)");
+  }
+}
+
 }  // namespace
 
 std::string tls_unavailable_reason() { return ssl().missing; }
@@ -230,7 +278,6 @@ TlsContext::TlsContext(const TlsSettings& settings) {
     }
     api.SSL_CTX_set_options(ctx, kOpEnableKtls | kOpIgnoreEof);
     api.SSL_CTX_ctrl(ctx, kCtrlMode, kModePartialWrite | kModeMovingBuffer, nullptr);
-    api.SSL_CTX_set_default_read_buffer_len(ctx, kReadBufferBytes);
     if (!settings.secret.empty()) {
       if (server) {
         api.SSL_CTX_set_psk_find_session_callback(ctx, find_session);
@@ -269,6 +316,7 @@ std::unique_ptr<TlsSession> TlsContext::handshake(int fd, bool server, const Dea
   auto session = std::make_unique<TlsSession>(s);
   if (api.SSL_set_fd(s, fd) != 1) throw Error(ErrorKind::kTransport, "SSL_set_fd failed");
   if (server) {
+    check_client_hello(fd, deadline, where);
     api.SSL_set_accept_state(s);
   } else {
     api.SSL_set_connect_state(s);
@@ -307,6 +355,10 @@ std::unique_ptr<TlsSession> TlsContext::handshake(int fd, bool server, const Dea
                                            seconds_text(deadline.timeout_s()) + " s");
     }
   }
+  // Authenticated: the large read buffer from here on (taken at the next read, once the
+  // handshake's buffers, now empty, are freed; kept as they are if not empty).
+  api.SSL_set_default_read_buffer_len(s, kReadBufferBytes);
+  api.SSL_free_buffers(s);
   api.SSL_ctrl(s, kCtrlSetReadAhead, 1, nullptr);
   return session;
 }
