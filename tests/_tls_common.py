@@ -56,11 +56,14 @@ def transfers(ep: object, peer: object, server: Engine, client: Engine, n: int) 
 class Relay:
     """A TCP relay on loopback: each accepted connection is forwarded to ``target``, both ways,
     and every byte from the client is recorded. With ``tamper_at``, the byte at that offset of
-    each client-to-server stream is flipped (``mode="flip"``) or 64 bytes are inserted there
-    (``mode="inject"``)."""
+    each client-to-server stream (server-to-client with ``upstream=False``) is flipped
+    (``mode="flip"``) or 64 bytes are inserted there (``mode="inject"``)."""
 
-    def __init__(self, target: int, tamper_at: int | None = None, mode: str = "flip") -> None:
+    def __init__(
+        self, target: int, tamper_at: int | None = None, mode: str = "flip", upstream: bool = True
+    ) -> None:
         self.target, self.tamper_at, self.mode = target, tamper_at, mode
+        self.tamper_upstream = upstream
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.seen = bytearray()
@@ -94,6 +97,7 @@ class Relay:
                 if upstream:
                     with self.lock:
                         self.seen += data
+                if upstream == self.tamper_upstream:
                     at = self.tamper_at
                     if at is not None and offset <= at < offset + len(data):
                         i = at - offset

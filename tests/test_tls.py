@@ -300,6 +300,32 @@ def test_relay_cannot_alter_a_frame(mode: str, relay_to: list[Relay]) -> None:
 
 
 @needs_tls
+@pytest.mark.parametrize(
+    ("upstream", "at"), [(True, 25), (False, 9)], ids=["hello-connection-id", "ack-engine-id"]
+)
+def test_relay_cannot_alter_the_clear_hello(upstream: bool, at: int, relay_to: list[Relay]) -> None:
+    """The Hello and its reply go in clear before TLS; both sides compare them inside TLS, so
+    a relay that alters one (a byte of the Hello's connection id, or of the reply's engine
+    id) fails the connection on both sides, and the engines stay usable."""
+    with (
+        Engine("tcp", tls=True, secret=SECRET) as server,
+        Engine("tcp", tls=True, secret=SECRET) as client,
+    ):
+        port = server.listen("127.0.0.1", 0)
+        relay = Relay(port, tamper_at=at, upstream=upstream)
+        relay_to.append(relay)
+        altered = "the Hello or its reply .* differs between the two sides"
+        with pytest.raises(ConnectionFailedError, match=altered):
+            client.connect("127.0.0.1", relay.port, timeout=20, streams=1)
+        assert relay.tampered == 1
+        with pytest.raises(TransferTimeoutError, match=altered):
+            server.accept(timeout=5)
+        ep = client.connect("127.0.0.1", port, timeout=20, streams=1)
+        peer = server.accept(timeout=20)
+        transfers(ep, peer, server, client, 4096)
+
+
+@needs_tls
 def test_a_stranger_claiming_a_large_client_hello_is_refused_from_its_headers() -> None:
     """OpenSSL sizes its handshake buffer by the length a ClientHello claims, before anyone
     is authenticated: a claim beyond 16 KiB is refused from the first 9 bytes, and the

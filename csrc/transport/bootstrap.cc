@@ -246,7 +246,11 @@ uint64_t client_handshake(int fd, Hello hello, const std::string& secret,
                                             ? HelloStatus::kTlsOff
                                             : ack.status));
     }
-    *session = tls->handshake(fd, false, deadline, where);
+    uint8_t ack_buf[HelloAck::kSize];
+    ack.pack(ack_buf);
+    const std::string clear = std::string(reinterpret_cast<const char*>(buf), sizeof(buf)) +
+                              std::string(reinterpret_cast<const char*>(ack_buf), sizeof(ack_buf));
+    *session = tls->handshake(fd, false, deadline, where, clear);
     return ack.engine_id;
   }
   if (ack.status == HelloStatus::kAuthChallenge) {
@@ -469,7 +473,9 @@ Hello server_handshake(int fd, uint8_t transport, uint64_t engine_id, const std:
     // TLS authenticates (the secret as its pre-shared key, or certificates): no challenge.
     ack.pack(ack_buf);
     send_exact(fd, ack_buf, sizeof(ack_buf), deadline, "handshake: replying");
-    *session = tls->handshake(fd, true, deadline, peer_name(fd));
+    const std::string clear = std::string(reinterpret_cast<const char*>(buf), sizeof(buf)) +
+                              std::string(reinterpret_cast<const char*>(ack_buf), sizeof(ack_buf));
+    *session = tls->handshake(fd, true, deadline, peer_name(fd), clear);
   } else if (ack.status == HelloStatus::kOk && !secret.empty()) {
     // Challenge before anything else is revealed (transport/auth.h).
     ack.status = HelloStatus::kAuthChallenge;

@@ -309,7 +309,8 @@ TlsContext::~TlsContext() {
 }
 
 std::unique_ptr<TlsSession> TlsContext::handshake(int fd, bool server, const Deadline& deadline,
-                                                  const std::string& where) const {
+                                                  const std::string& where,
+                                                  const std::string& clear) const {
   const SslApi& api = ssl();
   Ssl* s = api.SSL_new(server ? server_ : client_);
   if (s == nullptr) throw Error(ErrorKind::kTransport, "SSL_new failed: " + ssl_errors());
@@ -321,39 +322,75 @@ std::unique_ptr<TlsSession> TlsContext::handshake(int fd, bool server, const Dea
   } else {
     api.SSL_set_connect_state(s);
   }
-  // The handshake, then (TLS 1.3 ends the client's half before the server has checked the
-  // client's certificate) the server's one-byte verdict, so a refused client learns it here.
-  // Read-ahead only then: nothing the peer sends later waits unseen in the session meanwhile.
-  int phase = 0;  // 0: handshake, 1: the verdict
-  for (;;) {
-    api.ERR_clear_error();
-    errno = 0;
-    unsigned char verdict = 1;
-    const int rc = phase == 0 ? api.SSL_do_handshake(s)
-                   : server   ? api.SSL_write(s, &verdict, 1)
-                              : api.SSL_read(s, &verdict, 1);
-    if (rc == 1 && phase == 1 && verdict == 1) break;
-    if (rc == 1 && phase == 0) {
-      phase = 1;
-      continue;
-    }
-    const int err = rc == 1 ? 0 : api.SSL_get_error(s, rc);
-    const int saved = errno;
-    if (err != kErrorWantRead && err != kErrorWantWrite) {
-      std::string why = ssl_errors();
-      if (why.empty()) {
-        why = saved != 0 ? errno_text("socket", saved) : "the peer closed the connection";
+  auto fail = [&](const std::string& why) {
+    throw Error(ErrorKind::kConnection,
+                "TLS handshake with " + where + " failed: " + why +
+                    " (both sides need tls on with the same secret, or certificates from a "
+                    "CA the other side's tls_ca trusts)");
+  };
+  // Runs `step` (an SSL call) until it returns > 0, waiting on the socket as OpenSSL asks.
+  auto run = [&](auto step) {
+    for (;;) {
+      api.ERR_clear_error();
+      errno = 0;
+      const int rc = step();
+      if (rc > 0) return rc;
+      const int err = api.SSL_get_error(s, rc);
+      const int saved = errno;
+      if (err != kErrorWantRead && err != kErrorWantWrite) {
+        std::string why = ssl_errors();
+        if (why.empty()) {
+          why = saved != 0 ? errno_text("socket", saved) : "the peer closed the connection";
+        }
+        fail(why);
       }
-      throw Error(ErrorKind::kConnection,
-                  "TLS handshake with " + where + " failed: " + why +
-                      " (both sides need tls on with the same secret, or certificates from a "
-                      "CA the other side's tls_ca trusts)");
+      pollfd p{fd, static_cast<short>(err == kErrorWantRead ? POLLIN : POLLOUT), 0};
+      if (deadline.expired() || poll(&p, 1, deadline.remaining_ms()) == 0) {
+        throw Error(ErrorKind::kTimeout, "TLS handshake with " + where + ": no answer within " +
+                                             seconds_text(deadline.timeout_s()) + " s");
+      }
     }
-    pollfd p{fd, static_cast<short>(err == kErrorWantRead ? POLLIN : POLLOUT), 0};
-    if (deadline.expired() || poll(&p, 1, deadline.remaining_ms()) == 0) {
-      throw Error(ErrorKind::kTimeout, "TLS handshake with " + where + ": no answer within " +
-                                           seconds_text(deadline.timeout_s()) + " s");
+  };
+  auto write_all = [&](const unsigned char* data, size_t len) {
+    for (size_t done = 0; done < len;) {
+      done += static_cast<size_t>(
+          run([&] { return api.SSL_write(s, data + done, static_cast<int>(len - done)); }));
     }
+  };
+  auto read_exact = [&](unsigned char* data, size_t len) {
+    for (size_t done = 0; done < len;) {
+      done += static_cast<size_t>(
+          run([&] { return api.SSL_read(s, data + done, static_cast<int>(len - done)); }));
+    }
+  };
+  run([&] { return api.SSL_do_handshake(s); });
+  // Then, inside TLS, the server sends the Hello and HelloAck as it saw them, with its
+  // verdict (TLS 1.3 ends the client's half before the server has checked the client's
+  // certificate, so a refused client learns it here), and the client answers whether they
+  // match what it sent and received: a relay that altered those clear bytes (the engine id,
+  // the connection id) fails the connection on both sides. Read-ahead only after this, so
+  // nothing the peer sends later waits unseen in the session meanwhile.
+  constexpr unsigned char kAccepted = 1;
+  constexpr unsigned char kAltered = 2;
+  std::string seen(clear.size() + 1, '\0');
+  auto* bytes = reinterpret_cast<unsigned char*>(seen.data());
+  unsigned char answer = kAccepted;
+  if (server) {
+    std::memcpy(bytes, clear.data(), clear.size());
+    bytes[clear.size()] = kAccepted;
+    write_all(bytes, seen.size());
+    read_exact(&answer, 1);
+  } else {
+    read_exact(bytes, seen.size());
+    if (bytes[clear.size()] != kAccepted) fail("the server refused the connection");
+    if (seen.compare(0, clear.size(), clear) != 0) answer = kAltered;
+    write_all(&answer, 1);
+  }
+  if (answer != kAccepted) {
+    throw Error(ErrorKind::kConnection,
+                "TLS handshake with " + where +
+                    " failed: the Hello or its reply (sent in clear before TLS) differs between "
+                    "the two sides: something on the path between them altered it");
   }
   // Authenticated: the large read buffer from here on (taken at the next read, once the
   // handshake's buffers, now empty, are freed; kept as they are if not empty).

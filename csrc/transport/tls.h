@@ -8,7 +8,8 @@
 //    RFC 8446 4.2.9/4.2.11), so only a peer holding the same secret completes the handshake;
 //  - certificates: cert/key (PEM) presented by each side, and the peer's chain verified against
 //    the CA file `ca` (SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT on both sides).
-// The handshake runs on each stream right after the Hello (bootstrap.h); every record is then
+// The handshake runs on each stream right after the Hello (bootstrap.h), and the two sides then
+// compare the clear Hello and HelloAck inside TLS (handshake()); every record is then
 // AES-GCM encrypted and authenticated, so an altered, injected or replayed byte fails the
 // stream's next read (TlsSession::read) and with it the connection. Kernel TLS offload is asked
 // for (SSL_OP_ENABLE_KTLS) and used where the kernel has it (ktls_active()).
@@ -51,10 +52,12 @@ class TlsContext {
   // "TLS 1.3, PSK from the shared secret" / "TLS 1.3, certificates (CA file ...)".
   const std::string& describe() const { return description_; }
   // The TLS handshake on the connected (non-blocking) socket `fd`, as the server or the
-  // client, bounded by `deadline`; throws Error(kConnection) naming `where` and OpenSSL's
-  // reason, Error(kTimeout) when the deadline passes.
+  // client, bounded by `deadline`; `clear`: the bytes this side sent and received in clear
+  // before it (the Hello, then the HelloAck), which the two sides then compare inside TLS.
+  // Throws Error(kConnection) naming `where` and OpenSSL's reason, or saying that `clear`
+  // differs between the sides; Error(kTimeout) when the deadline passes.
   std::unique_ptr<TlsSession> handshake(int fd, bool server, const Deadline& deadline,
-                                        const std::string& where) const;
+                                        const std::string& where, const std::string& clear) const;
 
   // The PSK derived from the secret (32 bytes; read by the PSK callbacks).
   const unsigned char* psk() const { return psk_; }
