@@ -1,5 +1,6 @@
 """Handshakes run in parallel (transport/handshake_pool.h): a client that connects and never
-speaks delays neither another client's connect/accept nor close(), on TCP and shm."""
+speaks delays neither another client's connect/accept nor close(), on TCP and shm; and
+closing an engine ends its own connect() stalled in a handshake."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from rdmaxfer import Endpoint, Engine
+from _tls_common import tls_unusable
+from rdmaxfer import Endpoint, EndpointClosedError, Engine
 
 #: The acceptor's bound on one handshake (kPreAuthTimeoutS in transport/bootstrap.h).
 HANDSHAKE_TIMEOUT_S = 2.0
@@ -121,3 +123,51 @@ def test_close_cuts_a_stalled_handshake(transport: str, spoken: bool) -> None:
     finally:
         s.close()
         server.close()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_close_ends_a_connect_in_its_handshake(tls: bool) -> None:
+    """A peer that takes the Hello and then stalls (in the TLS handshake, with TLS) holds a
+    connect() until its timeout; closing the engine ends it at once, naming the close."""
+    if tls and tls_unusable():
+        pytest.skip(f"TLS unusable here: {tls_unusable()}")
+    listener = socket.create_server(("127.0.0.1", 0))
+    stalled = threading.Event()
+    held: list[socket.socket] = []
+
+    def stalling_peer() -> None:
+        conn, _ = listener.accept()
+        held.append(conn)
+        conn.recv(32)  # the Hello
+        if tls:
+            conn.sendall(b"RXOK" + (1).to_bytes(2, "little") + bytes(2) + (5).to_bytes(8, "little"))
+            conn.recv(5)  # the start of the ClientHello: the client is in its TLS handshake
+        stalled.set()
+
+    peer = threading.Thread(target=stalling_peer, daemon=True)
+    peer.start()
+    client = Engine("tcp", tls=tls, secret="a secret of the test")
+    failed: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            client.connect("127.0.0.1", listener.getsockname()[1], timeout=120)
+        except BaseException as e:  # recorded and checked below
+            failed.append(e)
+
+    connecting = threading.Thread(target=connect)
+    connecting.start()
+    try:
+        assert stalled.wait(30), "the client never sent its Hello"
+        client.close()
+        connecting.join(30)
+        assert not connecting.is_alive(), "connect() went on after close()"
+        assert len(failed) == 1
+        assert isinstance(failed[0], EndpointClosedError), failed[0]
+        assert "the engine was closed during the handshake" in str(failed[0])
+    finally:
+        client.close()
+        listener.close()
+        for s in held:
+            s.close()
+        peer.join(10)

@@ -290,7 +290,8 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
   }
   std::vector<UniqueFd> fds;
   for (int i = 0; i < n_streams; ++i) {
-    UniqueFd fd = connect_tcp(host, port, deadline, options.retry_refused, retries);
+    UniqueFd fd =
+        connect_tcp(host, port, deadline, options.retry_refused, retries, options.pending.get());
     tune_socket(fd.get(), options);
     Hello hello;
     hello.transport = transport;
@@ -299,8 +300,18 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
     hello.engine_id = engine_id;
     hello.conn_id = conn_id;
     std::unique_ptr<TlsSession> session;
-    const uint64_t peer = client_handshake(fd.get(), hello, options.secret, deadline,
-                                           host_port(host, port), options.tls.get(), &session);
+    const PendingConnects::Entry pending(options.pending.get(), fd.get());
+    uint64_t peer = 0;
+    try {
+      peer = client_handshake(fd.get(), hello, options.secret, deadline, host_port(host, port),
+                              options.tls.get(), &session);
+    } catch (const Error&) {
+      if (options.pending && options.pending->cancelled()) {
+        throw Error(ErrorKind::kClosed, "connect to " + host_port(host, port) +
+                                            ": the engine was closed during the handshake");
+      }
+      throw;
+    }
     if (peer_engine_id != nullptr) *peer_engine_id = peer;
     fds.push_back(std::move(fd));
     if (session) sessions->push_back(std::move(session));

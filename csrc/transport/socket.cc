@@ -146,7 +146,7 @@ std::string host_port(const std::string& host, unsigned port) {
 }
 
 UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline,
-                     bool retry_refused, int* retries) {
+                     bool retry_refused, int* retries, const PendingConnects* pending) {
   AddrInfoPtr ai = resolve(host, port, false);
   const auto started = Deadline::Clock::now();
   std::string last_error = "no address";
@@ -166,6 +166,10 @@ UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& dea
                                          "; retrying in " + seconds_text(backoff_s) + " s");
     }
     sleep_interruptible(backoff_s, deadline);
+    if (pending != nullptr && pending->cancelled()) {
+      throw Error(ErrorKind::kClosed,
+                  "connect to " + host_port(host, port) + ": the engine was closed while retrying");
+    }
     backoff_s = std::min(backoff_s * 2, kMaxRetryS);
   }
   const double tried_s =
@@ -175,6 +179,30 @@ UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& dea
                   std::to_string(attempts) + (attempts == 1 ? " attempt" : " attempts") +
                   " over " + seconds_text(tried_s) +
                   " s; is the peer listening on that address and port?)");
+}
+
+void PendingConnects::cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+}
+
+bool PendingConnects::cancelled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_;
+}
+
+PendingConnects::Entry::Entry(PendingConnects* pending, int fd) : pending_(pending), fd_(fd) {
+  if (pending_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(pending_->mu_);
+  if (pending_->cancelled_) throw Error(ErrorKind::kClosed, "the engine is closed");
+  pending_->fds_.insert(fd_);
+}
+
+PendingConnects::Entry::~Entry() {
+  if (pending_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(pending_->mu_);
+  pending_->fds_.erase(fd_);
 }
 
 void tune_socket(int fd, const SocketOptions& options) {

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "common/deadline.h"
@@ -12,10 +14,39 @@
 
 namespace rdmaxfer {
 
-// Options of the sockets a transport opens (bootstrap and data streams).
 class TlsContext;
 class TlsSession;
 
+// The sockets of a transport's connects that are still in their handshake, so that closing the
+// engine ends those connects at once (shutdown() of the socket wakes every wait on it) rather
+// than at their deadline.
+class PendingConnects {
+ public:
+  // Shuts down every registered socket; from now on add() refuses.
+  void cancel();
+  bool cancelled() const;
+
+  // Registers `fd` for its lifetime (made after the fd, so destroyed before it is closed);
+  // throws Error(kClosed) once cancel() ran. `pending` may be null (nothing to register).
+  class Entry {
+   public:
+    Entry(PendingConnects* pending, int fd);
+    ~Entry();
+    Entry(const Entry&) = delete;
+    Entry& operator=(const Entry&) = delete;
+
+   private:
+    PendingConnects* pending_;
+    int fd_;
+  };
+
+ private:
+  mutable std::mutex mu_;
+  std::set<int> fds_;
+  bool cancelled_ = false;
+};
+
+// Options of the sockets a transport opens (bootstrap and data streams).
 struct SocketOptions {
   // SO_SNDBUF/SO_RCVBUF in bytes; 0 keeps the kernel's autotuning (net.ipv4.tcp_rmem/wmem).
   int buffer_bytes = 0;
@@ -25,6 +56,8 @@ struct SocketOptions {
   bool retry_refused = true;
   // TLS on every stream (transport/tls.h); null = plain.
   std::shared_ptr<const TlsContext> tls;
+  // Where bootstrap_connect registers its sockets while they handshake; null = nowhere.
+  std::shared_ptr<PendingConnects> pending;
 };
 
 // Listening socket bound to host:port (port 0 picks a free one). SO_REUSEADDR, non-blocking.
@@ -39,9 +72,11 @@ std::string host_port(const std::string& host, unsigned port);
 
 // Connects with a deadline (non-blocking connect + poll); throws kConnection / kTimeout. A
 // refused connection is retried with backoff until the deadline when `retry_refused`; each
-// retry is logged (DEBUG) and counted in *retries when given.
+// retry is logged (DEBUG) and counted in *retries when given; Error(kClosed) after a retry's
+// wait once `pending` (when given) is cancelled.
 UniqueFd connect_tcp(const std::string& host, uint16_t port, const Deadline& deadline,
-                     bool retry_refused, int* retries = nullptr);
+                     bool retry_refused, int* retries = nullptr,
+                     const PendingConnects* pending = nullptr);
 
 void tune_socket(int fd, const SocketOptions& options);
 void set_nonblocking(int fd, bool on);

@@ -211,6 +211,7 @@ SocketOptions OfiTransport::bootstrap_options() const {
   SocketOptions o;
   o.secret = config_.secret;
   o.tls = tls_;
+  o.pending = connects_;
   return o;
 }
 
@@ -433,6 +434,7 @@ void OfiTransport::shutdown() {
     accepted_cv_.notify_all();
     watch_cv_.notify_all();
   }
+  connects_->cancel();
   acceptor.reset();
   for (auto& weak : channels) {
     if (auto c = weak.lock()) c->abort(ErrorKind::kClosed, "the engine is closed");

@@ -138,6 +138,8 @@ class OfiTransport : public Transport {
 
   const OfiConfig config_;
   std::shared_ptr<const TlsContext> tls_;  // null: plain bootstrap and control stream
+  // Connects in their handshake, ended by shutdown() (transport/socket.h).
+  std::shared_ptr<PendingConnects> connects_ = std::make_shared<PendingConnects>();
   std::vector<std::shared_ptr<OfiDomain>> domains_;  // the rails, rail 0 first
   mutable std::mutex mu_;
   std::condition_variable accepted_cv_;

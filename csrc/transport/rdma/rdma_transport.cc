@@ -551,6 +551,7 @@ void RdmaTransport::shutdown() {
     shut_down_ = true;
     accepted_cv_.notify_all();
   }
+  connects_->cancel();
   {
     std::lock_guard<std::mutex> lock(mu_);
     acceptor = std::move(acceptor_);

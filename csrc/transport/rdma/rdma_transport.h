@@ -155,12 +155,15 @@ class RdmaTransport : public Transport {
     SocketOptions o;
     o.secret = config_.secret;
     o.tls = tls_;
+    o.pending = connects_;
     return o;
   }
   RdmaConfig config_;
   int max_cqe_ = 0;  // entries per CQ of a rail's CqSet
   std::atomic<uint16_t> generation_{0};  // devices come back so far (key_generation)
   std::shared_ptr<const TlsContext> tls_;  // null: a plain bootstrap stream
+  // Connects in their handshake, ended by shutdown() (transport/socket.h).
+  std::shared_ptr<PendingConnects> connects_ = std::make_shared<PendingConnects>();
   bool busy_poll_ = false;
   RdmaConnSettings settings_;
   std::vector<Rail> rails_;  // rdma_rails.h; rail 0 first. A removed rail's handles: mu_

@@ -67,6 +67,7 @@ SocketOptions TcpTransport::socket_options() const {
   o.buffer_bytes = config_.socket_buffer;
   o.secret = config_.secret;
   o.tls = tls_;
+  o.pending = connects_;
   return o;
 }
 
@@ -151,6 +152,7 @@ void TcpTransport::shutdown() {
     conns.swap(connections_);
     acceptor = std::move(acceptor_);
   }
+  connects_->cancel();
   acceptor.reset();
   for (auto& w : conns) {
     if (auto c = w.lock()) c->abort(ErrorKind::kClosed, "the engine was closed");

@@ -43,6 +43,8 @@ class TcpTransport : public Transport {
 
   TcpConfig config_;
   std::shared_ptr<const TlsContext> tls_;  // null: plain TCP
+  // Connects in their handshake, ended by shutdown() (transport/socket.h).
+  std::shared_ptr<PendingConnects> connects_ = std::make_shared<PendingConnects>();
   std::vector<std::unique_ptr<IoLoop>> loops_;
   size_t next_loop_ = 0;
   std::unique_ptr<Acceptor> acceptor_;
