@@ -92,6 +92,17 @@ def closed_by_server(s: socket.socket, within_s: float) -> float:
     return time.monotonic() - start
 
 
+def hung_up(s: socket.socket) -> bool:
+    """Whether the server has closed ``s`` already (without waiting)."""
+    s.setblocking(False)
+    try:
+        return s.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
 def test_a_silent_stranger_is_cut_at_the_pre_auth_deadline() -> None:
     with bounded(BOUND) as server:
         port = server.listen("127.0.0.1", 0)
@@ -113,6 +124,22 @@ def test_handshakes_from_one_address_are_capped() -> None:
                 took = closed_by_server(extra, 10.0)
             assert took < PRE_AUTH_S / 2
             client.connect("127.0.0.1", port, timeout=CONNECT_WITHIN_S).close()
+        finally:
+            for s in held:
+                s.close()
+
+
+def test_a_client_gets_in_while_strangers_from_many_addresses_hold_every_slot() -> None:
+    """Silent strangers from four addresses take all 256 handshake slots (64 each, under the
+    per-address cap); while a client waits in the backlog, handshakes older than 0.5 s are
+    cut, so the client connects before the strangers' own 2 s deadline would free a slot."""
+    with bounded(BOUND) as server, Engine("tcp") as client:
+        port = server.listen("127.0.0.1", 0)
+        held = [raw.connect(port, f"127.0.0.{a}") for a in range(2, 6) for _ in range(PER_ADDRESS)]
+        try:
+            # Within 1.5 s: before any stranger's 2 s deadline could free a slot.
+            client.connect("127.0.0.1", port, timeout=CONNECT_WITHIN_S).close()
+            assert sum(map(hung_up, held)) >= 1  # strangers the server cut to let it in
         finally:
             for s in held:
                 s.close()

@@ -369,6 +369,13 @@ void Acceptor::run() {
         }
       }
     }
+    if (full) {
+      // Every slot taken: if a client waits, cut the handshakes that are taking too long.
+      pollfd waiting{listen_fd_.get(), POLLIN, 0};
+      if (poll(&waiting, 1, 0) > 0 && (waiting.revents & POLLIN) != 0) {
+        handshakes_.cut_older_than(kBusyPreAuthS);
+      }
+    }
     const int rc = poll(fds.data(), fds.size(), full ? 10 : 100);
     expire_partial_groups();
     if (rc <= 0) continue;

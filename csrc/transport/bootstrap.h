@@ -124,7 +124,8 @@ std::vector<UniqueFd> bootstrap_connect(const std::string& host, uint16_t port,
 //
 // What a stranger can hold (before authentication, and in groups that never complete): at
 // most kMaxHandshakesPerAddress handshakes per source address (one more is closed at once),
-// each a socket, a thread and a few hundred bytes for at most kPreAuthTimeoutS; and at most
+// each a socket, a thread and a few hundred bytes for at most kPreAuthTimeoutS (only
+// kBusyPreAuthS while every slot is taken and a client waits in the backlog); and at most
 // kMaxPartialPerAddress incomplete stream groups per address (kMaxPartial in all; beyond,
 // the oldest is dropped), each released the moment one of its streams hangs up, else after
 // kPartialGroupTimeoutS.
@@ -133,6 +134,10 @@ class Acceptor {
   // Handshakes running at once; further clients wait in the listen backlog.
   static constexpr int kMaxHandshakes = 256;
   static constexpr int kMaxHandshakesPerAddress = 64;
+  // While every handshake slot is taken and a client waits in the backlog, a handshake still
+  // running after this long is cut (seconds): strangers from many addresses that stall in
+  // their handshakes cannot keep a client out for the whole kPreAuthTimeoutS.
+  static constexpr double kBusyPreAuthS = 0.5;
   static constexpr size_t kMaxPartial = 1024;
   static constexpr size_t kMaxPartialPerAddress = 64;
   static constexpr double kPartialGroupTimeoutS = 10.0;

@@ -38,6 +38,7 @@ void HandshakePool::start(UniqueFd fd, std::function<void(UniqueFd)> work) {
     workers_.emplace_back();
     Worker& w = workers_.back();
     w.cancel = std::move(cancel);
+    w.started = std::chrono::steady_clock::now();
     try {
       w.thread = std::thread([this, &w, fd = std::move(fd), work = std::move(work)]() mutable {
         try {
@@ -65,6 +66,21 @@ int HandshakePool::in_flight() {
   int n = 0;
   for (const auto& w : workers_) n += w.done ? 0 : 1;
   return n;
+}
+
+int HandshakePool::cut_older_than(double seconds) {
+  const auto before = std::chrono::steady_clock::now() -
+                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(seconds));
+  std::lock_guard<std::mutex> lock(mu_);
+  int cut = 0;
+  for (auto& w : workers_) {
+    if (w.done || !w.cancel.valid() || w.started > before) continue;
+    ::shutdown(w.cancel.get(), SHUT_RDWR);
+    w.cancel.reset();  // cut once; the worker's own fd fails from now on
+    ++cut;
+  }
+  return cut;
 }
 
 void HandshakePool::stop() {

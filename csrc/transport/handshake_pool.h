@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <list>
 #include <mutex>
@@ -34,6 +35,9 @@ class HandshakePool {
   void start(UniqueFd fd, std::function<void(UniqueFd)> work);
   // True while max_in_flight handshakes run.
   bool full();
+  // Shuts down the socket of every handshake running for longer than `seconds` (its worker
+  // then fails at once and frees its slot); returns how many it cut.
+  int cut_older_than(double seconds);
   int in_flight();
   void stop();
 
@@ -41,6 +45,7 @@ class HandshakePool {
   struct Worker {
     UniqueFd cancel;  // a duplicate of the worker's socket, shut down by stop()
     std::thread thread;
+    std::chrono::steady_clock::time_point started;
     bool done = false;
   };
   void reap_locked();
