@@ -48,8 +48,11 @@ def test_messages_up_to_the_bound_pass_larger_ones_are_refused(
             assert peer.recv(timeout=10).tobytes() == data.tobytes()
             sending.wait(10)
             return
+        receiving = peer.post_recv()  # waits for the next message: the refused one
         with pytest.raises(ProtocolError, match=f"exceeds its max_message_bytes={BOUND}"):
             ep.send(np.zeros(size, np.uint8), timeout=10)
+        with pytest.raises(ProtocolError, match=f"exceeds this engine's max_message_bytes={BOUND}"):
+            receiving.wait(10)
         with pytest.raises(TransferTimeoutError):
             peer.recv(timeout=0.3)  # never announced to the receiver: nothing was allocated
         # The connection stays up.

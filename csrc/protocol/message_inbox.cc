@@ -29,6 +29,13 @@ std::optional<MessageInfo> MessageInbox::next_or_wait(const RequestPtr& waiter) 
   return info;
 }
 
+RequestPtr MessageInbox::take_waiter() {
+  if (waiters_.empty()) return nullptr;
+  RequestPtr waiter = std::move(waiters_.front());
+  waiters_.pop_front();
+  return waiter;
+}
+
 bool MessageInbox::cancel(const RequestPtr& waiter) {
   for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
     if (*it == waiter) {

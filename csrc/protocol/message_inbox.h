@@ -33,6 +33,9 @@ class MessageInbox {
   RequestPtr announce(const std::string& peer, const MessageInfo& info, AnnouncedMessage message);
   // The next queued header, or nullopt after putting `waiter` in line.
   std::optional<MessageInfo> next_or_wait(const RequestPtr& waiter);
+  // The longest-waiting header request, out of line (the message it would have matched was
+  // refused: it is to be failed), or null when none waits.
+  RequestPtr take_waiter();
   // Withdraws a header wait that has not matched yet; true when withdrawn.
   bool cancel(const RequestPtr& waiter);
   // Announced, not yet received messages by id (post_recv takes them out, reject drops them).

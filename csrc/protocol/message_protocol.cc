@@ -292,6 +292,21 @@ void MessageProtocol::refuse_oversize(const CtrlMessage& message) {
   m.msg_id = message.msg_id;
   m.meta = reason.substr(0, std::min<uint64_t>(kMaxReason, ch->limits().ctrl_room));
   ch->send_ctrl(m, CtrlPayload());
+  // A receive waiting for the next message would otherwise wait for one that never comes.
+  RequestPtr waiter;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!closed_) waiter = inbox_.take_waiter();
+  }
+  if (waiter) {
+    waiter->fail(ErrorKind::kProtocol,
+                 "the next message from " + ch->peer() + " (" + std::to_string(message.size) +
+                     " bytes) exceeds this engine's max_message_bytes=" +
+                     std::to_string(max_message_bytes_) +
+                     " and was refused (nothing was allocated for it); raise the bound here "
+                     "(RDMAXFER_MAX_MESSAGE_BYTES or EngineOptions(max_message_bytes=...)), or "
+                     "send smaller messages");
+  }
 }
 
 void MessageProtocol::on_ctrl(CtrlMessage message) {
