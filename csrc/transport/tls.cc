@@ -11,9 +11,13 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <type_traits>
 
 #include "common/error.h"
+#include "common/log.h"
+#include "common/unique_fd.h"
+#include "transport/socket.h"
 
 namespace rdmaxfer {
 
@@ -56,6 +60,7 @@ constexpr size_t kReadBufferBytes = 128 * 1024;
 constexpr size_t kMaxClientHello = 16384;
 constexpr unsigned char kRecordHandshake = 22;  // TLS ContentType handshake
 constexpr unsigned char kClientHello = 1;       // HandshakeType client_hello
+constexpr double kWarmUpS = 10.0;               // the bound on TlsContext::warm_up()
 
 using UseSessionCb = int (*)(Ssl*, const Md*, const unsigned char**, size_t*, SslSession**);
 using FindSessionCb = int (*)(Ssl*, const unsigned char*, size_t, SslSession**);
@@ -301,6 +306,46 @@ TlsContext::TlsContext(const TlsSettings& settings) {
     }
     api.SSL_CTX_set_verify(ctx, kVerifyPeer | kVerifyFailIfNoCert, nullptr);
   }
+  warm_up();
+}
+
+void TlsContext::warm_up() const {
+  // What a process does the first time it runs a handshake costs milliseconds natively but
+  // took 1.5-1.7 s in the emulated test VM (OpenSSL setting up its algorithms, and the kernel
+  // loading its TLS module when OpenSSL asks a TCP socket for kernel TLS), where a peer's
+  // first connect then met the acceptor's 2 s pre-auth deadline. One handshake between this
+  // context's two ends over loopback TCP pays that here instead. Best effort: a failure (no
+  // loopback, a certificate our own CA file does not cover) leaves it to the first real one.
+  const Deadline deadline(kWarmUpS);
+  UniqueFd client;
+  UniqueFd server;
+  try {
+    UniqueFd listener = listen_tcp("127.0.0.1", 0, 1);
+    client = connect_tcp("127.0.0.1", local_port(listener.get()), deadline, false);
+    pollfd p{listener.get(), POLLIN, 0};
+    if (poll(&p, 1, deadline.remaining_ms()) != 1) return;
+    server = UniqueFd(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!server.valid()) return;
+    set_nonblocking(client.get(), true);
+  } catch (const Error& e) {
+    log::write(log::Level::kDebug, std::string("TLS warm-up: no loopback pair: ") + e.what());
+    return;
+  }
+  std::thread accepting([&] {
+    try {
+      handshake(server.get(), true, deadline, "the warm-up", "");
+    } catch (const Error& e) {
+      ::shutdown(server.get(), SHUT_RDWR);  // the client's side fails at once too
+      log::write(log::Level::kDebug, std::string("TLS warm-up, server side: ") + e.what());
+    }
+  });
+  try {
+    handshake(client.get(), false, deadline, "the warm-up", "");
+  } catch (const Error& e) {
+    ::shutdown(client.get(), SHUT_RDWR);
+    log::write(log::Level::kDebug, std::string("TLS warm-up, client side: ") + e.what());
+  }
+  accepting.join();
 }
 
 TlsContext::~TlsContext() {

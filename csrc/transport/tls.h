@@ -63,6 +63,10 @@ class TlsContext {
   const unsigned char* psk() const { return psk_; }
 
  private:
+  // One handshake of this context with itself over a socket pair (see tls.cc), run by the
+  // constructor; errors are dropped.
+  void warm_up() const;
+
   unsigned char psk_[32] = {};
   std::string description_;
   void* client_ = nullptr;  // SSL_CTX*
