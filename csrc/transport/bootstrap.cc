@@ -226,6 +226,13 @@ void answer_challenge(int fd, const std::string& secret, const uint8_t* hello,
   }
 }
 
+// The Hello and the HelloAck as they went in clear before TLS (TlsContext::handshake compares
+// them inside it).
+std::string clear_records(const uint8_t* hello, const uint8_t* ack) {
+  return std::string(reinterpret_cast<const char*>(hello), Hello::kSize) +
+         std::string(reinterpret_cast<const char*>(ack), HelloAck::kSize);
+}
+
 }  // namespace
 
 uint64_t client_handshake(int fd, Hello hello, const std::string& secret,
@@ -248,9 +255,7 @@ uint64_t client_handshake(int fd, Hello hello, const std::string& secret,
     }
     uint8_t ack_buf[HelloAck::kSize];
     ack.pack(ack_buf);
-    const std::string clear = std::string(reinterpret_cast<const char*>(buf), sizeof(buf)) +
-                              std::string(reinterpret_cast<const char*>(ack_buf), sizeof(ack_buf));
-    *session = tls->handshake(fd, false, deadline, where, clear);
+    *session = tls->handshake(fd, false, deadline, where, clear_records(buf, ack_buf));
     return ack.engine_id;
   }
   if (ack.status == HelloStatus::kAuthChallenge) {
@@ -491,9 +496,7 @@ Hello server_handshake(int fd, uint8_t transport, uint64_t engine_id, const std:
     // TLS authenticates (the secret as its pre-shared key, or certificates): no challenge.
     ack.pack(ack_buf);
     send_exact(fd, ack_buf, sizeof(ack_buf), deadline, "handshake: replying");
-    const std::string clear = std::string(reinterpret_cast<const char*>(buf), sizeof(buf)) +
-                              std::string(reinterpret_cast<const char*>(ack_buf), sizeof(ack_buf));
-    *session = tls->handshake(fd, true, deadline, peer_name(fd), clear);
+    *session = tls->handshake(fd, true, deadline, peer_name(fd), clear_records(buf, ack_buf));
   } else if (ack.status == HelloStatus::kOk && !secret.empty()) {
     // Challenge before anything else is revealed (transport/auth.h).
     ack.status = HelloStatus::kAuthChallenge;
